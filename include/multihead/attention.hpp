@@ -1,0 +1,113 @@
+// multihead/attention.hpp: scaled dot-product attention, the single-head
+// building block of the lesson:
+//
+//   Attention(Q, K, V) = softmax(Q Kᵀ · scale + mask) V,  scale = 1/√D
+//
+// Dimension legend used in every attention file:
+//   B batch, L query (target) length, S key (source) length,
+//   E embedding width, H heads, D head width (E / H).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "multihead/tensor.hpp"
+
+namespace multihead {
+
+// What a query row gets when every key is masked out (all scores are -inf).
+//  - Zeros (default): the row's attention weights are 0 and its attention
+//    output is 0, so a fully padded query yields the out-projection bias.
+//    This matches PyTorch's scaled_dot_product_attention path in 2.x.
+//  - NaN: softmax(-inf, …, -inf) = NaN, propagated to the weights, the output
+//    and (through W^O) every feature of that token. This matches PyTorch's
+//    need_weights path (torch.nn.MultiheadAttention in 1.13 always).
+enum class MaskedRowPolicy { Zeros, NaN };
+
+// Which implementation computes softmax(QKᵀ·scale + mask)V. All of them share
+// one internal interface (src/attention/kernel.hpp) and agree within the
+// tolerances documented in docs/semantics.md.
+//  - Auto: the fastest available for the request.
+//  - Reference: plain loops, never optimised; the oracle for the others.
+//  - Materialized: scores as an L×S matrix per head, products through BLAS.
+//  - Flash: tiled online softmax, never stores the L×S scores (float only;
+//    cannot return attention weights).
+// The environment variable MULTIHEAD_KERNEL=reference|materialized|flash
+// overrides Auto, so one binary can check itself.
+enum class AttentionKernel { Auto, Reference, Materialized, Flash };
+
+// A boolean or an additive (float) mask, as PyTorch accepts for attn_mask and
+// key_padding_mask.
+//  - boolean: nonzero means "may NOT attend" (becomes -inf), zero leaves the
+//    score unchanged. Same convention as PyTorch's bool masks.
+//  - additive: the value is added to the score (use -inf to forbid).
+template <class T>
+class Mask {
+ public:
+  static Mask boolean(Tensor<uint8_t> m) {
+    Mask r;
+    r.is_bool_ = true;
+    r.bool_ = std::move(m);
+    return r;
+  }
+  static Mask additive(Tensor<T> m) {
+    Mask r;
+    r.is_bool_ = false;
+    r.float_ = std::move(m);
+    return r;
+  }
+  bool is_bool() const { return is_bool_; }
+  const Shape& shape() const { return is_bool_ ? bool_.shape() : float_.shape(); }
+  const Tensor<uint8_t>& bool_values() const { return bool_; }
+  const Tensor<T>& float_values() const { return float_; }
+  // The mask as additive values: bool true -> -inf, false -> 0.
+  Tensor<T> to_additive() const;
+
+ private:
+  bool is_bool_ = false;
+  Tensor<uint8_t> bool_;
+  Tensor<T> float_;
+};
+
+extern template class Mask<float>;
+extern template class Mask<double>;
+
+struct AttentionOptions {
+  // Multiplies QKᵀ. Unset means 1/√D, as in the lesson and in PyTorch.
+  std::optional<double> scale;
+  // Query i may attend only to keys j <= i (top-left aligned when L != S,
+  // like torch's is_causal). Combined with attn_mask when both are given.
+  bool is_causal = false;
+  // Dropout on the attention weights, scaled by 1/(1-p) (PyTorch's rule).
+  // Applied only when p > 0; the keep/drop decision for element
+  // (slice, i, j) is a pure function of dropout_seed, so every kernel and
+  // every thread count drops the same elements.
+  double dropout_p = 0.0;
+  uint64_t dropout_seed = 0;
+  MaskedRowPolicy masked_rows = MaskedRowPolicy::Zeros;
+  AttentionKernel kernel = AttentionKernel::Auto;
+  // Threads for our own parallel loops; 0 = OpenMP's default. BLAS keeps
+  // its own setting (the CLI's --threads sets both).
+  int num_threads = 0;
+  // Reject NaN/Inf in the inputs up front, naming the tensor and the index.
+  bool check_finite = false;
+};
+
+// query (..., L, D), key (..., S, D), value (..., S, Dv), where "..." are the
+// same leading dimensions for all three (no broadcasting; none at all is fine).
+// attn_mask, if given, is (L, S) (shared by every slice) or (..., L, S).
+// Returns (..., L, Dv). If attn_weights is not null it receives the
+// post-softmax (and post-dropout) weights, (..., L, S).
+template <class T>
+Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
+                                       const Tensor<T>& value, const Mask<T>* attn_mask = nullptr,
+                                       const AttentionOptions& options = {},
+                                       Tensor<T>* attn_weights = nullptr);
+
+// Name of a kernel ("reference", "materialized", "flash", "auto").
+std::string to_string(AttentionKernel kernel);
+// Parse a kernel name; throws multihead::Error on an unknown name.
+AttentionKernel parse_attention_kernel(const std::string& name);
+
+}  // namespace multihead

@@ -1,0 +1,31 @@
+// multihead/error.hpp: the one exception type the library throws.
+//
+// The library never aborts its host and never prints: every bad input becomes
+// a multihead::Error whose what() is one line that names the tensor (or file)
+// and gives the expected and the actual value, e.g.
+//   "key_padding_mask: expected shape (2, 7), got (7, 2)".
+// Only the command-line tool turns an Error into an exit code (2).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace multihead {
+
+class Error : public std::runtime_error {
+ public:
+  enum class Kind {
+    Shape,    // a tensor has the wrong rank or size
+    Value,    // an option or element is out of range (e.g. dropout 1.5, NaN)
+    Format,   // a file is malformed, truncated or lies about its sizes
+    Missing,  // a required tensor or file is absent
+    IO        // the operating system refused a read or a write
+  };
+  Error(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
+};
+
+}  // namespace multihead

@@ -1,0 +1,73 @@
+// multihead/io.hpp: the ecosystem's own file formats.
+//  - NumPy .npy (format versions 1.0, 2.0, 3.0) for inputs and outputs.
+//  - safetensors for weights, under PyTorch's state_dict key names.
+//
+// Both readers treat the file as hostile: every size in a header is checked
+// against the file's actual size before anything is allocated, shapes whose
+// product overflows are rejected, and every failure is a multihead::Error with
+// one line naming the file (and tensor) and the expected and actual values.
+// Writers are atomic: they write a temporary file in the destination folder
+// and rename it over the target, so a failed run never leaves a partial file
+// and never clobbers the previous one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "multihead/tensor.hpp"
+
+namespace multihead {
+
+enum class DType { Bool, F16, BF16, F32, F64 };
+std::string to_string(DType dtype);  // "bool", "float16", "bfloat16", "float32", "float64"
+
+// A tensor read from a file, converted to double (exact for every DType
+// above), with the dtype it had on disk. Bool elements become 0.0 / 1.0.
+struct LoadedTensor {
+  DType dtype = DType::F64;
+  Tensor<double> values;
+};
+
+// ---- .npy -------------------------------------------------------------------
+// Accepts dtypes '|b1' (bool), '<f4'/'>f4', '<f8'/'>f8', '<f2'/'>f2', '|u1'
+// (uint8, read as bool mask values) and fortran_order True or False. `name`
+// is what error messages call the array (e.g. "query").
+LoadedTensor parse_npy(const uint8_t* data, std::size_t size, const std::string& name);
+LoadedTensor read_npy(const std::string& path, const std::string& name);
+
+// Writes '<f4' for float, '<f8' for double, '|b1' for uint8. Atomic.
+template <class T>
+void write_npy(const std::string& path, const Tensor<T>& tensor);
+// The bytes write_npy would write.
+template <class T>
+std::string serialize_npy(const Tensor<T>& tensor);
+
+// ---- safetensors --------------------------------------------------------------
+// Layout: 8-byte little-endian header length N, N bytes of JSON
+// {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, …,
+//  "__metadata__": {"key": "value", …}}, then the data buffer. Offsets are
+// relative to the buffer; tensors must lie inside it, must not overlap, and
+// must have exactly numel × itemsize bytes.
+struct SafetensorsFile {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, LoadedTensor> tensors;
+};
+
+// Reads F32, F64, F16 and BF16 tensors (and BOOL). `name` is what error
+// messages call the file (e.g. its path).
+SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name);
+SafetensorsFile read_safetensors(const std::string& path);
+
+// Writes every tensor as F32, keys sorted, metadata as given. Atomic.
+void write_safetensors(const std::string& path, const std::map<std::string, Tensor<float>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& tensors,
+                                  const std::map<std::string, std::string>& metadata = {});
+
+// Writes `bytes` to `path` atomically (temporary file in the same folder,
+// fsync, rename). Throws multihead::Error(IO) naming the path on failure.
+void write_file_atomic(const std::string& path, const std::string& bytes);
+
+}  // namespace multihead

@@ -1,0 +1,145 @@
+// multihead/multihead_attention.hpp: multi-head attention with the
+// configuration, parameters and forward semantics of torch.nn.MultiheadAttention.
+//
+//   MultiHead(Q, K, V) = Concat(head_1, …, head_h) W^O
+//   head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+//
+// Two forms of the forward pass compute the same function:
+//  - forward_textbook(): the lesson's four steps, literally. For each head i
+//    it slices W_i^Q, W_i^K, W_i^V out of the packed weights and runs three
+//    small projections, then scaled dot-product attention, then concatenates
+//    the h outputs and applies W^O. Easy to read; used as a test oracle.
+//  - forward(): what frameworks do. One projection product for all heads
+//    (in_projection), a reshape into heads (split_heads), attention for every
+//    head at once, merge_heads, out_projection.
+//
+// Legend: B batch, L query length, S key length, E embed_dim, H num_heads,
+// D = E / H head width, Ek = kdim, Ev = vdim.
+// Shapes (batch_first = false, PyTorch's default):
+//   query (L, B, E), key (S, B, Ek), value (S, B, Ev)   -> output (L, B, E)
+// batch_first = true: (B, L, E), (B, S, Ek), (B, S, Ev) -> (B, L, E)
+// unbatched:          (L, E),    (S, Ek),    (S, Ev)    -> (L, E)
+//   key_padding_mask (B, S) or (S) unbatched
+//   attn_mask (L, S) or (B·H, L, S)   [(H, L, S) unbatched]
+//   attention weights (B, L, S') averaged, (B, H, L, S') per head, where
+//   S' = S + add_bias_kv + add_zero_attn; unbatched drops the B.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "multihead/attention.hpp"
+#include "multihead/tensor.hpp"
+
+namespace multihead {
+
+// Constructor arguments of torch.nn.MultiheadAttention, same names and defaults.
+struct MultiheadAttentionConfig {
+  int64_t embed_dim = 0;
+  int64_t num_heads = 1;
+  double dropout = 0.0;
+  bool bias = true;
+  bool add_bias_kv = false;
+  bool add_zero_attn = false;
+  int64_t kdim = 0;  // 0 means embed_dim
+  int64_t vdim = 0;  // 0 means embed_dim
+  bool batch_first = false;
+
+  int64_t key_dim() const { return kdim == 0 ? embed_dim : kdim; }
+  int64_t value_dim() const { return vdim == 0 ? embed_dim : vdim; }
+  int64_t head_dim() const { return num_heads > 0 ? embed_dim / num_heads : 0; }
+  // PyTorch's _qkv_same_embed_dim: packed in_proj_weight when true, separate
+  // q/k/v_proj_weight when kdim or vdim differs from embed_dim.
+  bool same_embed_dim() const { return key_dim() == embed_dim && value_dim() == embed_dim; }
+  // Throws multihead::Error naming the bad field and value.
+  void validate() const;
+};
+
+// The learnable tensors, under PyTorch's state_dict names.
+template <class T>
+struct MultiheadAttentionParameters {
+  Tensor<T> in_proj_weight;  // (3E, E)          when same_embed_dim()
+  Tensor<T> q_proj_weight;   // (E, E)           otherwise
+  Tensor<T> k_proj_weight;   // (E, Ek)
+  Tensor<T> v_proj_weight;   // (E, Ev)
+  Tensor<T> in_proj_bias;    // (3E)             when bias
+  Tensor<T> out_proj_weight; // (E, E)           "out_proj.weight"
+  Tensor<T> out_proj_bias;   // (E)              "out_proj.bias", when bias
+  Tensor<T> bias_k;          // (1, 1, E)        when add_bias_kv
+  Tensor<T> bias_v;          // (1, 1, E)        when add_bias_kv
+};
+
+// Arguments of MultiheadAttention.forward, same names and defaults (plus the
+// options PyTorch keeps elsewhere: training mode, policy, kernel, threads).
+template <class T>
+struct ForwardOptions {
+  const Mask<T>* key_padding_mask = nullptr;
+  bool need_weights = true;
+  const Mask<T>* attn_mask = nullptr;
+  bool average_attn_weights = true;
+  bool is_causal = false;
+  // PyTorch modules start in training mode; we default to inference, since
+  // training-mode dropout is random. Dropout applies only when training.
+  bool training = false;
+  uint64_t dropout_seed = 0;
+  MaskedRowPolicy masked_rows = MaskedRowPolicy::Zeros;
+  AttentionKernel kernel = AttentionKernel::Auto;
+  int num_threads = 0;
+  bool check_finite = false;
+};
+
+template <class T>
+struct ForwardResult {
+  Tensor<T> output;                      // (L, B, E) / (B, L, E) / (L, E)
+  std::optional<Tensor<T>> attn_weights; // present iff need_weights
+};
+
+template <class T>
+class BasicMultiheadAttention {
+ public:
+  // Parameters initialised as PyTorch's _reset_parameters does:
+  // xavier_uniform_ on in_proj_weight (or each of q/k/v_proj_weight),
+  // out_proj.weight as nn.Linear (kaiming_uniform_, a=√5), zero biases,
+  // xavier_normal_ on bias_k and bias_v. Draws come from a std::mt19937_64
+  // seeded with `seed`, so the numbers differ from torch's but the
+  // distributions are the same.
+  explicit BasicMultiheadAttention(const MultiheadAttentionConfig& config, uint64_t seed = 0);
+  // Takes given parameters; throws multihead::Error if any is missing, extra
+  // or of the wrong shape (naming it, with expected and actual shape).
+  BasicMultiheadAttention(const MultiheadAttentionConfig& config,
+                          MultiheadAttentionParameters<T> parameters);
+
+  const MultiheadAttentionConfig& config() const { return config_; }
+  const MultiheadAttentionParameters<T>& parameters() const { return params_; }
+
+  // The fused form. Thread-safe: forward is const and keeps no state.
+  ForwardResult<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                           const ForwardOptions<T>& options = {}) const;
+  // The lesson's four steps, one head at a time. Same contract as forward().
+  ForwardResult<T> forward_textbook(const Tensor<T>& query, const Tensor<T>& key,
+                                    const Tensor<T>& value,
+                                    const ForwardOptions<T>& options = {}) const;
+
+  // Parameters by state_dict name ("in_proj_weight", "out_proj.weight", …),
+  // only those this configuration has.
+  std::map<std::string, Tensor<T>> state_dict() const;
+
+ private:
+  MultiheadAttentionConfig config_;
+  MultiheadAttentionParameters<T> params_;
+};
+
+extern template class BasicMultiheadAttention<float>;
+extern template class BasicMultiheadAttention<double>;
+
+using MultiheadAttention = BasicMultiheadAttention<float>;
+
+// Throws multihead::Error unless every parameter this configuration needs is
+// present with the right shape and no other is. Messages name the parameter.
+template <class T>
+void validate_parameters(const MultiheadAttentionConfig& config,
+                         const MultiheadAttentionParameters<T>& parameters);
+
+}  // namespace multihead
