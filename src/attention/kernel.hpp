@@ -48,6 +48,10 @@ struct AttentionArgs {
   T scale = T(1);
   double dropout_p = 0.0;
   uint64_t dropout_seed = 0;
+  // Added to the slice index in dropout_keep(seed, n + dropout_slice_offset,
+  // i, j): lets the textbook form, which runs one head per call, drop exactly
+  // the elements the fused form drops.
+  int64_t dropout_slice_offset = 0;
   MaskedRowPolicy masked_rows = MaskedRowPolicy::Zeros;
   int num_threads = 0;
 

@@ -1,0 +1,63 @@
+// src/attention/dispatch.cpp: choosing a kernel behind the one interface.
+#include <cstdlib>
+#include <string>
+
+#include "attention/kernel.hpp"
+#include "multihead/error.hpp"
+
+namespace multihead::detail {
+namespace {
+
+// MULTIHEAD_KERNEL forces a kernel for the whole process, so one binary can
+// check its fast path against its reference ("reference", "materialized",
+// "flash", "auto"). Read on every call: cheap, and tests may change it.
+AttentionKernel kernel_from_environment(AttentionKernel requested) {
+  const char* env = std::getenv("MULTIHEAD_KERNEL");
+  if (env == nullptr || *env == '\0') return requested;
+  try {
+    return parse_attention_kernel(env);
+  } catch (const Error& e) {
+    throw Error(Error::Kind::Value, std::string("MULTIHEAD_KERNEL: ") + e.what());
+  }
+}
+
+template <class T>
+bool flash_can_serve(const AttentionArgs<T>& a) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return false;
+  } else {
+    return flash_available() && a.weights == nullptr;
+  }
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) {
+  AttentionKernel kernel = kernel_from_environment(requested);
+  if (kernel == AttentionKernel::Flash && !flash_can_serve(args)) {
+    // Forcing flash where it cannot run is a usage error, not a silent swap.
+    if (args.weights != nullptr)
+      throw Error(Error::Kind::Value,
+                  "kernel: flash cannot return attention weights; use need_weights=false or "
+                  "kernel=materialized");
+    throw Error(Error::Kind::Value,
+                "kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)");
+  }
+  if (kernel == AttentionKernel::Auto)
+    kernel = flash_can_serve(args) ? AttentionKernel::Flash : AttentionKernel::Materialized;
+  switch (kernel) {
+    case AttentionKernel::Reference:
+      return attention_forward_reference(args);
+    case AttentionKernel::Flash:
+      if constexpr (std::is_same_v<T, float>) return attention_forward_flash(args);
+      [[fallthrough]];
+    default:
+      return attention_forward_materialized(args);
+  }
+}
+
+template void attention_forward<float>(const AttentionArgs<float>&, AttentionKernel);
+template void attention_forward<double>(const AttentionArgs<double>&, AttentionKernel);
+
+}  // namespace multihead::detail

@@ -1,0 +1,81 @@
+// src/attention/materialized.cpp: attention with the L×S scores stored, the
+// two products through BLAS. This is the path PyTorch 1.13 takes
+// (torch/nn/functional.py, multi_head_attention_forward: baddbmm, softmax,
+// dropout, bmm), and ours whenever attention weights are requested.
+//
+// Legend: N slices, L queries, S keys, D head width, Dv value width.
+#include <cmath>
+#include <limits>
+
+#include <omp.h>
+
+#include "attention/kernel.hpp"
+#include "core/gemm.hpp"
+#include "multihead/tensor.hpp"
+
+namespace multihead::detail {
+namespace {
+
+// In place on one row of scores: add masks, then softmax, then dropout.
+template <class T>
+void mask_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, T* row) {
+  const int64_t S = a.kv_len;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T* mask = a.attn_mask ? a.attn_mask + n * a.attn_mask_slice_stride + i * S : nullptr;
+  const T* pad = a.key_padding ? a.key_padding + (n / a.heads) * S : nullptr;
+  T row_max = neg_inf;
+  bool all_masked = true;
+  for (int64_t j = 0; j < S; ++j) {
+    T s = row[j];
+    if (mask) s += mask[j];
+    if (pad) s += pad[j];
+    if (a.is_causal && j < a.causal_cols && j > i) s = neg_inf;
+    row[j] = s;
+    row_max = s > row_max ? s : row_max;
+    all_masked = all_masked && s == neg_inf;
+  }
+  if (all_masked) {
+    const T fill = a.masked_rows == MaskedRowPolicy::NaN ? std::numeric_limits<T>::quiet_NaN() : T(0);
+    for (int64_t j = 0; j < S; ++j) row[j] = fill;
+    return;
+  }
+  T sum = 0;
+  for (int64_t j = 0; j < S; ++j) {
+    row[j] = std::exp(row[j] - row_max);
+    sum += row[j];
+  }
+  const T inv_sum = T(1) / sum;
+  if (a.dropout_p > 0.0) {
+    const T keep_scale = inv_sum / static_cast<T>(1.0 - a.dropout_p);
+    for (int64_t j = 0; j < S; ++j)
+      row[j] = dropout_keep(a.dropout_seed, n + a.dropout_slice_offset, i, j, a.dropout_p) ? row[j] * keep_scale : T(0);
+  } else {
+    for (int64_t j = 0; j < S; ++j) row[j] *= inv_sum;
+  }
+}
+
+}  // namespace
+
+template <class T>
+void attention_forward_materialized(const AttentionArgs<T>& a) {
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  // One L×S buffer reused for every slice when weights are not kept.
+  Storage<T> scratch(a.weights ? 0 : static_cast<std::size_t>(L * S));
+  for (int64_t n = 0; n < a.slices; ++n) {
+    T* scores = a.weights ? a.weights + n * L * S : scratch.data();
+    // scores = scale · Q Kᵀ   (L×D)·(D×S); BLAS runs its own threads here.
+    gemm(Trans::No, Trans::Yes, L, S, D, a.scale, a.q + n * L * D, D, a.k + n * S * D, D, T(0),
+         scores, S);
+    // Rows are independent: one thread writes each row.
+#pragma omp parallel for schedule(static) num_threads(a.num_threads > 0 ? a.num_threads : omp_get_max_threads()) if (L * S > 16384)
+    for (int64_t i = 0; i < L; ++i) mask_softmax_dropout_row(a, n, i, scores + i * S);
+    // out = P V   (L×S)·(S×Dv)
+    gemm(Trans::No, Trans::No, L, Dv, S, T(1), scores, S, a.v + n * S * Dv, Dv, T(0),
+         a.out + n * L * Dv, Dv);
+  }
+}
+
+template void attention_forward_materialized<float>(const AttentionArgs<float>&);
+template void attention_forward_materialized<double>(const AttentionArgs<double>&);
+
+}  // namespace multihead::detail

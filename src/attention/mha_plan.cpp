@@ -1,0 +1,180 @@
+// src/attention/mha_plan.cpp: validation and mask layout shared by the fused
+// and the textbook forms. Mirrors the checks of PyTorch 1.13's
+// _mha_shape_check and multi_head_attention_forward, with messages that name
+// the tensor and give the expected and the actual shape.
+#include "attention/mha_plan.hpp"
+
+#include <limits>
+#include <string>
+
+#include "core/check.hpp"
+#include "multihead/error.hpp"
+
+namespace multihead::detail {
+namespace {
+
+std::string dims(std::initializer_list<const char*> names) {
+  std::string s = "(";
+  bool first = true;
+  for (const char* n : names) {
+    s += (first ? "" : ", ") + std::string(n);
+    first = false;
+  }
+  return s + ")";
+}
+
+}  // namespace
+
+template <class T>
+ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>& query,
+                         const Tensor<T>& key, const Tensor<T>& value,
+                         const ForwardOptions<T>& options) {
+  config.validate();
+  if (options.num_threads < 0)
+    throw Error(Error::Kind::Value,
+                "num_threads: expected 0 (default) or more, got " + std::to_string(options.num_threads));
+  ForwardPlan p;
+  p.E = config.embed_dim;
+  p.H = config.num_heads;
+  p.D = config.head_dim();
+  p.Ek = config.key_dim();
+  p.Ev = config.value_dim();
+  const bool bf = config.batch_first;
+
+  if (query.dim() == 3) {
+    p.batched = true;
+  } else if (query.dim() == 2) {
+    p.batched = false;
+  } else {
+    fail_shape("query", bf ? "(B, L, E) or unbatched (L, E)" : "(L, B, E) or unbatched (L, E)",
+               query.shape());
+  }
+  const int64_t rank = query.dim();
+  if (key.dim() != rank)
+    fail_shape("key", std::to_string(rank) + "-D like query: " +
+                          (rank == 2 ? std::string("(S, Ek)") : bf ? "(B, S, Ek)" : "(S, B, Ek)"),
+               key.shape());
+  if (value.dim() != rank)
+    fail_shape("value", std::to_string(rank) + "-D like query: " +
+                            (rank == 2 ? std::string("(S, Ev)") : bf ? "(B, S, Ev)" : "(S, B, Ev)"),
+               value.shape());
+
+  if (p.batched) {
+    p.B = bf ? query.size(0) : query.size(1);
+    p.L = bf ? query.size(1) : query.size(0);
+    p.S = bf ? key.size(1) : key.size(0);
+    // seq-first (L, B, E): token (b, l) is row l·B + b; batch-first: b·L + l.
+    p.q_batch_stride = bf ? p.L : 1;
+    p.q_seq_stride = bf ? 1 : p.B;
+    p.kv_batch_stride = bf ? p.S : 1;
+    p.kv_seq_stride = bf ? 1 : p.B;
+    const Shape q_expected = bf ? Shape{p.B, p.L, p.E} : Shape{p.L, p.B, p.E};
+    const Shape k_expected = bf ? Shape{p.B, p.S, p.Ek} : Shape{p.S, p.B, p.Ek};
+    const Shape v_expected = bf ? Shape{p.B, p.S, p.Ev} : Shape{p.S, p.B, p.Ev};
+    expect_shape("query", query.shape(), q_expected);
+    expect_shape("key", key.shape(), k_expected);
+    expect_shape("value", value.shape(), v_expected);
+  } else {
+    p.B = 1;
+    p.L = query.size(0);
+    p.S = key.size(0);
+    p.q_batch_stride = p.L;
+    p.q_seq_stride = 1;
+    p.kv_batch_stride = p.S;
+    p.kv_seq_stride = 1;
+    expect_shape("query", query.shape(), Shape{p.L, p.E});
+    expect_shape("key", key.shape(), Shape{p.S, p.Ek});
+    expect_shape("value", value.shape(), Shape{p.S, p.Ev});
+  }
+
+  p.S_total = p.S;
+  if (config.add_bias_kv) p.bias_kv_col = p.S_total++;
+  if (config.add_zero_attn) p.zero_attn_col = p.S_total++;
+  if (p.S_total == 0)
+    throw Error(Error::Kind::Shape,
+                "key: expected at least 1 key (sequence length S >= 1), got S = 0 with no "
+                "bias_k or zero-attention key");
+
+  if (const Mask<T>* m = options.key_padding_mask) {
+    const Shape expected = p.batched ? Shape{p.B, p.S} : Shape{p.S};
+    if (m->shape() != expected)
+      fail_shape("key_padding_mask", shape_to_string(expected) + (p.batched ? " = (B, S)" : " = (S)"),
+                 m->shape());
+  }
+  if (const Mask<T>* m = options.attn_mask) {
+    const Shape two = {p.L, p.S};
+    const Shape three = {p.B * p.H, p.L, p.S};
+    const Shape& s = m->shape();
+    if (s != two && s != three) {
+      const std::string three_name = p.batched ? dims({"B·H", "L", "S"}) : dims({"H", "L", "S"});
+      fail_shape("attn_mask",
+                 shape_to_string(two) + " = (L, S) or " + shape_to_string(three) + " = " + three_name,
+                 s);
+    }
+  }
+  return p;
+}
+
+template <class T>
+KernelMasks<T> build_kernel_masks(const ForwardPlan& p, const ForwardOptions<T>& options) {
+  KernelMasks<T> out;
+  const int64_t S = p.S, St = p.S_total;
+  if (const Mask<T>* m = options.attn_mask) {
+    const Tensor<T> add = m->to_additive();
+    const int64_t slices = add.dim() == 3 ? add.size(0) : 1;
+    out.attn_mask = Tensor<T>(slices == 1 ? Shape{p.L, St} : Shape{slices, p.L, St}, T(0));
+    out.attn_mask_slice_stride = slices == 1 ? 0 : p.L * St;
+    for (int64_t n = 0; n < slices; ++n)
+      for (int64_t i = 0; i < p.L; ++i)
+        for (int64_t j = 0; j < S; ++j)
+          out.attn_mask[(n * p.L + i) * St + j] = add[(n * p.L + i) * S + j];
+  }
+  if (const Mask<T>* m = options.key_padding_mask) {
+    const Tensor<T> add = m->to_additive();
+    out.key_padding = Tensor<T>(Shape{p.B, St}, T(0));
+    for (int64_t b = 0; b < p.B; ++b)
+      for (int64_t j = 0; j < S; ++j) out.key_padding[b * St + j] = add[b * S + j];
+  }
+  return out;
+}
+
+template <class T>
+void check_forward_finite(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                          const MultiheadAttentionParameters<T>& params) {
+  check_finite("query", query);
+  check_finite("key", key);
+  check_finite("value", value);
+  check_finite("in_proj_weight", params.in_proj_weight);
+  check_finite("q_proj_weight", params.q_proj_weight);
+  check_finite("k_proj_weight", params.k_proj_weight);
+  check_finite("v_proj_weight", params.v_proj_weight);
+  check_finite("in_proj_bias", params.in_proj_bias);
+  check_finite("out_proj.weight", params.out_proj_weight);
+  check_finite("out_proj.bias", params.out_proj_bias);
+  check_finite("bias_k", params.bias_k);
+  check_finite("bias_v", params.bias_v);
+}
+
+Shape attn_weights_shape(const ForwardPlan& p, bool average) {
+  if (p.batched) return average ? Shape{p.B, p.L, p.S_total} : Shape{p.B, p.H, p.L, p.S_total};
+  return average ? Shape{p.L, p.S_total} : Shape{p.H, p.L, p.S_total};
+}
+
+Shape output_shape(const ForwardPlan& p, const Shape& query_shape) {
+  Shape s = query_shape;
+  s.back() = p.E;
+  return s;
+}
+
+#define MULTIHEAD_INSTANTIATE(T)                                                                    \
+  template ForwardPlan plan_forward<T>(const MultiheadAttentionConfig&, const Tensor<T>&,          \
+                                       const Tensor<T>&, const Tensor<T>&,                         \
+                                       const ForwardOptions<T>&);                                  \
+  template KernelMasks<T> build_kernel_masks<T>(const ForwardPlan&, const ForwardOptions<T>&);     \
+  template void check_forward_finite<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,      \
+                                        const MultiheadAttentionParameters<T>&);
+MULTIHEAD_INSTANTIATE(float)
+MULTIHEAD_INSTANTIATE(double)
+#undef MULTIHEAD_INSTANTIATE
+
+}  // namespace multihead::detail

@@ -1,0 +1,59 @@
+// src/attention/mha_plan.hpp: what both forms of multi-head attention share:
+// validating a forward call and laying out its masks.
+//
+// Legend: B batch, L query length, S key length (as given), S' = S plus one
+// column for bias_k and one for the zero-attention key when enabled,
+// E embed_dim, H heads, D = E / H, Ek = kdim, Ev = vdim.
+#pragma once
+
+#include <cstdint>
+
+#include "multihead/multihead_attention.hpp"
+
+namespace multihead::detail {
+
+// The dimensions of one forward call, and how to find token (b, l) in the
+// caller's layout: row index b·batch_stride + l·seq_stride of the (tokens, E)
+// matrix that the input is in memory.
+struct ForwardPlan {
+  bool batched = true;
+  int64_t B = 0, L = 0, S = 0, S_total = 0;  // S_total = S'
+  int64_t E = 0, H = 0, D = 0, Ek = 0, Ev = 0;
+  int64_t q_batch_stride = 0, q_seq_stride = 0;    // rows of query / output
+  int64_t kv_batch_stride = 0, kv_seq_stride = 0;  // rows of key / value
+  // Where the extra key columns sit (or -1 when absent).
+  int64_t bias_kv_col = -1, zero_attn_col = -1;
+};
+
+// Checks shapes, dtypes of masks and options; throws multihead::Error naming
+// the offending tensor with expected and actual shape.
+template <class T>
+ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>& query,
+                         const Tensor<T>& key, const Tensor<T>& value,
+                         const ForwardOptions<T>& options);
+
+// The combined additive masks in kernel layout, padded with zero columns for
+// bias_k and zero attention exactly as PyTorch pads them:
+//  - attn_mask: (L, S') shared, or (B·H, L, S'); empty when absent
+//  - key_padding: (B, S'); empty when absent
+template <class T>
+struct KernelMasks {
+  Tensor<T> attn_mask;
+  int64_t attn_mask_slice_stride = 0;
+  Tensor<T> key_padding;
+};
+
+template <class T>
+KernelMasks<T> build_kernel_masks(const ForwardPlan& plan, const ForwardOptions<T>& options);
+
+// Rejects NaN/Inf in inputs and parameters when options.check_finite is on.
+template <class T>
+void check_forward_finite(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                          const MultiheadAttentionParameters<T>& params);
+
+// Shape of the attention weights returned for this plan.
+Shape attn_weights_shape(const ForwardPlan& plan, bool average);
+// Shape of the output: the query's shape with its last dimension = E.
+Shape output_shape(const ForwardPlan& plan, const Shape& query_shape);
+
+}  // namespace multihead::detail

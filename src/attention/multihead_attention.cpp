@@ -1,0 +1,159 @@
+// src/attention/multihead_attention.cpp: configuration, parameters and their
+// initialisation, as torch.nn.MultiheadAttention (torch/nn/modules/activation.py,
+// __init__ and _reset_parameters).
+#include "multihead/multihead_attention.hpp"
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "core/check.hpp"
+#include "multihead/error.hpp"
+
+namespace multihead {
+namespace {
+
+[[noreturn]] void fail_config(const std::string& field, const std::string& expected, const std::string& got) {
+  throw Error(Error::Kind::Value, field + ": expected " + expected + ", got " + got);
+}
+
+// xavier_uniform_: U(-a, a), a = √(6 / (fan_in + fan_out)); for a 2-D
+// weight (out, in) fan_in = in, fan_out = out.
+template <class T>
+Tensor<T> xavier_uniform(int64_t out, int64_t in, std::mt19937_64& rng) {
+  const double a = std::sqrt(6.0 / static_cast<double>(in + out));
+  std::uniform_real_distribution<double> u(-a, a);
+  Tensor<T> w({out, in});
+  for (auto& x : w.vec()) x = static_cast<T>(u(rng));
+  return w;
+}
+
+// nn.Linear's reset_parameters: kaiming_uniform_(a=√5) = U(-1/√in, 1/√in).
+template <class T>
+Tensor<T> linear_default(int64_t out, int64_t in, std::mt19937_64& rng) {
+  const double a = 1.0 / std::sqrt(static_cast<double>(in));
+  std::uniform_real_distribution<double> u(-a, a);
+  Tensor<T> w({out, in});
+  for (auto& x : w.vec()) x = static_cast<T>(u(rng));
+  return w;
+}
+
+// xavier_normal_ on a (1, 1, E) tensor: fan_in = fan_out = E (receptive
+// field E), std = √(2 / (fan_in + fan_out)) = 1/√E.
+template <class T>
+Tensor<T> xavier_normal_bias(int64_t E, std::mt19937_64& rng) {
+  std::normal_distribution<double> n(0.0, std::sqrt(2.0 / static_cast<double>(2 * E)));
+  Tensor<T> b({1, 1, E});
+  for (auto& x : b.vec()) x = static_cast<T>(n(rng));
+  return b;
+}
+
+template <class T>
+void expect_param(const char* name, const Tensor<T>& t, bool wanted, const Shape& shape,
+                  const std::string& why_absent) {
+  if (wanted) {
+    if (t.empty() && t.shape().empty())
+      throw Error(Error::Kind::Missing, std::string(name) + ": missing; expected shape " +
+                                            shape_to_string(shape));
+    detail::expect_shape(name, t.shape(), shape);
+  } else if (!t.shape().empty()) {
+    throw Error(Error::Kind::Value, std::string(name) + ": unexpected tensor of shape " +
+                                        shape_to_string(t.shape()) + " (" + why_absent + ")");
+  }
+}
+
+}  // namespace
+
+void MultiheadAttentionConfig::validate() const {
+  if (embed_dim <= 0) fail_config("embed_dim", "a positive integer", std::to_string(embed_dim));
+  if (num_heads <= 0) fail_config("num_heads", "a positive integer", std::to_string(num_heads));
+  if (embed_dim % num_heads != 0)
+    fail_config("num_heads", "a divisor of embed_dim " + std::to_string(embed_dim),
+                std::to_string(num_heads));
+  if (!(dropout >= 0.0 && dropout <= 1.0))
+    fail_config("dropout", "a probability in [0, 1]", std::to_string(dropout));
+  if (kdim < 0) fail_config("kdim", "0 (= embed_dim) or a positive integer", std::to_string(kdim));
+  if (vdim < 0) fail_config("vdim", "0 (= embed_dim) or a positive integer", std::to_string(vdim));
+}
+
+template <class T>
+void validate_parameters(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p) {
+  c.validate();
+  const int64_t E = c.embed_dim;
+  const bool packed = c.same_embed_dim();
+  const std::string packed_why = "kdim and vdim equal embed_dim, so the packed in_proj_weight is used";
+  const std::string separate_why = "kdim or vdim differs from embed_dim, so q/k/v_proj_weight are used";
+  expect_param("in_proj_weight", p.in_proj_weight, packed, {3 * E, E}, separate_why);
+  expect_param("q_proj_weight", p.q_proj_weight, !packed, {E, E}, packed_why);
+  expect_param("k_proj_weight", p.k_proj_weight, !packed, {E, c.key_dim()}, packed_why);
+  expect_param("v_proj_weight", p.v_proj_weight, !packed, {E, c.value_dim()}, packed_why);
+  expect_param("in_proj_bias", p.in_proj_bias, c.bias, {3 * E}, "bias is false");
+  expect_param("out_proj.weight", p.out_proj_weight, true, {E, E}, "");
+  expect_param("out_proj.bias", p.out_proj_bias, c.bias, {E}, "bias is false");
+  expect_param("bias_k", p.bias_k, c.add_bias_kv, {1, 1, E}, "add_bias_kv is false");
+  expect_param("bias_v", p.bias_v, c.add_bias_kv, {1, 1, E}, "add_bias_kv is false");
+}
+
+template <class T>
+BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConfig& config, uint64_t seed)
+    : config_(config) {
+  config_.validate();
+  std::mt19937_64 rng(seed);
+  const int64_t E = config_.embed_dim;
+  // Same order as _reset_parameters: in-projection, biases, bias_k, bias_v;
+  // out_proj.weight is initialised when out_proj (an nn.Linear) is built.
+  params_.out_proj_weight = linear_default<T>(E, E, rng);
+  if (config_.same_embed_dim()) {
+    params_.in_proj_weight = xavier_uniform<T>(3 * E, E, rng);
+  } else {
+    params_.q_proj_weight = xavier_uniform<T>(E, E, rng);
+    params_.k_proj_weight = xavier_uniform<T>(E, config_.key_dim(), rng);
+    params_.v_proj_weight = xavier_uniform<T>(E, config_.value_dim(), rng);
+  }
+  if (config_.bias) {
+    params_.in_proj_bias = Tensor<T>({3 * E}, T(0));
+    params_.out_proj_bias = Tensor<T>({E}, T(0));
+  }
+  if (config_.add_bias_kv) {
+    params_.bias_k = xavier_normal_bias<T>(E, rng);
+    params_.bias_v = xavier_normal_bias<T>(E, rng);
+  }
+}
+
+template <class T>
+BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConfig& config,
+                                                    MultiheadAttentionParameters<T> parameters)
+    : config_(config), params_(std::move(parameters)) {
+  validate_parameters(config_, params_);
+}
+
+template <class T>
+std::map<std::string, Tensor<T>> BasicMultiheadAttention<T>::state_dict() const {
+  std::map<std::string, Tensor<T>> d;
+  if (config_.same_embed_dim()) {
+    d["in_proj_weight"] = params_.in_proj_weight;
+  } else {
+    d["q_proj_weight"] = params_.q_proj_weight;
+    d["k_proj_weight"] = params_.k_proj_weight;
+    d["v_proj_weight"] = params_.v_proj_weight;
+  }
+  if (config_.bias) {
+    d["in_proj_bias"] = params_.in_proj_bias;
+    d["out_proj.bias"] = params_.out_proj_bias;
+  }
+  d["out_proj.weight"] = params_.out_proj_weight;
+  if (config_.add_bias_kv) {
+    d["bias_k"] = params_.bias_k;
+    d["bias_v"] = params_.bias_v;
+  }
+  return d;
+}
+
+template void validate_parameters<float>(const MultiheadAttentionConfig&,
+                                         const MultiheadAttentionParameters<float>&);
+template void validate_parameters<double>(const MultiheadAttentionConfig&,
+                                          const MultiheadAttentionParameters<double>&);
+template class BasicMultiheadAttention<float>;
+template class BasicMultiheadAttention<double>;
+
+}  // namespace multihead

@@ -1,0 +1,223 @@
+// src/attention/multihead_attention_forward.cpp: the fused form of
+// multi-head attention, as frameworks run it (PyTorch 1.13,
+// torch/nn/functional.py, multi_head_attention_forward):
+//
+//   1. in_projection:  one product for all heads,  [Q K V] = X W_inᵀ + b_in
+//   2. split_heads:    (tokens, E) -> (B, H, L, D), D = E / H
+//   3. scaled_dot_product_attention for every (batch, head) slice at once
+//   4. merge_heads:    (B, H, L, D) -> (tokens, E)   (the concatenation)
+//      out_projection: output = concat W^Oᵀ + b^O
+//
+// Legend: B batch, L query length, S key length, S' = S (+1 bias_k)
+// (+1 zero attention), E embed_dim, H heads, D head width, Ek kdim, Ev vdim.
+// "tokens" are the rows of the caller's tensor in its own layout
+// ((L, B, E) or (B, L, E)); the plan's strides locate token (b, l).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "attention/kernel.hpp"
+#include "attention/mha_plan.hpp"
+#include "core/gemm.hpp"
+#include "multihead/multihead_attention.hpp"
+
+namespace multihead {
+namespace detail {
+namespace {
+
+// y (rows × out) = x (rows × in) · Wᵀ + b, W is (out × in) as nn.Linear stores it.
+template <class T>
+void linear(int64_t rows, int64_t in, int64_t out, const T* x, const T* W, const T* b, T* y,
+            int64_t ldy) {
+  gemm(Trans::No, Trans::Yes, rows, out, in, T(1), x, in, W, in, T(0), y, ldy);
+  if (b != nullptr)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < out; ++c) y[r * ldy + c] += b[c];
+}
+
+template <class T>
+struct Projections {
+  Storage<T> q, k, v;  // (tokens, E) each, or one (tokens, 3E) buffer in q
+  const T* q_ptr = nullptr;
+  const T* k_ptr = nullptr;
+  const T* v_ptr = nullptr;
+  int64_t q_ld = 0, k_ld = 0, v_ld = 0;  // row strides
+};
+
+// Step 1. For self-attention (query, key and value are one tensor) and packed
+// weights this is a single (tokens × E)·(E × 3E) product, PyTorch's
+// _in_projection_packed fast case; otherwise one product per input.
+template <class T>
+Projections<T> in_projection(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
+                             const ForwardPlan& plan, const Tensor<T>& query, const Tensor<T>& key,
+                             const Tensor<T>& value) {
+  Projections<T> r;
+  const int64_t E = plan.E;
+  const int64_t q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
+  const T* bias = c.bias ? p.in_proj_bias.data() : nullptr;
+  const bool packed = c.same_embed_dim();
+  const bool self = packed && query.data() == key.data() && key.data() == value.data();
+  if (self) {
+    r.q.resize(static_cast<std::size_t>(q_rows * 3 * E));
+    linear(q_rows, E, 3 * E, query.data(), p.in_proj_weight.data(), bias, r.q.data(), 3 * E);
+    r.q_ptr = r.q.data();
+    r.k_ptr = r.q.data() + E;
+    r.v_ptr = r.q.data() + 2 * E;
+    r.q_ld = r.k_ld = r.v_ld = 3 * E;
+    return r;
+  }
+  // W_q, W_k, W_v are row blocks of in_proj_weight, or separate tensors.
+  const T* Wq = packed ? p.in_proj_weight.data() : p.q_proj_weight.data();
+  const T* Wk = packed ? p.in_proj_weight.data() + E * E : p.k_proj_weight.data();
+  const T* Wv = packed ? p.in_proj_weight.data() + 2 * E * E : p.v_proj_weight.data();
+  r.q.resize(static_cast<std::size_t>(q_rows * E));
+  r.k.resize(static_cast<std::size_t>(kv_rows * E));
+  r.v.resize(static_cast<std::size_t>(kv_rows * E));
+  linear(q_rows, E, E, query.data(), Wq, bias, r.q.data(), E);
+  linear(kv_rows, plan.Ek, E, key.data(), Wk, bias ? bias + E : nullptr, r.k.data(), E);
+  linear(kv_rows, plan.Ev, E, value.data(), Wv, bias ? bias + 2 * E : nullptr, r.v.data(), E);
+  r.q_ptr = r.q.data();
+  r.k_ptr = r.k.data();
+  r.v_ptr = r.v.data();
+  r.q_ld = r.k_ld = r.v_ld = E;
+  return r;
+}
+
+// Step 2. split_heads: token (b, l), feature h·D + d  ->  [b][h][l][d].
+// `extra` rows past `len` are left for bias_k / zero attention.
+template <class T>
+void split_heads(const T* src, int64_t ld, int64_t batch_stride, int64_t seq_stride, int64_t B,
+                 int64_t H, int64_t len, int64_t total_len, int64_t D, T* dst) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t l = 0; l < len; ++l)
+        std::memcpy(dst + ((b * H + h) * total_len + l) * D,
+                    src + (b * batch_stride + l * seq_stride) * ld + h * D,
+                    static_cast<std::size_t>(D) * sizeof(T));
+}
+
+// Step 4a. merge_heads (concatenation): [b][h][l][d] -> token (b, l), h·D + d.
+template <class T>
+void merge_heads(const T* src, int64_t B, int64_t H, int64_t L, int64_t D, int64_t batch_stride,
+                 int64_t seq_stride, T* dst) {
+  const int64_t E = H * D;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t l = 0; l < L; ++l)
+        std::memcpy(dst + (b * batch_stride + l * seq_stride) * E + h * D,
+                    src + ((b * H + h) * L + l) * D, static_cast<std::size_t>(D) * sizeof(T));
+}
+
+// Step 4b. out_projection: output = concat · W^Oᵀ + b^O.
+template <class T>
+void out_projection(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
+                    int64_t rows, const T* concat, T* out) {
+  linear(rows, c.embed_dim, c.embed_dim, concat, p.out_proj_weight.data(),
+         c.bias ? p.out_proj_bias.data() : nullptr, out, c.embed_dim);
+}
+
+// Mean over heads: (B, H, L, S') -> (B, L, S'), PyTorch's sum(dim=1) / H.
+template <class T>
+Tensor<T> average_heads(const Storage<T>& w, const ForwardPlan& plan, Shape shape) {
+  Tensor<T> avg(std::move(shape), T(0));
+  const int64_t plane = plan.L * plan.S_total;
+  for (int64_t b = 0; b < plan.B; ++b) {
+    T* dst = avg.data() + b * plane;
+    for (int64_t h = 0; h < plan.H; ++h) {
+      const T* src = w.data() + (b * plan.H + h) * plane;
+      for (int64_t x = 0; x < plane; ++x) dst[x] += src[x];
+    }
+    for (int64_t x = 0; x < plane; ++x) dst[x] /= static_cast<T>(plan.H);
+  }
+  return avg;
+}
+
+}  // namespace
+}  // namespace detail
+
+template <class T>
+ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>& key,
+                                                     const Tensor<T>& value,
+                                                     const ForwardOptions<T>& options) const {
+  using namespace detail;
+  const ForwardPlan plan = plan_forward(config_, query, key, value, options);
+  if (options.check_finite) check_forward_finite(query, key, value, params_);
+  const int64_t B = plan.B, H = plan.H, L = plan.L, S = plan.S, St = plan.S_total, D = plan.D;
+
+  // 1. in_projection
+  const Projections<T> proj = in_projection(config_, params_, plan, query, key, value);
+
+  // 2. split_heads, then append bias_k / bias_v and the zero-attention key and
+  //    value as extra key positions (PyTorch: torch.cat then pad the masks).
+  Storage<T> q(static_cast<std::size_t>(B * H * L * D));
+  Storage<T> k(static_cast<std::size_t>(B * H * St * D));
+  Storage<T> v(static_cast<std::size_t>(B * H * St * D));
+  split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, B, H, L, L, D, q.data());
+  split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, k.data());
+  split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, v.data());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t slice = (b * H + h) * St;
+      if (plan.bias_kv_col >= 0) {
+        std::memcpy(&k[(slice + plan.bias_kv_col) * D], params_.bias_k.data() + h * D, D * sizeof(T));
+        std::memcpy(&v[(slice + plan.bias_kv_col) * D], params_.bias_v.data() + h * D, D * sizeof(T));
+      }
+      if (plan.zero_attn_col >= 0) {
+        std::fill_n(&k[(slice + plan.zero_attn_col) * D], D, T(0));
+        std::fill_n(&v[(slice + plan.zero_attn_col) * D], D, T(0));
+      }
+    }
+
+  // 3. scaled_dot_product_attention for all B·H slices.
+  const KernelMasks<T> masks = build_kernel_masks(plan, options);
+  Storage<T> heads_out(static_cast<std::size_t>(B * H * L * D));
+  Storage<T> weights(options.need_weights ? static_cast<std::size_t>(B * H * L * St) : 0);
+  AttentionArgs<T> a;
+  a.slices = B * H;
+  a.heads = H;
+  a.q_len = L;
+  a.kv_len = St;
+  a.head_dim = D;
+  a.value_dim = D;
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.attn_mask = masks.attn_mask.empty() ? nullptr : masks.attn_mask.data();
+  a.attn_mask_slice_stride = masks.attn_mask_slice_stride;
+  a.key_padding = masks.key_padding.empty() ? nullptr : masks.key_padding.data();
+  a.is_causal = options.is_causal;
+  a.causal_cols = S;
+  a.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
+  a.dropout_p = options.training ? config_.dropout : 0.0;
+  a.dropout_seed = options.dropout_seed;
+  a.masked_rows = options.masked_rows;
+  a.num_threads = options.num_threads;
+  a.out = heads_out.data();
+  a.weights = options.need_weights ? weights.data() : nullptr;
+  attention_forward(a, options.kernel);
+
+  // 4. merge_heads (concatenate), then out_projection.
+  Storage<T> concat(static_cast<std::size_t>(B * L * plan.E));
+  merge_heads(heads_out.data(), B, H, L, D, plan.q_batch_stride, plan.q_seq_stride, concat.data());
+  ForwardResult<T> result;
+  result.output = Tensor<T>(output_shape(plan, query.shape()));
+  out_projection(config_, params_, B * L, concat.data(), result.output.data());
+
+  if (options.need_weights) {
+    Shape shape = attn_weights_shape(plan, options.average_attn_weights);
+    if (options.average_attn_weights) {
+      result.attn_weights = average_heads(weights, plan, std::move(shape));
+    } else {
+      result.attn_weights = Tensor<T>(std::move(shape), std::move(weights));
+    }
+  }
+  return result;
+}
+
+template ForwardResult<float> BasicMultiheadAttention<float>::forward(
+    const Tensor<float>&, const Tensor<float>&, const Tensor<float>&, const ForwardOptions<float>&) const;
+template ForwardResult<double> BasicMultiheadAttention<double>::forward(
+    const Tensor<double>&, const Tensor<double>&, const Tensor<double>&,
+    const ForwardOptions<double>&) const;
+
+}  // namespace multihead

@@ -1,0 +1,52 @@
+// src/core/check.hpp: the API boundary's validation helpers. Each throws a
+// multihead::Error whose one-line message names the tensor and gives the
+// expected and the actual value, in the same words everywhere.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "multihead/error.hpp"
+#include "multihead/tensor.hpp"
+
+namespace multihead::detail {
+
+[[noreturn]] inline void fail_shape(const std::string& name, const std::string& expected,
+                                    const Shape& actual) {
+  throw Error(Error::Kind::Shape,
+              name + ": expected shape " + expected + ", got " + shape_to_string(actual));
+}
+
+inline void expect_shape(const std::string& name, const Shape& actual, const Shape& expected) {
+  if (actual != expected) fail_shape(name, shape_to_string(expected), actual);
+}
+
+// "(2, 3, 4)" -> multi-index of flat element `flat` for error messages.
+inline std::string index_to_string(const Shape& shape, int64_t flat) {
+  std::string out;
+  for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
+    const int64_t extent = shape[static_cast<std::size_t>(d)];
+    const int64_t i = extent > 0 ? flat % extent : 0;
+    flat = extent > 0 ? flat / extent : 0;
+    out = std::to_string(i) + (out.empty() ? "" : ", ") + out;
+  }
+  return "(" + out + ")";
+}
+
+// Throws naming the first NaN or ±Inf element (used when check_finite is on).
+template <class T>
+void check_finite(const std::string& name, const Tensor<T>& t) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const T x = t[i];
+    if (!std::isfinite(x)) {
+      throw Error(Error::Kind::Value, name + ": non-finite value " +
+                                          (std::isnan(x) ? std::string("nan")
+                                                         : std::string(x > 0 ? "inf" : "-inf")) +
+                                          " at index " + index_to_string(t.shape(), i) +
+                                          " (check_finite rejects NaN and Inf)");
+    }
+  }
+}
+
+}  // namespace multihead::detail

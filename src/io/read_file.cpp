@@ -1,0 +1,78 @@
+// src/io/read_file.cpp: read a whole file for the .npy and safetensors
+// readers, which then check every header size against the byte count.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <system_error>
+
+#include "io/file_util.hpp"
+#include "multihead/error.hpp"
+
+namespace multihead::detail {
+
+std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+namespace {
+
+// Closes the descriptor on every exit path, including exceptions.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+std::vector<uint8_t> read_file(const std::string& path, const std::string& name) {
+  const std::string where = name + ": cannot read '" + path + "': ";
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (f.fd < 0) {
+    const int err = errno;
+    const auto kind = (err == ENOENT || err == ENOTDIR) ? Error::Kind::Missing : Error::Kind::IO;
+    throw Error(kind, name + ": cannot open '" + path + "': " + errno_text(err));
+  }
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw Error(Error::Kind::IO, where + errno_text(errno));
+  if (S_ISDIR(st.st_mode)) throw Error(Error::Kind::IO, where + "is a directory");
+  // Pipes are allowed (a shell's <(...)); devices are not, since /dev/zero
+  // would never end.
+  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
+    throw Error(Error::Kind::IO, where + "not a regular file");
+  }
+
+  // Read until EOF rather than trusting st_size, so a file that changes size
+  // underneath us is read as whatever it is now (the parsers check sizes).
+  // Past the expected end we probe with a small buffer before growing, so a
+  // regular file costs exactly one allocation of its size.
+  auto read_some = [&](uint8_t* dst, std::size_t len) -> std::size_t {
+    for (;;) {
+      const ssize_t n = ::read(f.fd, dst, len);
+      if (n >= 0) return static_cast<std::size_t>(n);
+      if (errno != EINTR) throw Error(Error::Kind::IO, where + errno_text(errno));
+    }
+  };
+  std::vector<uint8_t> bytes(S_ISREG(st.st_mode) ? static_cast<std::size_t>(st.st_size) : 0);
+  std::size_t used = 0;
+  for (;;) {
+    if (used < bytes.size()) {
+      const std::size_t n = read_some(bytes.data() + used, bytes.size() - used);
+      if (n == 0) break;
+      used += n;
+      continue;
+    }
+    uint8_t probe[4096];
+    const std::size_t n = read_some(probe, sizeof probe);
+    if (n == 0) break;
+    bytes.resize(std::max({used + n, 2 * used, std::size_t{65536}}));
+    std::copy(probe, probe + n, bytes.begin() + static_cast<std::ptrdiff_t>(used));
+    used += n;
+  }
+  bytes.resize(used);
+  return bytes;
+}
+
+}  // namespace multihead::detail

@@ -1,0 +1,232 @@
+// src/io/safetensors.cpp: reading the safetensors format
+// (https://github.com/huggingface/safetensors, "Format" in its README):
+//   8 bytes  N, the header length, uint64 little-endian
+//   N bytes  JSON object {name: {"dtype", "shape", "data_offsets"}, …,
+//            optional "__metadata__": {string: string}}
+//   rest     the data buffer; data_offsets are [begin, end) within it.
+// Every rule the Rust crate enforces that guards memory is enforced here,
+// each with a message naming the file, the tensor and both numbers.
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <set>
+#include <string_view>
+#include <vector>
+
+#include "io/bytes.hpp"
+#include "io/decode.hpp"
+#include "io/file_util.hpp"
+#include "io/message.hpp"
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+
+namespace multihead {
+
+namespace {
+
+using nlohmann::json;
+
+// The Rust crate's MAX_HEADER_SIZE: beyond this a header is hostile, not big.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+struct StDType {
+  std::string_view name;
+  DType dtype;
+};
+constexpr StDType kStDTypes[] = {
+    {"F16", DType::F16}, {"BF16", DType::BF16}, {"F32", DType::F32}, {"F64", DType::F64}, {"BOOL", DType::Bool},
+};
+
+[[noreturn]] void fail(const std::string& name, const std::string& what) {
+  throw Error(Error::Kind::Format, name + ": " + what);
+}
+
+// One tensor's header entry, validated against the buffer.
+struct Entry {
+  std::string key;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+
+std::string offsets_text(uint64_t begin, uint64_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+}
+
+// nlohmann::json silently keeps the last of two equal keys, which would let
+// a file say two things about one tensor. The parser callback sees every key
+// of every object as it is read, so it can report the first repeat.
+json parse_header_json(const char* begin, const char* end, const std::string& name) {
+  std::vector<std::set<std::string>> open_objects;
+  std::string repeated;
+  bool has_repeat = false;
+  auto on_event = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: open_objects.emplace_back(); break;
+      case json::parse_event_t::object_end: open_objects.pop_back(); break;
+      case json::parse_event_t::key:
+        if (!open_objects.back().insert(parsed.get<std::string>()).second && !has_repeat) {
+          has_repeat = true;
+          repeated = parsed.get<std::string>();
+        }
+        break;
+      default: break;
+    }
+    return true;
+  };
+  json root;
+  try {
+    root = json::parse(begin, end, on_event);
+  } catch (const json::exception& e) {
+    fail(name, "header is not valid JSON: " + detail::printable(e.what(), 300));
+  }
+  if (has_repeat) fail(name, "header JSON has the key '" + detail::printable(repeated) + "' twice");
+  if (!root.is_object()) fail(name, std::string("header JSON is ") + root.type_name() + ", expected an object");
+  return root;
+}
+
+std::map<std::string, std::string> read_metadata(const json& meta, const std::string& name) {
+  if (!meta.is_object()) fail(name, std::string("__metadata__ is ") + meta.type_name() + ", expected an object");
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : meta.items()) {
+    if (!value.is_string()) {
+      fail(name, "__metadata__ '" + detail::printable(key) + "' is " + value.type_name() + ", expected a string");
+    }
+    out[key] = value.get<std::string>();
+  }
+  return out;
+}
+
+// A JSON number that is a valid size: a non-negative integer below 2^63
+// (shapes) or 2^64 (offsets). nlohmann stores 1.0 or 1e3 as floats.
+bool as_count(const json& v, uint64_t max, uint64_t* out) {
+  if (!v.is_number_unsigned()) return false;
+  *out = v.get<uint64_t>();
+  return *out <= max;
+}
+
+Entry read_entry(const std::string& key, const json& v, uint64_t buffer_size, const std::string& name) {
+  const std::string t = name + ": tensor '" + detail::printable(key) + "'";
+  if (!v.is_object()) fail(t, std::string("entry is ") + v.type_name() + ", expected an object");
+  for (const auto& item : v.items()) {
+    if (item.key() != "dtype" && item.key() != "shape" && item.key() != "data_offsets") {
+      fail(t, "unknown key '" + detail::printable(item.key()) + "' (accepted: dtype, shape, data_offsets)");
+    }
+  }
+  Entry e{key, DType::F32, {}, 0, 0};
+
+  const auto dtype = v.find("dtype");
+  if (dtype == v.end()) fail(t, "missing 'dtype'");
+  if (!dtype->is_string()) fail(t, std::string("'dtype' is ") + dtype->type_name() + ", expected a string");
+  const std::string dtype_name = dtype->get<std::string>();
+  const auto known = std::find_if(std::begin(kStDTypes), std::end(kStDTypes),
+                                  [&](const StDType& d) { return d.name == dtype_name; });
+  if (known == std::end(kStDTypes)) {
+    fail(t, "dtype " + detail::printable(dtype_name) + " is not supported (accepted: F16, BF16, F32, F64, BOOL)");
+  }
+  e.dtype = known->dtype;
+
+  const auto shape = v.find("shape");
+  if (shape == v.end()) fail(t, "missing 'shape'");
+  if (!shape->is_array()) fail(t, std::string("'shape' is ") + shape->type_name() + ", expected an array");
+  for (std::size_t i = 0; i < shape->size(); ++i) {
+    uint64_t d = 0;
+    if (!as_count((*shape)[i], INT64_MAX, &d)) {
+      fail(t, "shape[" + std::to_string(i) + "] is " + detail::printable((*shape)[i].dump(), 40) +
+          ", expected an integer in [0, 2^63)");
+    }
+    e.shape.push_back(static_cast<int64_t>(d));
+  }
+  int64_t numel = 0;
+  try {
+    numel = shape_numel(e.shape);
+  } catch (const Error& err) {
+    fail(t, err.what());
+  }
+
+  const auto offsets = v.find("data_offsets");
+  if (offsets == v.end()) fail(t, "missing 'data_offsets'");
+  if (!offsets->is_array() || offsets->size() != 2 || !as_count((*offsets)[0], UINT64_MAX, &e.begin) ||
+      !as_count((*offsets)[1], UINT64_MAX, &e.end)) {
+    fail(t, "'data_offsets' is " + detail::printable(offsets->dump(), 60) + ", expected [begin, end] integers");
+  }
+  if (e.begin > e.end) fail(t, "data_offsets " + offsets_text(e.begin, e.end) + " has begin after end");
+  if (e.end > buffer_size) {
+    fail(t, "data_offsets " + offsets_text(e.begin, e.end) + " end past the " + std::to_string(buffer_size) +
+        "-byte data buffer");
+  }
+  uint64_t need = 0;
+  const bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(numel), detail::itemsize(e.dtype), &need);
+  if (overflow || need != e.end - e.begin) {
+    fail(t, "shape " + shape_to_string(e.shape) + " " + dtype_name + " needs " +
+        (overflow ? "more than 2^64" : std::to_string(need)) + " bytes, data_offsets " +
+        offsets_text(e.begin, e.end) + " span " + std::to_string(e.end - e.begin));
+  }
+  return e;
+}
+
+// Two tensors sharing bytes would alias. After sorting by begin, any overlap
+// shows up between neighbours. Empty tensors hold no bytes and are skipped.
+// (The Rust crate also rejects gaps between tensors; a gap is harmless to
+// us, so we accept it.)
+void check_no_overlap(std::vector<const Entry*> entries, const std::string& name) {
+  std::erase_if(entries, [](const Entry* e) { return e->begin == e->end; });
+  std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  for (std::size_t i = 1; i < entries.size(); ++i) {
+    const Entry& a = *entries[i - 1];
+    const Entry& b = *entries[i];
+    if (a.end > b.begin) {
+      fail(name, "tensors '" + detail::printable(a.key) + "' (data_offsets " + offsets_text(a.begin, a.end) +
+                     ") and '" + detail::printable(b.key) + "' (data_offsets " + offsets_text(b.begin, b.end) +
+                     ") overlap");
+    }
+  }
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name) {
+  if (size < 8) fail(name, "file has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
+  const uint64_t header_len = detail::load_le<uint64_t>(data);
+  if (header_len > size - 8) {
+    fail(name, "header length " + std::to_string(header_len) + " exceeds the " + std::to_string(size - 8) +
+                   " bytes after it");
+  }
+  if (header_len > kMaxHeaderBytes) {
+    fail(name, "header length " + std::to_string(header_len) + " exceeds the limit of " +
+                   std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  const char* header = reinterpret_cast<const char*>(data) + 8;
+  const json root = parse_header_json(header, header + header_len, name);
+  const uint8_t* buffer = data + 8 + header_len;
+  const uint64_t buffer_size = size - 8 - header_len;
+
+  SafetensorsFile out;
+  std::vector<Entry> entries;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") {
+      out.metadata = read_metadata(value, name);
+    } else {
+      entries.push_back(read_entry(key, value, buffer_size, name));
+    }
+  }
+  std::vector<const Entry*> pointers;
+  for (const Entry& e : entries) pointers.push_back(&e);
+  check_no_overlap(std::move(pointers), name);
+
+  for (const Entry& e : entries) {
+    Storage<double> values(static_cast<std::size_t>(shape_numel(e.shape)));
+    detail::decode_to_double(buffer + e.begin, values.size(), e.dtype, /*big_endian=*/false, values.data());
+    out.tensors.emplace(e.key, LoadedTensor{e.dtype, Tensor<double>(e.shape, std::move(values))});
+  }
+  return out;
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  const std::vector<uint8_t> bytes = detail::read_file(path, path);
+  return parse_safetensors(bytes.data(), bytes.size(), path);
+}
+
+}  // namespace multihead

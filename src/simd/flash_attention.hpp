@@ -1,0 +1,55 @@
+// src/simd/flash_attention.hpp: the per-target flash attention kernel, as
+// seen from src/attention/flash.cpp (which validates, threads and calls it).
+//
+// Legend (as in kernel.hpp): N slices, L queries, S keys, D query/key width,
+// Dv value width.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attention/kernel.hpp"
+
+namespace multihead::detail {
+
+// Grow-only scratch of one thread, reused across calls: the steady state
+// allocates nothing. 64-byte aligned (multihead::allocate_storage).
+class FlashScratch {
+ public:
+  FlashScratch() = default;
+  FlashScratch(const FlashScratch&) = delete;
+  FlashScratch& operator=(const FlashScratch&) = delete;
+  ~FlashScratch();
+  // At least `count` floats; contents unspecified. Grows, never shrinks.
+  float* floats(std::size_t count);
+  std::size_t capacity() const { return capacity_; }
+
+ private:
+  float* data_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+// One Highway target's flash kernel.
+struct FlashAttentionKernel {
+  // Writes out rows [row_begin, row_end) of slice `slice`, as kernel.hpp's
+  // formula says. Reads args.q/k/v/masks, never args.weights. Rows are
+  // independent: the result of a row does not depend on which other rows
+  // share the call, so any partition gives bit-identical outputs.
+  void (*rows)(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin, int64_t row_end,
+               FlashScratch& scratch);
+  // Rows per call this target handles best (its widest query tile).
+  int64_t row_tile;
+  // Highway target bit and name.
+  int64_t target;
+  const char* target_name;
+};
+
+// The kernel compiled for Highway target `target_bit` (see targets.hpp);
+// throws multihead::Error if it was not compiled in.
+FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit);
+
+// The kernel's vectorised 2^x for x <= 0 (exported for its unit test):
+// out[i] = 2^in[i], with in[i] = -inf giving exactly 0.
+void flash_exp2_for_test(int64_t target_bit, const float* in, float* out, std::size_t count);
+
+}  // namespace multihead::detail

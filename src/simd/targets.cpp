@@ -1,0 +1,103 @@
+// src/simd/targets.cpp: run-time choice of the Highway target (see targets.hpp).
+#include "simd/targets.hpp"
+
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+
+#include "hwy/highway.h"
+#include "hwy/targets.h"
+#include "multihead/error.hpp"
+
+namespace multihead::detail {
+namespace {
+
+// The portable fallback is HWY_SCALAR with GCC < 12.3 (Highway marks EMU128
+// broken there) and HWY_EMU128 otherwise; both names select it.
+constexpr int64_t kFallbackTargets = HWY_SCALAR | HWY_EMU128;
+
+// Bits of the targets compiled into this binary (every file in src/simd is
+// built with the same flags, hence the same HWY_TARGETS) and runnable here.
+int64_t runnable_targets() {
+  int64_t runnable = hwy::SupportedTargets() & HWY_TARGETS;
+  // The fallback always runs, whether or not SupportedTargets lists it.
+  runnable |= HWY_TARGETS & kFallbackTargets;
+  return runnable;
+}
+
+std::string upper(const std::string& s) {
+  std::string r = s;
+  for (char& c : r) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return r;
+}
+
+std::string join_available() {
+  std::string list;
+  for (const std::string& name : simd_targets_available()) list += (list.empty() ? "" : ", ") + name;
+  return list;
+}
+
+// The best runnable target: the lowest set bit (Highway orders targets from
+// best to worst by increasing bit value).
+int64_t best_target() {
+  const int64_t runnable = runnable_targets();
+  return runnable & -runnable;
+}
+
+// MULTIHEAD_SIMD_TARGET, parsed once. A bad value throws on every query (the
+// static is only initialised once parsing succeeds).
+int64_t default_target() {
+  static const int64_t target = [] {
+    const char* env = std::getenv("MULTIHEAD_SIMD_TARGET");
+    if (env == nullptr || *env == '\0') return best_target();
+    return simd_target_parse(env, "MULTIHEAD_SIMD_TARGET");
+  }();
+  return target;
+}
+
+// 0 = no override.
+std::atomic<int64_t> g_forced_target{0};
+
+}  // namespace
+
+std::vector<std::string> simd_targets_available() {
+  std::vector<std::string> names;
+  for (int64_t bits = runnable_targets(); bits != 0; bits &= bits - 1) {
+    names.emplace_back(hwy::TargetName(bits & -bits));
+  }
+  return names;
+}
+
+int64_t simd_target_parse(const std::string& name, const std::string& what) {
+  const std::string want = upper(name);
+  const int64_t runnable = runnable_targets();
+  if (want == "SCALAR" || want == "EMU128") {
+    return runnable & kFallbackTargets & -(runnable & kFallbackTargets);
+  }
+  for (int64_t bits = HWY_TARGETS; bits != 0; bits &= bits - 1) {
+    const int64_t bit = bits & -bits;
+    if (want != hwy::TargetName(bit)) continue;
+    if ((runnable & bit) == 0) {
+      throw Error(Error::Kind::Value, what + ": SIMD target '" + name +
+                                          "' is compiled in but not supported by this CPU; available: " +
+                                          join_available());
+    }
+    return bit;
+  }
+  throw Error(Error::Kind::Value,
+              what + ": unknown SIMD target '" + name + "'; available: " + join_available());
+}
+
+int64_t simd_target_bit() {
+  const int64_t forced = g_forced_target.load(std::memory_order_relaxed);
+  return forced != 0 ? forced : default_target();
+}
+
+std::string simd_target_current() { return hwy::TargetName(simd_target_bit()); }
+
+void simd_target_force(const std::string& name) {
+  const int64_t bit = name.empty() ? 0 : simd_target_parse(name, "simd_target_force");
+  g_forced_target.store(bit, std::memory_order_relaxed);
+}
+
+}  // namespace multihead::detail

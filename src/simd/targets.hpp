@@ -1,0 +1,43 @@
+// src/simd/targets.hpp: which Highway SIMD target the kernels in src/simd run.
+//
+// Every kernel in src/simd is compiled once per Highway target (AVX3, AVX2,
+// SSE4, SSSE3, and the portable SCALAR/EMU128 fallback) and dispatched at run
+// time. By default the best target this CPU supports is used. Two switches
+// force another one, so one binary can check every path it carries:
+//  - the environment variable MULTIHEAD_SIMD_TARGET (read once per process),
+//    e.g. MULTIHEAD_SIMD_TARGET=AVX2;
+//  - simd_target_force() below, which tests use to iterate over targets.
+// Names are Highway's (hwy::TargetName), matched case-insensitively; "SCALAR"
+// and "EMU128" both name the portable fallback, whichever this build has.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace multihead::detail {
+
+// Targets compiled into this binary that this CPU can run, best first,
+// e.g. {"AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"} on an AVX-512 machine.
+std::vector<std::string> simd_targets_available();
+
+// Name of the target the kernels dispatch to now.
+// Throws multihead::Error if MULTIHEAD_SIMD_TARGET names an unknown or
+// unsupported target (the message lists the available ones).
+std::string simd_target_current();
+
+// The same target as a Highway bit (HWY_AVX3, ...): kernels look their
+// per-target function up with it. Same errors as simd_target_current().
+int64_t simd_target_bit();
+
+// Forces `name` for every later kernel call in this process; "" returns to
+// MULTIHEAD_SIMD_TARGET or, when that is unset, the best target.
+// Throws multihead::Error for an unknown or unsupported name. Meant for tests
+// and benchmarks: a kernel that is running keeps the target it started with.
+void simd_target_force(const std::string& name);
+
+// Parses a target name into its Highway bit; throws multihead::Error naming
+// `what` (e.g. "MULTIHEAD_SIMD_TARGET"), the value and the available targets.
+int64_t simd_target_parse(const std::string& name, const std::string& what);
+
+}  // namespace multihead::detail

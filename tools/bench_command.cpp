@@ -1,0 +1,81 @@
+// tools/bench_command.cpp: `multihead bench`, the median time of repeated
+// forward passes (eval, need_weights=False, self-attention, float32) after a
+// warm-up. FLOPs counted as issue "Fast" does: projections 8·B·L·E², attention
+// 4·B·L·S·E (the full square, also for causal).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <omp.h>
+
+#include "commands.hpp"
+#include "core/gemm.hpp"
+#include "multihead/multihead_attention.hpp"
+
+namespace multihead::cli {
+
+Runner add_bench_command(CLI::App& app) {
+  struct Args {
+    int64_t batch = 1, seq_len = 1024, embed_dim = 768, num_heads = 12;
+    bool causal = false, batch_first = false;
+    int threads = 0, repeat = 7, warmup = 2;
+    std::string kernel = "auto";
+  };
+  auto a = std::make_shared<Args>();
+  CLI::App* c = app.add_subcommand("bench", "Time forward passes: median ms and GFLOP/s");
+  c->add_option("--batch", a->batch, "B")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--seq-len", a->seq_len, "L (= S)")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--embed-dim", a->embed_dim, "E")->check(CLI::Range(1, 1 << 16));
+  c->add_option("--num-heads", a->num_heads, "H")->check(CLI::Range(1, 1 << 16));
+  c->add_flag("--causal", a->causal, "is_causal=True");
+  c->add_flag("--batch-first", a->batch_first, "(B, L, E) inputs");
+  c->add_option("--threads", a->threads, "Threads (0 = default)")->check(CLI::NonNegativeNumber);
+  c->add_option("--repeat", a->repeat, "Timed runs (median reported)")->check(CLI::Range(1, 100000));
+  c->add_option("--warmup", a->warmup, "Untimed runs first")->check(CLI::Range(0, 100000));
+  c->add_option("--kernel", a->kernel, "auto, reference, materialized or flash")
+      ->check(CLI::IsMember({"auto", "reference", "materialized", "flash"}));
+  return [a] {
+    apply_threads(a->threads);
+    MultiheadAttentionConfig config;
+    config.embed_dim = a->embed_dim;
+    config.num_heads = a->num_heads;
+    config.batch_first = a->batch_first;
+    const MultiheadAttention mha(config, 1);
+    const Shape shape = a->batch_first ? Shape{a->batch, a->seq_len, a->embed_dim}
+                                       : Shape{a->seq_len, a->batch, a->embed_dim};
+    Tensor<float> x(shape);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    for (float& v : x.vec()) v = n(rng);
+    ForwardOptions<float> o;
+    o.need_weights = false;
+    o.is_causal = a->causal;
+    o.kernel = parse_attention_kernel(a->kernel);
+    o.num_threads = a->threads;
+    for (int i = 0; i < a->warmup; ++i) (void)mha.forward(x, x, x, o);
+    std::vector<double> ms;
+    for (int i = 0; i < a->repeat; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const ForwardResult<float> r = mha.forward(x, x, x, o);
+      const auto t1 = std::chrono::steady_clock::now();
+      ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    std::sort(ms.begin(), ms.end());
+    const double median = ms[ms.size() / 2];
+    const double B = static_cast<double>(a->batch), L = static_cast<double>(a->seq_len),
+                 E = static_cast<double>(a->embed_dim);
+    const double flops = 8 * B * L * E * E + 4 * B * L * L * E;
+    std::printf("bench B=%lld L=%lld E=%lld H=%lld causal=%d threads=%d blas_threads=%d kernel=%s\n",
+                static_cast<long long>(a->batch), static_cast<long long>(a->seq_len),
+                static_cast<long long>(a->embed_dim), static_cast<long long>(a->num_heads),
+                a->causal ? 1 : 0, a->threads > 0 ? a->threads : omp_get_max_threads(),
+                detail::blas_threads(), a->kernel.c_str());
+    std::printf("median_ms=%.4f gflops=%.2f min_ms=%.4f max_ms=%.4f runs=%d\n", median,
+                flops / (median * 1e6), ms.front(), ms.back(), a->repeat);
+  };
+}
+
+}  // namespace multihead::cli

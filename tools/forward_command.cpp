@@ -1,0 +1,165 @@
+// tools/forward_command.cpp: `multihead forward`, torch.nn.MultiheadAttention's
+// forward on .npy files. Flag names mirror PyTorch's argument names.
+//
+// The computation runs in float64 when the query file is float64, otherwise
+// in float32; outputs are written in that type. Every output is written
+// atomically and only after every input has been read and validated, so a
+// failed run leaves no file behind.
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "commands.hpp"
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "multihead/multihead_attention.hpp"
+#include "multihead/weights.hpp"
+
+namespace multihead::cli {
+namespace {
+
+struct ForwardArgs {
+  std::string weights, query, key, value, key_padding_mask, attn_mask, out, attn_weights_out;
+  bool is_causal = false, need_weights = false, no_average = false, training = false;
+  bool check_finite = false;
+  std::optional<int64_t> num_heads;
+  std::optional<bool> batch_first;
+  bool add_zero_attn = false;
+  std::optional<double> dropout;
+  uint64_t dropout_seed = 0;
+  std::string masked_rows = "zeros", form = "fused", kernel = "auto";
+  int threads = 0;
+  int repeat = 1;
+};
+
+template <class T>
+Tensor<T> as(const LoadedTensor& t) {
+  return tensor_cast<T>(t.values);
+}
+
+// query, key and value must hold numbers, not booleans.
+LoadedTensor read_input(const std::string& path, const std::string& name) {
+  LoadedTensor t = read_npy(path, name);
+  if (t.dtype == DType::Bool)
+    throw Error(Error::Kind::Value, name + ": expected dtype float32 or float64, got bool (" + path + ")");
+  return t;
+}
+
+// A mask file: bool (or uint8) is a boolean mask, float an additive one.
+template <class T>
+std::unique_ptr<Mask<T>> read_mask(const std::string& path, const std::string& name) {
+  if (path.empty()) return nullptr;
+  LoadedTensor t = read_npy(path, name);
+  if (t.dtype == DType::Bool)
+    return std::make_unique<Mask<T>>(Mask<T>::boolean(tensor_cast<uint8_t>(t.values)));
+  return std::make_unique<Mask<T>>(Mask<T>::additive(tensor_cast<T>(t.values)));
+}
+
+template <class T>
+void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTensor& query_file) {
+  const Tensor<T> query = as<T>(query_file);
+  // key and value default to the query (self-attention): the same tensor, so
+  // the fused form can do its single packed in-projection.
+  std::optional<Tensor<T>> key, value;
+  if (!args.key.empty()) key = as<T>(read_input(args.key, "key"));
+  if (!args.value.empty()) value = as<T>(read_input(args.value, "value"));
+  const Tensor<T>& k = key ? *key : query;
+  const Tensor<T>& v = value ? *value : (key && args.value.empty() ? *key : query);
+  const auto key_padding_mask = read_mask<T>(args.key_padding_mask, "key_padding_mask");
+  const auto attn_mask = read_mask<T>(args.attn_mask, "attn_mask");
+
+  const BasicMultiheadAttention<T> mha(w.config, cast_parameters<T>(w.parameters));
+  ForwardOptions<T> o;
+  o.key_padding_mask = key_padding_mask.get();
+  o.attn_mask = attn_mask.get();
+  o.need_weights = !args.attn_weights_out.empty();
+  o.average_attn_weights = !args.no_average;
+  o.is_causal = args.is_causal;
+  o.training = args.training;
+  o.dropout_seed = args.dropout_seed;
+  o.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
+  o.kernel = parse_attention_kernel(args.kernel);
+  o.num_threads = args.threads;
+  o.check_finite = args.check_finite;
+
+  ForwardResult<T> result;
+  for (int r = 0; r < args.repeat; ++r)
+    result = args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
+
+  // Serialise both before writing either, then write; if the second write
+  // fails, remove the first so that no partial set of outputs remains.
+  const std::string out_bytes = serialize_npy(result.output);
+  std::string weight_bytes;
+  if (result.attn_weights) weight_bytes = serialize_npy(*result.attn_weights);
+  write_file_atomic(args.out, out_bytes);
+  if (result.attn_weights) {
+    try {
+      write_file_atomic(args.attn_weights_out, weight_bytes);
+    } catch (...) {
+      std::remove(args.out.c_str());
+      throw;
+    }
+  }
+}
+
+}  // namespace
+
+Runner add_forward_command(CLI::App& app) {
+  auto args = std::make_shared<ForwardArgs>();
+  CLI::App* c = app.add_subcommand(
+      "forward",
+      "Run torch.nn.MultiheadAttention.forward (eval mode unless --training) on .npy inputs");
+  c->add_option("--weights", args->weights, "safetensors state_dict (PyTorch key names)")->required();
+  c->add_option("--query", args->query, ".npy query: (L, B, E), (B, L, E) with --batch-first, or (L, E)")->required();
+  c->add_option("--key", args->key, ".npy key (default: the query, i.e. self-attention)");
+  c->add_option("--value", args->value, ".npy value (default: the key)");
+  c->add_option("--key-padding-mask", args->key_padding_mask,
+                ".npy (B, S) or (S): bool (true = ignore this key) or float (added)");
+  c->add_option("--attn-mask", args->attn_mask,
+                ".npy (L, S) or (B*H, L, S): bool (true = may not attend) or float (added)");
+  c->add_flag("--is-causal", args->is_causal, "Mask keys after each query (combined with --attn-mask)");
+  c->add_option("--num-heads", args->num_heads, "Heads (overrides the weights' metadata)")
+      ->check(CLI::PositiveNumber);
+  c->add_flag("--batch-first,!--no-batch-first", args->batch_first,
+              "Inputs are (B, L, E) (overrides the weights' metadata)");
+  c->add_flag("--add-zero-attn", args->add_zero_attn, "Append a zero key and value (overrides metadata)");
+  c->add_option("--dropout", args->dropout, "Dropout on attention weights, used with --training")
+      ->check(CLI::Range(0.0, 1.0));
+  c->add_flag("--training", args->training, "Training mode: apply dropout");
+  c->add_option("--dropout-seed", args->dropout_seed, "Seed of the dropout mask");
+  c->add_flag("--need-weights", args->need_weights, "Return attention weights (needs --attn-weights-out)");
+  c->add_flag("--no-average-attn-weights", args->no_average, "Per-head weights (B, H, L, S) instead of the mean");
+  c->add_option("--masked-rows", args->masked_rows,
+                "A query whose every key is masked gets: zeros (default) or nan (PyTorch's need_weights path)")
+      ->check(CLI::IsMember({"zeros", "nan"}));
+  c->add_option("--form", args->form, "fused (default; one projection for all heads) or textbook (the lesson's per-head form)")
+      ->check(CLI::IsMember({"fused", "textbook"}));
+  c->add_option("--kernel", args->kernel, "auto, reference, materialized or flash")
+      ->check(CLI::IsMember({"auto", "reference", "materialized", "flash"}));
+  c->add_option("--threads", args->threads, "Threads (0 = default)")->check(CLI::NonNegativeNumber);
+  c->add_flag("--check-finite", args->check_finite, "Reject NaN or Inf in inputs and weights");
+  c->add_option("--out", args->out, "Output .npy")->required();
+  c->add_option("--attn-weights-out", args->attn_weights_out, "Attention weights .npy (implies --need-weights)");
+  c->add_option("--repeat", args->repeat, "Run the forward N times (for timing from outside)")
+      ->check(CLI::PositiveNumber);
+
+  return [args] {
+    if (args->need_weights && args->attn_weights_out.empty())
+      throw Error(Error::Kind::Value, "--need-weights: needs --attn-weights-out to write the weights to");
+    if (args->no_average && args->attn_weights_out.empty())
+      throw Error(Error::Kind::Value, "--no-average-attn-weights: needs --attn-weights-out");
+    apply_threads(args->threads);
+    WeightOverrides ov;
+    ov.num_heads = args->num_heads;
+    ov.batch_first = args->batch_first;
+    if (args->add_zero_attn) ov.add_zero_attn = true;
+    ov.dropout = args->dropout;
+    const LoadedWeights w = load_weights(args->weights, ov);
+    const LoadedTensor query = read_input(args->query, "query");
+    if (query.dtype == DType::F64) run_forward<double>(*args, w, query);
+    else run_forward<float>(*args, w, query);
+  };
+}
+
+}  // namespace multihead::cli
