@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead::cli {

@@ -151,7 +151,10 @@ constexpr const char* npy_descr<uint8_t>() { return "|b1"; }
 // Python's repr of a tuple: "()", "(5,)", "(2, 3)".
 std::string python_tuple(const Shape& shape) {
   std::string out = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
   return out + (shape.size() == 1 ? ",)" : ")");
 }
 

@@ -50,7 +50,10 @@ std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& te
                                           std::to_string(t.numel()));
     }
     std::string dims;
-    for (int64_t d : t.shape()) dims += (dims.empty() ? "" : ",") + std::to_string(d);
+    for (int64_t d : t.shape()) {
+      if (!dims.empty()) dims += ',';
+      dims += std::to_string(d);
+    }
     const uint64_t end = offset + static_cast<uint64_t>(t.numel()) * sizeof(float);
     header += quoted(key, "tensor name") + ":{\"dtype\":\"F32\",\"shape\":[" + dims + "],\"data_offsets\":[" +
               std::to_string(offset) + "," + std::to_string(end) + "]},";

@@ -1,0 +1,103 @@
+// src/attention/flash.cpp: the fused (flash) attention forward, float32.
+//
+// Legend (kernel.hpp): N slices (B·H), L queries, S keys, D head width,
+// Dv value width.
+//
+// This file validates the call, splits it into work items of
+// (slice, query tile) and runs them on OpenMP threads; the arithmetic is the
+// Highway kernel in src/simd/flash_attention-inl.h (tiled online softmax,
+// Rabe & Staats 2021; Dao et al. 2022), chosen once per call for the SIMD
+// target that src/simd/targets.cpp selects (best supported, or forced by
+// MULTIHEAD_SIMD_TARGET).
+//
+// Threads: each output row belongs to exactly one work item and the items
+// do not depend on the thread count, so outputs are bit-identical for any
+// num_threads. No BLAS is called here, so nothing is oversubscribed against
+// BLAS threads. Memory beyond the inputs and the output: one grow-only
+// scratch of O(tile·(D + Dv + key tile)) floats per thread, kept across calls.
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include <omp.h>
+
+#include "attention/kernel.hpp"
+#include "multihead/error.hpp"
+#include "simd/flash_attention.hpp"
+#include "simd/targets.hpp"
+
+namespace multihead::detail {
+namespace {
+
+void validate(const AttentionArgs<float>& a) {
+  const auto fail = [](const std::string& what) {
+    throw Error(Error::Kind::Value, "attention_forward_flash: " + what);
+  };
+  if (a.weights != nullptr) {
+    fail("weights must be nullptr (the flash kernel never materialises the L×S attention weights; "
+         "use the materialized kernel to get them)");
+  }
+  if (a.slices < 0 || a.q_len < 0 || a.kv_len < 0 || a.head_dim < 0 || a.value_dim < 0) {
+    fail("negative size: slices=" + std::to_string(a.slices) + " q_len=" + std::to_string(a.q_len) +
+         " kv_len=" + std::to_string(a.kv_len) + " head_dim=" + std::to_string(a.head_dim) +
+         " value_dim=" + std::to_string(a.value_dim));
+  }
+  // The kernel compares query and key indices in int32 lanes.
+  constexpr int64_t kMaxLen = std::numeric_limits<int32_t>::max() - 1024;
+  if (a.q_len > kMaxLen || a.kv_len > kMaxLen) {
+    fail("q_len " + std::to_string(a.q_len) + " / kv_len " + std::to_string(a.kv_len) +
+         " exceed the supported maximum " + std::to_string(kMaxLen));
+  }
+  if (a.heads < 1) fail("heads must be >= 1, got " + std::to_string(a.heads));
+  if (!(a.dropout_p >= 0.0 && a.dropout_p <= 1.0)) {
+    fail("dropout_p must be in [0, 1], got " + std::to_string(a.dropout_p));
+  }
+  const bool work = a.slices > 0 && a.q_len > 0 && a.value_dim > 0;
+  if (work && (a.q == nullptr || a.out == nullptr || (a.kv_len > 0 && (a.k == nullptr || a.v == nullptr)))) {
+    fail("q, k, v and out must not be nullptr");
+  }
+}
+
+}  // namespace
+
+bool flash_available() { return true; }
+
+void attention_forward_flash(const AttentionArgs<float>& args) {
+  validate(args);
+  if (args.slices == 0 || args.q_len == 0 || args.value_dim == 0) return;
+
+  // Dispatch once per call: the target's kernel, and its query tile height.
+  const FlashAttentionKernel kernel = flash_attention_kernel_for(simd_target_bit());
+  const int64_t tiles_per_slice = (args.q_len + kernel.row_tile - 1) / kernel.row_tile;
+  const int64_t items = args.slices * tiles_per_slice;
+  const int threads = static_cast<int>(
+      std::min<int64_t>(items, args.num_threads > 0 ? args.num_threads : omp_get_max_threads()));
+
+  // Work item `it` = (slice, query tile), slice-major so that consecutive
+  // items share K and V in cache. With causal masking a query tile's cost
+  // grows with its index; within a slice the tiles go heaviest first so
+  // that the dynamic schedule ends on small items.
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+  for (int64_t it = 0; it < items; ++it) {
+    // Per-thread scratch, grown on demand and kept for the next call.
+    thread_local FlashScratch scratch;
+    const int64_t slice = it / tiles_per_slice;
+    int64_t tile = it % tiles_per_slice;
+    if (args.is_causal) tile = tiles_per_slice - 1 - tile;
+    const int64_t row_begin = tile * kernel.row_tile;
+    const int64_t row_end = std::min(args.q_len, row_begin + kernel.row_tile);
+    try {
+      kernel.rows(args, slice, row_begin, row_end, scratch);
+    } catch (...) {  // only allocation can throw; never let it cross OpenMP
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace multihead::detail

@@ -1,0 +1,722 @@
+#!/usr/bin/python3
+"""Bad input to `multihead forward`: exit code, message, and no partial files.
+
+Every case runs the CLI twice: once with no output files present and once
+with old output files present. Each run must:
+  - exit with status 2;
+  - print exactly one non-empty line on stderr;
+  - name the offending tensor/file/option (case-specific words), and for a
+    shape error contain the expected and the actual shape written "(2, 7)"
+    ("(7)" or "(7,)" for one dimension);
+  - be legible: no number of more than 20 digits (e.g. DBL_MAX printed in
+    full as the upper end of a range);
+  - leave the output folder exactly as it was: no --out / --attn-weights-out
+    file when none existed, old files byte-for-byte unchanged, no temporary
+    files left behind.
+A control case (valid input) must exit 0 and write both files, so the checks
+above are known to be able to pass.
+
+Usage: /usr/bin/python3 tests/cli/bad_input.py --multihead PATH --workdir DIR [--only NAME...]
+Prints a table case -> message and `N passed, M failed`; exit 1 on any failure.
+
+Baseline input: E=8, H=2 (metadata), L=3, B=2, S=5, sequence-first:
+query (3, 2, 8), key/value (5, 2, 8), key_padding_mask (2, 5), attn_mask (3, 5).
+"""
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
+import safetensors_io  # noqa: E402
+
+E, H, L, B, S = 8, 2, 3, 2, 5
+OLD = b"old output file: must survive a failed run\n"
+
+
+def shape_forms(shape):
+    """Accepted spellings of a shape in a message."""
+    if len(shape) == 1:
+        return [f"({shape[0]})", f"({shape[0]},)"]
+    return ["(" + ", ".join(str(s) for s in shape) + ")"]
+
+
+class Ctx:
+    """Files for one case, in its own folder; outputs in a separate folder."""
+
+    def __init__(self, root, cli, name):
+        self.cli = cli
+        self.dir = os.path.join(root, name)
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.makedirs(self.dir)
+        self.outdir = os.path.join(self.dir, "outputs")
+        os.makedirs(self.outdir)
+        self.out = os.path.join(self.outdir, "out.npy")
+        self.aw = os.path.join(self.outdir, "attn_weights.npy")
+        self.rng = np.random.default_rng(len(name))
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def npy(self, name, array):
+        p = self.path(name)
+        np.save(p, array)
+        return p
+
+    def raw(self, name, data):
+        p = self.path(name)
+        with open(p, "wb") as f:
+            f.write(data)
+        return p
+
+    def randn(self, *shape, dtype=np.float32):
+        return self.rng.standard_normal(shape).astype(dtype)
+
+    def tensors(self, kdim=E, vdim=E):
+        t = {}
+        if kdim == E and vdim == E:
+            t["in_proj_weight"] = self.randn(3 * E, E) / 3
+        else:
+            t["q_proj_weight"] = self.randn(E, E) / 3
+            t["k_proj_weight"] = self.randn(E, kdim) / 3
+            t["v_proj_weight"] = self.randn(E, vdim) / 3
+        t["in_proj_bias"] = self.randn(3 * E)
+        t["out_proj.weight"] = self.randn(E, E) / 3
+        t["out_proj.bias"] = self.randn(E)
+        return t
+
+    def weights(self, name="W.safetensors", tensors=None, metadata=None, drop=(), **replace):
+        t = self.tensors() if tensors is None else tensors
+        for k in drop:
+            t.pop(k)
+        for k, v in replace.items():
+            t[k.replace("__", ".")] = v
+        meta = {"num_heads": str(H)} if metadata is None else metadata
+        data, _ = safetensors_io.serialize({k: (np.asarray(v, dtype=np.float64), "F32") for k, v in t.items()},
+                                           meta or None)
+        return self.raw(name, data)
+
+    def args(self, weights=None, query=None, key=None, value=None, kpm=None, am=None, extra=(),
+             out=None, aw=None, need_weights=True, self_attention=False):
+        """The baseline command line with some parts replaced. Pass "" to drop a part."""
+        w = self.weights() if weights is None else weights
+        q = self.npy("q.npy", self.randn(L, B, E)) if query is None else query
+        argv = [self.cli, "forward", "--weights", w, "--query", q]
+        if not self_attention:
+            k = self.npy("k.npy", self.randn(S, B, E)) if key is None else key
+            v = self.npy("v.npy", self.randn(S, B, E)) if value is None else value
+            if k:
+                argv += ["--key", k]
+            if v:
+                argv += ["--value", v]
+        if kpm:
+            argv += ["--key-padding-mask", kpm]
+        if am:
+            argv += ["--attn-mask", am]
+        argv += list(extra)
+        if need_weights:
+            argv += ["--need-weights", "--attn-weights-out", self.aw if aw is None else aw]
+        argv += ["--out", self.out if out is None else out]
+        return argv
+
+
+def npy_bytes(array):
+    import io
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def npy_with_header(header_dict_text, data):
+    """A v1.0 .npy whose header text we choose (may lie)."""
+    text = header_dict_text
+    total = 10 + len(text) + 1
+    text += " " * ((-total) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin1") + data
+
+
+def st_custom(entries, buffer, metadata=None, header_len=None, header_text=None):
+    """A safetensors file with hand-made entries (name, dtype, shape, begin, end)."""
+    header = header_text if header_text is not None else safetensors_io.build_header(entries, metadata)
+    n = len(header) if header_len is None else header_len
+    return struct.pack("<Q", n) + header + buffer
+
+
+def st_valid_entries(ctx):
+    """(entries, buffer) of the baseline weights, F32, in sorted order."""
+    t = ctx.tensors()
+    entries, chunks, off = [], [], 0
+    for name in sorted(t):
+        raw = np.ascontiguousarray(t[name], dtype="<f4").tobytes()
+        entries.append([name, "F32", list(t[name].shape), off, off + len(raw)])
+        chunks.append(raw)
+        off += len(raw)
+    return entries, b"".join(chunks)
+
+
+# ---- the cases ------------------------------------------------------------------
+# Each case: (name, build(ctx) -> argv, required words). A required word is a
+# string or a tuple of alternatives; a shape is given as ("shape", (2, 7)).
+CASES = []
+
+
+def case(name, *words):
+    def register(fn):
+        CASES.append((name, fn, words))
+        return fn
+    return register
+
+
+def shape(*dims):
+    return ("shape", tuple(dims))
+
+
+# -- truncated / malformed .npy
+for cut_name, cut in (("magic", 5), ("header", 30), ("data", -7)):
+    def _trunc(ctx, cut=cut):
+        data = npy_bytes(ctx.randn(L, B, E))
+        return ctx.args(query=ctx.raw("q.npy", data[:cut]))
+    case(f"npy truncated in {cut_name}", "query")(_trunc)
+
+
+@case("npy empty file", "query")
+def _(ctx):
+    return ctx.args(query=ctx.raw("q.npy", b""))
+
+
+@case("npy bad magic", "query")
+def _(ctx):
+    data = npy_bytes(ctx.randn(L, B, E))
+    return ctx.args(query=ctx.raw("q.npy", b"XX" + data[2:]))
+
+
+@case("npy dtype int32", "query", ("int32", "<i4", "i4"))
+def _(ctx):
+    return ctx.args(query=ctx.npy("q.npy", np.ones((L, B, E), dtype=np.int32)))
+
+
+@case("npy dtype complex64", "query", ("complex", "<c8", "c8"))
+def _(ctx):
+    return ctx.args(query=ctx.npy("q.npy", np.ones((L, B, E), dtype=np.complex64)))
+
+
+@case("npy dtype bool query", "query", "bool")
+def _(ctx):
+    return ctx.args(query=ctx.npy("q.npy", np.ones((L, B, E), dtype=bool)))
+
+
+@case("npy header lies: shape larger than data", "query")
+def _(ctx):
+    data = ctx.randn(L, B, E).tobytes()
+    hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2, 16), }"
+    return ctx.args(query=ctx.raw("q.npy", npy_with_header(hdr, data)))
+
+
+@case("npy header shape overflows", "query")
+def _(ctx):
+    hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 1099511627776, 8), }"
+    return ctx.args(query=ctx.raw("q.npy", npy_with_header(hdr, b"\0" * 64)))
+
+
+@case("npy header not a dict", "query")
+def _(ctx):
+    return ctx.args(query=ctx.raw("q.npy", npy_with_header("{'descr': '<f4', 'shape': (3,", b"\0" * 96)))
+
+
+# -- truncated / malformed safetensors
+for cut_name, cut in (("length field", 4), ("header", 40), ("data", -10)):
+    def _st_trunc(ctx, cut=cut):
+        entries, buf = st_valid_entries(ctx)
+        data = st_custom(entries, buf, {"num_heads": "2"})
+        return ctx.args(weights=ctx.raw("W_trunc.safetensors", data[:cut]))
+    case(f"safetensors truncated in {cut_name}", ("W_trunc.safetensors", "weights"))(_st_trunc)
+
+
+@case("safetensors header length 2^60", ("W_huge.safetensors", "weights"))
+def _(ctx):
+    entries, buf = st_valid_entries(ctx)
+    return ctx.args(weights=ctx.raw("W_huge.safetensors", st_custom(entries, buf, {"num_heads": "2"},
+                                                                     header_len=1 << 60)))
+
+
+@case("safetensors header length past end of file", ("W_long.safetensors", "weights"))
+def _(ctx):
+    entries, buf = st_valid_entries(ctx)
+    hdr = safetensors_io.build_header(entries, {"num_heads": "2"})
+    return ctx.args(weights=ctx.raw("W_long.safetensors",
+                                    st_custom(entries, buf, header_len=len(hdr) + len(buf) + 1, header_text=hdr)))
+
+
+@case("safetensors header not JSON", ("W_json.safetensors", "weights"))
+def _(ctx):
+    _, buf = st_valid_entries(ctx)
+    return ctx.args(weights=ctx.raw("W_json.safetensors",
+                                    st_custom([], buf, header_text=b'{"in_proj_weight": [1, 2' + b" " * 8)))
+
+
+@case("safetensors overlapping data_offsets", ("out_proj.bias", "out_proj.weight", "overlap"))
+def _(ctx):
+    entries, buf = st_valid_entries(ctx)
+    # out_proj.bias (32 bytes) now points into out_proj.weight's bytes; the
+    # freed 32 bytes are dropped so the buffer is still fully covered.
+    names = [e[0] for e in entries]
+    ob, ow = entries[names.index("out_proj.bias")], entries[names.index("out_proj.weight")]
+    assert ob[3] + 32 == ow[3]  # sorted: bias right before weight
+    new_buf = buf[:ob[3]] + buf[ow[3]:]
+    for e in entries:
+        if e[3] >= ow[3]:
+            e[3] -= 32
+            e[4] -= 32
+    ob[3], ob[4] = ow[3], ow[3] + 32
+    return ctx.args(weights=ctx.raw("W_overlap.safetensors", st_custom(entries, new_buf, {"num_heads": "2"})))
+
+
+@case("safetensors data_offsets size != numel*itemsize", "out_proj.bias")
+def _(ctx):
+    entries, buf = st_valid_entries(ctx)
+    for e in entries:
+        if e[0] == "out_proj.bias":
+            e[2] = [7]  # 7 floats claimed, 8 floats of bytes given
+    return ctx.args(weights=ctx.raw("W_size.safetensors", st_custom(entries, buf, {"num_heads": "2"})))
+
+
+@case("safetensors data_offsets past the buffer", "out_proj.weight")
+def _(ctx):
+    entries, buf = st_valid_entries(ctx)
+    for e in entries:
+        if e[0] == "out_proj.weight":
+            e[3] += 64
+            e[4] += 64
+    return ctx.args(weights=ctx.raw("W_past.safetensors", st_custom(entries, buf, {"num_heads": "2"})))
+
+
+@case("safetensors unsupported dtype I32", "in_proj_bias", "I32")
+def _(ctx):
+    entries, buf = st_valid_entries(ctx)
+    for e in entries:
+        if e[0] == "in_proj_bias":
+            e[1] = "I32"
+    return ctx.args(weights=ctx.raw("W_i32.safetensors", st_custom(entries, buf, {"num_heads": "2"})))
+
+
+# -- wrong set of tensors / wrong weight shapes
+@case("missing out_proj.weight", "out_proj.weight")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(drop=["out_proj.weight"]))
+
+
+@case("missing in_proj_weight", "in_proj_weight")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(drop=["in_proj_weight"]))
+
+
+@case("q_proj_weight without k_proj_weight", "k_proj_weight")
+def _(ctx):
+    t = ctx.tensors(kdim=6, vdim=6)
+    t.pop("k_proj_weight")
+    return ctx.args(weights=ctx.weights(tensors=t))
+
+
+@case("in_proj_weight wrong shape", "in_proj_weight", shape(24, 8), shape(24, 7))
+def _(ctx):
+    return ctx.args(weights=ctx.weights(in_proj_weight=ctx.randn(24, 7)))
+
+
+@case("in_proj_bias wrong shape", "in_proj_bias", shape(24), shape(23))
+def _(ctx):
+    return ctx.args(weights=ctx.weights(in_proj_bias=ctx.randn(23)))
+
+
+@case("out_proj.bias wrong shape", "out_proj.bias", shape(8), shape(7))
+def _(ctx):
+    return ctx.args(weights=ctx.weights(out_proj__bias=ctx.randn(7)))
+
+
+@case("bias only in in_proj_bias", "out_proj.bias")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(drop=["out_proj.bias"]))
+
+
+@case("bias only in out_proj.bias", "in_proj_bias")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(drop=["in_proj_bias"]))
+
+
+@case("bias_k without bias_v", "bias_v")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(bias_k=ctx.randn(1, 1, E)))
+
+
+@case("bias_k wrong shape", "bias_k", shape(1, 1, 8), shape(1, 1, 7))
+def _(ctx):
+    return ctx.args(weights=ctx.weights(bias_k=ctx.randn(1, 1, 7), bias_v=ctx.randn(1, 1, E)))
+
+
+@case("unknown tensor in weights", "foo.weight")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(foo__weight=ctx.randn(2, 2)))
+
+
+# -- num_heads and other metadata
+@case("num_heads missing", "num_heads")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(metadata={}))
+
+
+@case("num_heads 0 (flag)", ("num_heads", "num-heads"), "0")
+def _(ctx):
+    return ctx.args(extra=["--num-heads", "0"])
+
+
+@case("num_heads 0 (metadata)", "num_heads", "0")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(metadata={"num_heads": "0"}))
+
+
+@case("num_heads 3 does not divide embed_dim 8", "num_heads", "3", "8")
+def _(ctx):
+    return ctx.args(extra=["--num-heads", "3"])
+
+
+@case("num_heads not a number (metadata)", "num_heads", "abc")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(metadata={"num_heads": "abc"}))
+
+
+@case("num_heads not a number (flag)", ("num_heads", "num-heads"), "abc")
+def _(ctx):
+    return ctx.args(extra=["--num-heads", "abc"])
+
+
+@case("batch_first metadata not a boolean", "batch_first", "maybe")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(metadata={"num_heads": "2", "batch_first": "maybe"}))
+
+
+@case("dropout metadata 2", "dropout", "2")
+def _(ctx):
+    return ctx.args(weights=ctx.weights(metadata={"num_heads": "2", "dropout": "2"}))
+
+
+# -- input shapes
+@case("query 1-D", "query", shape(8))
+def _(ctx):
+    return ctx.args(query=ctx.npy("q.npy", ctx.randn(E)))
+
+
+@case("query 4-D", "query", shape(3, 2, 1, 8))
+def _(ctx):
+    return ctx.args(query=ctx.npy("q.npy", ctx.randn(L, B, 1, E)))
+
+
+@case("key/value length mismatch", ("value", "key"), shape(5, 2, 8), shape(4, 2, 8))
+def _(ctx):
+    return ctx.args(value=ctx.npy("v.npy", ctx.randn(4, B, E)))
+
+
+@case("key batch differs from query", "key", shape(5, 2, 8), shape(5, 3, 8))
+def _(ctx):
+    return ctx.args(key=ctx.npy("k.npy", ctx.randn(S, 3, E)), value=ctx.npy("v.npy", ctx.randn(S, 3, E)))
+
+
+@case("query embed dim 7 != 8", "query", shape(3, 2, 8), shape(3, 2, 7))
+def _(ctx):
+    return ctx.args(query=ctx.npy("q.npy", ctx.randn(L, B, 7)))
+
+
+@case("key embed dim 7 != 8", "key", shape(5, 2, 8), shape(5, 2, 7))
+def _(ctx):
+    return ctx.args(key=ctx.npy("k.npy", ctx.randn(S, B, 7)))
+
+
+@case("value embed dim 6 != 8", "value", shape(5, 2, 8), shape(5, 2, 6))
+def _(ctx):
+    return ctx.args(value=ctx.npy("v.npy", ctx.randn(S, B, 6)))
+
+
+@case("kdim 6 but no --key (key defaults to the query)", "key", shape(3, 2, 6), shape(3, 2, 8))
+def _(ctx):
+    return ctx.args(weights=ctx.weights(tensors=ctx.tensors(kdim=6, vdim=6)), self_attention=True)
+
+
+# -- masks
+@case("key_padding_mask transposed", "key_padding_mask", shape(2, 5), shape(5, 2))
+def _(ctx):
+    return ctx.args(kpm=ctx.npy("kpm.npy", np.zeros((S, B), dtype=bool)))
+
+
+@case("key_padding_mask 1-D for batched input", "key_padding_mask", shape(2, 5), shape(5))
+def _(ctx):
+    return ctx.args(kpm=ctx.npy("kpm.npy", np.zeros(S, dtype=bool)))
+
+
+@case("key_padding_mask 2-D for unbatched input", "key_padding_mask", shape(5), shape(2, 5))
+def _(ctx):
+    return ctx.args(query=ctx.npy("q.npy", ctx.randn(L, E)), key=ctx.npy("k.npy", ctx.randn(S, E)),
+                    value=ctx.npy("v.npy", ctx.randn(S, E)), kpm=ctx.npy("kpm.npy", np.zeros((B, S), dtype=bool)))
+
+
+@case("attn_mask 2-D wrong shape", "attn_mask", shape(3, 5), shape(3, 4))
+def _(ctx):
+    return ctx.args(am=ctx.npy("am.npy", np.zeros((L, 4), dtype=bool)))
+
+
+@case("attn_mask 3-D wrong shape", "attn_mask", shape(4, 3, 5), shape(2, 3, 5))
+def _(ctx):
+    return ctx.args(am=ctx.npy("am.npy", np.zeros((B, L, S), dtype=np.float32)))
+
+
+@case("attn_mask 3-D wrong heads, unbatched", "attn_mask", shape(2, 3, 5), shape(4, 3, 5))
+def _(ctx):
+    return ctx.args(query=ctx.npy("q.npy", ctx.randn(L, E)), key=ctx.npy("k.npy", ctx.randn(S, E)),
+                    value=ctx.npy("v.npy", ctx.randn(S, E)), am=ctx.npy("am.npy", np.zeros((4, L, S), dtype=bool)))
+
+
+@case("attn_mask 4-D", "attn_mask", shape(1, 4, 3, 5), (*shape_forms((3, 5)), *shape_forms((4, 3, 5))))
+def _(ctx):
+    return ctx.args(am=ctx.npy("am.npy", np.zeros((1, B * H, L, S), dtype=bool)))
+
+
+@case("attn_mask dtype int32", "attn_mask", ("int32", "<i4", "i4"))
+def _(ctx):
+    return ctx.args(am=ctx.npy("am.npy", np.zeros((L, S), dtype=np.int32)))
+
+
+@case("key_padding_mask dtype int32", "key_padding_mask", ("int32", "<i4", "i4"))
+def _(ctx):
+    return ctx.args(kpm=ctx.npy("kpm.npy", np.zeros((B, S), dtype=np.int32)))
+
+
+# -- files
+@case("nonexistent query file", ("query", "does_not_exist.npy"))
+def _(ctx):
+    return ctx.args(query=ctx.path("does_not_exist.npy"))
+
+
+@case("directory as query", "query")
+def _(ctx):
+    d = ctx.path("a_directory.npy")
+    os.makedirs(d)
+    return ctx.args(query=d)
+
+
+@case("nonexistent weights file", "missing_weights.safetensors")
+def _(ctx):
+    return ctx.args(weights=ctx.path("missing_weights.safetensors"))
+
+
+@case("--out in a nonexistent directory", "no_such_dir")
+def _(ctx):
+    return ctx.args(out=os.path.join(ctx.dir, "no_such_dir", "out.npy"))
+
+
+@case("--attn-weights-out in a nonexistent directory (--out is fine)", "no_such_dir")
+def _(ctx):
+    return ctx.args(aw=os.path.join(ctx.dir, "no_such_dir", "w.npy"))
+
+
+# -- options
+@case("unknown flag", "--bogus")
+def _(ctx):
+    return ctx.args(extra=["--bogus"])
+
+
+@case("missing --out", "--out")
+def _(ctx):
+    return [a for a in ctx.args(need_weights=False) if a not in ("--out", ctx.out)]
+
+
+@case("--dropout 1.5", "dropout", "1.5")
+def _(ctx):
+    return ctx.args(extra=["--dropout", "1.5"])
+
+
+@case("--dropout -0.1", "dropout", "-0.1")
+def _(ctx):
+    return ctx.args(extra=["--dropout", "-0.1"])
+
+
+@case("--threads -1", "threads", "-1")
+def _(ctx):
+    return ctx.args(extra=["--threads", "-1"])
+
+
+@case("--repeat 0", "repeat", "0")
+def _(ctx):
+    return ctx.args(extra=["--repeat", "0"])
+
+
+@case("--masked-rows bogus", ("masked-rows", "masked_rows"), "bogus")
+def _(ctx):
+    return ctx.args(extra=["--masked-rows", "bogus"])
+
+
+@case("--kernel bogus", "kernel", "bogus")
+def _(ctx):
+    return ctx.args(extra=["--kernel", "bogus"])
+
+
+@case("--form bogus", "form", "bogus")
+def _(ctx):
+    return ctx.args(extra=["--form", "bogus"])
+
+
+# -- --check-finite
+@case("--check-finite, NaN in query at (1, 0, 3)", "query", ("nan", "NaN"),
+      ("(1, 0, 3)", "[1, 0, 3]", "[1][0][3]", "(1,0,3)", "[1,0,3]", "index 19", "element 19"))
+def _(ctx):
+    q = ctx.randn(L, B, E)
+    q[1, 0, 3] = np.nan
+    return ctx.args(query=ctx.npy("q.npy", q), extra=["--check-finite"])
+
+
+@case("--check-finite, Inf in key at (4, 1, 0)", "key", ("inf", "Inf"),
+      ("(4, 1, 0)", "[4, 1, 0]", "[4][1][0]", "(4,1,0)", "[4,1,0]", "index 72", "element 72"))
+def _(ctx):
+    k = ctx.randn(S, B, E)
+    k[4, 1, 0] = np.inf
+    return ctx.args(key=ctx.npy("k.npy", k), extra=["--check-finite"])
+
+
+@case("--check-finite, NaN in out_proj.weight", "out_proj.weight", ("nan", "NaN"))
+def _(ctx):
+    w = ctx.randn(E, E)
+    w[2, 5] = np.nan
+    return ctx.args(weights=ctx.weights(out_proj__weight=w), extra=["--check-finite"])
+
+
+# ---- running --------------------------------------------------------------------
+def _snapshot(folder):
+    snap = {}
+    for name in sorted(os.listdir(folder)):
+        p = os.path.join(folder, name)
+        with open(p, "rb") as f:
+            snap[name] = f.read()
+    return snap
+
+
+def _word_found(word, text):
+    if isinstance(word, tuple) and len(word) == 2 and word[0] == "shape":
+        return any(f in text for f in shape_forms(word[1])), " or ".join(shape_forms(word[1]))
+    alts = word if isinstance(word, tuple) else (word,)
+    low = text.lower()
+    return any(a.lower() in low for a in alts), " or ".join(repr(a) for a in alts)
+
+
+def run_case(ctx, argv, words):
+    """Runs argv twice (no outputs / old outputs). Returns (problems, message)."""
+    problems, message = [], ""
+    for old in (False, True):
+        for p in (ctx.out, ctx.aw):
+            if os.path.exists(p):
+                os.remove(p)
+            if old:
+                with open(p, "wb") as f:
+                    f.write(OLD)
+        # The output folder may be missing (nonexistent-directory cases).
+        before = _snapshot(ctx.outdir)
+        try:
+            r = subprocess.run(argv, capture_output=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            problems.append("timed out after 120 s")
+            continue
+        stderr = r.stderr.decode("utf-8", "replace")
+        label = "with old outputs" if old else "no old outputs"
+        lines = stderr.rstrip("\n").split("\n")
+        message = message or stderr.strip()
+        if r.returncode != 2:
+            problems.append(f"{label}: exit {r.returncode}, expected 2")
+        if not stderr.strip() or len(lines) != 1 or not stderr.endswith("\n"):
+            problems.append(f"{label}: stderr is {len(lines)} line(s), expected exactly one: {stderr!r}")
+        long_number = re.search(r"\d{21,}", stderr)
+        if long_number:
+            problems.append(f"{label}: message holds an illegible {len(long_number.group())}-digit number "
+                            "(the expected value must be readable)")
+        for w in words:
+            found, desc = _word_found(w, stderr)
+            if not found:
+                problems.append(f"{label}: message lacks {desc}")
+        after = _snapshot(ctx.outdir)
+        if after != before:
+            changed = sorted(set(after) ^ set(before) | {k for k in after if k in before and after[k] != before[k]})
+            problems.append(f"{label}: output folder changed: {changed}")
+    return sorted(set(problems), key=problems.index), message
+
+
+def run_control(ctx):
+    """Valid input must succeed; otherwise the cases prove nothing."""
+    argv = ctx.args()
+    r = subprocess.run(argv, capture_output=True, timeout=120)
+    problems = []
+    if r.returncode != 0:
+        problems.append(f"exit {r.returncode}: {r.stderr.decode().strip()}")
+    elif not (os.path.exists(ctx.out) and os.path.exists(ctx.aw)):
+        problems.append("exit 0 but an output file is missing")
+    else:
+        if np.load(ctx.out).shape != (L, B, E):
+            problems.append(f"output shape {np.load(ctx.out).shape}, expected {(L, B, E)}")
+        if np.load(ctx.aw).shape != (B, L, S):
+            problems.append(f"weights shape {np.load(ctx.aw).shape}, expected {(B, L, S)}")
+    return problems, argv
+
+
+def main():
+    ap = argparse.ArgumentParser(description="bad-input test for `multihead forward`")
+    ap.add_argument("--multihead", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--only", nargs="*", help="case names (substring match)")
+    args = ap.parse_args()
+    cli = os.path.abspath(args.multihead)
+    root = os.path.abspath(args.workdir)
+    os.makedirs(root, exist_ok=True)
+    if not os.access(cli, os.X_OK):
+        print(f"bad_input: {cli} is not an executable file", file=sys.stderr)
+        return 1
+
+    def folder(name):
+        return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")[:60]
+
+    passed = failed = 0
+    ctx = Ctx(root, cli, "control_valid_input")
+    problems, argv = run_control(ctx)
+    if problems:
+        failed += 1
+        print(f"FAIL control (valid input): {'; '.join(problems)}\n  rerun: {shlex.join(argv)}")
+    else:
+        passed += 1
+        print("ok   control (valid input): exit 0, both outputs written")
+
+    rows = []
+    selected = [c for c in CASES if not args.only or any(o in c[0] for o in args.only)]
+    for name, build, words in selected:
+        ctx = Ctx(root, cli, folder(name))
+        argv = build(ctx)
+        problems, message = run_case(ctx, argv, words)
+        rows.append((name, "ok" if not problems else "FAIL", message))
+        if problems:
+            failed += 1
+            print(f"FAIL {name}:")
+            for p in problems:
+                print(f"    {p}")
+            print(f"  rerun: {shlex.join(argv)}")
+        else:
+            passed += 1
+
+    width = max(len(r[0]) for r in rows) if rows else 10
+    print()
+    print(f"{'case':<{width}}  result  message")
+    for name, status, message in rows:
+        print(f"{name:<{width}}  {status:<6}  {message}")
+    print(f"\n{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,864 @@
+// tests/test_io.cpp: the file formats (.npy, safetensors), atomic writes,
+// and the tensor basics they build on.
+//
+// Three sources of truth, none of them our own reader:
+//  - fixtures written by NumPy / PyTorch (tests/data/make_fixtures.py), with
+//    their values converted by NumPy / PyTorch into tests/data/expected.json;
+//  - numpy.save's exact bytes, which our writer must reproduce;
+//  - hostile files built here byte by byte, each of which must fail with
+//    Error(Format) and a one-line message naming the tensor and the numbers.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/half.hpp"
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "multihead/tensor.hpp"
+
+namespace multihead {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Kind = Error::Kind;
+
+const std::string kDataDir = MULTIHEAD_TEST_DATA_DIR;
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in.good()) << "cannot open fixture " << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+const json& expected_values() {
+  static const json j = json::parse(slurp(kDataDir + "/expected.json"));
+  return j;
+}
+
+const char* kind_name(Kind k) {
+  switch (k) {
+    case Kind::Shape: return "Shape";
+    case Kind::Value: return "Value";
+    case Kind::Format: return "Format";
+    case Kind::Missing: return "Missing";
+    case Kind::IO: return "IO";
+  }
+  return "?";
+}
+
+// Runs `f`, which must throw multihead::Error of `kind` whose message is one
+// line containing every fragment (the tensor name, expected and actual).
+template <class F>
+void expect_error(F&& f, Kind kind, const std::vector<std::string>& fragments) {
+  try {
+    f();
+    ADD_FAILURE() << "no Error thrown; expected kind " << kind_name(kind);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(kind_name(e.kind()), std::string(kind_name(kind))) << "message: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "message is not one line: " << msg;
+    for (const std::string& frag : fragments) {
+      EXPECT_NE(msg.find(frag), std::string::npos) << "message lacks \"" << frag << "\": " << msg;
+    }
+  }
+}
+
+// Exact comparison: same bits (so -0 != +0), or both NaN.
+bool same_value(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint64_t>(a) == std::bit_cast<uint64_t>(b);
+}
+
+// Compares a loaded tensor with an expected.json entry
+// {"dtype": "float32", "shape": [..], "values": [hex strings]}.
+void expect_matches(const LoadedTensor& got, const json& want, const std::string& what) {
+  EXPECT_EQ(to_string(got.dtype), want.at("dtype").get<std::string>()) << what;
+  const Shape shape = want.at("shape").get<Shape>();
+  ASSERT_EQ(shape_to_string(got.values.shape()), shape_to_string(shape)) << what;
+  const auto& values = want.at("values");
+  ASSERT_EQ(got.values.numel(), static_cast<int64_t>(values.size())) << what;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const std::string text = values[i].get<std::string>();
+    const double expected = std::strtod(text.c_str(), nullptr);
+    const double actual = got.values[static_cast<int64_t>(i)];
+    EXPECT_TRUE(same_value(actual, expected))
+        << what << " element " << i << ": expected " << text << " (" << expected << "), got " << std::hexfloat
+        << actual;
+  }
+}
+
+// A fresh directory under $TMPDIR, removed with everything in it.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "multihead-io-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+  std::vector<std::string> entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(path_)) out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+const uint8_t* bytes_of(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+
+std::string case_name(std::string s) {
+  for (char& c : s) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return s;
+}
+
+// ============================================================================
+// Tensor basics
+// ============================================================================
+
+TEST(Shape, ToStringWritesEveryRank) {
+  EXPECT_EQ(shape_to_string({2, 3, 4}), "(2, 3, 4)");
+  EXPECT_EQ(shape_to_string({5}), "(5)");
+  EXPECT_EQ(shape_to_string({}), "()");
+}
+
+TEST(Shape, NumelCountsAndRejects) {
+  EXPECT_EQ(shape_numel({}), 1);
+  EXPECT_EQ(shape_numel({2, 3, 4}), 24);
+  EXPECT_EQ(shape_numel({2, 0, 4}), 0);
+  expect_error([] { shape_numel({2, -1}); }, Kind::Shape, {"(2, -1)", "dimension 1", "negative", "-1"});
+  expect_error([] { shape_numel({int64_t{1} << 32, int64_t{1} << 32}); }, Kind::Shape,
+               {"(4294967296, 4294967296)", "overflows int64"});
+  // A zero does not excuse an overflowing product (as NumPy): callers may
+  // multiply any subset of the dimensions.
+  expect_error([] { shape_numel({int64_t{1} << 62, 4, 0}); }, Kind::Shape, {"overflows int64"});
+}
+
+TEST(Storage, AlignsSmallToCacheLineAndLargeToHugePage) {
+  for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{4097}}) {
+    void* p = allocate_storage(bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << bytes << " bytes";
+    free_storage(p);
+  }
+  const std::size_t big = (std::size_t{4} << 20) + 5;
+  void* p = allocate_storage(big);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (std::size_t{2} << 20), 0u);
+  std::memset(p, 1, big);  // the whole block is usable
+  free_storage(p);
+  EXPECT_THROW(allocate_storage(SIZE_MAX - 1), std::bad_alloc);
+}
+
+TEST(Tensor, StorageConstructorChecksElementCount) {
+  Storage<float> five(5, 1.0f);
+  expect_error([&] { Tensor<float>({2, 3}, five); }, Kind::Shape, {"(2, 3)", "expected 6", "got 5"});
+  Tensor<float> ok({5}, five);
+  EXPECT_EQ(ok.numel(), 5);
+}
+
+TEST(Tensor, ReshapedKeepsElementsAndChecksCount) {
+  Tensor<double> t({2, 3}, 0.0);
+  for (int64_t i = 0; i < 6; ++i) t[i] = static_cast<double>(i);
+  const Tensor<double> r = t.reshaped({3, 2});
+  EXPECT_EQ(shape_to_string(r.shape()), "(3, 2)");
+  EXPECT_EQ(r[5], 5.0);
+  const double* before = t.data();
+  const Tensor<double> moved = std::move(t).reshaped({6});
+  EXPECT_EQ(moved.data(), before);  // the rvalue overload moves the storage
+  expect_error([&] { (void)moved.reshaped({4}); }, Kind::Shape, {"(6)", "(4)", "expected 6", "4"});
+}
+
+// ============================================================================
+// binary16 / bfloat16 conversion
+// ============================================================================
+
+// Every one of the 65536 binary16 patterns against the definition, computed
+// arithmetically: (-1)^s · 2^(e-15) · (1 + m/1024), subnormals 2^-14 · m/1024.
+TEST(Half, EveryBinary16PatternMatchesTheDefinition) {
+  for (uint32_t bits = 0; bits < 65536; ++bits) {
+    const int sign = (bits >> 15) ? -1 : 1;
+    const int e = static_cast<int>((bits >> 10) & 0x1f);
+    const int m = static_cast<int>(bits & 0x3ff);
+    const float got = detail::half_to_float(static_cast<uint16_t>(bits));
+    if (e == 31) {
+      if (m == 0) {
+        EXPECT_EQ(got, sign * INFINITY) << std::hex << bits;
+      } else {
+        ASSERT_TRUE(std::isnan(got)) << std::hex << bits;
+        // The payload moves up by 13 bits, keeping the quiet bit.
+        EXPECT_EQ(std::bit_cast<uint32_t>(got) & 0x7fffff, static_cast<uint32_t>(m) << 13) << std::hex << bits;
+      }
+      continue;
+    }
+    const double want = sign * (e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25));
+    ASSERT_TRUE(same_value(got, want)) << std::hex << bits << ": got " << std::hexfloat << got << ", want " << want;
+  }
+}
+
+TEST(Half, Bfloat16IsTheTopHalfOfBinary32) {
+  EXPECT_EQ(detail::bfloat16_to_float(0x3f80), 1.0f);
+  EXPECT_EQ(detail::bfloat16_to_float(0xc040), -3.0f);
+  EXPECT_EQ(detail::bfloat16_to_float(0x0001), std::ldexp(1.0f, -133));  // smallest subnormal
+  EXPECT_EQ(detail::bfloat16_to_float(0x7f80), INFINITY);
+  EXPECT_TRUE(std::signbit(detail::bfloat16_to_float(0x8000)));
+  EXPECT_TRUE(std::isnan(detail::bfloat16_to_float(0x7fc1)));
+}
+
+TEST(DType, Names) {
+  EXPECT_EQ(to_string(DType::Bool), "bool");
+  EXPECT_EQ(to_string(DType::F16), "float16");
+  EXPECT_EQ(to_string(DType::BF16), "bfloat16");
+  EXPECT_EQ(to_string(DType::F32), "float32");
+  EXPECT_EQ(to_string(DType::F64), "float64");
+}
+
+// ============================================================================
+// .npy: fixtures written by NumPy
+// ============================================================================
+
+class NpyFixture : public testing::TestWithParam<std::string> {};
+
+TEST_P(NpyFixture, ReadsWhatNumpyWrote) {
+  const std::string rel = "npy/" + GetParam();
+  const LoadedTensor t = read_npy(kDataDir + "/" + rel, "fixture");
+  expect_matches(t, expected_values().at(rel), rel);
+}
+
+INSTANTIATE_TEST_SUITE_P(Io, NpyFixture,
+                         testing::Values("f4_c.npy", "f8_c.npy", "f2_c.npy", "f4_be.npy", "f8_be.npy", "f2_be.npy",
+                                         "f4_fortran.npy", "f8_fortran_be.npy", "b1.npy", "u1.npy", "f8_0d.npy",
+                                         "f4_empty.npy", "f4_v2.npy", "f4_v3.npy", "save_f4_2x3.npy",
+                                         "save_f8_5.npy", "save_b1_0d.npy", "save_b1_2x2.npy"),
+                         [](const auto& info) { return case_name(info.param); });
+
+template <class T>
+Tensor<T> tensor_from_expected(const json& want) {
+  const Shape shape = want.at("shape").get<Shape>();
+  Storage<T> data;
+  for (const auto& v : want.at("values")) data.push_back(static_cast<T>(std::strtod(v.get<std::string>().c_str(), nullptr)));
+  return Tensor<T>(shape, std::move(data));
+}
+
+// Our writer must produce numpy.save's exact bytes (header, padding, data).
+TEST(Npy, WriterMatchesNumpySaveByteForByte) {
+  const auto check = [](const std::string& rel, const std::string& bytes) {
+    EXPECT_EQ(bytes, slurp(kDataDir + "/" + rel)) << rel;
+  };
+  const json& e = expected_values();
+  check("npy/save_f4_2x3.npy", serialize_npy(tensor_from_expected<float>(e.at("npy/save_f4_2x3.npy"))));
+  check("npy/save_f8_5.npy", serialize_npy(tensor_from_expected<double>(e.at("npy/save_f8_5.npy"))));
+  check("npy/save_b1_0d.npy", serialize_npy(tensor_from_expected<uint8_t>(e.at("npy/save_b1_0d.npy"))));
+  check("npy/save_b1_2x2.npy", serialize_npy(tensor_from_expected<uint8_t>(e.at("npy/save_b1_2x2.npy"))));
+}
+
+// ============================================================================
+// .npy: round trips through our writer and reader
+// ============================================================================
+
+template <class T>
+Tensor<T> sample_tensor(const Shape& shape) {
+  Tensor<T> t(shape);
+  const double specials[] = {0.0, -0.0, 1.5, -2.25, INFINITY, -INFINITY, NAN, 1e-40, 3.0e38, 7.0};
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if constexpr (std::is_same_v<T, uint8_t>) {
+      t[i] = static_cast<uint8_t>((i * 37) % 5);  // 0..4: mask bytes, nonzero means "masked"
+    } else {
+      t[i] = static_cast<T>(specials[i % 10] + (i >= 10 ? static_cast<double>(i) / 3.0 : 0.0));
+    }
+  }
+  return t;
+}
+
+template <class T>
+void expect_round_trip(const Shape& shape, DType dtype) {
+  TempDir dir;
+  const std::string path = dir.file("t.npy");
+  const Tensor<T> t = sample_tensor<T>(shape);
+  write_npy(path, t);
+  const LoadedTensor got = read_npy(path, "t");
+  EXPECT_EQ(got.dtype, dtype);
+  ASSERT_EQ(shape_to_string(got.values.shape()), shape_to_string(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double want = std::is_same_v<T, uint8_t> ? (t[i] != 0 ? 1.0 : 0.0) : static_cast<double>(t[i]);
+    EXPECT_TRUE(same_value(got.values[i], want)) << "element " << i << ": " << got.values[i] << " vs " << want;
+  }
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"t.npy"});  // no temporary left behind
+}
+
+const std::vector<Shape> kRoundTripShapes = {{}, {0}, {1}, {5}, {2, 3}, {2, 0, 3}, {3, 1, 4, 2}, {17, 9}};
+
+TEST(Npy, RoundTripFloat32) {
+  for (const Shape& s : kRoundTripShapes) {
+    SCOPED_TRACE(shape_to_string(s));
+    expect_round_trip<float>(s, DType::F32);
+  }
+}
+TEST(Npy, RoundTripFloat64) {
+  for (const Shape& s : kRoundTripShapes) {
+    SCOPED_TRACE(shape_to_string(s));
+    expect_round_trip<double>(s, DType::F64);
+  }
+}
+TEST(Npy, RoundTripBoolMask) {
+  for (const Shape& s : kRoundTripShapes) {
+    SCOPED_TRACE(shape_to_string(s));
+    expect_round_trip<uint8_t>(s, DType::Bool);
+  }
+}
+
+TEST(Npy, WriterPadsHeaderTo64Bytes) {
+  for (const Shape& s : kRoundTripShapes) {
+    const std::string bytes = serialize_npy(sample_tensor<float>(s));
+    const std::size_t header_len = static_cast<uint8_t>(bytes[8]) | (static_cast<uint8_t>(bytes[9]) << 8);
+    EXPECT_EQ((10 + header_len) % 64, 0u) << shape_to_string(s);
+    EXPECT_EQ(bytes[10 + header_len - 1], '\n') << shape_to_string(s);
+  }
+}
+
+TEST(Npy, ReadsFromAPipe) {
+  TempDir dir;
+  const std::string fifo = dir.file("pipe.npy");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string bytes = serialize_npy(sample_tensor<float>({3, 4}));
+  std::thread writer([&] {
+    std::ofstream out(fifo, std::ios::binary);
+    out << bytes;
+  });
+  const LoadedTensor t = read_npy(fifo, "piped");
+  writer.join();
+  EXPECT_EQ(shape_to_string(t.values.shape()), "(3, 4)");
+}
+
+// ============================================================================
+// .npy: header dialects other writers produce
+// ============================================================================
+
+// A .npy file with the given header text (padded as NumPy pads) and data.
+std::string npy_file(const std::string& header, const std::string& data, int major = 1) {
+  std::string h = header;
+  const std::size_t preamble = major == 1 ? 10 : 12;
+  while ((preamble + h.size() + 1) % 64 != 0) h += ' ';
+  h += '\n';
+  std::string out = "\x93NUMPY";
+  out += static_cast<char>(major);
+  out += '\0';
+  for (std::size_t i = 0; i < preamble - 8; ++i) out += static_cast<char>((h.size() >> (8 * i)) & 0xff);
+  return out + h + data;
+}
+
+std::string f32_bytes(std::initializer_list<float> values) {
+  std::string out;
+  for (float v : values) out.append(reinterpret_cast<const char*>(&v), 4);
+  return out;
+}
+
+struct DialectCase {
+  std::string name;
+  std::string header;
+  Shape shape;
+};
+void PrintTo(const DialectCase& c, std::ostream* os) { *os << c.name << ": " << c.header; }
+
+class NpyDialect : public testing::TestWithParam<DialectCase> {};
+
+TEST_P(NpyDialect, Accepted) {
+  const DialectCase& c = GetParam();
+  const std::string data = f32_bytes({1, 2, 3, 4, 5, 6}).substr(0, 4 * static_cast<std::size_t>(shape_numel(c.shape)));
+  const std::string file = npy_file(c.header, data);
+  const LoadedTensor t = parse_npy(bytes_of(file), file.size(), "q");
+  EXPECT_EQ(shape_to_string(t.values.shape()), shape_to_string(c.shape));
+  EXPECT_EQ(t.dtype, DType::F32);
+  if (t.values.numel() > 0) {
+    EXPECT_EQ(t.values[0], 1.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Io, NpyDialect,
+    testing::Values(
+        DialectCase{"numpy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", {2, 3}},
+        DialectCase{"keys_reordered", "{'shape': (2, 3), 'fortran_order': False, 'descr': '<f4'}", {2, 3}},
+        DialectCase{"double_quotes_no_spaces", "{\"descr\":\"<f4\",\"fortran_order\":False,\"shape\":(6,)}", {6}},
+        DialectCase{"tabs_and_newlines", "{\t'descr' : '<f4' ,\n 'fortran_order' : False , 'shape' : ( 3 , 2 , ) }",
+                    {3, 2}},
+        DialectCase{"python2_long_suffix", "{'descr': '<f4', 'fortran_order': False, 'shape': (2L, 3L), }", {2, 3}},
+        DialectCase{"one_tuple_without_comma", "{'descr': '<f4', 'fortran_order': False, 'shape': (6), }", {6}},
+        DialectCase{"scalar", "{'descr': '<f4', 'fortran_order': False, 'shape': (), }", {}},
+        DialectCase{"fortran_1d", "{'descr': '<f4', 'fortran_order': True, 'shape': (6,), }", {6}},
+        DialectCase{"zero_dim", "{'descr': '<f4', 'fortran_order': True, 'shape': (0, 3), }", {0, 3}}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(Npy, Version2HeaderLengthIsFourBytes) {
+  const std::string file =
+      npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }", f32_bytes({1.5f, -2.0f}), 2);
+  const LoadedTensor t = parse_npy(bytes_of(file), file.size(), "q");
+  EXPECT_EQ(t.values[1], -2.0);
+}
+
+// ============================================================================
+// .npy: hostile files
+// ============================================================================
+
+struct BadCase {
+  std::string name;
+  std::string bytes;
+  Kind kind;
+  std::vector<std::string> fragments;  // besides the tensor name
+};
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
+
+std::string npy_f4(const std::string& shape, const std::string& data) {
+  return npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }", data);
+}
+
+class NpyHostile : public testing::TestWithParam<BadCase> {};
+
+TEST_P(NpyHostile, RejectedWithMessage) {
+  const BadCase& c = GetParam();
+  std::vector<std::string> fragments = c.fragments;
+  fragments.push_back("query (q.npy): ");
+  expect_error([&] { parse_npy(bytes_of(c.bytes), c.bytes.size(), "query (q.npy)"); }, c.kind, fragments);
+}
+
+const std::string k12Bytes(12, '\0');
+
+INSTANTIATE_TEST_SUITE_P(
+    Io, NpyHostile,
+    testing::Values(
+        BadCase{"empty_file", "", Kind::Format, {"magic"}},
+        BadCase{"bad_magic", "\x93NUMPX\x01\x00\x10\x00", Kind::Format, {"magic", "\\x93NUMPY"}},
+        BadCase{"not_npy", "PK\x03\x04 this is a zip", Kind::Format, {"magic"}},
+        BadCase{"magic_only", "\x93NUMPY", Kind::Format, {"file has 6 bytes", "10"}},
+        BadCase{"version_4", std::string("\x93NUMPY\x04\x00\x10\x00", 10), Kind::Format, {"version 4.0", "1.0, 2.0, 3.0"}},
+        BadCase{"version_1_1", std::string("\x93NUMPY\x01\x01\x10\x00", 10), Kind::Format, {"version 1.1"}},
+        BadCase{"v2_preamble_cut", std::string("\x93NUMPY\x02\x00\x10\x00", 10), Kind::Format, {"file has 10 bytes", "needs 12"}},
+        BadCase{"header_len_past_end", std::string("\x93NUMPY\x01\x00\xe8\x03{}", 12), Kind::Format,
+                {"header length says 1000 bytes", "file has 2"}},
+        BadCase{"shape_2_pow_60", npy_f4("(1152921504606846976,)", k12Bytes), Kind::Format,
+                {"truncated data", "(1152921504606846976)", "4611686018427387904 bytes", "file has 12"}},
+        BadCase{"bytes_overflow_u64", npy_f4("(4611686018427387904,)", k12Bytes), Kind::Format,
+                {"(4611686018427387904)", "more than 2^64", "file has 12"}},
+        BadCase{"shape_product_overflow", npy_f4("(4294967296, 4294967296)", k12Bytes), Kind::Format,
+                {"(4294967296, 4294967296)", "overflows int64"}},
+        BadCase{"dim_exceeds_int64", npy_f4("(99999999999999999999,)", k12Bytes), Kind::Format,
+                {"does not fit in int64"}},
+        BadCase{"negative_dim", npy_f4("(-1, 3)", k12Bytes), Kind::Format, {"(-1, 3)", "negative", "-1"}},
+        BadCase{"truncated_data", npy_f4("(4, 5)", k12Bytes), Kind::Format,
+                {"truncated data: header says shape (4, 5) float32 = 80 bytes, file has 12"}},
+        BadCase{"trailing_data", npy_f4("(2,)", k12Bytes), Kind::Format,
+                {"trailing data: header says shape (2) float32 = 8 bytes, file has 12"}},
+        BadCase{"wrong_itemsize_f8", npy_file("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", k12Bytes),
+                Kind::Format, {"float64 = 24 bytes", "file has 12"}},
+        BadCase{"bad_dtype_i8", npy_file("{'descr': '<i8', 'fortran_order': False, 'shape': (1,), }", "12345678"),
+                Kind::Format, {"unsupported dtype '<i8'", "'|b1'", "'<f4'", "'>f8'"}},
+        BadCase{"structured_dtype", npy_file("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", "1234"),
+                Kind::Format, {"'descr' is not a string"}},
+        BadCase{"missing_shape", npy_file("{'descr': '<f4', 'fortran_order': False, }", ""), Kind::Format,
+                {"missing key 'shape'"}},
+        BadCase{"missing_descr", npy_file("{'fortran_order': False, 'shape': (1,)}", "1234"), Kind::Format,
+                {"missing key 'descr'"}},
+        BadCase{"missing_fortran_order", npy_file("{'descr': '<f4', 'shape': (1,)}", "1234"), Kind::Format,
+                {"missing key 'fortran_order'"}},
+        BadCase{"duplicate_key", npy_file("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (1,)}", "1234"),
+                Kind::Format, {"'descr' appears twice"}},
+        BadCase{"unknown_key", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", "1234"),
+                Kind::Format, {"unknown key 'x'"}},
+        BadCase{"missing_colon", npy_file("{'descr' '<f4', 'fortran_order': False, 'shape': (1,)}", "1234"),
+                Kind::Format, {"expected ':' after key 'descr'", "header byte 9"}},
+        BadCase{"unterminated_string", std::string("\x93NUMPY\x01\x00\x0e\x00{'descr': '<f4", 24), Kind::Format,
+                {"closing quote", "header byte 14", "found the end"}},
+        BadCase{"shape_is_list", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': [1]}", "1234"),
+                Kind::Format, {"a tuple '(...)' for 'shape'", "found '['"}},
+        BadCase{"fortran_is_int", npy_file("{'descr': '<f4', 'fortran_order': 0, 'shape': (1,)}", "1234"),
+                Kind::Format, {"True or False"}},
+        BadCase{"junk_after_dict", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1,)} x", "1234"),
+                Kind::Format, {"only whitespace after the closing '}'"}},
+        BadCase{"not_a_dict", npy_file("('descr', '<f4')", "1234"), Kind::Format, {"'{' opening the header dict"}},
+        BadCase{"control_bytes_in_descr", npy_file("{'descr': '\x01\x02', 'fortran_order': False, 'shape': (1,)}", "1"),
+                Kind::Format, {"'\\x01\\x02'"}}),
+    [](const auto& info) { return info.param.name; });
+
+// Cut a valid file at every length: every prefix must be rejected cleanly.
+TEST(Npy, EveryTruncationIsAnError) {
+  for (const std::string& file : {serialize_npy(sample_tensor<float>({2, 3})), slurp(kDataDir + "/npy/f2_be.npy"),
+                                  slurp(kDataDir + "/npy/f4_v3.npy")}) {
+    for (std::size_t len = 0; len < file.size(); ++len) {
+      SCOPED_TRACE("length " + std::to_string(len));
+      expect_error([&] { parse_npy(bytes_of(file), len, "cut"); }, Kind::Format, {"cut: "});
+    }
+  }
+}
+
+// ============================================================================
+// safetensors: fixtures assembled in Python with NumPy / PyTorch values
+// ============================================================================
+
+class SafetensorsFixture : public testing::TestWithParam<std::string> {};
+
+TEST_P(SafetensorsFixture, ReadsEveryTensorAndMetadata) {
+  const std::string rel = "safetensors/" + GetParam();
+  const SafetensorsFile f = read_safetensors(kDataDir + "/" + rel);
+  const json& want = expected_values().at(rel);
+  EXPECT_EQ(f.metadata, want.at("metadata").get<decltype(f.metadata)>());
+  ASSERT_EQ(f.tensors.size(), want.at("tensors").size());
+  for (const auto& [key, entry] : want.at("tensors").items()) {
+    ASSERT_TRUE(f.tensors.count(key)) << rel << " lacks tensor " << key;
+    expect_matches(f.tensors.at(key), entry, rel + ":" + key);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Io, SafetensorsFixture, testing::Values("mixed.safetensors", "plain.safetensors"),
+                         [](const auto& info) { return case_name(info.param); });
+
+// ============================================================================
+// safetensors: round trips and the writer's layout
+// ============================================================================
+
+std::map<std::string, Tensor<float>> sample_model() {
+  std::map<std::string, Tensor<float>> m;
+  m.emplace("in_proj_weight", sample_tensor<float>({6, 2}));
+  m.emplace("in_proj_bias", sample_tensor<float>({6}));
+  m.emplace("out_proj.weight", sample_tensor<float>({2, 2}));
+  m.emplace("scale", sample_tensor<float>({}));
+  m.emplace("empty", sample_tensor<float>({0, 3}));
+  m.emplace("caf\xc3\xa9", sample_tensor<float>({1}));
+  return m;
+}
+
+TEST(Safetensors, RoundTripKeepsTensorsAndMetadata) {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  const auto model = sample_model();
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"quote\"newline\n", "\xe2\x9c\x93"}};
+  write_safetensors(path, model, meta);
+  const SafetensorsFile f = read_safetensors(path);
+  EXPECT_EQ(f.metadata, meta);
+  ASSERT_EQ(f.tensors.size(), model.size());
+  for (const auto& [key, t] : model) {
+    const LoadedTensor& got = f.tensors.at(key);
+    EXPECT_EQ(got.dtype, DType::F32) << key;
+    ASSERT_EQ(shape_to_string(got.values.shape()), shape_to_string(t.shape())) << key;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      EXPECT_TRUE(same_value(got.values[i], t[i])) << key << "[" << i << "]";
+    }
+  }
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"w.safetensors"});
+}
+
+TEST(Safetensors, WriterLayoutFollowsTheRustCrate) {
+  const std::string bytes = serialize_safetensors(sample_model(), {{"k", "v"}});
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  ASSERT_LE(8 + n, bytes.size());
+  EXPECT_EQ(n % 8, 0u) << "header must pad the buffer to 8-byte alignment";
+  const std::string header = bytes.substr(8, n);
+  EXPECT_EQ(header.rfind("{\"__metadata__\":{\"k\":\"v\"},", 0), 0u) << header;
+  const json j = json::parse(header);
+  // Tensors are laid out back to back in key order.
+  uint64_t offset = 0;
+  for (const auto& [key, t] : sample_model()) {
+    const auto& e = j.at(key);
+    EXPECT_EQ(e.at("dtype"), "F32");
+    EXPECT_EQ(e.at("data_offsets"), json::array({offset, offset + 4 * static_cast<uint64_t>(t.numel())})) << key;
+    offset += 4 * static_cast<uint64_t>(t.numel());
+  }
+  EXPECT_EQ(8 + n + offset, bytes.size());
+  // No metadata: no "__metadata__" key at all.
+  const std::string plain = serialize_safetensors({{"w", sample_tensor<float>({2})}});
+  EXPECT_EQ(plain.find("__metadata__"), std::string::npos);
+}
+
+TEST(Safetensors, WriterRejectsReservedAndInvalidNames) {
+  expect_error([] { serialize_safetensors({{"__metadata__", sample_tensor<float>({1})}}); }, Kind::Value,
+               {"'__metadata__'", "reserved"});
+  expect_error([] { serialize_safetensors({{"bad\xff", sample_tensor<float>({1})}}); }, Kind::Value,
+               {"tensor name", "not valid UTF-8"});
+  expect_error([] { serialize_safetensors({}, {{"k", "\xc3"}}); }, Kind::Value, {"metadata value", "UTF-8"});
+}
+
+// ============================================================================
+// safetensors: hostile files
+// ============================================================================
+
+std::string u64_le(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+std::string st_file(const std::string& header, std::size_t buffer_bytes) {
+  return u64_le(header.size()) + header + std::string(buffer_bytes, '\0');
+}
+
+// One valid F32 tensor entry with the given fields.
+std::string w_entry(const std::string& body) { return "{\"w\":{" + body + "}}"; }
+
+class SafetensorsHostile : public testing::TestWithParam<BadCase> {};
+
+TEST_P(SafetensorsHostile, RejectedWithMessage) {
+  const BadCase& c = GetParam();
+  std::vector<std::string> fragments = c.fragments;
+  fragments.push_back("m.safetensors: ");
+  expect_error([&] { parse_safetensors(bytes_of(c.bytes), c.bytes.size(), "m.safetensors"); }, c.kind, fragments);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Io, SafetensorsHostile,
+    testing::Values(
+        BadCase{"shorter_than_length", "abc", Kind::Format, {"file has 3 bytes", "8-byte header length"}},
+        BadCase{"header_len_2_pow_60", u64_le(uint64_t{1} << 60) + "{}", Kind::Format,
+                {"header length 1152921504606846976", "exceeds the 2 bytes after it"}},
+        BadCase{"header_len_max", u64_le(UINT64_MAX) + "{}", Kind::Format, {"18446744073709551615", "2 bytes"}},
+        BadCase{"not_json", st_file("{\"w\":", 0), Kind::Format, {"not valid JSON"}},
+        BadCase{"json_array", st_file("[1, 2]", 0), Kind::Format, {"header JSON is array", "expected an object"}},
+        BadCase{"json_string", st_file("\"x\"", 0), Kind::Format, {"header JSON is string"}},
+        BadCase{"duplicate_tensor",
+                st_file("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                        "\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8),
+                Kind::Format, {"key 'w' twice"}},
+        BadCase{"duplicate_field",
+                st_file(w_entry("\"dtype\":\"F32\",\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,4]"), 8),
+                Kind::Format, {"key 'dtype' twice"}},
+        BadCase{"entry_not_object", st_file("{\"w\":[1]}", 0), Kind::Format, {"tensor 'w'", "entry is array"}},
+        BadCase{"bad_dtype_i64", st_file(w_entry("\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]"), 8),
+                Kind::Format, {"tensor 'w'", "dtype I64 is not supported", "F16, BF16, F32, F64, BOOL"}},
+        BadCase{"dtype_not_string", st_file(w_entry("\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]"), 4),
+                Kind::Format, {"tensor 'w'", "'dtype' is number"}},
+        BadCase{"missing_dtype", st_file(w_entry("\"shape\":[1],\"data_offsets\":[0,4]"), 4), Kind::Format,
+                {"tensor 'w'", "missing 'dtype'"}},
+        BadCase{"missing_shape", st_file(w_entry("\"dtype\":\"F32\",\"data_offsets\":[0,4]"), 4), Kind::Format,
+                {"tensor 'w'", "missing 'shape'"}},
+        BadCase{"missing_offsets", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1]"), 4), Kind::Format,
+                {"tensor 'w'", "missing 'data_offsets'"}},
+        BadCase{"unknown_field",
+                st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4],\"stride\":[1]"), 4),
+                Kind::Format, {"tensor 'w'", "unknown key 'stride'"}},
+        BadCase{"negative_dim", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[2,-3],\"data_offsets\":[0,4]"), 4),
+                Kind::Format, {"tensor 'w'", "shape[1] is -3"}},
+        BadCase{"float_dim", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]"), 4),
+                Kind::Format, {"tensor 'w'", "shape[0] is 1.0"}},
+        BadCase{"dim_2_pow_63", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[9223372036854775808],\"data_offsets\":[0,4]"), 4),
+                Kind::Format, {"tensor 'w'", "shape[0] is 9223372036854775808"}},
+        BadCase{"shape_not_array", st_file(w_entry("\"dtype\":\"F32\",\"shape\":4,\"data_offsets\":[0,16]"), 16),
+                Kind::Format, {"tensor 'w'", "'shape' is number"}},
+        BadCase{"shape_product_overflow",
+                st_file(w_entry("\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]"), 4),
+                Kind::Format, {"tensor 'w'", "(4294967296, 4294967296)", "overflows int64"}},
+        BadCase{"bytes_overflow_u64",
+                st_file(w_entry("\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,4]"), 4),
+                Kind::Format, {"tensor 'w'", "more than 2^64", "span 4"}},
+        BadCase{"offsets_past_buffer", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[100],\"data_offsets\":[0,400]"), 24),
+                Kind::Format, {"tensor 'w'", "[0, 400]", "24-byte data buffer"}},
+        BadCase{"offsets_u64_max",
+                st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[18446744073709551611,18446744073709551615]"), 8),
+                Kind::Format, {"tensor 'w'", "18446744073709551615", "8-byte data buffer"}},
+        BadCase{"offsets_reversed", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]"), 8),
+                Kind::Format, {"tensor 'w'", "[8, 4]", "begin after end"}},
+        BadCase{"offsets_three", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]"), 8),
+                Kind::Format, {"tensor 'w'", "[0,4,8]", "[begin, end]"}},
+        BadCase{"offsets_negative", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[-4,0]"), 8),
+                Kind::Format, {"tensor 'w'", "[-4,0]"}},
+        BadCase{"wrong_byte_count", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]"), 24),
+                Kind::Format, {"tensor 'w'", "(2, 3) F32 needs 24 bytes", "[0, 20] span 20"}},
+        BadCase{"wrong_byte_count_f16", st_file(w_entry("\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,12]"), 12),
+                Kind::Format, {"tensor 'w'", "F16 needs 6 bytes", "span 12"}},
+        BadCase{"overlap",
+                st_file("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                        "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}", 24),
+                Kind::Format, {"'a' (data_offsets [0, 16])", "'b' (data_offsets [8, 24])", "overlap"}},
+        BadCase{"overlap_contained",
+                st_file("{\"big\":{\"dtype\":\"F32\",\"shape\":[6],\"data_offsets\":[0,24]},"
+                        "\"mid\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},"
+                        "\"z\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[20,24]}}", 24),
+                Kind::Format, {"'big'", "'mid'", "overlap"}},
+        BadCase{"metadata_not_object", st_file("{\"__metadata__\":[\"a\"]}", 0), Kind::Format,
+                {"__metadata__ is array", "expected an object"}},
+        BadCase{"metadata_number_value", st_file("{\"__metadata__\":{\"epoch\":3}}", 0), Kind::Format,
+                {"__metadata__ 'epoch' is number", "expected a string"}},
+        BadCase{"metadata_null_value", st_file("{\"__metadata__\":{\"x\":null}}", 0), Kind::Format,
+                {"__metadata__ 'x' is null"}},
+        BadCase{"name_with_newline", st_file("{\"a\\nb\":[]}", 0), Kind::Format, {"tensor 'a\\x0ab'"}},
+        BadCase{"invalid_utf8", st_file("{\"\xff\":{}}", 0), Kind::Format, {"not valid JSON"}}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(Safetensors, HeaderOverTheLimitIsRejectedBeforeParsing) {
+  // 100 MB + 1 of header, present in full: only the limit stops it.
+  const uint64_t n = 100'000'001;
+  std::string file = u64_le(n) + std::string(n, ' ');
+  expect_error([&] { parse_safetensors(bytes_of(file), file.size(), "big.safetensors"); }, Kind::Format,
+               {"big.safetensors: ", "header length 100000001", "limit of 100000000"});
+}
+
+TEST(Safetensors, GapsAndEmptyTensorsAreAccepted) {
+  // 'a' at [8, 12), a gap before it; 'e' empty at an offset inside 'a'.
+  const std::string file = st_file(
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},"
+      "\"e\":{\"dtype\":\"F64\",\"shape\":[0,2],\"data_offsets\":[10,10]}}",
+      16);
+  const SafetensorsFile f = parse_safetensors(bytes_of(file), file.size(), "gap");
+  EXPECT_EQ(f.tensors.at("a").values[0], 0.0);
+  EXPECT_EQ(f.tensors.at("e").values.numel(), 0);
+}
+
+TEST(Safetensors, EveryTruncationIsAnError) {
+  for (const std::string& file : {serialize_safetensors(sample_model(), {{"k", "v"}}),
+                                  slurp(kDataDir + "/safetensors/mixed.safetensors")}) {
+    for (std::size_t len = 0; len < file.size(); ++len) {
+      SCOPED_TRACE("length " + std::to_string(len));
+      expect_error([&] { parse_safetensors(bytes_of(file), len, "cut"); }, Kind::Format, {"cut: "});
+    }
+  }
+}
+
+// ============================================================================
+// Crash inputs found by the fuzzers (fuzz/), kept as regressions. Each must
+// parse or fail with multihead::Error; the sanitizer build checks the rest.
+// ============================================================================
+
+TEST(FuzzRegressions, EveryInputParsesOrFailsCleanly) {
+  const fs::path dir = fs::path(kDataDir) / "fuzz-regressions";
+  ASSERT_TRUE(fs::is_directory(dir)) << dir;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string file = entry.path().filename().string();
+    const bool npy = file.rfind("npy-", 0) == 0;
+    const bool st = file.rfind("safetensors-", 0) == 0;
+    if (!npy && !st) continue;  // README
+    SCOPED_TRACE(file);
+    const std::string bytes = slurp(entry.path().string());
+    try {
+      if (npy) {
+        parse_npy(bytes_of(bytes), bytes.size(), file);
+      } else {
+        parse_safetensors(bytes_of(bytes), bytes.size(), file);
+      }
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  }
+}
+
+// ============================================================================
+// Opening files, and atomic writes
+// ============================================================================
+
+TEST(ReadFile, MissingFileIsMissing) {
+  TempDir dir;
+  const std::string path = dir.file("x.npy");
+  expect_error([&] { read_npy(path, "query"); }, Kind::Missing,
+               {"query: cannot open '" + path + "': No such file or directory"});
+  expect_error([&] { read_safetensors(path); }, Kind::Missing, {path, "No such file or directory"});
+  expect_error([&] { read_npy(dir.file("no/such/dir.npy"), "key"); }, Kind::Missing, {"key: cannot open"});
+}
+
+TEST(ReadFile, DirectoryIsRefused) {
+  TempDir dir;
+  expect_error([&] { read_npy(dir.path(), "value"); }, Kind::IO, {"value: ", dir.path(), "is a directory"});
+}
+
+TEST(ReadFile, ErrorsNameTheFileAndTheTensor) {
+  TempDir dir;
+  const std::string path = dir.file("q.npy");
+  std::string file = serialize_npy(sample_tensor<float>({4, 5}));
+  file.resize(file.size() - 68);  // keep 12 of the 80 data bytes
+  write_file_atomic(path, file);
+  expect_error([&] { read_npy(path, "query"); }, Kind::Format,
+               {"query (" + path + "): truncated data: header says shape (4, 5) float32 = 80 bytes, file has 12"});
+}
+
+TEST(AtomicWrite, MissingFolderThrowsAndCreatesNothing) {
+  TempDir dir;
+  const std::string path = dir.file("nope/out.npy");
+  expect_error([&] { write_npy(path, sample_tensor<float>({2})); }, Kind::IO,
+               {"cannot write '" + path + "'", "No such file or directory"});
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+TEST(AtomicWrite, NewFileGetsUmaskPermissions) {
+  TempDir dir;
+  const mode_t old = ::umask(027);
+  write_file_atomic(dir.file("a"), "x");
+  ::umask(old);
+  struct stat st {};
+  ASSERT_EQ(::stat(dir.file("a").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0640u);
+}
+
+TEST(AtomicWrite, ReplacesAnExistingFile) {
+  TempDir dir;
+  write_file_atomic(dir.file("a"), "old");
+  write_file_atomic(dir.file("a"), "new contents");
+  EXPECT_EQ(slurp(dir.file("a")), "new contents");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"a"});
+}
+
+// A write that fails half way (the file size limit stops it, as a full disk
+// would) must leave the previous file intact and no temporary behind.
+TEST(AtomicWrite, FailedWriteKeepsThePreviousFile) {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  write_file_atomic(path, "previous");
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // get EFBIG, not a signal
+  rlimit small = saved;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  std::map<std::string, Tensor<float>> big;
+  big.emplace("w", Tensor<float>({100, 100}, 1.0f));
+  bool threw = false;
+  try {
+    write_safetensors(path, big);
+  } catch (const Error& e) {
+    threw = true;
+    EXPECT_EQ(e.kind(), Kind::IO);
+    EXPECT_NE(std::string(e.what()).find("cannot write '" + path + "'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("File too large"), std::string::npos) << e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(threw);
+  EXPECT_EQ(slurp(path), "previous");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"w.safetensors"});
+}
+
+// rename(2) onto a directory fails after everything was written: the
+// temporary must still be removed and the directory left alone.
+TEST(AtomicWrite, RenameFailureRemovesTheTemporary) {
+  TempDir dir;
+  fs::create_directory(dir.file("target"));
+  expect_error([&] { write_file_atomic(dir.file("target"), "data"); }, Kind::IO,
+               {"cannot write '" + dir.file("target") + "'", "renaming"});
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"target"});
+  EXPECT_TRUE(fs::is_directory(dir.file("target")));
+}
+
+}  // namespace
+}  // namespace multihead
