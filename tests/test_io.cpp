@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -258,6 +259,18 @@ INSTANTIATE_TEST_SUITE_P(Io, NpyFixture,
                                          "f4_empty.npy", "f4_v2.npy", "f4_v3.npy", "save_f4_2x3.npy",
                                          "save_f8_5.npy", "save_b1_0d.npy", "save_b1_2x2.npy"),
                          [](const auto& info) { return case_name(info.param); });
+
+// The checker itself: one changed element, or a zero of the other sign,
+// must make expect_matches fail and say which element.
+TEST(NpyFixtureChecker, CatchesOnePerturbedElement) {
+  const std::string rel = "npy/f4_c.npy";
+  LoadedTensor t = read_npy(kDataDir + "/" + rel, "fixture");
+  t.values[5] = std::nextafter(t.values[5], 0.0);
+  EXPECT_NONFATAL_FAILURE(expect_matches(t, expected_values().at(rel), rel), "element 5");
+  t = read_npy(kDataDir + "/" + rel, "fixture");
+  t.values[1] = 0.0;  // the fixture holds -0.0 here
+  EXPECT_NONFATAL_FAILURE(expect_matches(t, expected_values().at(rel), rel), "element 1");
+}
 
 template <class T>
 Tensor<T> tensor_from_expected(const json& want) {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "multihead/tensor.hpp"
 
@@ -101,7 +102,8 @@ struct AttentionOptions {
 // post-softmax (and post-dropout) weights, (..., L, S).
 template <class T>
 Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
-                                       const Tensor<T>& value, const Mask<T>* attn_mask = nullptr,
+                                       const Tensor<T>& value,
+                                       const std::type_identity_t<Mask<T>>* attn_mask = nullptr,
                                        const AttentionOptions& options = {},
                                        Tensor<T>* attn_weights = nullptr);
 

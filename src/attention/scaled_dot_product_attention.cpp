@@ -61,7 +61,8 @@ void validate_attention_options(const AttentionOptions& o) {
 
 template <class T>
 Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
-                                       const Tensor<T>& value, const Mask<T>* attn_mask,
+                                       const Tensor<T>& value,
+                                       const std::type_identity_t<Mask<T>>* attn_mask,
                                        const AttentionOptions& options, Tensor<T>* attn_weights) {
   detail::validate_attention_options(options);
   if (query.dim() < 2) detail::fail_shape("query", "(..., L, D) with at least 2 dimensions", query.shape());

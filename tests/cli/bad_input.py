@@ -23,7 +23,6 @@ Baseline input: E=8, H=2 (metadata), L=3, B=2, S=5, sequence-first:
 query (3, 2, 8), key/value (5, 2, 8), key_padding_mask (2, 5), attn_mask (3, 5).
 """
 import argparse
-import json
 import os
 import re
 import shlex

@@ -1,0 +1,554 @@
+// tests/test_flash.cpp: the flash kernel (src/attention/flash.cpp +
+// src/simd/flash_attention-inl.h) against the reference loops run in double
+// (detail::attention_forward_reference<double>) on the same float inputs, for
+// every SIMD target this machine runs, at 1 and 2 threads.
+//
+// Every case names all its parameters, e.g.
+//   Flash/FlashCase.Matches/L17_S65_D63_Dv63_N4_H2_causal_kpm_mask3d_inf_t2_AVX3
+// so a failure reruns with --gtest_filter='*L17_S65_D63_Dv63_N4_H2_causal*'.
+//
+// ---- Tolerance (derived; u = 2^-24, the float32 unit roundoff) -------------
+// Let s_ij be the exact score, A_ij = scale·Σ_d |q_id·k_jd| its condition
+// number, M_ij = |mask_ij| + |pad_j| (finite parts), p_ij the exact weights
+// (reference, including dropout's keep/(1-p)) and W_ic = Σ_j |p_ij|·|v_jc|.
+// The kernel computes in float32:
+//  1. ŝ_ij = fl(scale·q_i)·k_j (+ mask + pad): a length-D fused dot product,
+//     so |ŝ - s| <= u·((D + 3)·A_ij + 2·M_ij) =: δ_ij (first order).
+//  2. e_ij = 2^((ŝ_ij - m)·log2 e), m = max_j ŝ_ij: the subtraction, the
+//     product and our exp2 polynomial (<= 2 ulp, see Exp2 test below) add a
+//     relative error <= u·(|s_ij - m| + 3); since e_ij·|s_ij - m| <= 1/e this
+//     costs at most ~4u relative after weighting.
+//  3. The normalised weight e_ij / Σ_k e_ik is invariant to a common shift
+//     of the scores, so its relative error is <= 2·max_j δ_ij + 4u + the
+//     error of the sum l (sequential float adds and one multiply per key
+//     tile: <= (S + S/64 + 2)·u relative).
+//  4. acc_c = Σ_j e_ij·v_jc, accumulated in float32 one key after another
+//     with one rescale per key tile: error <= (S + S/64 + 2)·u·W_ic·l.
+// Hence, per element,
+//   |out_ic - ref_ic| <= u·W_ic·(2·max_j δ_ij/u + 2·(S + S/64) + 16)  =: bound_ic
+// with the max over keys that are not masked (-inf). For random N(0, 1)
+// inputs and D = 64 this is ~1e-4·W_ic, while actual errors are ~1e-6·W_ic
+// (the bound is worst-case, not statistical): a wrong mask, key or scale
+// gives errors of order W_ic and fails it. When the inputs make every score
+// exact in float32 (integers, scale a power of two: the "large scores" cases
+// with s ~ 1e4), step 1 has no error and the bound is tight enough to catch
+// an exp(s·log2e - m·log2e) that loses u·|m| ~ 1e-3 relative.
+// A row that the reference leaves NaN must be NaN here, and vice versa.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/kernel.hpp"
+#include "multihead/error.hpp"
+#include "simd/flash_attention.hpp"
+#include "simd/targets.hpp"
+
+namespace multihead {
+namespace {
+
+using detail::AttentionArgs;
+
+constexpr double kUnitRoundoff = 0x1.0p-24;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+enum class MaskKind { None, Mask2d, Mask3d, KeyPadding, Both };
+
+struct Case {
+  int64_t L, S, D, Dv;
+  int64_t batch = 2, heads = 2;  // N = batch·heads slices
+  MaskKind mask = MaskKind::None;
+  bool with_inf = false;        // masks contain -inf entries
+  bool causal = false;
+  int64_t causal_cols = -1;     // -1: S
+  double dropout = 0.0;
+  bool masked_rows = false;     // some rows have every key masked
+  MaskedRowPolicy policy = MaskedRowPolicy::Zeros;
+  bool large_scores = false;    // integer inputs, scores ~1e4, exact in float
+};
+
+// A case together with the thread count and the SIMD target it runs on.
+struct Param {
+  Case c;
+  int threads;
+  std::string target;
+};
+
+std::string case_name(const Case& c) {
+  std::string n = "L" + std::to_string(c.L) + "_S" + std::to_string(c.S) + "_D" + std::to_string(c.D) +
+                  "_Dv" + std::to_string(c.Dv) + "_N" + std::to_string(c.batch * c.heads) + "_H" +
+                  std::to_string(c.heads);
+  if (c.causal) {
+    n += "_causal";
+    if (c.causal_cols >= 0) n += "cols" + std::to_string(c.causal_cols);
+  }
+  static const char* kMasks[] = {"", "_mask2d", "_mask3d", "_kpm", "_mask2d_kpm"};
+  n += kMasks[static_cast<int>(c.mask)];
+  if (c.with_inf) n += "_inf";
+  if (c.dropout > 0) n += "_dropout" + std::to_string(static_cast<int>(c.dropout * 100));
+  if (c.masked_rows) n += c.policy == MaskedRowPolicy::NaN ? "_maskedrowsNaN" : "_maskedrowsZeros";
+  if (c.large_scores) n += "_scores1e4";
+  return n;
+}
+
+std::string param_name(const Param& p) {
+  return case_name(p.c) + "_t" + std::to_string(p.threads) + "_" + p.target;
+}
+
+// ---- inputs ---------------------------------------------------------------
+
+struct Inputs {
+  Case c;
+  int64_t N;
+  std::vector<float> q, k, v, mask, pad;
+  float scale;
+};
+
+Inputs make_inputs(const Case& c) {
+  Inputs in;
+  in.c = c;
+  in.N = c.batch * c.heads;
+  std::mt19937_64 rng(std::hash<std::string>{}(case_name(c)));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  std::uniform_int_distribution<int> ints(-40, 40);
+  auto fill = [&](std::vector<float>& x, int64_t count) {
+    x.resize(static_cast<std::size_t>(count));
+    for (float& e : x) e = c.large_scores ? static_cast<float>(ints(rng)) : normal(rng);
+  };
+  fill(in.q, in.N * c.L * c.D);
+  fill(in.k, in.N * c.S * c.D);
+  in.v.resize(static_cast<std::size_t>(in.N * c.S * c.Dv));
+  for (float& e : in.v) e = normal(rng);
+  // Large scores: D = 16 keeps |q·k| <= 16·40·40 = 25600 exact, scale 1/4.
+  in.scale = c.large_scores ? 0.25f : static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)));
+
+  const bool mask2d = c.mask == MaskKind::Mask2d || c.mask == MaskKind::Both;
+  const bool mask3d = c.mask == MaskKind::Mask3d;
+  const bool kpm = c.mask == MaskKind::KeyPadding || c.mask == MaskKind::Both;
+  if (mask2d || mask3d) {
+    const int64_t count = (mask3d ? in.N : 1) * c.L * c.S;
+    in.mask.resize(static_cast<std::size_t>(count));
+    for (float& e : in.mask) e = c.with_inf && uniform(rng) < 0.25f ? -kInf : 2.0f * normal(rng);
+  }
+  if (kpm) {
+    in.pad.resize(static_cast<std::size_t>(c.batch * c.S));
+    for (float& e : in.pad) e = c.with_inf && uniform(rng) < 0.3f ? -kInf : normal(rng);
+  }
+  if (c.masked_rows) {
+    // Row 0 (and row L/2) of every slice sees no key at all; with key padding
+    // the whole last batch entry is padded out.
+    if (in.mask.empty()) in.mask.assign(static_cast<std::size_t>(c.L * c.S), 0.0f);
+    const int64_t mask_slices = static_cast<int64_t>(in.mask.size()) / (c.L * c.S);
+    for (int64_t n = 0; n < mask_slices; ++n) {
+      for (int64_t i : {int64_t{0}, c.L / 2}) {
+        for (int64_t j = 0; j < c.S; ++j) in.mask[static_cast<std::size_t>((n * c.L + i) * c.S + j)] = -kInf;
+      }
+    }
+    if (!in.pad.empty()) {
+      for (int64_t j = 0; j < c.S; ++j) in.pad[static_cast<std::size_t>((c.batch - 1) * c.S + j)] = -kInf;
+    }
+  }
+  return in;
+}
+
+template <class T>
+struct Buffers {
+  std::vector<T> q, k, v, mask, pad, out, weights;
+};
+
+template <class T>
+AttentionArgs<T> make_args(const Inputs& in, Buffers<T>& b) {
+  const Case& c = in.c;
+  b.q.assign(in.q.begin(), in.q.end());
+  b.k.assign(in.k.begin(), in.k.end());
+  b.v.assign(in.v.begin(), in.v.end());
+  b.mask.assign(in.mask.begin(), in.mask.end());
+  b.pad.assign(in.pad.begin(), in.pad.end());
+  b.out.assign(static_cast<std::size_t>(in.N * c.L * c.Dv), T(-12345));
+  AttentionArgs<T> a;
+  a.slices = in.N;
+  a.heads = c.heads;
+  a.q_len = c.L;
+  a.kv_len = c.S;
+  a.head_dim = c.D;
+  a.value_dim = c.Dv;
+  a.q = b.q.data();
+  a.k = b.k.data();
+  a.v = b.v.data();
+  if (!b.mask.empty()) {
+    a.attn_mask = b.mask.data();
+    a.attn_mask_slice_stride = static_cast<int64_t>(b.mask.size()) == c.L * c.S ? 0 : c.L * c.S;
+  }
+  if (!b.pad.empty()) a.key_padding = b.pad.data();
+  a.is_causal = c.causal;
+  a.causal_cols = c.causal_cols >= 0 ? c.causal_cols : c.S;
+  a.scale = static_cast<T>(in.scale);
+  a.dropout_p = c.dropout;
+  a.dropout_seed = 0x5EED;
+  a.masked_rows = c.policy;
+  a.out = b.out.data();
+  return a;
+}
+
+// ---- the checker ----------------------------------------------------------
+
+struct Check {
+  bool ok = true;
+  int64_t failures = 0;
+  double worst_ratio = 0;  // max error / bound
+  std::string first;       // first failing element, printed in full
+};
+
+// out (float, flash) against ref (double, reference) with the bound derived
+// at the top of this file. ref_weights are the reference's p_ij (after
+// dropout), [N][L][S].
+Check check_against_reference(const Inputs& in, const std::vector<float>& out,
+                              const std::vector<double>& ref, const std::vector<double>& ref_weights) {
+  const Case& c = in.c;
+  const double u = kUnitRoundoff;
+  const int64_t mask_stride = static_cast<int64_t>(in.mask.size()) == c.L * c.S ? 0 : c.L * c.S;
+  Check result;
+  for (int64_t n = 0; n < in.N; ++n) {
+    for (int64_t i = 0; i < c.L; ++i) {
+      // max_j δ_ij / u over unmasked keys.
+      double delta = 0;
+      for (int64_t j = 0; j < c.S; ++j) {
+        double a = 0;
+        for (int64_t d = 0; d < c.D; ++d) {
+          a += std::abs(static_cast<double>(in.q[static_cast<std::size_t>((n * c.L + i) * c.D + d)]) *
+                        static_cast<double>(in.k[static_cast<std::size_t>((n * c.S + j) * c.D + d)]));
+        }
+        a *= std::abs(static_cast<double>(in.scale));
+        double m = 0;
+        if (!in.mask.empty()) m += std::abs(static_cast<double>(in.mask[static_cast<std::size_t>(n * mask_stride + i * c.S + j)]));
+        if (!in.pad.empty()) m += std::abs(static_cast<double>(in.pad[static_cast<std::size_t>((n / c.heads) * c.S + j)]));
+        if (std::isinf(m)) continue;  // masked key
+        const double exact_scores = c.large_scores ? 0.0 : 1.0;
+        delta = std::max(delta, exact_scores * (static_cast<double>(c.D) + 3) * a + 2 * m);
+      }
+      const double factor = 2 * delta + 2 * (static_cast<double>(c.S) + static_cast<double>(c.S) / 64) + 16;
+      for (int64_t col = 0; col < c.Dv; ++col) {
+        double w = 0;
+        for (int64_t j = 0; j < c.S; ++j) {
+          w += std::abs(ref_weights[static_cast<std::size_t>((n * c.L + i) * c.S + j)]) *
+               std::abs(static_cast<double>(in.v[static_cast<std::size_t>((n * c.S + j) * c.Dv + col)]));
+        }
+        const std::size_t idx = static_cast<std::size_t>((n * c.L + i) * c.Dv + col);
+        const double ours = static_cast<double>(out[idx]);
+        const double want = ref[idx];
+        const double bound = u * w * factor;
+        double err;
+        if (std::isnan(want) || std::isnan(ours)) {
+          err = std::isnan(want) == std::isnan(ours) ? 0.0 : INFINITY;
+        } else {
+          err = std::abs(ours - want);
+        }
+        const double ratio = err == 0 ? 0 : (bound > 0 ? err / bound : INFINITY);
+        result.worst_ratio = std::max(result.worst_ratio, ratio);
+        if (!(err <= bound)) {
+          if (result.ok) {
+            std::ostringstream os;
+            os.precision(9);
+            os << "first failure at [slice " << n << ", row " << i << ", col " << col << "]: flash " << ours
+               << ", reference " << want << ", |error| " << err << " > bound " << bound
+               << " (= u·W·" << factor << ", W = " << w << ")";
+            result.first = os.str();
+          }
+          result.ok = false;
+          ++result.failures;
+        }
+      }
+    }
+  }
+  return result;
+}
+
+// Forces a SIMD target for the scope of a test.
+class ScopedTarget {
+ public:
+  explicit ScopedTarget(const std::string& name) { detail::simd_target_force(name); }
+  ~ScopedTarget() { detail::simd_target_force(""); }
+  ScopedTarget(const ScopedTarget&) = delete;
+  ScopedTarget& operator=(const ScopedTarget&) = delete;
+};
+
+std::vector<float> run_flash(const Inputs& in, int threads) {
+  Buffers<float> b;
+  AttentionArgs<float> a = make_args(in, b);
+  a.num_threads = threads;
+  detail::attention_forward_flash(a);
+  return b.out;
+}
+
+struct Reference {
+  std::vector<double> out, weights;
+};
+
+Reference run_reference(const Inputs& in) {
+  Buffers<double> b;
+  AttentionArgs<double> a = make_args(in, b);
+  b.weights.assign(static_cast<std::size_t>(in.N * in.c.L * in.c.S), 0.0);
+  a.weights = b.weights.data();
+  detail::attention_forward_reference<double>(a);
+  return {b.out, b.weights};
+}
+
+// ---- the case table -----------------------------------------------------------
+
+std::vector<Case> cases() {
+  std::vector<Case> t;
+  // Lengths around the tile and vector sizes (16 lanes, 64-query tiles, 126- or
+  // 128-key tiles), L = S and L != S.
+  for (int64_t L : {1, 15, 16, 17, 63, 64, 65, 127, 129, 200}) t.push_back({L, L, 64, 64});
+  for (auto [L, S] : {std::pair<int64_t, int64_t>{1, 200}, {200, 1}, {17, 65}, {65, 17}, {16, 129}, {129, 127}}) {
+    t.push_back({L, S, 64, 64});
+  }
+  // Head widths, and value width != head width.
+  for (int64_t D : {1, 8, 63, 64, 80, 128}) t.push_back({65, 65, D, D});
+  t.push_back({33, 47, 8, 80});
+  t.push_back({33, 47, 80, 1});
+  t.push_back({17, 129, 63, 7});
+  // Every mask kind, with and without -inf entries.
+  for (MaskKind m : {MaskKind::Mask2d, MaskKind::Mask3d, MaskKind::KeyPadding, MaskKind::Both}) {
+    for (bool inf : {false, true}) {
+      Case c{65, 129, 63, 63};
+      c.mask = m;
+      c.with_inf = inf;
+      t.push_back(c);
+      Case d{17, 65, 64, 64};
+      d.mask = m;
+      d.with_inf = inf;
+      d.causal = true;
+      t.push_back(d);
+    }
+  }
+  // Causal: square, L < S, L > S, columns beyond causal_cols (bias_k, zero
+  // attention), long enough to skip whole key tiles.
+  for (auto [L, S] : {std::pair<int64_t, int64_t>{64, 64}, {65, 65}, {200, 200}, {17, 65}, {129, 63}, {1, 16}}) {
+    Case c{L, S, 64, 64};
+    c.causal = true;
+    t.push_back(c);
+  }
+  {
+    Case c{200, 200, 64, 64};
+    c.causal = true;
+    c.causal_cols = 198;
+    t.push_back(c);
+    Case d{127, 129, 80, 80};
+    d.causal = true;
+    d.causal_cols = 127;
+    d.mask = MaskKind::KeyPadding;
+    d.with_inf = true;
+    t.push_back(d);
+    Case e{300, 300, 16, 16};
+    e.batch = 1;
+    e.heads = 1;
+    e.causal = true;
+    t.push_back(e);
+  }
+  // Dropout, compared against the reference with the same seed.
+  for (bool causal : {false, true}) {
+    Case c{65, 129, 64, 64};
+    c.dropout = 0.3;
+    c.causal = causal;
+    t.push_back(c);
+  }
+  {
+    Case c{17, 17, 8, 8};
+    c.dropout = 1.0;
+    t.push_back(c);
+  }
+  // Rows with every key masked, under both policies.
+  for (MaskedRowPolicy policy : {MaskedRowPolicy::Zeros, MaskedRowPolicy::NaN}) {
+    for (MaskKind m : {MaskKind::Mask2d, MaskKind::Both}) {
+      Case c{65, 63, 64, 64};
+      c.mask = m;
+      c.with_inf = true;
+      c.masked_rows = true;
+      c.policy = policy;
+      t.push_back(c);
+    }
+    Case d{64, 64, 64, 64};
+    d.mask = MaskKind::Mask3d;
+    d.masked_rows = true;
+    d.causal = true;
+    d.policy = policy;
+    t.push_back(d);
+    Case e{5, 0, 8, 8};  // no keys at all: every row is masked
+    e.policy = policy;
+    t.push_back(e);
+  }
+  // Scores around 1e4 (exact in float): no overflow, no NaN, and the max
+  // subtraction stays exact.
+  for (bool causal : {false, true}) {
+    Case c{65, 129, 16, 16};
+    c.large_scores = true;
+    c.causal = causal;
+    c.mask = MaskKind::KeyPadding;
+    t.push_back(c);
+  }
+  // The sweeps overlap (e.g. L = S = 65, D = 64); keep each case once.
+  std::vector<Case> unique;
+  for (const Case& c : t) {
+    bool seen = false;
+    for (const Case& u : unique) seen = seen || case_name(u) == case_name(c);
+    if (!seen) unique.push_back(c);
+  }
+  return unique;
+}
+
+std::vector<Param> params() {
+  std::vector<Param> p;
+  for (const std::string& target : detail::simd_targets_available()) {
+    for (const Case& c : cases()) {
+      for (int threads : {1, 2}) p.push_back({c, threads, target});
+    }
+  }
+  return p;
+}
+
+class FlashCase : public ::testing::TestWithParam<Param> {};
+
+TEST_P(FlashCase, Matches) {
+  const Param& p = GetParam();
+  const ScopedTarget target(p.target);
+  ASSERT_EQ(detail::simd_target_current(), p.target);
+  const Inputs in = make_inputs(p.c);
+  const std::vector<float> out = run_flash(in, p.threads);
+  const Reference ref = run_reference(in);
+  const Check check = check_against_reference(in, out, ref.out, ref.weights);
+  EXPECT_TRUE(check.ok) << check.failures << " elements out of bound; " << check.first;
+  if (p.threads != 1) {
+    // Each row is computed by one thread, independent of the others: the
+    // output must not depend on the thread count, to the bit.
+    const std::vector<float> single = run_flash(in, 1);
+    EXPECT_EQ(0, std::memcmp(out.data(), single.data(), out.size() * sizeof(float)))
+        << "outputs differ between " << p.threads << " threads and 1 thread";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Flash, FlashCase, ::testing::ValuesIn(params()),
+                         [](const ::testing::TestParamInfo<Param>& info) { return param_name(info.param); });
+
+// ---- the checker checks -----------------------------------------------------
+
+TEST(FlashChecker, FailsWhenOneElementIsPerturbed) {
+  Case c{33, 47, 64, 64};
+  c.mask = MaskKind::Both;
+  c.with_inf = true;
+  const Inputs in = make_inputs(c);
+  const Reference ref = run_reference(in);
+  std::vector<float> exact(ref.out.begin(), ref.out.end());
+  ASSERT_TRUE(check_against_reference(in, exact, ref.out, ref.weights).ok);
+  // Relative 1e-3 on one element: far below what a wrong mask or key would
+  // cause, far above the bound (~1e-4 relative here).
+  for (std::size_t idx : {std::size_t{0}, exact.size() / 2, exact.size() - 1}) {
+    std::vector<float> bad = exact;
+    bad[idx] += 1e-3f * std::max(1.0f, std::abs(bad[idx]));
+    const Check check = check_against_reference(in, bad, ref.out, ref.weights);
+    EXPECT_FALSE(check.ok) << "perturbing element " << idx << " went unnoticed";
+    EXPECT_EQ(check.failures, 1);
+    EXPECT_NE(check.first.find("bound"), std::string::npos) << check.first;
+  }
+  // A NaN where the reference has a number (and the reverse) fails too.
+  std::vector<float> nan = exact;
+  nan[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(check_against_reference(in, nan, ref.out, ref.weights).ok);
+}
+
+// ---- exp2 -------------------------------------------------------------------
+
+// Our 2^x for x <= 0 on every target: <= 2 ulp where the result is a normal
+// float, exactly 0 for -inf and below the flush threshold, exactly 1 at 0.
+TEST(FlashExp2, AccurateOnEveryTarget) {
+  std::vector<float> x;
+  for (int i = 0; i <= 130000; ++i) x.push_back(-static_cast<float>(i) * 0.001f);
+  for (float e : {-0.5f, -0.49999997f, -1e-30f, -1e-7f, -125.9f, -126.0f, -126.4f}) x.push_back(e);
+  x.push_back(-kInf);
+  x.push_back(0.0f);
+  for (std::size_t count : {x.size(), std::size_t{1}, std::size_t{15}, std::size_t{17}}) {
+    for (const std::string& target : detail::simd_targets_available()) {
+      std::vector<float> y(count);
+      detail::flash_exp2_for_test(detail::simd_target_parse(target, "test"), x.data(), y.data(), count);
+      double worst_ulp = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        const double want = std::exp2(static_cast<double>(x[i]));
+        if (x[i] == -kInf || x[i] <= -126.5f) {
+          ASSERT_EQ(y[i], 0.0f) << target << " x=" << x[i];
+          continue;
+        }
+        if (x[i] < -126.0f) continue;  // flushed or subnormal: both fine
+        const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+        const double err_ulp = std::abs(static_cast<double>(y[i]) - want) / ulp;
+        worst_ulp = std::max(worst_ulp, err_ulp);
+        ASSERT_LE(err_ulp, 2.0) << target << " x=" << x[i] << " got " << y[i] << " want " << want;
+      }
+      if (count == x.size()) {
+        EXPECT_EQ(y[count - 1], 1.0f) << target << ": 2^0 must be exactly 1";
+      }
+    }
+  }
+}
+
+// ---- interface --------------------------------------------------------------
+
+TEST(FlashInterface, RejectsWeights) {
+  Case c{4, 4, 8, 8};
+  const Inputs in = make_inputs(c);
+  Buffers<float> b;
+  AttentionArgs<float> a = make_args(in, b);
+  std::vector<float> weights(static_cast<std::size_t>(in.N * 16));
+  a.weights = weights.data();
+  try {
+    detail::attention_forward_flash(a);
+    FAIL() << "expected multihead::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("weights"), std::string::npos) << e.what();
+  }
+}
+
+TEST(FlashInterface, Available) { EXPECT_TRUE(detail::flash_available()); }
+
+std::string hwy_name(int64_t bit) {
+  const ScopedTarget unused("");
+  for (const std::string& name : detail::simd_targets_available()) {
+    if (detail::simd_target_parse(name, "test") == bit) return name;
+  }
+  return "?";
+}
+
+TEST(SimdTargets, ListedForcedAndRejected) {
+  const std::vector<std::string> available = detail::simd_targets_available();
+  ASSERT_FALSE(available.empty());
+  // The default is the best target, unless MULTIHEAD_SIMD_TARGET says otherwise.
+  const char* env = std::getenv("MULTIHEAD_SIMD_TARGET");
+  const std::string expected_default =
+      env != nullptr && *env != '\0' ? hwy_name(detail::simd_target_parse(env, "test")) : available.front();
+  EXPECT_EQ(detail::simd_target_current(), expected_default);
+  for (const std::string& name : available) {
+    std::string lower = name;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const ScopedTarget forced(lower);
+    EXPECT_EQ(detail::simd_target_current(), name);
+  }
+  try {
+    detail::simd_target_force("AVX9_NOPE");
+    FAIL() << "expected multihead::Error";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("AVX9_NOPE"), std::string::npos) << what;
+    EXPECT_NE(what.find(available.front()), std::string::npos) << what;
+  }
+  EXPECT_EQ(detail::simd_target_current(), expected_default);
+}
+
+}  // namespace
+}  // namespace multihead
