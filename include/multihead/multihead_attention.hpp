@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -34,6 +35,11 @@
 #include "multihead/tensor.hpp"
 
 namespace multihead {
+
+namespace detail {
+template <class T>
+class WorkspacePool;
+}
 
 // Constructor arguments of torch.nn.MultiheadAttention, same names and defaults.
 struct MultiheadAttentionConfig {
@@ -114,9 +120,18 @@ class BasicMultiheadAttention {
   const MultiheadAttentionConfig& config() const { return config_; }
   const MultiheadAttentionParameters<T>& parameters() const { return params_; }
 
-  // The fused form. Thread-safe: forward is const and keeps no state.
+  // The fused form. Thread-safe: any number of threads may call forward on
+  // one object at once. Its scratch buffers (projections, per-head Q/K/V) are
+  // kept in a pool and reused by later calls, so a steady state of calls of
+  // the same shape allocates nothing but the returned tensors.
   ForwardResult<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
                            const ForwardOptions<T>& options = {}) const;
+  // Same, writing into `result`, whose buffers are reused when large enough
+  // (so even the output is not reallocated between calls).
+  void forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+               const ForwardOptions<T>& options, ForwardResult<T>& result) const;
+  // Frees the pooled scratch buffers (they are rebuilt on demand).
+  void release_workspaces() const;
   // The lesson's four steps, one head at a time. Same contract as forward().
   ForwardResult<T> forward_textbook(const Tensor<T>& query, const Tensor<T>& key,
                                     const Tensor<T>& value,
@@ -129,6 +144,7 @@ class BasicMultiheadAttention {
  private:
   MultiheadAttentionConfig config_;
   MultiheadAttentionParameters<T> params_;
+  std::shared_ptr<detail::WorkspacePool<T>> workspaces_;
 };
 
 extern template class BasicMultiheadAttention<float>;

@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 
+#include "attention/workspace.hpp"
 #include "core/check.hpp"
 #include "multihead/error.hpp"
 
@@ -96,7 +97,7 @@ void validate_parameters(const MultiheadAttentionConfig& c, const MultiheadAtten
 
 template <class T>
 BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConfig& config, uint64_t seed)
-    : config_(config) {
+    : config_(config), workspaces_(std::make_shared<detail::WorkspacePool<T>>()) {
   config_.validate();
   std::mt19937_64 rng(seed);
   const int64_t E = config_.embed_dim;
@@ -123,8 +124,15 @@ BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConf
 template <class T>
 BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConfig& config,
                                                     MultiheadAttentionParameters<T> parameters)
-    : config_(config), params_(std::move(parameters)) {
+    : config_(config),
+      params_(std::move(parameters)),
+      workspaces_(std::make_shared<detail::WorkspacePool<T>>()) {
   validate_parameters(config_, params_);
+}
+
+template <class T>
+void BasicMultiheadAttention<T>::release_workspaces() const {
+  workspaces_->clear();
 }
 
 template <class T>

@@ -18,6 +18,7 @@
 
 #include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
+#include "attention/workspace.hpp"
 #include "core/gemm.hpp"
 #include "multihead/multihead_attention.hpp"
 
@@ -37,7 +38,6 @@ void linear(int64_t rows, int64_t in, int64_t out, const T* x, const T* W, const
 
 template <class T>
 struct Projections {
-  Storage<T> q, k, v;  // (tokens, E) each, or one (tokens, 3E) buffer in q
   const T* q_ptr = nullptr;
   const T* k_ptr = nullptr;
   const T* v_ptr = nullptr;
@@ -50,7 +50,7 @@ struct Projections {
 template <class T>
 Projections<T> in_projection(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
                              const ForwardPlan& plan, const Tensor<T>& query, const Tensor<T>& key,
-                             const Tensor<T>& value) {
+                             const Tensor<T>& value, ForwardWorkspace<T>& ws) {
   Projections<T> r;
   const int64_t E = plan.E;
   const int64_t q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
@@ -58,11 +58,11 @@ Projections<T> in_projection(const MultiheadAttentionConfig& c, const MultiheadA
   const bool packed = c.same_embed_dim();
   const bool self = packed && query.data() == key.data() && key.data() == value.data();
   if (self) {
-    r.q.resize(static_cast<std::size_t>(q_rows * 3 * E));
-    linear(q_rows, E, 3 * E, query.data(), p.in_proj_weight.data(), bias, r.q.data(), 3 * E);
-    r.q_ptr = r.q.data();
-    r.k_ptr = r.q.data() + E;
-    r.v_ptr = r.q.data() + 2 * E;
+    T* qkv = ws.take(ws.proj_q, static_cast<std::size_t>(q_rows * 3 * E));
+    linear(q_rows, E, 3 * E, query.data(), p.in_proj_weight.data(), bias, qkv, 3 * E);
+    r.q_ptr = qkv;
+    r.k_ptr = qkv + E;
+    r.v_ptr = qkv + 2 * E;
     r.q_ld = r.k_ld = r.v_ld = 3 * E;
     return r;
   }
@@ -70,15 +70,15 @@ Projections<T> in_projection(const MultiheadAttentionConfig& c, const MultiheadA
   const T* Wq = packed ? p.in_proj_weight.data() : p.q_proj_weight.data();
   const T* Wk = packed ? p.in_proj_weight.data() + E * E : p.k_proj_weight.data();
   const T* Wv = packed ? p.in_proj_weight.data() + 2 * E * E : p.v_proj_weight.data();
-  r.q.resize(static_cast<std::size_t>(q_rows * E));
-  r.k.resize(static_cast<std::size_t>(kv_rows * E));
-  r.v.resize(static_cast<std::size_t>(kv_rows * E));
-  linear(q_rows, E, E, query.data(), Wq, bias, r.q.data(), E);
-  linear(kv_rows, plan.Ek, E, key.data(), Wk, bias ? bias + E : nullptr, r.k.data(), E);
-  linear(kv_rows, plan.Ev, E, value.data(), Wv, bias ? bias + 2 * E : nullptr, r.v.data(), E);
-  r.q_ptr = r.q.data();
-  r.k_ptr = r.k.data();
-  r.v_ptr = r.v.data();
+  T* q = ws.take(ws.proj_q, static_cast<std::size_t>(q_rows * E));
+  T* k = ws.take(ws.proj_k, static_cast<std::size_t>(kv_rows * E));
+  T* v = ws.take(ws.proj_v, static_cast<std::size_t>(kv_rows * E));
+  linear(q_rows, E, E, query.data(), Wq, bias, q, E);
+  linear(kv_rows, plan.Ek, E, key.data(), Wk, bias ? bias + E : nullptr, k, E);
+  linear(kv_rows, plan.Ev, E, value.data(), Wv, bias ? bias + 2 * E : nullptr, v, E);
+  r.q_ptr = q;
+  r.k_ptr = k;
+  r.v_ptr = v;
   r.q_ld = r.k_ld = r.v_ld = E;
   return r;
 }
@@ -118,7 +118,7 @@ void out_projection(const MultiheadAttentionConfig& c, const MultiheadAttentionP
 
 // Mean over heads: (B, H, L, S') -> (B, L, S'), PyTorch's sum(dim=1) / H.
 template <class T>
-Tensor<T> average_heads(const Storage<T>& w, const ForwardPlan& plan, Shape shape) {
+Tensor<T> average_heads(const Tensor<T>& w, const ForwardPlan& plan, Shape shape) {
   Tensor<T> avg(std::move(shape), T(0));
   const int64_t plane = plan.L * plan.S_total;
   for (int64_t b = 0; b < plan.B; ++b) {
@@ -139,39 +139,51 @@ template <class T>
 ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>& key,
                                                      const Tensor<T>& value,
                                                      const ForwardOptions<T>& options) const {
+  ForwardResult<T> result;
+  forward(query, key, value, options, result);
+  return result;
+}
+
+template <class T>
+void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>& key,
+                                         const Tensor<T>& value, const ForwardOptions<T>& options,
+                                         ForwardResult<T>& result) const {
   using namespace detail;
   const ForwardPlan plan = plan_forward(config_, query, key, value, options);
   if (options.check_finite) check_forward_finite(query, key, value, params_);
   const int64_t B = plan.B, H = plan.H, L = plan.L, S = plan.S, St = plan.S_total, D = plan.D;
+  WorkspaceLease<T> ws(*workspaces_);
 
   // 1. in_projection
-  const Projections<T> proj = in_projection(config_, params_, plan, query, key, value);
+  const Projections<T> proj = in_projection(config_, params_, plan, query, key, value, *ws);
 
   // 2. split_heads, then append bias_k / bias_v and the zero-attention key and
-  //    value as extra key positions (PyTorch: torch.cat then pad the masks).
-  Storage<T> q(static_cast<std::size_t>(B * H * L * D));
-  Storage<T> k(static_cast<std::size_t>(B * H * St * D));
-  Storage<T> v(static_cast<std::size_t>(B * H * St * D));
-  split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, B, H, L, L, D, q.data());
-  split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, k.data());
-  split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, v.data());
+  //    value as extra key positions (PyTorch: torch.cat, then pad the masks).
+  T* q = ws->take(ws->q, static_cast<std::size_t>(B * H * L * D));
+  T* k = ws->take(ws->k, static_cast<std::size_t>(B * H * St * D));
+  T* v = ws->take(ws->v, static_cast<std::size_t>(B * H * St * D));
+  split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, B, H, L, L, D, q);
+  split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, k);
+  split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, v);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h) {
       const int64_t slice = (b * H + h) * St;
       if (plan.bias_kv_col >= 0) {
-        std::memcpy(&k[(slice + plan.bias_kv_col) * D], params_.bias_k.data() + h * D, D * sizeof(T));
-        std::memcpy(&v[(slice + plan.bias_kv_col) * D], params_.bias_v.data() + h * D, D * sizeof(T));
+        std::copy_n(params_.bias_k.data() + h * D, D, k + (slice + plan.bias_kv_col) * D);
+        std::copy_n(params_.bias_v.data() + h * D, D, v + (slice + plan.bias_kv_col) * D);
       }
       if (plan.zero_attn_col >= 0) {
-        std::fill_n(&k[(slice + plan.zero_attn_col) * D], D, T(0));
-        std::fill_n(&v[(slice + plan.zero_attn_col) * D], D, T(0));
+        std::fill_n(k + (slice + plan.zero_attn_col) * D, D, T(0));
+        std::fill_n(v + (slice + plan.zero_attn_col) * D, D, T(0));
       }
     }
 
-  // 3. scaled_dot_product_attention for all B·H slices.
+  // 3. scaled_dot_product_attention for all B·H slices. Per-head weights are
+  //    written straight into the result when they are returned per head.
   const KernelMasks<T> masks = build_kernel_masks(plan, options);
-  Storage<T> heads_out(static_cast<std::size_t>(B * H * L * D));
-  Storage<T> weights(options.need_weights ? static_cast<std::size_t>(B * H * L * St) : 0);
+  T* heads_out = ws->take(ws->heads_out, static_cast<std::size_t>(B * H * L * D));
+  Tensor<T> weights;
+  if (options.need_weights) weights = Tensor<T>(Shape{B, H, L, St});
   AttentionArgs<T> a;
   a.slices = B * H;
   a.heads = H;
@@ -179,9 +191,9 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
   a.kv_len = St;
   a.head_dim = D;
   a.value_dim = D;
-  a.q = q.data();
-  a.k = k.data();
-  a.v = v.data();
+  a.q = q;
+  a.k = k;
+  a.v = v;
   a.attn_mask = masks.attn_mask.empty() ? nullptr : masks.attn_mask.data();
   a.attn_mask_slice_stride = masks.attn_mask_slice_stride;
   a.key_padding = masks.key_padding.empty() ? nullptr : masks.key_padding.data();
@@ -192,26 +204,26 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
   a.dropout_seed = options.dropout_seed;
   a.masked_rows = options.masked_rows;
   a.num_threads = options.num_threads;
-  a.out = heads_out.data();
+  a.out = heads_out;
   a.weights = options.need_weights ? weights.data() : nullptr;
   attention_forward(a, options.kernel);
 
-  // 4. merge_heads (concatenate), then out_projection.
-  Storage<T> concat(static_cast<std::size_t>(B * L * plan.E));
-  merge_heads(heads_out.data(), B, H, L, D, plan.q_batch_stride, plan.q_seq_stride, concat.data());
-  ForwardResult<T> result;
-  result.output = Tensor<T>(output_shape(plan, query.shape()));
-  out_projection(config_, params_, B * L, concat.data(), result.output.data());
+  // 4. merge_heads (concatenate), then out_projection into the result.
+  T* concat = ws->take(ws->concat, static_cast<std::size_t>(B * L * plan.E));
+  merge_heads(heads_out, B, H, L, D, plan.q_batch_stride, plan.q_seq_stride, concat);
+  const Shape out_shape = output_shape(plan, query.shape());
+  if (result.output.shape() != out_shape) result.output = Tensor<T>(out_shape);
+  out_projection(config_, params_, B * L, concat, result.output.data());
 
+  result.attn_weights.reset();
   if (options.need_weights) {
     Shape shape = attn_weights_shape(plan, options.average_attn_weights);
     if (options.average_attn_weights) {
       result.attn_weights = average_heads(weights, plan, std::move(shape));
     } else {
-      result.attn_weights = Tensor<T>(std::move(shape), std::move(weights));
+      result.attn_weights = std::move(weights).reshaped(std::move(shape));
     }
   }
-  return result;
 }
 
 template ForwardResult<float> BasicMultiheadAttention<float>::forward(
@@ -219,5 +231,12 @@ template ForwardResult<float> BasicMultiheadAttention<float>::forward(
 template ForwardResult<double> BasicMultiheadAttention<double>::forward(
     const Tensor<double>&, const Tensor<double>&, const Tensor<double>&,
     const ForwardOptions<double>&) const;
+
+template void BasicMultiheadAttention<float>::forward(const Tensor<float>&, const Tensor<float>&,
+                                                     const Tensor<float>&, const ForwardOptions<float>&,
+                                                     ForwardResult<float>&) const;
+template void BasicMultiheadAttention<double>::forward(const Tensor<double>&, const Tensor<double>&,
+                                                      const Tensor<double>&, const ForwardOptions<double>&,
+                                                      ForwardResult<double>&) const;
 
 }  // namespace multihead
