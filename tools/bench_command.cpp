@@ -12,6 +12,7 @@
 #include <omp.h>
 
 #include "commands.hpp"
+#include "validators.hpp"
 #include "core/gemm.hpp"
 #include "multihead/multihead_attention.hpp"
 
@@ -26,15 +27,15 @@ Runner add_bench_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("bench", "Time forward passes: median ms and GFLOP/s");
-  c->add_option("--batch", a->batch, "B")->check(CLI::Range(1, 1 << 20));
-  c->add_option("--seq-len", a->seq_len, "L (= S)")->check(CLI::Range(1, 1 << 20));
-  c->add_option("--embed-dim", a->embed_dim, "E")->check(CLI::Range(1, 1 << 16));
-  c->add_option("--num-heads", a->num_heads, "H")->check(CLI::Range(1, 1 << 16));
+  c->add_option("--batch", a->batch, "B")->check(positive_integer());
+  c->add_option("--seq-len", a->seq_len, "L (= S)")->check(positive_integer());
+  c->add_option("--embed-dim", a->embed_dim, "E")->check(positive_integer());
+  c->add_option("--num-heads", a->num_heads, "H")->check(positive_integer());
   c->add_flag("--causal", a->causal, "is_causal=True");
   c->add_flag("--batch-first", a->batch_first, "(B, L, E) inputs");
-  c->add_option("--threads", a->threads, "Threads (0 = default)")->check(CLI::NonNegativeNumber);
-  c->add_option("--repeat", a->repeat, "Timed runs (median reported)")->check(CLI::Range(1, 100000));
-  c->add_option("--warmup", a->warmup, "Untimed runs first")->check(CLI::Range(0, 100000));
+  c->add_option("--threads", a->threads, "Threads (0 = default)")->check(non_negative_integer());
+  c->add_option("--repeat", a->repeat, "Timed runs (median reported)")->check(positive_integer());
+  c->add_option("--warmup", a->warmup, "Untimed runs first")->check(non_negative_integer());
   c->add_option("--kernel", a->kernel, "auto, reference, materialized or flash")
       ->check(CLI::IsMember({"auto", "reference", "materialized", "flash"}));
   return [a] {

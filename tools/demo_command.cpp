@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 
@@ -103,8 +104,8 @@ void run_default_demo() { run_demo(DemoArgs{}); }
 Runner add_demo_command(CLI::App& app) {
   auto args = std::make_shared<DemoArgs>();
   CLI::App* c = app.add_subcommand("demo", "The lesson's sentence: where each head sends \"it\"");
-  c->add_option("--embed-dim", args->embed_dim, "Embedding width")->check(CLI::Range(1, 4096));
-  c->add_option("--num-heads", args->num_heads, "Heads (must divide the embedding width)")->check(CLI::Range(1, 4096));
+  c->add_option("--embed-dim", args->embed_dim, "Embedding width")->check(integer_in(1, 4096, "an integer in [1, 4096]"));
+  c->add_option("--num-heads", args->num_heads, "Heads (must divide the embedding width)")->check(integer_in(1, 4096, "an integer in [1, 4096]"));
   c->add_option("--seed", args->seed, "Seed of the random weights and embeddings");
   c->add_option("--focus", args->focus, "The word whose attention is shown");
   return [args] { run_demo(*args); };

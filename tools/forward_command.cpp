@@ -5,12 +5,19 @@
 // in float32; outputs are written in that type. Every output is written
 // atomically and only after every input has been read and validated, so a
 // failed run leaves no file behind.
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <utility>
+#include <vector>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "commands.hpp"
+#include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -24,7 +31,7 @@ struct ForwardArgs {
   bool is_causal = false, need_weights = false, no_average = false, training = false;
   bool check_finite = false;
   std::optional<int64_t> num_heads;
-  std::optional<bool> batch_first;
+  bool batch_first_flag = false;
   bool add_zero_attn = false;
   std::optional<double> dropout;
   uint64_t dropout_seed = 0;
@@ -54,6 +61,30 @@ std::unique_ptr<Mask<T>> read_mask(const std::string& path, const std::string& n
   if (t.dtype == DType::Bool)
     return std::make_unique<Mask<T>>(Mask<T>::boolean(tensor_cast<uint8_t>(t.values)));
   return std::make_unique<Mask<T>>(Mask<T>::additive(tensor_cast<T>(t.values)));
+}
+
+// Writes every output or none: each goes (atomically) to a staging name next
+// to its target first; only when all are staged are they renamed into place.
+// A failure removes the staged files and leaves earlier outputs untouched.
+void write_outputs(const std::vector<std::pair<std::string, std::string>>& files) {
+  const std::string stage = ".staged-" + std::to_string(::getpid());
+  std::vector<std::string> staged;
+  try {
+    for (const auto& [path, bytes] : files) {
+      write_file_atomic(path + stage, bytes);
+      staged.push_back(path + stage);
+    }
+  } catch (...) {
+    for (const auto& s : staged) std::remove(s.c_str());
+    throw;
+  }
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    if (std::rename(staged[i].c_str(), files[i].first.c_str()) != 0) {
+      const int err = errno;
+      for (std::size_t j = i; j < staged.size(); ++j) std::remove(staged[j].c_str());
+      throw Error(Error::Kind::IO, "cannot write '" + files[i].first + "': renaming: " + std::strerror(err));
+    }
+  }
 }
 
 template <class T>
@@ -87,20 +118,9 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   for (int r = 0; r < args.repeat; ++r)
     result = args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
 
-  // Serialise both before writing either, then write; if the second write
-  // fails, remove the first so that no partial set of outputs remains.
-  const std::string out_bytes = serialize_npy(result.output);
-  std::string weight_bytes;
-  if (result.attn_weights) weight_bytes = serialize_npy(*result.attn_weights);
-  write_file_atomic(args.out, out_bytes);
-  if (result.attn_weights) {
-    try {
-      write_file_atomic(args.attn_weights_out, weight_bytes);
-    } catch (...) {
-      std::remove(args.out.c_str());
-      throw;
-    }
-  }
+  std::vector<std::pair<std::string, std::string>> files = {{args.out, serialize_npy(result.output)}};
+  if (result.attn_weights) files.emplace_back(args.attn_weights_out, serialize_npy(*result.attn_weights));
+  write_outputs(files);
 }
 
 }  // namespace
@@ -120,12 +140,14 @@ Runner add_forward_command(CLI::App& app) {
                 ".npy (L, S) or (B*H, L, S): bool (true = may not attend) or float (added)");
   c->add_flag("--is-causal", args->is_causal, "Mask keys after each query (combined with --attn-mask)");
   c->add_option("--num-heads", args->num_heads, "Heads (overrides the weights' metadata)")
-      ->check(CLI::PositiveNumber);
-  c->add_flag("--batch-first,!--no-batch-first", args->batch_first,
-              "Inputs are (B, L, E) (overrides the weights' metadata)");
+      ->check(positive_integer());
+  // A plain bool plus the option's count: CLI11 2.1 assigns an optional<bool>
+  // flag even when it is absent, which would hide the metadata's batch_first.
+  CLI::Option* batch_first = c->add_flag("--batch-first,!--no-batch-first", args->batch_first_flag,
+                                         "Inputs are (B, L, E) (overrides the weights' metadata)");
   c->add_flag("--add-zero-attn", args->add_zero_attn, "Append a zero key and value (overrides metadata)");
   c->add_option("--dropout", args->dropout, "Dropout on attention weights, used with --training")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(probability());
   c->add_flag("--training", args->training, "Training mode: apply dropout");
   c->add_option("--dropout-seed", args->dropout_seed, "Seed of the dropout mask");
   c->add_flag("--need-weights", args->need_weights, "Return attention weights (needs --attn-weights-out)");
@@ -137,14 +159,14 @@ Runner add_forward_command(CLI::App& app) {
       ->check(CLI::IsMember({"fused", "textbook"}));
   c->add_option("--kernel", args->kernel, "auto, reference, materialized or flash")
       ->check(CLI::IsMember({"auto", "reference", "materialized", "flash"}));
-  c->add_option("--threads", args->threads, "Threads (0 = default)")->check(CLI::NonNegativeNumber);
+  c->add_option("--threads", args->threads, "Threads (0 = default)")->check(non_negative_integer());
   c->add_flag("--check-finite", args->check_finite, "Reject NaN or Inf in inputs and weights");
   c->add_option("--out", args->out, "Output .npy")->required();
   c->add_option("--attn-weights-out", args->attn_weights_out, "Attention weights .npy (implies --need-weights)");
   c->add_option("--repeat", args->repeat, "Run the forward N times (for timing from outside)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_integer());
 
-  return [args] {
+  return [args, batch_first] {
     if (args->need_weights && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--need-weights: needs --attn-weights-out to write the weights to");
     if (args->no_average && args->attn_weights_out.empty())
@@ -152,7 +174,7 @@ Runner add_forward_command(CLI::App& app) {
     apply_threads(args->threads);
     WeightOverrides ov;
     ov.num_heads = args->num_heads;
-    ov.batch_first = args->batch_first;
+    if (batch_first->count() > 0) ov.batch_first = args->batch_first_flag;
     if (args->add_zero_attn) ov.add_zero_attn = true;
     ov.dropout = args->dropout;
     const LoadedWeights w = load_weights(args->weights, ov);

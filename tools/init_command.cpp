@@ -5,6 +5,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "validators.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/weights.hpp"
 
@@ -19,12 +20,12 @@ Runner add_init_command(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("init", "Write freshly initialised weights (PyTorch's scheme) as safetensors");
-  c->add_option("--embed-dim", a->config.embed_dim, "embed_dim")->required()->check(CLI::PositiveNumber);
-  c->add_option("--num-heads", a->config.num_heads, "num_heads")->required()->check(CLI::PositiveNumber);
-  c->add_option("--kdim", a->config.kdim, "Key width (default embed_dim)")->check(CLI::PositiveNumber);
-  c->add_option("--vdim", a->config.vdim, "Value width (default embed_dim)")->check(CLI::PositiveNumber);
+  c->add_option("--embed-dim", a->config.embed_dim, "embed_dim")->required()->check(positive_integer());
+  c->add_option("--num-heads", a->config.num_heads, "num_heads")->required()->check(positive_integer());
+  c->add_option("--kdim", a->config.kdim, "Key width (default embed_dim)")->check(positive_integer());
+  c->add_option("--vdim", a->config.vdim, "Value width (default embed_dim)")->check(positive_integer());
   c->add_option("--dropout", a->config.dropout, "Dropout probability stored in the metadata")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(probability());
   c->add_flag("--no-bias", a->no_bias, "bias=False");
   c->add_flag("--add-bias-kv", a->config.add_bias_kv, "add_bias_kv=True");
   c->add_flag("--add-zero-attn", a->config.add_zero_attn, "add_zero_attn=True");

@@ -1,0 +1,140 @@
+// bench/bench_kernels.cpp: the attention kernels alone (no projections), in
+// GFLOP/s counted as issue "Fast" counts them: 4·N·L·S·D for QKᵀ and PV, the
+// full square also when causal. Per SIMD target and thread count:
+//   Flash/<target>/L/causal/threads        src/attention/flash.cpp
+//   Materialized/L/causal/threads          src/attention/materialized.cpp (BLAS)
+//   SgemmTiles/threads                     cblas_sgemm on one flash tile's two
+//                                          products: the alternative we measured
+//                                          against our own micro-kernels.
+// N = 12 slices (B = 1, H = 12), D = Dv = 64, as (1, L, 768, 12).
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <omp.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention/kernel.hpp"
+#include "core/gemm.hpp"
+#include "simd/targets.hpp"
+
+namespace {
+
+using multihead::detail::AttentionArgs;
+
+struct Problem {
+  std::vector<float> q, k, v, out;
+  AttentionArgs<float> args;
+  Problem(int64_t slices, int64_t L, int64_t D, bool causal, int threads) {
+    std::mt19937 rng(1);
+    std::normal_distribution<float> normal;
+    const auto fill = [&](std::vector<float>& x, int64_t n) {
+      x.resize(static_cast<size_t>(n));
+      for (float& e : x) e = normal(rng);
+    };
+    fill(q, slices * L * D);
+    fill(k, slices * L * D);
+    fill(v, slices * L * D);
+    out.assign(static_cast<size_t>(slices * L * D), 0.0f);
+    args.slices = slices;
+    args.heads = slices;
+    args.q_len = args.kv_len = L;
+    args.head_dim = args.value_dim = D;
+    args.q = q.data();
+    args.k = k.data();
+    args.v = v.data();
+    args.out = out.data();
+    args.is_causal = causal;
+    args.causal_cols = L;
+    args.scale = 0.125f;
+    args.num_threads = threads;
+  }
+  double flops() const {
+    return 4.0 * static_cast<double>(args.slices) * static_cast<double>(args.q_len) *
+           static_cast<double>(args.kv_len) * static_cast<double>(args.head_dim);
+  }
+};
+
+void report(benchmark::State& state, double flops) {
+  state.counters["GFLOPs"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Flash(benchmark::State& state, std::string target) {
+  multihead::detail::simd_target_force(target);
+  Problem p(12, state.range(0), 64, state.range(1) != 0, static_cast<int>(state.range(2)));
+  multihead::detail::attention_forward_flash(p.args);  // warm-up: scratch, threads
+  for (auto _ : state) {
+    multihead::detail::attention_forward_flash(p.args);
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  report(state, p.flops());
+  multihead::detail::simd_target_force("");
+}
+
+void BM_Materialized(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(2));
+  multihead::detail::set_blas_threads(threads);
+  Problem p(12, state.range(0), 64, state.range(1) != 0, threads);
+  multihead::detail::attention_forward_materialized(p.args);
+  for (auto _ : state) {
+    multihead::detail::attention_forward_materialized(p.args);
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  report(state, p.flops());
+}
+
+// One flash tile's products through BLAS: st = Q Kᵀ (64×128, inner 64) and
+// o += P V (64×64, inner 128), repeated over many tiles on each thread with
+// BLAS single-threaded inside (as it would have to be inside our OpenMP
+// region). No softmax: this is an upper bound on the BLAS-tile variant.
+void BM_SgemmTiles(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  constexpr int kQ = 64, kK = 128, kD = 64, kTiles = 64;
+  openblas_set_num_threads(1);
+  std::vector<float> q(kQ * kD, 0.5f), k(kTiles * kK * kD, 0.25f), v(kTiles * kK * kD, 0.25f);
+  for (auto _ : state) {
+#pragma omp parallel num_threads(threads)
+    {
+      std::vector<float> s(kQ * kK), o(kQ * kD, 0.0f);
+      for (int t = 0; t < kTiles; ++t) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kQ, kK, kD, 1.0f, q.data(), kD,
+                    k.data() + t * kK * kD, kD, 0.0f, s.data(), kK);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kQ, kD, kK, 1.0f, s.data(), kK,
+                    v.data() + t * kK * kD, kD, 1.0f, o.data(), kD);
+      }
+      benchmark::DoNotOptimize(o.data());
+    }
+  }
+  report(state, 4.0 * kQ * kK * kD * kTiles * threads);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (const std::string& target : multihead::detail::simd_targets_available()) {
+    if (target == "SCALAR" || target == "EMU128" || target == "SSSE3") continue;  // minutes per run
+    auto* b = benchmark::RegisterBenchmark(("Flash/" + target).c_str(), BM_Flash, target);
+    b->ArgNames({"L", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (int64_t L : {512, 2048}) {
+      for (int64_t causal : {0, 1}) {
+        for (int64_t threads : {1, 2}) b->Args({L, causal, threads});
+      }
+    }
+  }
+  auto* m = benchmark::RegisterBenchmark("Materialized", BM_Materialized);
+  m->ArgNames({"L", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (int64_t L : {512, 2048}) {
+    for (int64_t threads : {1, 2}) m->Args({L, 0, threads});
+  }
+  benchmark::RegisterBenchmark("SgemmTiles", BM_SgemmTiles)
+      ->ArgNames({"threads"})
+      ->Arg(1)
+      ->Arg(2)
+      ->Unit(benchmark::kMillisecond)
+      ->UseRealTime();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
