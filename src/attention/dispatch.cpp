@@ -26,7 +26,7 @@ bool flash_can_serve(const AttentionArgs<T>& a) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    return flash_available() && a.weights == nullptr;
+    return flash_available() && a.weights == nullptr && all_contiguous(a);
   }
 }
 
@@ -41,8 +41,10 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) 
       throw Error(Error::Kind::Value,
                   "kernel: flash cannot return attention weights; use need_weights=false or "
                   "kernel=materialized");
-    throw Error(Error::Kind::Value,
-                "kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)");
+    if constexpr (!std::is_same_v<T, float>)
+      throw Error(Error::Kind::Value,
+                  "kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)");
+    throw Error(Error::Kind::Value, "kernel: flash needs contiguous [slice][row][width] inputs");
   }
   if (kernel == AttentionKernel::Auto)
     kernel = flash_can_serve(args) ? AttentionKernel::Flash : AttentionKernel::Materialized;

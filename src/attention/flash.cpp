@@ -15,6 +15,11 @@
 // num_threads. No BLAS is called here, so nothing is oversubscribed against
 // BLAS threads. Memory beyond the inputs and the output: one grow-only
 // scratch of O(tile·(D + Dv + key tile)) floats per thread, kept across calls.
+//
+// Inputs and output may be strided views (SliceLayout in kernel.hpp), e.g.
+// the heads of a (L, B, E) projection read in place: K and V rows are read
+// where they are, Q rows are packed per query tile anyway, and output rows
+// are written where the layout puts them.
 #include <algorithm>
 #include <exception>
 #include <limits>
@@ -53,6 +58,11 @@ void validate(const AttentionArgs<float>& a) {
   if (a.heads < 1) fail("heads must be >= 1, got " + std::to_string(a.heads));
   if (!(a.dropout_p >= 0.0 && a.dropout_p <= 1.0)) {
     fail("dropout_p must be in [0, 1], got " + std::to_string(a.dropout_p));
+  }
+  // Each output row is written by one thread: rows must not overlap.
+  if (!a.out_layout.contiguous() && a.out_layout.row < a.value_dim) {
+    fail("out_layout.row " + std::to_string(a.out_layout.row) + " < value_dim " +
+         std::to_string(a.value_dim) + ": output rows would overlap");
   }
   const bool work = a.slices > 0 && a.q_len > 0 && a.value_dim > 0;
   if (work && (a.q == nullptr || a.out == nullptr || (a.kv_len > 0 && (a.k == nullptr || a.v == nullptr)))) {

@@ -20,6 +20,17 @@
 
 namespace multihead::detail {
 
+// Where slice n = b·heads + h of a tensor starts and how far apart its rows
+// are, in elements: row i of slice n is at
+//   base + b·batch + h·head + i·row.
+// All zero means contiguous [N][len][width]. A strided layout lets the fused
+// form hand the kernels views into its projection buffer (split_heads as a
+// reshape, not a copy) and let them write merged heads directly.
+struct SliceLayout {
+  int64_t batch = 0, head = 0, row = 0;
+  bool contiguous() const { return batch == 0 && head == 0 && row == 0; }
+};
+
 template <class T>
 struct AttentionArgs {
   int64_t slices = 0;   // N
@@ -29,9 +40,10 @@ struct AttentionArgs {
   int64_t head_dim = 0; // D
   int64_t value_dim = 0;// Dv
 
-  const T* q = nullptr;  // [N][L][D]  contiguous
-  const T* k = nullptr;  // [N][S][D]
-  const T* v = nullptr;  // [N][S][Dv]
+  const T* q = nullptr;  // [N][L][D]  (or as q_layout says)
+  const T* k = nullptr;  // [N][S][D]  (or as k_layout says)
+  const T* v = nullptr;  // [N][S][Dv] (or as v_layout says)
+  SliceLayout q_layout, k_layout, v_layout, out_layout;
 
   // Additive mask [L][S] for slice n at attn_mask + n·attn_mask_slice_stride
   // (stride 0 broadcasts one (L, S) mask to every slice). nullptr = none.
@@ -55,7 +67,7 @@ struct AttentionArgs {
   MaskedRowPolicy masked_rows = MaskedRowPolicy::Zeros;
   int num_threads = 0;
 
-  T* out = nullptr;      // [N][L][Dv]
+  T* out = nullptr;      // [N][L][Dv] (or as out_layout says)
   T* weights = nullptr;  // [N][L][S] or nullptr
 };
 
@@ -74,6 +86,23 @@ inline bool dropout_keep(uint64_t seed, int64_t n, int64_t i, int64_t j, double 
   // 53 random bits -> uniform double in [0, 1).
   double u = static_cast<double>(h >> 11) * 0x1.0p-53;
   return u >= p;
+}
+
+// The effective layout: `layout`, or contiguous [N][len][width] when unset.
+inline SliceLayout resolve_layout(const SliceLayout& layout, int64_t heads, int64_t len, int64_t width) {
+  if (!layout.contiguous()) return layout;
+  return SliceLayout{heads * len * width, len * width, width};
+}
+// Start of slice n under a resolved layout.
+template <class P>
+P* slice_start(P* base, const SliceLayout& l, int64_t n, int64_t heads) {
+  return base + (n / heads) * l.batch + (n % heads) * l.head;
+}
+// True when every layout is unset (contiguous), as the flash kernel needs.
+template <class T>
+bool all_contiguous(const AttentionArgs<T>& a) {
+  return a.q_layout.contiguous() && a.k_layout.contiguous() && a.v_layout.contiguous() &&
+         a.out_layout.contiguous();
 }
 
 // Plain loops, templated so tests can run them in double. Never optimised.

@@ -20,10 +20,14 @@ void attention_forward_reference(const AttentionArgs<T>& a) {
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   std::vector<T> scores(static_cast<std::size_t>(S));
+  const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
+  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
+  const SliceLayout ol = resolve_layout(a.out_layout, a.heads, L, Dv);
   for (int64_t n = 0; n < a.slices; ++n) {
-    const T* q = a.q + n * L * D;
-    const T* k = a.k + n * S * D;
-    const T* v = a.v + n * S * Dv;
+    const T* q = slice_start(a.q, ql, n, a.heads);
+    const T* k = slice_start(a.k, kl, n, a.heads);
+    const T* v = slice_start(a.v, vl, n, a.heads);
     const T* mask = a.attn_mask ? a.attn_mask + n * a.attn_mask_slice_stride : nullptr;
     const T* pad = a.key_padding ? a.key_padding + (n / a.heads) * S : nullptr;
     for (int64_t i = 0; i < L; ++i) {
@@ -32,7 +36,7 @@ void attention_forward_reference(const AttentionArgs<T>& a) {
       bool all_masked = true;
       for (int64_t j = 0; j < S; ++j) {
         T dot = 0;
-        for (int64_t d = 0; d < D; ++d) dot += q[i * D + d] * k[j * D + d];
+        for (int64_t d = 0; d < D; ++d) dot += q[i * ql.row + d] * k[j * kl.row + d];
         T s = dot * a.scale;
         if (mask) s += mask[i * S + j];
         if (pad) s += pad[j];
@@ -41,7 +45,7 @@ void attention_forward_reference(const AttentionArgs<T>& a) {
         if (s > row_max) row_max = s;
         if (!(s == neg_inf)) all_masked = false;  // NaN counts as not masked
       }
-      T* out = a.out + (n * L + i) * Dv;
+      T* out = slice_start(a.out, ol, n, a.heads) + i * ol.row;
       T* w = a.weights ? a.weights + (n * L + i) * S : nullptr;
       if (all_masked) {
         // Every key is masked: softmax is 0/0. The policy decides.
@@ -71,7 +75,7 @@ void attention_forward_reference(const AttentionArgs<T>& a) {
       // out_i = Σ_j p_ij v_j
       for (int64_t d = 0; d < Dv; ++d) out[d] = 0;
       for (int64_t j = 0; j < S; ++j)
-        for (int64_t d = 0; d < Dv; ++d) out[d] += scores[j] * v[j * Dv + d];
+        for (int64_t d = 0; d < Dv; ++d) out[d] += scores[j] * v[j * vl.row + d];
     }
   }
 }

@@ -72,7 +72,11 @@ inline constexpr size_t kVectorRegisters = 16;
 
 // Widest query tile, in vectors (bq = nvq·lanes queries): 4 with 32
 // registers (64 queries on AVX-512), 2 with 16 (16 queries on AVX2).
+#ifndef MH_TUNE_NVQ
 inline constexpr size_t kMaxQueryVectors = kVectorRegisters >= 32 ? 4 : 2;
+#else
+inline constexpr size_t kMaxQueryVectors = MH_TUNE_NVQ;
+#endif
 
 // Rows (keys in QKᵀ, value columns in PV) of a register block with nvq query
 // vectors: rows·nvq accumulators + nvq operands + 1 broadcast must fit in the
@@ -86,7 +90,10 @@ constexpr size_t BlockRows(size_t nvq) {
 // Keys per tile: a multiple of the block rows near 128, so the score tile
 // st [keys][bq] (32 KiB at bq = 64) and the K and V rows it touches stay
 // in L1/L2 between the QKᵀ, softmax and PV passes.
-constexpr size_t KeyTile(size_t nvq) { return (128 / BlockRows(nvq)) * BlockRows(nvq); }
+#ifndef MH_TUNE_KEYS
+#define MH_TUNE_KEYS 128
+#endif
+constexpr size_t KeyTile(size_t nvq) { return (MH_TUNE_KEYS / BlockRows(nvq)) * BlockRows(nvq); }
 
 // Floats of scratch for a query tile of nvq vectors: qt [D][bq], ot [Dv][bq],
 // st [KeyTile][bq], and m, l, alpha [bq].
@@ -120,10 +127,10 @@ HWY_INLINE VF32 Exp2NonPositive(DF32 df, VF32 x) {
 // ---- micro-kernels --------------------------------------------------------
 
 // QKᵀ for a block of KR keys and the bq = NVQ·lanes queries of the tile:
-//   st[r][q] = Σ_d k[r][d] · qt[d][q]   (r < KR; k rows have stride head_dim)
+//   st[r][q] = Σ_d k[r][d] · qt[d][q]   (r < KR; k rows ldk apart)
 // KR·NVQ accumulators; per d: NVQ loads of qt, KR broadcasts of k.
 template <size_t NVQ, size_t KR>
-HWY_INLINE void ScoresBlock(DF32 df, const float* HWY_RESTRICT k, size_t head_dim,
+HWY_INLINE void ScoresBlock(DF32 df, const float* HWY_RESTRICT k, size_t ldk, size_t head_dim,
                             const float* HWY_RESTRICT qt, size_t bq, float* HWY_RESTRICT st) {
   const size_t lanes = hn::Lanes(df);
   VF32 acc[KR][NVQ];
@@ -138,7 +145,7 @@ HWY_INLINE void ScoresBlock(DF32 df, const float* HWY_RESTRICT k, size_t head_di
     for (size_t v = 0; v < NVQ; ++v) q[v] = hn::Load(df, qt + d * bq + v * lanes);
     HWY_UNROLL(8)
     for (size_t r = 0; r < KR; ++r) {
-      const VF32 kb = hn::Set(df, k[r * head_dim + d]);
+      const VF32 kb = hn::Set(df, k[r * ldk + d]);
       HWY_UNROLL(4)
       for (size_t v = 0; v < NVQ; ++v) acc[r][v] = hn::MulAdd(kb, q[v], acc[r][v]);
     }
@@ -152,20 +159,21 @@ HWY_INLINE void ScoresBlock(DF32 df, const float* HWY_RESTRICT k, size_t head_di
 
 // The last keys % KR of a tile: one block of `rows` (< KR) keys.
 template <size_t NVQ, size_t R>
-HWY_INLINE void ScoresRemainder(size_t rows, DF32 df, const float* HWY_RESTRICT k, size_t head_dim,
-                                const float* HWY_RESTRICT qt, size_t bq, float* HWY_RESTRICT st) {
+HWY_INLINE void ScoresRemainder(size_t rows, DF32 df, const float* HWY_RESTRICT k, size_t ldk,
+                                size_t head_dim, const float* HWY_RESTRICT qt, size_t bq,
+                                float* HWY_RESTRICT st) {
   if constexpr (R > 0) {
-    if (rows == R) return ScoresBlock<NVQ, R>(df, k, head_dim, qt, bq, st);
-    ScoresRemainder<NVQ, R - 1>(rows, df, k, head_dim, qt, bq, st);
+    if (rows == R) return ScoresBlock<NVQ, R>(df, k, ldk, head_dim, qt, bq, st);
+    ScoresRemainder<NVQ, R - 1>(rows, df, k, ldk, head_dim, qt, bq, st);
   }
 }
 
 // PV for a block of RV value columns and the bq queries, over `keys` keys:
 //   ot[c][q] = alpha[q]·ot[c][q] + Σ_j v[j][c] · p[j][q]   (c < RV)
-// where v points at column c0 of key row 0 (stride value_dim) and
-// ot at row c0. The online-softmax rescale rides on the accumulator load.
+// where v points at column c0 of key row 0 (rows ldv apart) and ot at row
+// c0. The online-softmax rescale rides on the accumulator load.
 template <size_t NVQ, size_t RV>
-HWY_INLINE void AccumulateBlock(DF32 df, const float* HWY_RESTRICT v, size_t value_dim, size_t keys,
+HWY_INLINE void AccumulateBlock(DF32 df, const float* HWY_RESTRICT v, size_t ldv, size_t keys,
                                 const float* HWY_RESTRICT p, size_t bq,
                                 const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
   const size_t lanes = hn::Lanes(df);
@@ -186,7 +194,7 @@ HWY_INLINE void AccumulateBlock(DF32 df, const float* HWY_RESTRICT v, size_t val
     for (size_t w = 0; w < NVQ; ++w) pj[w] = hn::Load(df, p + j * bq + w * lanes);
     HWY_UNROLL(8)
     for (size_t c = 0; c < RV; ++c) {
-      const VF32 vb = hn::Set(df, v[j * value_dim + c]);
+      const VF32 vb = hn::Set(df, v[j * ldv + c]);
       HWY_UNROLL(4)
       for (size_t w = 0; w < NVQ; ++w) acc[c][w] = hn::MulAdd(vb, pj[w], acc[c][w]);
     }
@@ -199,13 +207,12 @@ HWY_INLINE void AccumulateBlock(DF32 df, const float* HWY_RESTRICT v, size_t val
 }
 
 template <size_t NVQ, size_t R>
-HWY_INLINE void AccumulateRemainder(size_t cols, DF32 df, const float* HWY_RESTRICT v,
-                                    size_t value_dim, size_t keys, const float* HWY_RESTRICT p,
-                                    size_t bq, const float* HWY_RESTRICT alpha,
-                                    float* HWY_RESTRICT ot) {
+HWY_INLINE void AccumulateRemainder(size_t cols, DF32 df, const float* HWY_RESTRICT v, size_t ldv,
+                                    size_t keys, const float* HWY_RESTRICT p, size_t bq,
+                                    const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
   if constexpr (R > 0) {
-    if (cols == R) return AccumulateBlock<NVQ, R>(df, v, value_dim, keys, p, bq, alpha, ot);
-    AccumulateRemainder<NVQ, R - 1>(cols, df, v, value_dim, keys, p, bq, alpha, ot);
+    if (cols == R) return AccumulateBlock<NVQ, R>(df, v, ldv, keys, p, bq, alpha, ot);
+    AccumulateRemainder<NVQ, R - 1>(cols, df, v, ldv, keys, p, bq, alpha, ot);
   }
 }
 
@@ -214,8 +221,9 @@ HWY_INLINE void AccumulateRemainder(size_t cols, DF32 df, const float* HWY_RESTR
 // What a query tile [i0, i0 + rows) of slice n reads, hoisted out of the
 // key loop.
 struct QueryTileInputs {
-  const float* k;            // [S][D] of slice n
-  const float* v;            // [S][Dv] of slice n
+  const float* k;            // [S][D] of slice n, rows k_row apart
+  const float* v;            // [S][Dv] of slice n, rows v_row apart
+  size_t k_row, v_row;
   const float* attn_mask;    // [L][S] of slice n, or nullptr
   const float* key_padding;  // [S] of batch entry n / heads, or nullptr
   int64_t causal_cols;       // keys j < causal_cols are causally masked (0 = none)
@@ -239,12 +247,13 @@ HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs
 
   // st [keys][bq] = scale·Q Kᵀ (the scale is folded into qt).
   {
-    const float* kt = in.k + j0 * a.head_dim;
+    const float* kt = in.k + static_cast<size_t>(j0) * in.k_row;
     size_t j = 0;
     for (; j + KR <= keys; j += KR) {
-      ScoresBlock<NVQ, KR>(df, kt + j * head_dim, head_dim, qt, bq, st + j * bq);
+      ScoresBlock<NVQ, KR>(df, kt + j * in.k_row, in.k_row, head_dim, qt, bq, st + j * bq);
     }
-    ScoresRemainder<NVQ, KR - 1>(keys - j, df, kt + j * head_dim, head_dim, qt, bq, st + j * bq);
+    ScoresRemainder<NVQ, KR - 1>(keys - j, df, kt + j * in.k_row, in.k_row, head_dim, qt, bq,
+                                 st + j * bq);
   }
 
   // + attn_mask[i][j]: stored row-major [L][S], so added transposed, by
@@ -330,12 +339,12 @@ HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs
 
   // ot = alpha·ot + Pᵀ-weighted sum of the value rows.
   {
-    const float* vt = in.v + j0 * a.value_dim;
+    const float* vt = in.v + static_cast<size_t>(j0) * in.v_row;
     size_t c = 0;
     for (; c + KR <= value_dim; c += KR) {
-      AccumulateBlock<NVQ, KR>(df, vt + c, value_dim, keys, st, bq, alpha, ot + c * bq);
+      AccumulateBlock<NVQ, KR>(df, vt + c, in.v_row, keys, st, bq, alpha, ot + c * bq);
     }
-    AccumulateRemainder<NVQ, KR - 1>(value_dim - c, df, vt + c, value_dim, keys, st, bq, alpha,
+    AccumulateRemainder<NVQ, KR - 1>(value_dim - c, df, vt + c, in.v_row, keys, st, bq, alpha,
                                      ot + c * bq);
   }
 }
@@ -362,18 +371,27 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
 
   // qt [D][bq] = scale · q[i0 + q][d]; padding queries (q >= rows) are 0 and
   // their results are never stored.
-  const float* HWY_RESTRICT q = a.q + (slice * L + i0) * a.head_dim;
+  // Tensors may be strided views (SliceLayout): slice n starts at
+  // slice_start(), its rows are `row` elements apart.
+  const SliceLayout q_layout = resolve_layout(a.q_layout, a.heads, L, a.head_dim);
+  const SliceLayout k_layout = resolve_layout(a.k_layout, a.heads, S, a.head_dim);
+  const SliceLayout v_layout = resolve_layout(a.v_layout, a.heads, S, a.value_dim);
+  const SliceLayout out_layout = resolve_layout(a.out_layout, a.heads, L, a.value_dim);
+  const float* HWY_RESTRICT q = slice_start(a.q, q_layout, slice, a.heads) + i0 * q_layout.row;
   std::fill(qt, qt + head_dim * bq, 0.0f);
   for (size_t r = 0; r < rows; ++r) {
-    for (size_t d = 0; d < head_dim; ++d) qt[d * bq + r] = a.scale * q[r * head_dim + d];
+    const float* HWY_RESTRICT q_row = q + static_cast<int64_t>(r) * q_layout.row;
+    for (size_t d = 0; d < head_dim; ++d) qt[d * bq + r] = a.scale * q_row[d];
   }
   std::fill(ot, ot + value_dim * bq, 0.0f);
   std::fill(m, m + bq, -std::numeric_limits<float>::infinity());
   std::fill(l, l + bq, 0.0f);
 
   QueryTileInputs in;
-  in.k = a.k + slice * S * a.head_dim;
-  in.v = a.v + slice * S * a.value_dim;
+  in.k = slice_start(a.k, k_layout, slice, a.heads);
+  in.v = slice_start(a.v, v_layout, slice, a.heads);
+  in.k_row = static_cast<size_t>(k_layout.row);
+  in.v_row = static_cast<size_t>(v_layout.row);
   in.attn_mask = a.attn_mask != nullptr ? a.attn_mask + slice * a.attn_mask_slice_stride : nullptr;
   in.key_padding = a.key_padding != nullptr ? a.key_padding + (slice / a.heads) * S : nullptr;
   in.causal_cols = a.is_causal ? std::min(a.causal_cols, S) : 0;
@@ -398,7 +416,8 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
   const bool all_dropped = a.dropout_p >= 1.0;
   const float drop_scale = a.dropout_p > 0.0 && !all_dropped ? static_cast<float>(1.0 / (1.0 - a.dropout_p)) : 1.0f;
   for (size_t r = 0; r < rows; ++r) {
-    float* HWY_RESTRICT out = a.out + (slice * L + i0 + static_cast<int64_t>(r)) * a.value_dim;
+    float* HWY_RESTRICT out =
+        slice_start(a.out, out_layout, slice, a.heads) + (i0 + static_cast<int64_t>(r)) * out_layout.row;
     if (l[r] == 0.0f) {
       const float fill = a.masked_rows == MaskedRowPolicy::NaN ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
       std::fill(out, out + value_dim, fill);
