@@ -73,6 +73,7 @@ struct Case {
   bool masked_rows = false;     // some rows have every key masked
   MaskedRowPolicy policy = MaskedRowPolicy::Zeros;
   bool large_scores = false;    // integer inputs, scores ~1e4, exact in float
+  bool strided = false;         // q, k, v, out as (len, B, H·width) views
 };
 
 // A case together with the thread count and the SIMD target it runs on.
@@ -96,6 +97,7 @@ std::string case_name(const Case& c) {
   if (c.dropout > 0) n += "_dropout" + std::to_string(static_cast<int>(c.dropout * 100));
   if (c.masked_rows) n += c.policy == MaskedRowPolicy::NaN ? "_maskedrowsNaN" : "_maskedrowsZeros";
   if (c.large_scores) n += "_scores1e4";
+  if (c.strided) n += "_strided";
   return n;
 }
 
@@ -289,12 +291,54 @@ class ScopedTarget {
   ScopedTarget& operator=(const ScopedTarget&) = delete;
 };
 
+// [N][len][width] (n = b·H + h) -> the (len, B, H·width) layout of PyTorch's
+// (L, B, E) projections, and back.
+std::vector<float> to_strided(const std::vector<float>& x, int64_t B, int64_t H, int64_t len, int64_t width) {
+  std::vector<float> y(x.size());
+  for (int64_t n = 0; n < B * H; ++n)
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t d = 0; d < width; ++d)
+        y[static_cast<std::size_t>((i * B + n / H) * H * width + (n % H) * width + d)] =
+            x[static_cast<std::size_t>((n * len + i) * width + d)];
+  return y;
+}
+std::vector<float> from_strided(const std::vector<float>& y, int64_t B, int64_t H, int64_t len, int64_t width) {
+  std::vector<float> x(y.size());
+  for (int64_t n = 0; n < B * H; ++n)
+    for (int64_t i = 0; i < len; ++i)
+      for (int64_t d = 0; d < width; ++d)
+        x[static_cast<std::size_t>((n * len + i) * width + d)] =
+            y[static_cast<std::size_t>((i * B + n / H) * H * width + (n % H) * width + d)];
+  return x;
+}
+detail::SliceLayout strided_layout(int64_t B, int64_t H, int64_t width) {
+  return detail::SliceLayout{H * width, width, B * H * width};
+}
+
 std::vector<float> run_flash(const Inputs& in, int threads) {
   Buffers<float> b;
   AttentionArgs<float> a = make_args(in, b);
   a.num_threads = threads;
+  const Case& c = in.c;
+  if (!c.strided) {
+    detail::attention_forward_flash(a);
+    return b.out;
+  }
+  // The same problem through strided views; the output comes back contiguous.
+  const std::vector<float> q = to_strided(b.q, c.batch, c.heads, c.L, c.D);
+  const std::vector<float> k = to_strided(b.k, c.batch, c.heads, c.S, c.D);
+  const std::vector<float> v = to_strided(b.v, c.batch, c.heads, c.S, c.Dv);
+  std::vector<float> out(b.out.size(), -12345.0f);
+  a.q = q.data();
+  a.k = k.data();
+  a.v = v.data();
+  a.out = out.data();
+  a.q_layout = strided_layout(c.batch, c.heads, c.D);
+  a.k_layout = strided_layout(c.batch, c.heads, c.D);
+  a.v_layout = strided_layout(c.batch, c.heads, c.Dv);
+  a.out_layout = strided_layout(c.batch, c.heads, c.Dv);
   detail::attention_forward_flash(a);
-  return b.out;
+  return from_strided(out, c.batch, c.heads, c.L, c.Dv);
 }
 
 struct Reference {
@@ -394,6 +438,17 @@ std::vector<Case> cases() {
     Case e{5, 0, 8, 8};  // no keys at all: every row is masked
     e.policy = policy;
     t.push_back(e);
+  }
+  // Strided (len, B, H·width) views, as the fused multi-head form passes them.
+  for (bool causal : {false, true}) {
+    Case c{65, 129, 63, 17};
+    c.batch = 3;
+    c.heads = 2;
+    c.strided = true;
+    c.causal = causal;
+    c.mask = MaskKind::Both;
+    c.with_inf = true;
+    t.push_back(c);
   }
   // Scores around 1e4 (exact in float): no overflow, no NaN, and the max
   // subtraction stays exact.

@@ -26,11 +26,26 @@ bool flash_can_serve(const AttentionArgs<T>& a) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    return flash_available() && a.weights == nullptr && all_contiguous(a);
+    return flash_available() && a.weights == nullptr && (flash_accepts_layouts() || all_contiguous(a));
   }
 }
 
 }  // namespace
+
+// The flash kernel indexes contiguous [slice][row][width] buffers; the fused
+// form then copies into that layout (split_heads_copy) for it.
+bool flash_accepts_layouts() { return false; }
+
+template <class T>
+bool kernel_accepts_layouts(AttentionKernel requested, bool with_weights) {
+  const AttentionKernel k = kernel_from_environment(requested);
+  const bool flash = std::is_same_v<T, float> && flash_available() && !with_weights &&
+                     (k == AttentionKernel::Flash || k == AttentionKernel::Auto);
+  return !flash || flash_accepts_layouts();
+}
+
+template bool kernel_accepts_layouts<float>(AttentionKernel, bool);
+template bool kernel_accepts_layouts<double>(AttentionKernel, bool);
 
 template <class T>
 void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) {

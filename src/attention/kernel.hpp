@@ -117,6 +117,14 @@ void attention_forward_materialized(const AttentionArgs<T>& args);
 // Defined in src/attention/flash.cpp.
 void attention_forward_flash(const AttentionArgs<float>& args);
 bool flash_available();  // false until the flash kernel is built in
+// Whether the flash kernel honours q/k/v/out layouts (else it needs all
+// contiguous).
+bool flash_accepts_layouts();
+
+// True when the kernel that `requested` resolves to (for a call with or
+// without weights) reads and writes strided slice layouts.
+template <class T>
+bool kernel_accepts_layouts(AttentionKernel requested, bool with_weights);
 
 // Picks a kernel: `requested`, unless MULTIHEAD_KERNEL overrides it; Auto
 // means flash when it can serve the request, else materialised.

@@ -83,10 +83,32 @@ Projections<T> in_projection(const MultiheadAttentionConfig& c, const MultiheadA
   return r;
 }
 
-// Step 2. split_heads: token (b, l), feature h·D + d  ->  [b][h][l][d].
-// `extra` rows past `len` are left for bias_k / zero attention.
+// A tensor seen as [B][H][len][D] through a slice layout (kernel.hpp).
+template <class P>
+struct HeadsView {
+  P* data;
+  SliceLayout layout;
+};
+
+// Step 2. split_heads is a reshape: feature h·D + d of token (b, l) in a
+// (tokens, ld) buffer is element [b][h][l][d] of this view. No copy.
+template <class P>
+HeadsView<P> split_heads(P* src, int64_t ld, int64_t batch_stride, int64_t seq_stride, int64_t D) {
+  return {src, SliceLayout{batch_stride * ld, D, seq_stride * ld}};
+}
+
+// Step 4a. merge_heads (the concatenation) is the inverse reshape: the kernel
+// writes head h of token (b, l) straight into columns h·D … h·D + D − 1.
+template <class P>
+HeadsView<P> merge_heads(P* dst, int64_t E, int64_t batch_stride, int64_t seq_stride, int64_t D) {
+  return {dst, SliceLayout{batch_stride * E, D, seq_stride * E}};
+}
+
+// split_heads as a copy into contiguous [b][h][0, total_len)[d], for when
+// bias_k or the zero-attention key must be appended after the `len` keys,
+// or the kernel needs contiguous input.
 template <class T>
-void split_heads(const T* src, int64_t ld, int64_t batch_stride, int64_t seq_stride, int64_t B,
+void split_heads_copy(const T* src, int64_t ld, int64_t batch_stride, int64_t seq_stride, int64_t B,
                  int64_t H, int64_t len, int64_t total_len, int64_t D, T* dst) {
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -96,9 +118,9 @@ void split_heads(const T* src, int64_t ld, int64_t batch_stride, int64_t seq_str
                     static_cast<std::size_t>(D) * sizeof(T));
 }
 
-// Step 4a. merge_heads (concatenation): [b][h][l][d] -> token (b, l), h·D + d.
+// merge_heads as a copy from contiguous [b][h][l][d].
 template <class T>
-void merge_heads(const T* src, int64_t B, int64_t H, int64_t L, int64_t D, int64_t batch_stride,
+void merge_heads_copy(const T* src, int64_t B, int64_t H, int64_t L, int64_t D, int64_t batch_stride,
                  int64_t seq_stride, T* dst) {
   const int64_t E = H * D;
   for (int64_t b = 0; b < B; ++b)
@@ -157,31 +179,43 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   // 1. in_projection
   const Projections<T> proj = in_projection(config_, params_, plan, query, key, value, *ws);
 
-  // 2. split_heads, then append bias_k / bias_v and the zero-attention key and
-  //    value as extra key positions (PyTorch: torch.cat, then pad the masks).
-  T* q = ws->take(ws->q, static_cast<std::size_t>(B * H * L * D));
-  T* k = ws->take(ws->k, static_cast<std::size_t>(B * H * St * D));
-  T* v = ws->take(ws->v, static_cast<std::size_t>(B * H * St * D));
-  split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, B, H, L, L, D, q);
-  split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, k);
-  split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, v);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t slice = (b * H + h) * St;
-      if (plan.bias_kv_col >= 0) {
-        std::copy_n(params_.bias_k.data() + h * D, D, k + (slice + plan.bias_kv_col) * D);
-        std::copy_n(params_.bias_v.data() + h * D, D, v + (slice + plan.bias_kv_col) * D);
+  // 2. split_heads. A view of the projections when the keys are exactly the
+  //    given ones; with bias_k / bias_v or the zero-attention key appended as
+  //    extra key positions (PyTorch: torch.cat, then pad the masks), a copy.
+  const bool extra_keys = St != S;
+  const bool views = !extra_keys && kernel_accepts_layouts<T>(options.kernel, options.need_weights);
+  HeadsView<const T> q_heads = split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, D);
+  HeadsView<const T> k_heads = split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
+  HeadsView<const T> v_heads = split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
+  if (!views) {
+    T* q = ws->take(ws->q, static_cast<std::size_t>(B * H * L * D));
+    T* k = ws->take(ws->k, static_cast<std::size_t>(B * H * St * D));
+    T* v = ws->take(ws->v, static_cast<std::size_t>(B * H * St * D));
+    split_heads_copy(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, B, H, L, L, D, q);
+    split_heads_copy(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, k);
+    split_heads_copy(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, v);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t slice = (b * H + h) * St;
+        if (plan.bias_kv_col >= 0) {
+          std::copy_n(params_.bias_k.data() + h * D, D, k + (slice + plan.bias_kv_col) * D);
+          std::copy_n(params_.bias_v.data() + h * D, D, v + (slice + plan.bias_kv_col) * D);
+        }
+        if (plan.zero_attn_col >= 0) {
+          std::fill_n(k + (slice + plan.zero_attn_col) * D, D, T(0));
+          std::fill_n(v + (slice + plan.zero_attn_col) * D, D, T(0));
+        }
       }
-      if (plan.zero_attn_col >= 0) {
-        std::fill_n(k + (slice + plan.zero_attn_col) * D, D, T(0));
-        std::fill_n(v + (slice + plan.zero_attn_col) * D, D, T(0));
-      }
-    }
+    q_heads = {q, SliceLayout{}};
+    k_heads = {k, SliceLayout{}};
+    v_heads = {v, SliceLayout{}};
+  }
 
-  // 3. scaled_dot_product_attention for all B·H slices. Per-head weights are
-  //    written straight into the result when they are returned per head.
+  // 3. scaled_dot_product_attention for all B·H slices, writing merged heads.
   const KernelMasks<T> masks = build_kernel_masks(plan, options);
-  T* heads_out = ws->take(ws->heads_out, static_cast<std::size_t>(B * H * L * D));
+  T* concat = ws->take(ws->concat, static_cast<std::size_t>(B * L * plan.E));
+  HeadsView<T> out_heads = merge_heads(concat, plan.E, plan.q_batch_stride, plan.q_seq_stride, D);
+  if (!views) out_heads = {ws->take(ws->heads_out, static_cast<std::size_t>(B * H * L * D)), SliceLayout{}};
   Tensor<T> weights;
   if (options.need_weights) weights = Tensor<T>(Shape{B, H, L, St});
   AttentionArgs<T> a;
@@ -191,9 +225,12 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   a.kv_len = St;
   a.head_dim = D;
   a.value_dim = D;
-  a.q = q;
-  a.k = k;
-  a.v = v;
+  a.q = q_heads.data;
+  a.k = k_heads.data;
+  a.v = v_heads.data;
+  a.q_layout = q_heads.layout;
+  a.k_layout = k_heads.layout;
+  a.v_layout = v_heads.layout;
   a.attn_mask = masks.attn_mask.empty() ? nullptr : masks.attn_mask.data();
   a.attn_mask_slice_stride = masks.attn_mask_slice_stride;
   a.key_padding = masks.key_padding.empty() ? nullptr : masks.key_padding.data();
@@ -204,13 +241,14 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   a.dropout_seed = options.dropout_seed;
   a.masked_rows = options.masked_rows;
   a.num_threads = options.num_threads;
-  a.out = heads_out;
+  a.out = out_heads.data;
+  a.out_layout = out_heads.layout;
   a.weights = options.need_weights ? weights.data() : nullptr;
   attention_forward(a, options.kernel);
 
-  // 4. merge_heads (concatenate), then out_projection into the result.
-  T* concat = ws->take(ws->concat, static_cast<std::size_t>(B * L * plan.E));
-  merge_heads(heads_out, B, H, L, D, plan.q_batch_stride, plan.q_seq_stride, concat);
+  // 4. merge_heads (done by the kernel's output view, or copied here), then
+  //    out_projection into the result.
+  if (!views) merge_heads_copy(out_heads.data, B, H, L, D, plan.q_batch_stride, plan.q_seq_stride, concat);
   const Shape out_shape = output_shape(plan, query.shape());
   if (result.output.shape() != out_shape) result.output = Tensor<T>(out_shape);
   out_projection(config_, params_, B * L, concat, result.output.data());
