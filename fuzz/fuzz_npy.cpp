@@ -22,8 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
       multihead::parse_npy(reinterpret_cast<const uint8_t*>(again.data()), again.size(), "fuzz round trip");
   if (u.values.shape() != t.values.shape() || u.values.numel() != t.values.numel()) __builtin_trap();
   // An empty tensor's data() may be null, which memcmp must not see.
-  if (t.values.numel() > 0 &&
-      std::memcmp(u.values.data(), t.values.data(), static_cast<std::size_t>(t.values.numel()) * sizeof(double)) != 0) {
+  if (t.values.numel() > 0 && std::memcmp(u.values.data(), t.values.data(),
+                                          static_cast<std::size_t>(t.values.numel()) * sizeof(double)) != 0) {
     __builtin_trap();
   }
   return 0;

@@ -23,8 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     zeros.emplace(name, multihead::Tensor<float>(t.values.shape(), 0.0f));
   }
   const std::string again = multihead::serialize_safetensors(zeros, f.metadata);
-  const multihead::SafetensorsFile g =
-      multihead::parse_safetensors(reinterpret_cast<const uint8_t*>(again.data()), again.size(), "fuzz round trip");
+  const multihead::SafetensorsFile g = multihead::parse_safetensors(
+      reinterpret_cast<const uint8_t*>(again.data()), again.size(), "fuzz round trip");
   if (g.metadata != f.metadata || g.tensors.size() != f.tensors.size()) __builtin_trap();
   for (const auto& [name, t] : f.tensors) {
     const auto it = g.tensors.find(name);

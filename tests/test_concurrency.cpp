@@ -324,7 +324,7 @@ struct ThreadCase {
   std::string name() const {
     static const char* kMasks[] = {"", "_mask2dbool", "_mask3dfloat"};
     return std::string(need_weights ? "weights" : "noweights") + (causal ? "_causal" : "") +
-           kMasks[static_cast<int>(mask)] + "_B2_L160_S144_t1_vs_t2";
+           kMasks[static_cast<int>(mask)] + "_B2_L160_S144_threads1vs2";
   }
 };
 

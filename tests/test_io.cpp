@@ -276,7 +276,9 @@ template <class T>
 Tensor<T> tensor_from_expected(const json& want) {
   const Shape shape = want.at("shape").get<Shape>();
   Storage<T> data;
-  for (const auto& v : want.at("values")) data.push_back(static_cast<T>(std::strtod(v.get<std::string>().c_str(), nullptr)));
+  for (const auto& v : want.at("values")) {
+    data.push_back(static_cast<T>(std::strtod(v.get<std::string>().c_str(), nullptr)));
+  }
   return Tensor<T>(shape, std::move(data));
 }
 
@@ -470,9 +472,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"bad_magic", "\x93NUMPX\x01\x00\x10\x00", Kind::Format, {"magic", "\\x93NUMPY"}},
         BadCase{"not_npy", "PK\x03\x04 this is a zip", Kind::Format, {"magic"}},
         BadCase{"magic_only", "\x93NUMPY", Kind::Format, {"file has 6 bytes", "10"}},
-        BadCase{"version_4", std::string("\x93NUMPY\x04\x00\x10\x00", 10), Kind::Format, {"version 4.0", "1.0, 2.0, 3.0"}},
+        BadCase{"version_4", std::string("\x93NUMPY\x04\x00\x10\x00", 10), Kind::Format,
+                {"version 4.0", "1.0, 2.0, 3.0"}},
         BadCase{"version_1_1", std::string("\x93NUMPY\x01\x01\x10\x00", 10), Kind::Format, {"version 1.1"}},
-        BadCase{"v2_preamble_cut", std::string("\x93NUMPY\x02\x00\x10\x00", 10), Kind::Format, {"file has 10 bytes", "needs 12"}},
+        BadCase{"v2_preamble_cut", std::string("\x93NUMPY\x02\x00\x10\x00", 10), Kind::Format,
+                {"file has 10 bytes", "needs 12"}},
         BadCase{"header_len_past_end", std::string("\x93NUMPY\x01\x00\xe8\x03{}", 12), Kind::Format,
                 {"header length says 1000 bytes", "file has 2"}},
         BadCase{"shape_2_pow_60", npy_f4("(1152921504606846976,)", k12Bytes), Kind::Format,
@@ -492,7 +496,8 @@ INSTANTIATE_TEST_SUITE_P(
                 Kind::Format, {"float64 = 24 bytes", "file has 12"}},
         BadCase{"bad_dtype_i8", npy_file("{'descr': '<i8', 'fortran_order': False, 'shape': (1,), }", "12345678"),
                 Kind::Format, {"unsupported dtype '<i8'", "'|b1'", "'<f4'", "'>f8'"}},
-        BadCase{"structured_dtype", npy_file("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", "1234"),
+        BadCase{"structured_dtype",
+                npy_file("{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,), }", "1234"),
                 Kind::Format, {"'descr' is not a string"}},
         BadCase{"missing_shape", npy_file("{'descr': '<f4', 'fortran_order': False, }", ""), Kind::Format,
                 {"missing key 'shape'"}},
@@ -500,7 +505,8 @@ INSTANTIATE_TEST_SUITE_P(
                 {"missing key 'descr'"}},
         BadCase{"missing_fortran_order", npy_file("{'descr': '<f4', 'shape': (1,)}", "1234"), Kind::Format,
                 {"missing key 'fortran_order'"}},
-        BadCase{"duplicate_key", npy_file("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (1,)}", "1234"),
+        BadCase{"duplicate_key",
+                npy_file("{'descr': '<f4', 'descr': '<f8', 'fortran_order': False, 'shape': (1,)}", "1234"),
                 Kind::Format, {"'descr' appears twice"}},
         BadCase{"unknown_key", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), 'x': 1}", "1234"),
                 Kind::Format, {"unknown key 'x'"}},
@@ -678,7 +684,8 @@ INSTANTIATE_TEST_SUITE_P(
                 Kind::Format, {"tensor 'w'", "shape[1] is -3"}},
         BadCase{"float_dim", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]"), 4),
                 Kind::Format, {"tensor 'w'", "shape[0] is 1.0"}},
-        BadCase{"dim_2_pow_63", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[9223372036854775808],\"data_offsets\":[0,4]"), 4),
+        BadCase{"dim_2_pow_63",
+                st_file(w_entry("\"dtype\":\"F32\",\"shape\":[9223372036854775808],\"data_offsets\":[0,4]"), 4),
                 Kind::Format, {"tensor 'w'", "shape[0] is 9223372036854775808"}},
         BadCase{"shape_not_array", st_file(w_entry("\"dtype\":\"F32\",\"shape\":4,\"data_offsets\":[0,16]"), 16),
                 Kind::Format, {"tensor 'w'", "'shape' is number"}},
@@ -688,10 +695,12 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"bytes_overflow_u64",
                 st_file(w_entry("\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,4]"), 4),
                 Kind::Format, {"tensor 'w'", "more than 2^64", "span 4"}},
-        BadCase{"offsets_past_buffer", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[100],\"data_offsets\":[0,400]"), 24),
+        BadCase{"offsets_past_buffer",
+                st_file(w_entry("\"dtype\":\"F32\",\"shape\":[100],\"data_offsets\":[0,400]"), 24),
                 Kind::Format, {"tensor 'w'", "[0, 400]", "24-byte data buffer"}},
         BadCase{"offsets_u64_max",
-                st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[18446744073709551611,18446744073709551615]"), 8),
+                st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],"
+                        "\"data_offsets\":[18446744073709551611,18446744073709551615]"), 8),
                 Kind::Format, {"tensor 'w'", "18446744073709551615", "8-byte data buffer"}},
         BadCase{"offsets_reversed", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]"), 8),
                 Kind::Format, {"tensor 'w'", "[8, 4]", "begin after end"}},

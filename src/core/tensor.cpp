@@ -26,9 +26,8 @@ int64_t shape_numel(const Shape& shape) {
   // negative dimension rather than silently giving 0 elements.
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) {
-      throw Error(Error::Kind::Shape, "shape " + shape_to_string(shape) + ": dimension " +
-                                          std::to_string(i) + " is negative (" +
-                                          std::to_string(shape[i]) + ")");
+      throw Error(Error::Kind::Shape, "shape " + shape_to_string(shape) + ": dimension " + std::to_string(i) +
+                                          " is negative (" + std::to_string(shape[i]) + ")");
     }
   }
   // Like NumPy, require the product of the nonzero dimensions to fit even
@@ -90,9 +89,9 @@ namespace {
 void check_reshape(const Shape& from, int64_t have, const Shape& to) {
   const int64_t want = shape_numel(to);
   if (have != want) {
-    throw Error(Error::Kind::Shape, "reshape from " + shape_to_string(from) + " to " +
-                                        shape_to_string(to) + ": expected " + std::to_string(have) +
-                                        " elements, new shape has " + std::to_string(want));
+    throw Error(Error::Kind::Shape, "reshape from " + shape_to_string(from) + " to " + shape_to_string(to) +
+                                        ": expected " + std::to_string(have) + " elements, new shape has " +
+                                        std::to_string(want));
   }
 }
 

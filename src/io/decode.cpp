@@ -42,10 +42,12 @@ void decode_to_double(const uint8_t* src, std::size_t count, DType dtype, bool b
       decode_loop<uint16_t>(src, count, big_endian, dst, [](uint16_t b) { return double{half_to_float(b)}; });
       return;
     case DType::BF16:
-      decode_loop<uint16_t>(src, count, big_endian, dst, [](uint16_t b) { return double{bfloat16_to_float(b)}; });
+      decode_loop<uint16_t>(src, count, big_endian, dst,
+                            [](uint16_t b) { return double{bfloat16_to_float(b)}; });
       return;
     case DType::F32:
-      decode_loop<uint32_t>(src, count, big_endian, dst, [](uint32_t b) { return double{std::bit_cast<float>(b)}; });
+      decode_loop<uint32_t>(src, count, big_endian, dst,
+                            [](uint32_t b) { return double{std::bit_cast<float>(b)}; });
       return;
     case DType::F64:
       decode_loop<uint64_t>(src, count, big_endian, dst, [](uint64_t b) { return std::bit_cast<double>(b); });

@@ -37,10 +37,10 @@ struct NpyDType {
 // '|' means byte order is irrelevant (one-byte items). NumPy writes '<'/'>'
 // for multi-byte items, never '=' (it resolves native order on save).
 constexpr NpyDType kNpyDTypes[] = {
-    {"|b1", DType::Bool, false, "bool"},     {"|u1", DType::Bool, false, "uint8"},
-    {"<f2", DType::F16, false, "float16"},   {">f2", DType::F16, true, "float16"},
-    {"<f4", DType::F32, false, "float32"},   {">f4", DType::F32, true, "float32"},
-    {"<f8", DType::F64, false, "float64"},   {">f8", DType::F64, true, "float64"},
+    {"|b1", DType::Bool, false, "bool"},   {"|u1", DType::Bool, false, "uint8"},
+    {"<f2", DType::F16, false, "float16"}, {">f2", DType::F16, true, "float16"},
+    {"<f4", DType::F32, false, "float32"}, {">f4", DType::F32, true, "float32"},
+    {"<f8", DType::F64, false, "float64"}, {">f8", DType::F64, true, "float64"},
 };
 
 const NpyDType& find_dtype(const std::string& descr, const std::string& name) {
@@ -48,7 +48,8 @@ const NpyDType& find_dtype(const std::string& descr, const std::string& name) {
     if (t.descr == descr) return t;
   }
   std::string accepted;
-  for (const NpyDType& t : kNpyDTypes) accepted += std::string(accepted.empty() ? "" : ", ") + "'" + std::string(t.descr) + "'";
+  for (const NpyDType& t : kNpyDTypes)
+    accepted += std::string(accepted.empty() ? "" : ", ") + "'" + std::string(t.descr) + "'";
   throw Error(Error::Kind::Format,
               name + ": unsupported dtype '" + detail::printable(descr) + "' (accepted: " + accepted + ")");
 }
@@ -84,22 +85,23 @@ LoadedTensor parse_npy(const uint8_t* data, std::size_t size, const std::string&
   if (size == 0 || std::memcmp(data, kMagic, std::min(size, sizeof kMagic)) != 0) {
     fail(name, "not a .npy file: it does not start with the magic bytes \\x93NUMPY");
   }
-  if (size < 8) fail(name, "truncated: file has " + std::to_string(size) + " bytes, the .npy preamble needs at least 10");
+  if (size < 8)
+    fail(name, "truncated: file has " + std::to_string(size) + " bytes, the .npy preamble needs at least 10");
   const int major = data[6], minor = data[7];
   if (major < 1 || major > 3 || minor != 0) {
     fail(name, "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
-         " (accepted: 1.0, 2.0, 3.0)");
+                   " (accepted: 1.0, 2.0, 3.0)");
   }
   const std::size_t preamble = major == 1 ? 10 : 12;
   if (size < preamble) {
-    fail(name, "truncated: file has " + std::to_string(size) + " bytes, the version " + std::to_string(major) +
-         ".0 preamble needs " + std::to_string(preamble));
+    fail(name, "truncated: file has " + std::to_string(size) + " bytes, the version " +
+                   std::to_string(major) + ".0 preamble needs " + std::to_string(preamble));
   }
   const uint64_t header_len =
       major == 1 ? detail::load_le<uint16_t>(data + 8) : detail::load_le<uint32_t>(data + 8);
   if (header_len > size - preamble) {
     fail(name, "truncated header: header length says " + std::to_string(header_len) + " bytes, file has " +
-         std::to_string(size - preamble) + " after the preamble");
+                   std::to_string(size - preamble) + " after the preamble");
   }
   const detail::NpyHeader header = detail::parse_npy_header(
       std::string_view(reinterpret_cast<const char*>(data) + preamble, header_len), name);
@@ -118,9 +120,10 @@ LoadedTensor parse_npy(const uint8_t* data, std::size_t size, const std::string&
   uint64_t need = 0;
   const bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(numel), item, &need);
   if (overflow || need != have) {
-    fail(name, std::string(overflow || need > have ? "truncated data" : "trailing data") + ": header says shape " +
-         shape_to_string(header.shape) + " " + type.display + " = " +
-         (overflow ? "more than 2^64" : std::to_string(need)) + " bytes, file has " + std::to_string(have));
+    fail(name, std::string(overflow || need > have ? "truncated data" : "trailing data") +
+                   ": header says shape " + shape_to_string(header.shape) + " " + type.display + " = " +
+                   (overflow ? "more than 2^64" : std::to_string(need)) + " bytes, file has " +
+                   std::to_string(have));
   }
 
   const uint8_t* elements = data + preamble + header_len;
@@ -142,11 +145,17 @@ namespace {
 template <class T>
 constexpr const char* npy_descr();
 template <>
-constexpr const char* npy_descr<float>() { return "<f4"; }
+constexpr const char* npy_descr<float>() {
+  return "<f4";
+}
 template <>
-constexpr const char* npy_descr<double>() { return "<f8"; }
+constexpr const char* npy_descr<double>() {
+  return "<f8";
+}
 template <>
-constexpr const char* npy_descr<uint8_t>() { return "|b1"; }
+constexpr const char* npy_descr<uint8_t>() {
+  return "|b1";
+}
 
 // Python's repr of a tuple: "()", "(5,)", "(2, 3)".
 std::string python_tuple(const Shape& shape) {
@@ -177,8 +186,8 @@ template <class T>
 std::string serialize_npy(const Tensor<T>& tensor) {
   if (shape_numel(tensor.shape()) != tensor.numel()) {
     throw Error(Error::Kind::Shape, "serialize_npy: shape " + shape_to_string(tensor.shape()) + " needs " +
-                                        std::to_string(shape_numel(tensor.shape())) + " elements, tensor has " +
-                                        std::to_string(tensor.numel()));
+                                        std::to_string(shape_numel(tensor.shape())) +
+                                        " elements, tensor has " + std::to_string(tensor.numel()));
   }
   // Byte for byte what numpy.save writes (format.py, _write_array_header):
   // sorted keys, then spare spaces so the first dimension can grow to 21

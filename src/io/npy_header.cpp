@@ -72,7 +72,8 @@ class HeaderParser {
   int peek() const { return pos_ < s_.size() ? static_cast<unsigned char>(s_[pos_]) : -1; }
 
   void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
+      ++pos_;
   }
 
   [[noreturn]] void fail(const std::string& what) const {
@@ -101,7 +102,8 @@ class HeaderParser {
     if (quote != '\'' && quote != '"') fail_at(what);
     const std::size_t start = ++pos_;
     while (pos_ < s_.size() && s_[pos_] != quote) {
-      if (s_[pos_] == '\\' || s_[pos_] == '\n') fail_at("a plain string (escapes and newlines are not supported)");
+      if (s_[pos_] == '\\' || s_[pos_] == '\n')
+        fail_at("a plain string (escapes and newlines are not supported)");
       ++pos_;
     }
     if (pos_ == s_.size()) fail_at("the closing quote of a string");

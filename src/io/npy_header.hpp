@@ -12,9 +12,9 @@
 namespace multihead::detail {
 
 struct NpyHeader {
-  std::string descr;        // e.g. "<f4"
+  std::string descr;  // e.g. "<f4"
   bool fortran_order = false;
-  Shape shape;              // dimensions as written; may be negative
+  Shape shape;  // dimensions as written; may be negative
 };
 
 // Parses the dict literal. Keys 'descr', 'fortran_order' and 'shape' must

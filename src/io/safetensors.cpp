@@ -34,7 +34,8 @@ struct StDType {
   DType dtype;
 };
 constexpr StDType kStDTypes[] = {
-    {"F16", DType::F16}, {"BF16", DType::BF16}, {"F32", DType::F32}, {"F64", DType::F64}, {"BOOL", DType::Bool},
+    {"F16", DType::F16}, {"BF16", DType::BF16}, {"F32", DType::F32},
+    {"F64", DType::F64}, {"BOOL", DType::Bool},
 };
 
 [[noreturn]] void fail(const std::string& name, const std::string& what) {
@@ -88,16 +89,19 @@ json parse_header_json(const char* begin, const char* end, const std::string& na
     fail(name, "header is not valid JSON: " + detail::printable(e.what(), 300));
   }
   if (has_repeat) fail(name, "header JSON has the key '" + detail::printable(repeated) + "' twice");
-  if (!root.is_object()) fail(name, std::string("header JSON is ") + root.type_name() + ", expected an object");
+  if (!root.is_object())
+    fail(name, std::string("header JSON is ") + root.type_name() + ", expected an object");
   return root;
 }
 
 std::map<std::string, std::string> read_metadata(const json& meta, const std::string& name) {
-  if (!meta.is_object()) fail(name, std::string("__metadata__ is ") + meta.type_name() + ", expected an object");
+  if (!meta.is_object())
+    fail(name, std::string("__metadata__ is ") + meta.type_name() + ", expected an object");
   std::map<std::string, std::string> out;
   for (const auto& [key, value] : meta.items()) {
     if (!value.is_string()) {
-      fail(name, "__metadata__ '" + detail::printable(key) + "' is " + value.type_name() + ", expected a string");
+      fail(name,
+           "__metadata__ '" + detail::printable(key) + "' is " + value.type_name() + ", expected a string");
     }
     out[key] = value.get<std::string>();
   }
@@ -129,7 +133,8 @@ Entry read_entry(const std::string& key, const json& v, uint64_t buffer_size, co
   const auto known = std::find_if(std::begin(kStDTypes), std::end(kStDTypes),
                                   [&](const StDType& d) { return d.name == dtype_name; });
   if (known == std::end(kStDTypes)) {
-    fail(t, "dtype " + detail::printable(dtype_name) + " is not supported (accepted: F16, BF16, F32, F64, BOOL)");
+    fail(t, "dtype " + detail::printable(dtype_name) +
+                " is not supported (accepted: F16, BF16, F32, F64, BOOL)");
   }
   e.dtype = known->dtype;
 
@@ -140,7 +145,7 @@ Entry read_entry(const std::string& key, const json& v, uint64_t buffer_size, co
     uint64_t d = 0;
     if (!as_count((*shape)[i], INT64_MAX, &d)) {
       fail(t, "shape[" + std::to_string(i) + "] is " + detail::printable((*shape)[i].dump(), 40) +
-          ", expected an integer in [0, 2^63)");
+                  ", expected an integer in [0, 2^63)");
     }
     e.shape.push_back(static_cast<int64_t>(d));
   }
@@ -155,19 +160,21 @@ Entry read_entry(const std::string& key, const json& v, uint64_t buffer_size, co
   if (offsets == v.end()) fail(t, "missing 'data_offsets'");
   if (!offsets->is_array() || offsets->size() != 2 || !as_count((*offsets)[0], UINT64_MAX, &e.begin) ||
       !as_count((*offsets)[1], UINT64_MAX, &e.end)) {
-    fail(t, "'data_offsets' is " + detail::printable(offsets->dump(), 60) + ", expected [begin, end] integers");
+    fail(t,
+         "'data_offsets' is " + detail::printable(offsets->dump(), 60) + ", expected [begin, end] integers");
   }
   if (e.begin > e.end) fail(t, "data_offsets " + offsets_text(e.begin, e.end) + " has begin after end");
   if (e.end > buffer_size) {
     fail(t, "data_offsets " + offsets_text(e.begin, e.end) + " end past the " + std::to_string(buffer_size) +
-        "-byte data buffer");
+                "-byte data buffer");
   }
   uint64_t need = 0;
-  const bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(numel), detail::itemsize(e.dtype), &need);
+  const bool overflow =
+      __builtin_mul_overflow(static_cast<uint64_t>(numel), detail::itemsize(e.dtype), &need);
   if (overflow || need != e.end - e.begin) {
     fail(t, "shape " + shape_to_string(e.shape) + " " + dtype_name + " needs " +
-        (overflow ? "more than 2^64" : std::to_string(need)) + " bytes, data_offsets " +
-        offsets_text(e.begin, e.end) + " span " + std::to_string(e.end - e.begin));
+                (overflow ? "more than 2^64" : std::to_string(need)) + " bytes, data_offsets " +
+                offsets_text(e.begin, e.end) + " span " + std::to_string(e.end - e.begin));
   }
   return e;
 }
@@ -186,8 +193,8 @@ void check_no_overlap(std::vector<const Entry*> entries, const std::string& name
     const Entry& b = *entries[i];
     if (a.end > b.begin) {
       fail(name, "tensors '" + detail::printable(a.key) + "' (data_offsets " + offsets_text(a.begin, a.end) +
-                     ") and '" + detail::printable(b.key) + "' (data_offsets " + offsets_text(b.begin, b.end) +
-                     ") overlap");
+                     ") and '" + detail::printable(b.key) + "' (data_offsets " +
+                     offsets_text(b.begin, b.end) + ") overlap");
     }
   }
 }
@@ -195,7 +202,8 @@ void check_no_overlap(std::vector<const Entry*> entries, const std::string& name
 }  // namespace
 
 SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name) {
-  if (size < 8) fail(name, "file has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
+  if (size < 8)
+    fail(name, "file has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
   const uint64_t header_len = detail::load_le<uint64_t>(data);
   if (header_len > size - 8) {
     fail(name, "header length " + std::to_string(header_len) + " exceeds the " + std::to_string(size - 8) +

@@ -22,8 +22,8 @@ std::string quoted(const std::string& s, const char* what) {
   try {
     return nlohmann::json(s).dump();
   } catch (const nlohmann::json::exception&) {
-    throw Error(Error::Kind::Value, "safetensors: " + std::string(what) + " '" + detail::printable(s) +
-                                        "' is not valid UTF-8");
+    throw Error(Error::Kind::Value,
+                "safetensors: " + std::string(what) + " '" + detail::printable(s) + "' is not valid UTF-8");
   }
 }
 
@@ -34,7 +34,8 @@ std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& te
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
-    for (const auto& [key, value] : metadata) header += quoted(key, "metadata key") + ":" + quoted(value, "metadata value") + ",";
+    for (const auto& [key, value] : metadata)
+      header += quoted(key, "metadata key") + ":" + quoted(value, "metadata value") + ",";
     header.back() = '}';
     header += ",";
   }
@@ -69,7 +70,8 @@ std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& te
   out += header;
   for (const auto& [key, t] : tensors) {
     if constexpr (std::endian::native == std::endian::little) {
-      out.append(reinterpret_cast<const char*>(t.data()), static_cast<std::size_t>(t.numel()) * sizeof(float));
+      out.append(reinterpret_cast<const char*>(t.data()),
+                 static_cast<std::size_t>(t.numel()) * sizeof(float));
     } else {
       for (int64_t i = 0; i < t.numel(); ++i) detail::append_le(out, std::bit_cast<uint32_t>(t[i]));
     }

@@ -27,11 +27,15 @@
 // as the caller stores them; only the query tile is transposed, once per
 // tile), and both products are register-blocked micro-kernels of
 // rows × nvq vectors (see BlockRows). Measured choice, recorded here: these
-// micro-kernels instead of cblas_sgemm on tiles. OpenBLAS on 64×128×64 tiles
-// pays per-call packing and dispatch, follows OPENBLAS_CORETYPE (which this
-// environment sets to Haswell, i.e. AVX2 kernels at half speed) and would
-// need BLAS threads forced to 1 inside our OpenMP region; see
-// bench/bench_kernels.cpp for the numbers.
+// micro-kernels instead of cblas_sgemm on tiles. On this Zen 5 machine,
+// per CPU-second, one thread (bench/bench_kernels.cpp, SgemmTiles vs Flash):
+//   cblas_sgemm, a 64-query × 128-key tile's two products, D = 64, BLAS
+//   single-threaded (as it must be inside our OpenMP region), no softmax:
+//     OPENBLAS_CORETYPE=Haswell (this environment's default)   84 GFLOP/s
+//     OPENBLAS_CORETYPE unset (AVX-512 kernels)               144 GFLOP/s
+//   this kernel, the whole attention including the softmax:   ~180 GFLOP/s
+// BLAS pays packing and dispatch on every small call and would make our
+// speed depend on OPENBLAS_CORETYPE.
 //
 // Exp is computed as 2^x on (s - m)·log2(e) with our own polynomial
 // (Exp2NonPositive): the arguments are never positive, -inf must give exactly
@@ -72,11 +76,10 @@ inline constexpr size_t kVectorRegisters = 16;
 
 // Widest query tile, in vectors (bq = nvq·lanes queries): 4 with 32
 // registers (64 queries on AVX-512), 2 with 16 (16 queries on AVX2).
-#ifndef MH_TUNE_NVQ
+// Measured (1 thread, L = S = 2048, D = 64, AVX3): 4 vectors 70.3 ms,
+// 3 vectors 71.5 ms, 2 vectors 72.9 ms (best of 5, interleaved; run-to-run
+// noise on the shared machine ~3%). 4 halves the K/V re-reads of 2.
 inline constexpr size_t kMaxQueryVectors = kVectorRegisters >= 32 ? 4 : 2;
-#else
-inline constexpr size_t kMaxQueryVectors = MH_TUNE_NVQ;
-#endif
 
 // Rows (keys in QKᵀ, value columns in PV) of a register block with nvq query
 // vectors: rows·nvq accumulators + nvq operands + 1 broadcast must fit in the
@@ -89,29 +92,33 @@ constexpr size_t BlockRows(size_t nvq) {
 
 // Keys per tile: a multiple of the block rows near 128, so the score tile
 // st [keys][bq] (32 KiB at bq = 64) and the K and V rows it touches stay
-// in L1/L2 between the QKᵀ, softmax and PV passes.
-#ifndef MH_TUNE_KEYS
-#define MH_TUNE_KEYS 128
-#endif
-constexpr size_t KeyTile(size_t nvq) { return (MH_TUNE_KEYS / BlockRows(nvq)) * BlockRows(nvq); }
+// in L1/L2 between the QKᵀ, softmax and PV passes. Measured as above:
+// 64 keys 82.8 ms, 128 keys 75.3 ms, 192 keys 83.4 ms.
+constexpr size_t KeyTile(size_t nvq) { return (128 / BlockRows(nvq)) * BlockRows(nvq); }
 
 // Floats of scratch for a query tile of nvq vectors: qt [D][bq], ot [Dv][bq],
-// st [KeyTile][bq], and m, l, alpha [bq].
+// st [KeyTile][bq], and m, l, alpha, tmax [bq].
 inline size_t ScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
-  return (head_dim + value_dim + KeyTile(nvq) + 3) * nvq * hn::Lanes(DF32());
+  return (head_dim + value_dim + KeyTile(nvq) + 4) * nvq * hn::Lanes(DF32());
 }
 
 // 2^x for x <= 0, in float: x = n + f with n = round(x), f in [-1/2, 1/2];
 // 2^f by a degree-6 polynomial (relative error 2e-9 in exact arithmetic,
 // ~1.6 ulp in float: fitted by bench/fit_exp2.py), 2^n by building the
-// exponent bits. x is clamped at -127, whose exponent bits are 0, so
-// x <= -126.5 (and -inf) gives exactly +0 (results below FLT_MIN flush to 0).
-// 2^0 is exactly 1. On x86, NaN propagates (maxps returns its second operand
-// when either is NaN); Highway does not promise that on every target.
+// exponent bits. Rounding uses the 1.5·2^23 trick: t = x + 1.5·2^23 holds
+// round(x) in its low mantissa bits, so n = t - 1.5·2^23 and the bits of t
+// plus 127, shifted into the exponent field, are 2^n (3 operations fewer than
+// Round + ConvertTo, whose overflow fix-up we do not need). x is clamped at
+// -127, whose exponent bits are 0, so x <= -126.5 (and -inf) gives exactly +0
+// (results below FLT_MIN flush to 0). 2^0 is exactly 1. On x86, NaN
+// propagates (maxps returns its second operand when either is NaN); Highway
+// does not promise that on every target.
 HWY_INLINE VF32 Exp2NonPositive(DF32 df, VF32 x) {
   const hn::RebindToSigned<DF32> di;
+  const VF32 magic = hn::Set(df, 12582912.0f);  // 1.5·2^23
   x = hn::Max(hn::Set(df, -127.0f), x);
-  const VF32 n = hn::Round(x);
+  const VF32 t = hn::Add(x, magic);
+  const VF32 n = hn::Sub(t, magic);
   const VF32 f = hn::Sub(x, n);
   VF32 p = hn::Set(df, 1.535336196e-04f);
   p = hn::MulAdd(p, f, hn::Set(df, 1.339887502e-03f));
@@ -120,7 +127,7 @@ HWY_INLINE VF32 Exp2NonPositive(DF32 df, VF32 x) {
   p = hn::MulAdd(p, f, hn::Set(df, 2.402264774e-01f));
   p = hn::MulAdd(p, f, hn::Set(df, 6.931471825e-01f));
   p = hn::MulAdd(p, f, hn::Set(df, 1.0f));
-  const auto bits = hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127)));
+  const auto bits = hn::ShiftLeft<23>(hn::Add(hn::BitCast(di, t), hn::Set(di, 127)));
   return hn::Mul(p, hn::BitCast(df, bits));
 }
 
@@ -128,10 +135,12 @@ HWY_INLINE VF32 Exp2NonPositive(DF32 df, VF32 x) {
 
 // QKᵀ for a block of KR keys and the bq = NVQ·lanes queries of the tile:
 //   st[r][q] = Σ_d k[r][d] · qt[d][q]   (r < KR; k rows ldk apart)
+//   tmax[q]  = max(tmax[q], max_r st[r][q])   (the tile's row max, for free)
 // KR·NVQ accumulators; per d: NVQ loads of qt, KR broadcasts of k.
 template <size_t NVQ, size_t KR>
 HWY_INLINE void ScoresBlock(DF32 df, const float* HWY_RESTRICT k, size_t ldk, size_t head_dim,
-                            const float* HWY_RESTRICT qt, size_t bq, float* HWY_RESTRICT st) {
+                            const float* HWY_RESTRICT qt, size_t bq, float* HWY_RESTRICT st,
+                            float* HWY_RESTRICT tmax) {
   const size_t lanes = hn::Lanes(df);
   VF32 acc[KR][NVQ];
   HWY_UNROLL(8)
@@ -155,16 +164,23 @@ HWY_INLINE void ScoresBlock(DF32 df, const float* HWY_RESTRICT k, size_t ldk, si
     HWY_UNROLL(4)
     for (size_t v = 0; v < NVQ; ++v) hn::Store(acc[r][v], df, st + r * bq + v * lanes);
   }
+  HWY_UNROLL(4)
+  for (size_t v = 0; v < NVQ; ++v) {
+    VF32 block_max = hn::Load(df, tmax + v * lanes);
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < KR; ++r) block_max = hn::Max(block_max, acc[r][v]);
+    hn::Store(block_max, df, tmax + v * lanes);
+  }
 }
 
 // The last keys % KR of a tile: one block of `rows` (< KR) keys.
 template <size_t NVQ, size_t R>
 HWY_INLINE void ScoresRemainder(size_t rows, DF32 df, const float* HWY_RESTRICT k, size_t ldk,
                                 size_t head_dim, const float* HWY_RESTRICT qt, size_t bq,
-                                float* HWY_RESTRICT st) {
+                                float* HWY_RESTRICT st, float* HWY_RESTRICT tmax) {
   if constexpr (R > 0) {
-    if (rows == R) return ScoresBlock<NVQ, R>(df, k, ldk, head_dim, qt, bq, st);
-    ScoresRemainder<NVQ, R - 1>(rows, df, k, ldk, head_dim, qt, bq, st);
+    if (rows == R) return ScoresBlock<NVQ, R>(df, k, ldk, head_dim, qt, bq, st, tmax);
+    ScoresRemainder<NVQ, R - 1>(rows, df, k, ldk, head_dim, qt, bq, st, tmax);
   }
 }
 
@@ -230,13 +246,14 @@ struct QueryTileInputs {
 };
 
 // One key tile [j0, j0 + keys) for the query tile: scores, masks, online
-// softmax update, PV. m, l, alpha, ot and st live in the scratch.
+// softmax update, PV. m, l, alpha, tmax, ot and st live in the scratch.
 template <size_t NVQ>
 HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs& in, int64_t slice,
                             int64_t i0, size_t rows, int64_t j0, size_t keys,
                             const float* HWY_RESTRICT qt, float* HWY_RESTRICT st,
                             float* HWY_RESTRICT m, float* HWY_RESTRICT l,
-                            float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
+                            float* HWY_RESTRICT alpha, float* HWY_RESTRICT tmax,
+                            float* HWY_RESTRICT ot) {
   const DF32 df;
   const size_t lanes = hn::Lanes(df);
   const size_t bq = NVQ * lanes;
@@ -245,15 +262,19 @@ HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs
   const size_t value_dim = static_cast<size_t>(a.value_dim);
   const int64_t S = a.kv_len;
 
-  // st [keys][bq] = scale·Q Kᵀ (the scale is folded into qt).
+  const VF32 neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+
+  // st [keys][bq] = scale·Q Kᵀ (the scale is folded into qt), and
+  // tmax [bq] = the tile's max score per query.
   {
+    for (size_t w = 0; w < NVQ; ++w) hn::Store(neg_inf, df, tmax + w * lanes);
     const float* kt = in.k + static_cast<size_t>(j0) * in.k_row;
     size_t j = 0;
     for (; j + KR <= keys; j += KR) {
-      ScoresBlock<NVQ, KR>(df, kt + j * in.k_row, in.k_row, head_dim, qt, bq, st + j * bq);
+      ScoresBlock<NVQ, KR>(df, kt + j * in.k_row, in.k_row, head_dim, qt, bq, st + j * bq, tmax);
     }
     ScoresRemainder<NVQ, KR - 1>(keys - j, df, kt + j * in.k_row, in.k_row, head_dim, qt, bq,
-                                 st + j * bq);
+                                 st + j * bq, tmax);
   }
 
   // + attn_mask[i][j]: stored row-major [L][S], so added transposed, by
@@ -277,9 +298,9 @@ HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs
   // Causal: -inf where j > i (and j < causal_cols). Only tiles that cross
   // the diagonal get here; the caller skips tiles that are entirely above it.
   const int64_t causal_end = std::min<int64_t>(j0 + static_cast<int64_t>(keys), in.causal_cols);
-  if (causal_end - 1 > i0) {
+  const bool causal_diagonal = causal_end - 1 > i0;
+  if (causal_diagonal) {
     const hn::RebindToSigned<DF32> di;
-    const VF32 neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
     for (int64_t j = std::max(j0, i0 + 1); j < causal_end; ++j) {
       float* HWY_RESTRICT row = st + static_cast<size_t>(j - j0) * bq;
       const auto key = hn::Set(di, static_cast<int32_t>(j));
@@ -296,14 +317,19 @@ HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs
   // p_j = exp(s_j - m_new); l = alpha·l + Σ_j p_j. A query with no finite
   // score yet has m_new = -inf: it uses 0 instead, so that s - m is -inf
   // (p = 0) and never (-inf) - (-inf) = NaN.
+  // Without masks in this tile the QKᵀ epilogue already has the max.
+  const bool masked = in.attn_mask != nullptr || in.key_padding != nullptr || causal_diagonal;
   const VF32 log2e = hn::Set(df, 1.442695040888963407359924681f);
-  const VF32 neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
   VF32 m_use[NVQ];
   VF32 sum[NVQ];
   for (size_t w = 0; w < NVQ; ++w) {
-    VF32 m_new = hn::Load(df, m + w * lanes);
-    const VF32 m_old = m_new;
-    for (size_t j = 0; j < keys; ++j) m_new = hn::Max(m_new, hn::Load(df, st + j * bq + w * lanes));
+    const VF32 m_old = hn::Load(df, m + w * lanes);
+    VF32 m_new = m_old;
+    if (masked) {
+      for (size_t j = 0; j < keys; ++j) m_new = hn::Max(m_new, hn::Load(df, st + j * bq + w * lanes));
+    } else {
+      m_new = hn::Max(m_new, hn::Load(df, tmax + w * lanes));
+    }
     m_use[w] = hn::IfThenZeroElse(hn::Eq(m_new, neg_inf), m_new);
     hn::Store(m_new, df, m + w * lanes);
     hn::Store(Exp2NonPositive(df, hn::Mul(hn::Sub(m_old, m_use[w]), log2e)), df, alpha + w * lanes);
@@ -368,6 +394,7 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
   float* HWY_RESTRICT m = st + kKeys * bq;
   float* HWY_RESTRICT l = m + bq;
   float* HWY_RESTRICT alpha = l + bq;
+  float* HWY_RESTRICT tmax = alpha + bq;
 
   // qt [D][bq] = scale · q[i0 + q][d]; padding queries (q >= rows) are 0 and
   // their results are never stored.
@@ -399,7 +426,7 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
   auto key_range = [&](int64_t begin, int64_t end) HWY_ATTR {
     for (int64_t j0 = begin; j0 < end; j0 += static_cast<int64_t>(kKeys)) {
       const size_t keys = static_cast<size_t>(std::min<int64_t>(kKeys, end - j0));
-      KeyTileStep<NVQ>(a, in, slice, i0, rows, j0, keys, qt, st, m, l, alpha, ot);
+      KeyTileStep<NVQ>(a, in, slice, i0, rows, j0, keys, qt, st, m, l, alpha, tmax, ot);
     }
   };
   if (in.causal_cols > 0) {
