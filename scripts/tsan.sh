@@ -58,9 +58,10 @@ CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 cmake --build "$build" -j"$jobs" --target multihead_tests
 tests=$build/tests/multihead_tests
 # With libgomp instead of libomp, Archer cannot help and reports mean nothing.
-if ! ldd "$tests" | grep -q 'libomp\.so' || ldd "$tests" | grep -q 'libgomp'; then
+deps=$(ldd "$tests")
+if ! grep -q 'libomp\.so' <<<"$deps" || grep -q 'libgomp' <<<"$deps"; then
   echo "tsan.sh: $tests is not linked against LLVM's libomp:" >&2
-  ldd "$tests" | grep -i omp >&2 || true
+  grep -i omp <<<"$deps" >&2 || true
   exit 1
 fi
 built=$(date +%s)

@@ -364,6 +364,15 @@ std::vector<Case> cases() {
   for (auto [L, S] : {std::pair<int64_t, int64_t>{1, 200}, {200, 1}, {17, 65}, {65, 17}, {16, 129}, {129, 127}}) {
     t.push_back({L, S, 64, 64});
   }
+  // Key counts around the last-tile rule (a tile of 126 or 128 keys; the last
+  // one takes up to a quarter more): 157/158 and 160/161 keys are one tile or
+  // two, 283/284 and 288/289 two or three.
+  for (auto [L, S] : {std::pair<int64_t, int64_t>{65, 157}, {65, 158}, {65, 283}, {65, 284},
+                      {17, 160}, {17, 161}, {17, 288}, {17, 289}}) {
+    Case c{L, S, 16, 16};
+    c.batch = 1;
+    t.push_back(c);
+  }
   // Head widths, and value width != head width.
   for (int64_t D : {1, 8, 63, 64, 80, 128}) t.push_back({65, 65, D, D});
   t.push_back({33, 47, 8, 80});

@@ -1,0 +1,217 @@
+#!/usr/bin/python3
+"""Side by side: multihead vs PyTorch 1.13 nn.MultiheadAttention, one run.
+
+In one run, on the same shapes, every measurement in its own subprocess:
+  * the machine's ceilings: FMA peak (bench/fma_peak.cpp) and OpenBLAS sgemm
+    throughput (numpy matmul, with OPENBLAS_CORETYPE unset in that
+    subprocess only);
+  * ours: `multihead bench --batch B --seq-len L --embed-dim E --num-heads H
+    [--causal] --threads T`, which warms up and prints the median;
+  * PyTorch 1.13 nn.MultiheadAttention, eval, need_weights=False, as shipped
+    (this environment untouched) and tuned (issue "Fast": OPENBLAS_CORETYPE
+    and OPENBLAS_L2_SIZE unset, GLIBC_TUNABLES=glibc.malloc.mmap_max=0:
+    glibc.malloc.trim_threshold=68719476736, OMP_WAIT_POLICY=PASSIVE,
+    ATEN_CPU_CAPABILITY=avx512), warm-up then the median of --repeat calls;
+    causal through a boolean upper-triangular attn_mask (1.13's MHA has no
+    is_causal);
+  * the peak RSS of each subprocess (os.wait4).
+Inputs are (L, B, E) float32 standard-normal in both programs (seeded), so
+both compute the same-sized problem; the timings do not depend on the values.
+FLOPs as the issue counts them: projections 8·B·L·E², attention 4·B·L·L·E
+(the full square, also when causal).
+
+Prints one Markdown table (times, ratios, our GFLOP/s and % of the FMA peak,
+peak RSS), then the memory-only rows for our largest shapes.
+
+Usage:
+  /usr/bin/python3 bench/bench_vs_pytorch.py --build-dir build [--threads 2]
+      [--repeat 5] [--shapes quick|issue] [--skip-shipped-above L]
+The build directory must have been configured with
+-DMULTIHEAD_BUILD_BENCHMARKS=ON (for the FMA probe).
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+# (B, L, E, H, causal) from issue "Fast".
+ISSUE_SHAPES = [
+    (1, 128, 512, 8, False),
+    (8, 128, 512, 8, False),
+    (4, 512, 768, 12, False),
+    (1, 1024, 768, 12, False),
+    (1, 2048, 768, 12, False),
+    (1, 4096, 1024, 16, False),
+    (1, 8192, 1024, 16, False),
+    (1, 2048, 768, 12, True),
+    (1, 4096, 1024, 16, True),
+]
+QUICK_SHAPES = [
+    (1, 128, 512, 8, False),
+    (1, 1024, 768, 12, False),
+    (1, 2048, 768, 12, False),
+    (1, 2048, 768, 12, True),
+]
+# Ours alone: memory.
+MEMORY_SHAPES = [
+    (1, 32768, 1024, 16, False),
+    (1, 65536, 1024, 16, True),
+]
+
+TUNED_ENV = {
+    "GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736",
+    "OMP_WAIT_POLICY": "PASSIVE",
+    "ATEN_CPU_CAPABILITY": "avx512",
+}
+TUNED_UNSET = ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"]
+
+TORCH_CHILD = r"""
+import sys, time, statistics, torch
+B, L, E, H, causal, threads, repeat, warmup = (int(a) for a in sys.argv[1:9])
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+mha = torch.nn.MultiheadAttention(E, H).eval()
+x = torch.randn(L, B, E)
+mask = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if causal else None
+times = []
+with torch.no_grad():
+    for i in range(warmup + repeat):
+        t0 = time.perf_counter()
+        out, _ = mha(x, x, x, need_weights=False, attn_mask=mask)
+        t1 = time.perf_counter()
+        if i >= warmup:
+            times.append((t1 - t0) * 1e3)
+print("median_ms=%.4f min_ms=%.4f torch=%s" % (statistics.median(times), min(times), torch.__version__))
+"""
+
+SGEMM_CHILD = r"""
+import sys, time, numpy as np
+n, repeat = int(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng(0)
+a = rng.standard_normal((n, n), dtype=np.float32)
+b = rng.standard_normal((n, n), dtype=np.float32)
+a @ b
+best = 1e9
+for _ in range(repeat):
+    t0 = time.perf_counter(); a @ b; best = min(best, time.perf_counter() - t0)
+print("sgemm_gflops=%.1f" % (2.0 * n ** 3 / best * 1e-9))
+"""
+
+
+def run(cmd, env_set=None, env_unset=(), timeout=3600):
+    """Runs cmd in its own process; returns (stdout, peak RSS in MiB, seconds)."""
+    env = dict(os.environ)
+    for k in env_unset:
+        env.pop(k, None)
+    env.update(env_set or {})
+    t0 = time.time()
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.stdout.read(), p.stderr.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError("%s failed (%d):\n%s\n%s" % (" ".join(cmd), p.returncode, out, err))
+    return out, usage.ru_maxrss / 1024.0, time.time() - t0
+
+
+def field(text, name):
+    m = re.search(r"\b%s=([0-9.eE+-]+)" % name, text)
+    if not m:
+        raise RuntimeError("no %s= in output:\n%s" % (name, text))
+    return float(m.group(1))
+
+
+def flops(B, L, E):
+    return 8.0 * B * L * E * E + 4.0 * B * L * L * E
+
+
+def ours(cli, shape, threads, repeat, warmup):
+    B, L, E, H, causal = shape
+    cmd = [cli, "bench", "--batch", str(B), "--seq-len", str(L), "--embed-dim", str(E),
+           "--num-heads", str(H), "--threads", str(threads), "--repeat", str(repeat),
+           "--warmup", str(warmup)] + (["--causal"] if causal else [])
+    out, rss, _ = run(cmd)
+    return field(out, "median_ms"), rss, out.strip().splitlines()[0]
+
+
+def torch_mha(shape, threads, repeat, warmup, tuned):
+    B, L, E, H, causal = shape
+    cmd = ["/usr/bin/python3", "-c", TORCH_CHILD] + [str(v) for v in (B, L, E, H, int(causal), threads, repeat, warmup)]
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if tuned:
+        env.update(TUNED_ENV)
+        out, rss, _ = run(cmd, env, TUNED_UNSET)
+    else:
+        out, rss, _ = run(cmd, env)
+    return field(out, "median_ms"), rss
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build-dir", required=True, help="CMake build dir (MULTIHEAD_BUILD_BENCHMARKS=ON)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=5, help="timed calls per measurement (median)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--shapes", choices=["issue", "quick"], default="issue")
+    ap.add_argument("--skip-shipped-above", type=int, default=1 << 30,
+                    help="skip PyTorch-as-shipped for L above this (it takes ~14 s per call at L=8192)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the memory-only rows")
+    args = ap.parse_args()
+
+    cli = os.path.join(args.build_dir, "tools", "multihead")
+    probe = os.path.join(args.build_dir, "bench", "multihead_fma_peak")
+    for path in (cli, probe):
+        if not os.access(path, os.X_OK):
+            sys.exit("missing %s (build with -DMULTIHEAD_BUILD_BENCHMARKS=ON)" % path)
+
+    # Ceilings, measured in this run.
+    out, _, _ = run([probe, "--threads", str(args.threads)])
+    peak = field(out, "fma_peak_gflops")
+    target = re.search(r"target=(\S+)", out).group(1)
+    out, _, _ = run(["/usr/bin/python3", "-c", SGEMM_CHILD, "4096", "5"],
+                    {"OPENBLAS_NUM_THREADS": str(args.threads)}, ["OPENBLAS_CORETYPE"])
+    sgemm = field(out, "sgemm_gflops")
+    print("Machine: FMA peak %.0f GFLOP/s (%d threads, %s), OpenBLAS sgemm %.0f GFLOP/s "
+          "(4096², %d threads, OPENBLAS_CORETYPE unset)." % (peak, args.threads, target, sgemm, args.threads))
+    print("Medians of %d calls after %d warm-up, each program in its own process, %d threads.\n"
+          % (args.repeat, args.warmup, args.threads))
+
+    shapes = ISSUE_SHAPES if args.shapes == "issue" else QUICK_SHAPES
+    print("| shape (B,L,E,H) | ours | tuned PyTorch | PyTorch as shipped | tuned / ours | shipped / ours "
+          "| ours GFLOP/s | % of FMA peak | peak RSS ours / tuned / shipped (MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for shape in shapes:
+        B, L, E, H, causal = shape
+        name = ("causal " if causal else "") + "(%d,%d,%d,%d)" % (B, L, E, H)
+        our_ms, our_rss, _ = ours(cli, shape, args.threads, args.repeat, args.warmup)
+        tuned_ms, tuned_rss = torch_mha(shape, args.threads, args.repeat, args.warmup, tuned=True)
+        if L <= args.skip_shipped_above:
+            shipped_ms, shipped_rss = torch_mha(shape, args.threads, args.repeat, args.warmup, tuned=False)
+            shipped = "%.1f ms" % shipped_ms
+            shipped_ratio = "%.1f×" % (shipped_ms / our_ms)
+            shipped_rss_s = "%.0f" % shipped_rss
+        else:
+            shipped, shipped_ratio, shipped_rss_s = "skipped", "–", "–"
+        gflops = flops(B, L, E) / (our_ms * 1e6)
+        print("| %s | %.2f ms | %.2f ms | %s | %.2f× | %s | %.0f | %.0f%% | %.0f / %.0f / %s |"
+              % (name, our_ms, tuned_ms, shipped, tuned_ms / our_ms, shipped_ratio, gflops,
+                 100 * gflops / peak, our_rss, tuned_rss, shipped_rss_s))
+        sys.stdout.flush()
+
+    if not args.no_memory:
+        print("\nOurs alone, memory (1 timed call after 1 warm-up):\n")
+        print("| shape (B,L,E,H) | ours | ours GFLOP/s | peak RSS (MiB) |")
+        print("|---|---|---|---|")
+        for shape in MEMORY_SHAPES:
+            B, L, E, H, causal = shape
+            name = ("causal " if causal else "") + "(%d,%d,%d,%d)" % (B, L, E, H)
+            our_ms, our_rss, _ = ours(cli, shape, args.threads, 1, 1)
+            print("| %s | %.0f ms | %.0f | %.0f |" % (name, our_ms, flops(B, L, E) / (our_ms * 1e6), our_rss))
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
