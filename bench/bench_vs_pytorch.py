@@ -32,7 +32,6 @@ The build directory must have been configured with
 import argparse
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Fresh Debian 12 machine -> a passing test suite. Installs what is missing,
-# then builds and runs the whole suite twice: a Release build (unit tests,
-# PyTorch parity, CLI bad input) and an AddressSanitizer + UBSan build of the
-# same suite.
+# then:
+#  1. Release build: unit tests, PyTorch parity, CLI bad input, install;
+#  2. valgrind leak check of the command-line program;
+#  3. ThreadSanitizer (with Archer for OpenMP) on the threaded kernels;
+#  4. AddressSanitizer + UBSan build of the whole suite;
+#  5. fuzz smoke: each libFuzzer target for FUZZ_SECONDS (default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -13,8 +16,19 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
+echo "== valgrind leak check of the CLI"
+bash scripts/leakcheck.sh build
+
+echo "== ThreadSanitizer on the threaded kernels"
+bash scripts/tsan.sh
+
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and test suite"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMULTIHEAD_SANITIZE="address;undefined" >/dev/null
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+if [[ -f scripts/fuzz-smoke.sh ]]; then
+  echo "== fuzz smoke"
+  bash scripts/fuzz-smoke.sh
+fi

@@ -405,3 +405,38 @@ TEST(NonFinite, NaNPropagatesByDefault) {
 
 }  // namespace
 }  // namespace multihead
+
+namespace multihead {
+namespace {
+
+TEST(BadInput, OptionsAndParametersAreNamed) {
+  MultiheadAttentionConfig cfg;
+  cfg.embed_dim = 4;
+  cfg.num_heads = 2;
+  const BasicMultiheadAttention<double> mha(cfg, 0);
+  const Tensor<double> x({3, 1, 4}, 0.5);
+  ForwardOptions<double> o;
+  o.num_threads = -1;
+  expect_error([&] { mha.forward(x, x, x, o); }, Error::Kind::Value, {"num_threads", "-1"});
+  ForwardOptions<double> flash;
+  flash.kernel = AttentionKernel::Flash;
+  flash.need_weights = false;
+  expect_error([&] { mha.forward(x, x, x, flash); }, Error::Kind::Value, {"flash", "float32"});
+  auto p = mha.parameters();
+  p.bias_k = Tensor<double>({1, 1, 4});
+  expect_error([&] { BasicMultiheadAttention<double> m(cfg, p); }, Error::Kind::Value, {"bias_k", "add_bias_kv"});
+  AttentionOptions so;
+  so.scale = std::numeric_limits<double>::infinity();
+  const Tensor<double> q({2, 4});
+  expect_error([&] { scaled_dot_product_attention(q, q, q, nullptr, so); }, Error::Kind::Value, {"scale", "inf"});
+  so = {};
+  so.dropout_p = 2;
+  expect_error([&] { scaled_dot_product_attention(q, q, q, nullptr, so); }, Error::Kind::Value, {"dropout_p", "got 2"});
+  expect_error([&] { parse_attention_kernel("fast"); }, Error::Kind::Value, {"kernel", "'fast'"});
+  MultiheadAttentionConfig bad = cfg;
+  bad.dropout = 1.5;
+  expect_error([&] { MultiheadAttention m(bad); }, Error::Kind::Value, {"dropout", "got 1.5"});
+}
+
+}  // namespace
+}  // namespace multihead

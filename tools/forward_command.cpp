@@ -71,7 +71,15 @@ void write_outputs(const std::vector<std::pair<std::string, std::string>>& files
   std::vector<std::string> staged;
   try {
     for (const auto& [path, bytes] : files) {
-      write_file_atomic(path + stage, bytes);
+      try {
+        write_file_atomic(path + stage, bytes);
+      } catch (const Error& e) {
+        // Report the user's path, not the staging name.
+        std::string msg = e.what();
+        for (std::size_t at; (at = msg.find(path + stage)) != std::string::npos;)
+          msg.replace(at, path.size() + stage.size(), path);
+        throw Error(e.kind(), msg);
+      }
       staged.push_back(path + stage);
     }
   } catch (...) {

@@ -72,7 +72,7 @@ void MultiheadAttentionConfig::validate() const {
     fail_config("num_heads", "a divisor of embed_dim " + std::to_string(embed_dim),
                 std::to_string(num_heads));
   if (!(dropout >= 0.0 && dropout <= 1.0))
-    fail_config("dropout", "a probability in [0, 1]", std::to_string(dropout));
+    fail_config("dropout", "a probability in [0, 1]", detail::format_number(dropout));
   if (kdim < 0) fail_config("kdim", "0 (= embed_dim) or a positive integer", std::to_string(kdim));
   if (vdim < 0) fail_config("vdim", "0 (= embed_dim) or a positive integer", std::to_string(vdim));
 }

@@ -49,9 +49,9 @@ namespace detail {
 void validate_attention_options(const AttentionOptions& o) {
   if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0))
     throw Error(Error::Kind::Value,
-                "dropout_p: expected a probability in [0, 1], got " + std::to_string(o.dropout_p));
+                "dropout_p: expected a probability in [0, 1], got " + detail::format_number(o.dropout_p));
   if (o.scale && !std::isfinite(*o.scale))
-    throw Error(Error::Kind::Value, "scale: expected a finite number, got " + std::to_string(*o.scale));
+    throw Error(Error::Kind::Value, "scale: expected a finite number, got " + detail::format_number(*o.scale));
   if (o.num_threads < 0)
     throw Error(Error::Kind::Value,
                 "num_threads: expected 0 (default) or more, got " + std::to_string(o.num_threads));

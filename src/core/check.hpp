@@ -5,12 +5,27 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "multihead/error.hpp"
 #include "multihead/tensor.hpp"
 
 namespace multihead::detail {
+
+// A number as a person writes it: 0.5, 1e-09, 2 (std::to_string gives 2.000000).
+inline std::string format_number(double x) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  // Shortest form that reads back the same.
+  for (int precision = 1; precision < 17; ++precision) {
+    char shorter[64];
+    std::snprintf(shorter, sizeof shorter, "%.*g", precision, x);
+    if (std::strtod(shorter, nullptr) == x) return shorter;
+  }
+  return buf;
+}
 
 [[noreturn]] inline void fail_shape(const std::string& name, const std::string& expected,
                                     const Shape& actual) {

@@ -3,7 +3,7 @@
 // src/simd/flash_attention.cpp.
 //
 // Legend (as in src/attention/kernel.hpp): N slices, L queries, S keys,
-// D query/key width, Dv value width; N lanes per vector is written `lanes`.
+// D query/key width, Dv value width; `lanes` floats per vector (16 on AVX3).
 //
 // What it computes (kernel.hpp, for slice n and query row i):
 //   s_ij  = scale·<q_i, k_j> + attn_mask[i,j] + key_padding[b,j]  (+ causal -inf)
@@ -15,10 +15,10 @@
 // softmax of Milakov & Gimelshein 2018, used for attention by Rabe & Staats
 // 2021 and by FlashAttention, Dao et al. 2022). At the end out_i = acc_i / l_i.
 //
-// Layout: queries in lanes. FlashAttention on GPUs puts a query per thread
-// block row and reduces each score row across keys; on CPU SIMD, with the
-// query tile transposed (qt [D][bq], bq = nvq·lanes queries), every softmax
-// step is vertical:
+// Layout: queries in lanes. Rather than reduce each score row across keys
+// (horizontal sums and maxima, costly in SIMD), the query tile is transposed
+// (qt [D][bq], bq = nvq·lanes queries) so that every softmax step is
+// vertical:
 //   st[j][q]  = Σ_d k[j][d] · qt[d][q]         QKᵀ: broadcast k, load qt
 //   m[q]      = max(m[q], max_j st[j][q])      elementwise over key rows
 //   st[j][q]  = exp(st[j][q] - m[q])           elementwise
@@ -39,7 +39,11 @@
 //
 // Exp is computed as 2^x on (s - m)·log2(e) with our own polynomial
 // (Exp2NonPositive): the arguments are never positive, -inf must give exactly
-// 0, and it costs ~12 operations against ~22 for hwy::Exp.
+// 0, and it costs 13 operations against ~22 for hwy::Exp.
+//
+// Dropout draws its keep/drop decision per element with the scalar
+// counter-based hash of kernel.hpp (dropout_keep), so every kernel drops the
+// same elements; that path is scalar and meant for training, not speed.
 
 // Per-target include guard (Highway's pattern for -inl.h files).
 #if defined(MULTIHEAD_SIMD_FLASH_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)

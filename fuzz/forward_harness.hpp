@@ -1,0 +1,290 @@
+// fuzz/forward_harness.hpp: one fuzz input -> weights, inputs, options ->
+// BasicMultiheadAttention<T>::forward (or forward_textbook). Shared by the
+// libFuzzer target (fuzz/fuzz_forward.cpp) and by the regression test that
+// replays saved inputs (tests/test_fuzz_regressions.cpp), so both run exactly
+// the same code.
+//
+// Input layout (all integers little-endian):
+//   byte 0  flags: 1 need_weights, 2 average_attn_weights, 4 is_causal,
+//           8 masked_rows = NaN, 16 textbook form, 32 double (else float),
+//           64 training, 128 check_finite
+//   byte 1  bits 0-1 kernel (auto, reference, materialized, flash),
+//           bits 2-3 batch_first override (0 none, 1 false, 2 true, 3 none),
+//           16 add_zero_attn override, 32 num_heads override,
+//           64 two threads (else one), 128 dropout override
+//   byte 2  num_heads override (0 … 255; 0 must be rejected)
+//   byte 3  dropout override = byte / 250 (so > 1 is tried too), and the
+//           dropout seed
+//   byte 4  present: 1 key, 2 value, 4 key_padding_mask, 8 attn_mask
+//   then six blobs, each a u32 length and that many bytes (a length past
+//   the end takes what is left; missing blobs are empty):
+//     weights (.safetensors), query, key, value, key_padding_mask,
+//     attn_mask (.npy)
+// A blob is used only when its presence bit is set (weights and query
+// always are). Like `multihead forward`: key defaults to the query, value
+// to the key; bool masks are boolean, float masks additive; a bool query,
+// key or value is rejected.
+//
+// The weights go through the library's own load_weights (config inference
+// from tensor names and metadata), reading the blob from a memfd: the
+// library has no in-memory variant, and the memfd costs one write and one
+// read per input (measured in docs/fuzzing.md).
+//
+// Contract checked: forward either returns or throws multihead::Error
+// (std::bad_alloc is tolerated; allocations past -rss_limit_mb are reported
+// by libFuzzer itself). On return, the output has the query's shape, the
+// weights are present iff need_weights with the documented shape, and every
+// weight is NaN or in [0, 1] (softmax rows; checked when not training).
+// A broken contract throws HarnessFailure; any other exception escapes.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "multihead/multihead_attention.hpp"
+#include "multihead/weights.hpp"
+
+namespace multihead::fuzz {
+
+// The harness found a result that breaks forward's contract.
+class HarnessFailure : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
+enum class Outcome {
+  Ran,       // forward returned and its result met the contract
+  Rejected,  // the library threw multihead::Error (or std::bad_alloc)
+  Skipped    // the input is malformed for the harness, or too costly to run
+};
+
+// Work (multiply-adds, roughly) above which an input is skipped, so one
+// iteration stays around a millisecond under ASan. Computed from the parsed
+// shapes, never from the bytes' claims.
+inline constexpr double kMaxWork = 2e6;
+
+namespace detail {
+
+struct Reader {
+  const uint8_t* p;
+  std::size_t left;
+  // The next u32-length-prefixed blob; a short input yields what is left.
+  std::pair<const uint8_t*, std::size_t> blob() {
+    if (left < 4) {
+      p += left;
+      left = 0;
+      return {p, 0};
+    }
+    const std::size_t n = static_cast<std::size_t>(p[0]) | static_cast<std::size_t>(p[1]) << 8 |
+                          static_cast<std::size_t>(p[2]) << 16 | static_cast<std::size_t>(p[3]) << 24;
+    p += 4;
+    left -= 4;
+    const std::size_t take = n < left ? n : left;
+    const uint8_t* start = p;
+    p += take;
+    left -= take;
+    return {start, take};
+  }
+};
+
+// A memfd holding the weights blob, so load_weights reads it by path.
+// One per thread, reused across inputs.
+class MemFile {
+ public:
+  MemFile() : fd_(::memfd_create("fuzz-weights", MFD_CLOEXEC)) {
+    if (fd_ < 0) throw std::runtime_error("memfd_create failed");
+    path_ = "/proc/self/fd/" + std::to_string(fd_);
+  }
+  ~MemFile() { ::close(fd_); }
+  MemFile(const MemFile&) = delete;
+  MemFile& operator=(const MemFile&) = delete;
+  const std::string& write(const uint8_t* data, std::size_t size) {
+    if (::ftruncate(fd_, 0) != 0) throw std::runtime_error("ftruncate failed");
+    std::size_t done = 0;
+    while (done < size) {
+      const ssize_t n = ::pwrite(fd_, data + done, size - done, static_cast<off_t>(done));
+      if (n <= 0) throw std::runtime_error("pwrite failed");
+      done += static_cast<std::size_t>(n);
+    }
+    return path_;
+  }
+
+ private:
+  int fd_;
+  std::string path_;
+};
+
+// Saturating product in double: shapes can claim 2^62 in a zero-sized tensor.
+inline double dim(const Shape& s, std::size_t i) {
+  return i < s.size() ? static_cast<double>(s[i]) : 0.0;
+}
+
+// Roughly the multiply-adds a forward of these shapes needs: projections,
+// scores and weighted sums, and the weights tensor. Shapes that forward will
+// reject cost what their interpretation as valid shapes would.
+inline double estimate_work(const MultiheadAttentionConfig& c, const Shape& q, const Shape& k) {
+  const bool batched = q.size() == 3;
+  const bool bf = c.batch_first;
+  const double B = batched ? dim(q, bf ? 0 : 1) : 1.0;
+  const double L = batched ? dim(q, bf ? 1 : 0) : dim(q, 0);
+  const double S = batched ? dim(k, bf ? 1 : 0) : dim(k, 0);
+  const double St = S + (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
+  const double E = static_cast<double>(c.embed_dim);
+  const double H = static_cast<double>(c.num_heads > 0 ? c.num_heads : 1);
+  const double Ek = static_cast<double>(c.key_dim()), Ev = static_cast<double>(c.value_dim());
+  return B * L * E * E * 2 + B * S * E * (Ek + Ev) + B * L * St * (2 * E + H);
+}
+
+template <class T>
+Tensor<T> as(const LoadedTensor& t) {
+  return tensor_cast<T>(t.values);
+}
+
+template <class T>
+std::unique_ptr<Mask<T>> mask_of(const std::optional<LoadedTensor>& t) {
+  if (!t) return nullptr;
+  if (t->dtype == DType::Bool) return std::make_unique<Mask<T>>(Mask<T>::boolean(tensor_cast<uint8_t>(t->values)));
+  return std::make_unique<Mask<T>>(Mask<T>::additive(tensor_cast<T>(t->values)));
+}
+
+inline std::string shape_str(const Shape& s) { return shape_to_string(s); }
+
+struct Inputs {
+  uint8_t flags = 0, select = 0, heads = 0, dropout = 0;
+  LoadedWeights weights;
+  LoadedTensor query;
+  std::optional<LoadedTensor> key, value, key_padding_mask, attn_mask;
+};
+
+template <class T>
+void run_typed(const Inputs& in) {
+  const MultiheadAttentionConfig& c = in.weights.config;
+  const Tensor<T> query = as<T>(in.query);
+  std::optional<Tensor<T>> key, value;
+  if (in.key) key = as<T>(*in.key);
+  if (in.value) value = as<T>(*in.value);
+  // The same objects as the CLI passes, so the fused form's self-attention
+  // fast path (one packed projection) is reachable.
+  const Tensor<T>& k = key ? *key : query;
+  const Tensor<T>& v = value ? *value : k;
+  const auto kpm = mask_of<T>(in.key_padding_mask);
+  const auto am = mask_of<T>(in.attn_mask);
+
+  const BasicMultiheadAttention<T> mha(c, cast_parameters<T>(in.weights.parameters));
+  ForwardOptions<T> o;
+  o.key_padding_mask = kpm.get();
+  o.attn_mask = am.get();
+  o.need_weights = in.flags & 1;
+  o.average_attn_weights = in.flags & 2;
+  o.is_causal = in.flags & 4;
+  o.masked_rows = (in.flags & 8) ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
+  o.training = in.flags & 64;
+  o.check_finite = in.flags & 128;
+  o.kernel = static_cast<AttentionKernel>(in.select & 3);
+  o.num_threads = (in.select & 64) ? 2 : 1;
+  o.dropout_seed = in.dropout;
+  const bool textbook = in.flags & 16;
+
+  const ForwardResult<T> r = textbook ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
+
+  // forward accepted the shapes, so they are the documented ones.
+  if (r.output.shape() != query.shape())
+    throw HarnessFailure("output: expected shape " + shape_str(query.shape()) + ", got " +
+                         shape_str(r.output.shape()));
+  if (r.attn_weights.has_value() != o.need_weights)
+    throw HarnessFailure(std::string("attn_weights: expected ") + (o.need_weights ? "present" : "absent"));
+  if (!r.attn_weights) return;
+  const bool batched = query.dim() == 3;
+  const int64_t B = batched ? query.size(c.batch_first ? 0 : 1) : 1;
+  const int64_t L = batched ? query.size(c.batch_first ? 1 : 0) : query.size(0);
+  const int64_t S = batched ? k.size(c.batch_first ? 1 : 0) : k.size(0);
+  const int64_t St = S + c.add_bias_kv + c.add_zero_attn, H = c.num_heads;
+  Shape expected = o.average_attn_weights ? Shape{B, L, St} : Shape{B, H, L, St};
+  if (!batched) expected.erase(expected.begin());
+  const Tensor<T>& w = *r.attn_weights;
+  if (w.shape() != expected)
+    throw HarnessFailure("attn_weights: expected shape " + shape_str(expected) + ", got " + shape_str(w.shape()));
+  if (o.training) return;  // dropout scales kept weights by 1/(1-p)
+  // Softmax rows (or zeros, or NaN), and their mean over heads.
+  const T tol = std::is_same_v<T, float> ? T(1e-5) : T(1e-12);
+  for (int64_t i = 0; i < w.numel(); ++i)
+    if (!std::isnan(w[i]) && !(w[i] >= T(0) && w[i] <= T(1) + tol))
+      throw HarnessFailure("attn_weights: element " + std::to_string(i) + " = " + std::to_string(w[i]) +
+                           " is outside [0, 1]");
+}
+
+}  // namespace detail
+
+// Runs one fuzz input. Returns how it ended; throws HarnessFailure when the
+// result breaks the contract, and lets any exception other than
+// multihead::Error and std::bad_alloc escape.
+inline Outcome run_forward_input(const uint8_t* data, std::size_t size) {
+  if (size < 5) return Outcome::Skipped;
+  detail::Inputs in;
+  in.flags = data[0];
+  in.select = data[1];
+  in.heads = data[2];
+  in.dropout = data[3];
+  const uint8_t present = data[4];
+  detail::Reader rd{data + 5, size - 5};
+  const auto weights = rd.blob();
+  const auto query = rd.blob();
+  const auto key = rd.blob();
+  const auto value = rd.blob();
+  const auto kpm = rd.blob();
+  const auto am = rd.blob();
+
+  thread_local detail::MemFile file;
+  const std::string& path = file.write(weights.first, weights.second);
+  try {
+    WeightOverrides ov;
+    const int bf = (in.select >> 2) & 3;
+    if (bf == 1 || bf == 2) ov.batch_first = bf == 2;
+    if (in.select & 16) ov.add_zero_attn = true;
+    if (in.select & 32) ov.num_heads = in.heads;
+    if (in.select & 128) ov.dropout = in.dropout / 250.0;
+    in.weights = load_weights(path, ov);
+    // Numbers, not booleans, for query, key and value (as the CLI demands).
+    auto input = [](std::pair<const uint8_t*, std::size_t> b, const char* name) {
+      LoadedTensor t = parse_npy(b.first, b.second, name);
+      if (t.dtype == DType::Bool)
+        throw Error(Error::Kind::Value, std::string(name) + ": expected dtype float32 or float64, got bool");
+      return t;
+    };
+    in.query = input(query, "query");
+    if (present & 1) in.key = input(key, "key");
+    if (present & 2) in.value = input(value, "value");
+    if (present & 4) in.key_padding_mask = parse_npy(kpm.first, kpm.second, "key_padding_mask");
+    if (present & 8) in.attn_mask = parse_npy(am.first, am.second, "attn_mask");
+  } catch (const Error&) {
+    return Outcome::Skipped;  // the readers have their own fuzz targets
+  }
+
+  const Shape& k_shape = in.key ? in.key->values.shape() : in.query.values.shape();
+  if (!(detail::estimate_work(in.weights.config, in.query.values.shape(), k_shape) <= kMaxWork))
+    return Outcome::Skipped;
+
+  try {
+    if (in.flags & 32) detail::run_typed<double>(in);
+    else detail::run_typed<float>(in);
+  } catch (const Error&) {
+    return Outcome::Rejected;
+  } catch (const std::bad_alloc&) {
+    return Outcome::Rejected;
+  }
+  return Outcome::Ran;
+}
+
+}  // namespace multihead::fuzz
