@@ -41,6 +41,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -67,7 +69,7 @@ class HarnessFailure : public std::logic_error {
 enum class Outcome {
   Ran,       // forward returned and its result met the contract
   Rejected,  // the library threw multihead::Error (or std::bad_alloc)
-  Skipped    // the input is malformed for the harness, or too costly to run
+  Skipped    // too short for the header, or too costly to run
 };
 
 // Work (multiply-adds, roughly) above which an input is skipped, so one
@@ -75,29 +77,61 @@ enum class Outcome {
 // shapes, never from the bytes' claims.
 inline constexpr double kMaxWork = 2e6;
 
-namespace detail {
+// Header bits (layout above).
+namespace bits {
+// byte 0
+inline constexpr uint8_t kNeedWeights = 1, kAverage = 2, kCausal = 4, kNanRows = 8, kTextbook = 16,
+                         kDouble = 32, kTraining = 64, kCheckFinite = 128;
+// byte 1 (bits 0-1 the kernel, bits 2-3 the batch_first override)
+inline constexpr uint8_t kKernel = 3, kZeroAttn = 16, kHeads = 32, kTwoThreads = 64, kDropout = 128;
+inline constexpr int kBatchFirstShift = 2;
+// byte 4
+inline constexpr uint8_t kKey = 1, kValue = 2, kKeyPaddingMask = 4, kAttnMask = 8;
+}  // namespace bits
 
-struct Reader {
-  const uint8_t* p;
-  std::size_t left;
-  // The next u32-length-prefixed blob; a short input yields what is left.
-  std::pair<const uint8_t*, std::size_t> blob() {
-    if (left < 4) {
-      p += left;
-      left = 0;
-      return {p, 0};
-    }
-    const std::size_t n = static_cast<std::size_t>(p[0]) | static_cast<std::size_t>(p[1]) << 8 |
-                          static_cast<std::size_t>(p[2]) << 16 | static_cast<std::size_t>(p[3]) << 24;
-    p += 4;
-    left -= 4;
-    const std::size_t take = n < left ? n : left;
-    const uint8_t* start = p;
-    p += take;
-    left -= take;
-    return {start, take};
-  }
+// The input split into its fields (layout above). Blobs, in order:
+// weights, query, key, value, key_padding_mask, attn_mask.
+struct InputParts {
+  static constexpr std::size_t kHeader = 5, kBlobs = 6;
+  enum Blob { Weights, Query, Key, Value, KeyPaddingMask, AttnMask };
+  std::array<uint8_t, kHeader> header{};
+  std::array<std::string, kBlobs> blobs;
 };
+
+// false when the input is shorter than the header. A blob length past the
+// end takes what is left; missing blobs are empty.
+inline bool split_input(const uint8_t* data, std::size_t size, InputParts& parts) {
+  if (size < InputParts::kHeader) return false;
+  std::copy_n(data, InputParts::kHeader, parts.header.begin());
+  std::size_t at = InputParts::kHeader;
+  for (std::string& blob : parts.blobs) {
+    if (size - at < 4) {
+      blob.clear();
+      at = size;
+      continue;
+    }
+    const std::size_t n = static_cast<std::size_t>(data[at]) | static_cast<std::size_t>(data[at + 1]) << 8 |
+                          static_cast<std::size_t>(data[at + 2]) << 16 |
+                          static_cast<std::size_t>(data[at + 3]) << 24;
+    at += 4;
+    const std::size_t take = std::min(n, size - at);
+    blob.assign(reinterpret_cast<const char*>(data) + at, take);
+    at += take;
+  }
+  return true;
+}
+
+inline std::string join_input(const InputParts& parts) {
+  std::string out(parts.header.begin(), parts.header.end());
+  for (const std::string& blob : parts.blobs) {
+    const auto n = static_cast<uint32_t>(blob.size());
+    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>(n >> (8 * i) & 0xff));
+    out += blob;
+  }
+  return out;
+}
+
+namespace detail {
 
 // A memfd holding the weights blob, so load_weights reads it by path.
 // One per thread, reused across inputs.
@@ -126,7 +160,8 @@ class MemFile {
   std::string path_;
 };
 
-// Saturating product in double: shapes can claim 2^62 in a zero-sized tensor.
+// Dimension i, or 0 when the shape has fewer; in double, since shapes can
+// claim 2^62 in a zero-sized tensor and products must not overflow.
 inline double dim(const Shape& s, std::size_t i) {
   return i < s.size() ? static_cast<double>(s[i]) : 0.0;
 }
@@ -159,8 +194,6 @@ std::unique_ptr<Mask<T>> mask_of(const std::optional<LoadedTensor>& t) {
   return std::make_unique<Mask<T>>(Mask<T>::additive(tensor_cast<T>(t->values)));
 }
 
-inline std::string shape_str(const Shape& s) { return shape_to_string(s); }
-
 struct Inputs {
   uint8_t flags = 0, select = 0, heads = 0, dropout = 0;
   LoadedWeights weights;
@@ -186,23 +219,23 @@ void run_typed(const Inputs& in) {
   ForwardOptions<T> o;
   o.key_padding_mask = kpm.get();
   o.attn_mask = am.get();
-  o.need_weights = in.flags & 1;
-  o.average_attn_weights = in.flags & 2;
-  o.is_causal = in.flags & 4;
-  o.masked_rows = (in.flags & 8) ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
-  o.training = in.flags & 64;
-  o.check_finite = in.flags & 128;
-  o.kernel = static_cast<AttentionKernel>(in.select & 3);
-  o.num_threads = (in.select & 64) ? 2 : 1;
+  o.need_weights = in.flags & bits::kNeedWeights;
+  o.average_attn_weights = in.flags & bits::kAverage;
+  o.is_causal = in.flags & bits::kCausal;
+  o.masked_rows = (in.flags & bits::kNanRows) ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
+  o.training = in.flags & bits::kTraining;
+  o.check_finite = in.flags & bits::kCheckFinite;
+  o.kernel = static_cast<AttentionKernel>(in.select & bits::kKernel);
+  o.num_threads = (in.select & bits::kTwoThreads) ? 2 : 1;
   o.dropout_seed = in.dropout;
-  const bool textbook = in.flags & 16;
+  const bool textbook = in.flags & bits::kTextbook;
 
   const ForwardResult<T> r = textbook ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
 
   // forward accepted the shapes, so they are the documented ones.
   if (r.output.shape() != query.shape())
-    throw HarnessFailure("output: expected shape " + shape_str(query.shape()) + ", got " +
-                         shape_str(r.output.shape()));
+    throw HarnessFailure("output: expected shape " + shape_to_string(query.shape()) + ", got " +
+                         shape_to_string(r.output.shape()));
   if (r.attn_weights.has_value() != o.need_weights)
     throw HarnessFailure(std::string("attn_weights: expected ") + (o.need_weights ? "present" : "absent"));
   if (!r.attn_weights) return;
@@ -215,7 +248,7 @@ void run_typed(const Inputs& in) {
   if (!batched) expected.erase(expected.begin());
   const Tensor<T>& w = *r.attn_weights;
   if (w.shape() != expected)
-    throw HarnessFailure("attn_weights: expected shape " + shape_str(expected) + ", got " + shape_str(w.shape()));
+    throw HarnessFailure("attn_weights: expected shape " + shape_to_string(expected) + ", got " + shape_to_string(w.shape()));
   if (o.training) return;  // dropout scales kept weights by 1/(1-p)
   // Softmax rows (or zeros, or NaN), and their mean over heads.
   const T tol = std::is_same_v<T, float> ? T(1e-5) : T(1e-12);
@@ -227,63 +260,77 @@ void run_typed(const Inputs& in) {
 
 }  // namespace detail
 
-// Runs one fuzz input. Returns how it ended; throws HarnessFailure when the
+// Runs one fuzz input. Returns how it ended (and, if `why` is given, the
+// error message or the reason for skipping); throws HarnessFailure when the
 // result breaks the contract, and lets any exception other than
 // multihead::Error and std::bad_alloc escape.
-inline Outcome run_forward_input(const uint8_t* data, std::size_t size) {
-  if (size < 5) return Outcome::Skipped;
+inline Outcome run_forward_input(const uint8_t* data, std::size_t size, std::string* why = nullptr) {
+  auto say = [why](const std::string& text) {
+    if (why) *why = text;
+  };
+  InputParts parts;
+  if (!split_input(data, size, parts)) {
+    say("shorter than the 5-byte header");
+    return Outcome::Skipped;
+  }
   detail::Inputs in;
-  in.flags = data[0];
-  in.select = data[1];
-  in.heads = data[2];
-  in.dropout = data[3];
-  const uint8_t present = data[4];
-  detail::Reader rd{data + 5, size - 5};
-  const auto weights = rd.blob();
-  const auto query = rd.blob();
-  const auto key = rd.blob();
-  const auto value = rd.blob();
-  const auto kpm = rd.blob();
-  const auto am = rd.blob();
+  in.flags = parts.header[0];
+  in.select = parts.header[1];
+  in.heads = parts.header[2];
+  in.dropout = parts.header[3];
+  const uint8_t present = parts.header[4];
+  using P = InputParts;
 
   thread_local detail::MemFile file;
-  const std::string& path = file.write(weights.first, weights.second);
+  const std::string& w = parts.blobs[P::Weights];
+  const std::string& path = file.write(reinterpret_cast<const uint8_t*>(w.data()), w.size());
   try {
     WeightOverrides ov;
-    const int bf = (in.select >> 2) & 3;
+    const int bf = (in.select >> bits::kBatchFirstShift) & 3;
     if (bf == 1 || bf == 2) ov.batch_first = bf == 2;
-    if (in.select & 16) ov.add_zero_attn = true;
-    if (in.select & 32) ov.num_heads = in.heads;
-    if (in.select & 128) ov.dropout = in.dropout / 250.0;
+    if (in.select & bits::kZeroAttn) ov.add_zero_attn = true;
+    if (in.select & bits::kHeads) ov.num_heads = in.heads;
+    if (in.select & bits::kDropout) ov.dropout = in.dropout / 250.0;
     in.weights = load_weights(path, ov);
     // Numbers, not booleans, for query, key and value (as the CLI demands).
-    auto input = [](std::pair<const uint8_t*, std::size_t> b, const char* name) {
-      LoadedTensor t = parse_npy(b.first, b.second, name);
+    auto npy = [&](P::Blob b, const char* name) {
+      const std::string& bytes = parts.blobs[b];
+      return parse_npy(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), name);
+    };
+    auto input = [&](P::Blob b, const char* name) {
+      LoadedTensor t = npy(b, name);
       if (t.dtype == DType::Bool)
         throw Error(Error::Kind::Value, std::string(name) + ": expected dtype float32 or float64, got bool");
       return t;
     };
-    in.query = input(query, "query");
-    if (present & 1) in.key = input(key, "key");
-    if (present & 2) in.value = input(value, "value");
-    if (present & 4) in.key_padding_mask = parse_npy(kpm.first, kpm.second, "key_padding_mask");
-    if (present & 8) in.attn_mask = parse_npy(am.first, am.second, "attn_mask");
-  } catch (const Error&) {
-    return Outcome::Skipped;  // the readers have their own fuzz targets
+    in.query = input(P::Query, "query");
+    if (present & bits::kKey) in.key = input(P::Key, "key");
+    if (present & bits::kValue) in.value = input(P::Value, "value");
+    if (present & bits::kKeyPaddingMask) in.key_padding_mask = npy(P::KeyPaddingMask, "key_padding_mask");
+    if (present & bits::kAttnMask) in.attn_mask = npy(P::AttnMask, "attn_mask");
+  } catch (const Error& e) {
+    say(e.what());
+    return Outcome::Rejected;  // by a reader or by the weights' validation
   }
 
   const Shape& k_shape = in.key ? in.key->values.shape() : in.query.values.shape();
-  if (!(detail::estimate_work(in.weights.config, in.query.values.shape(), k_shape) <= kMaxWork))
+  const double work = detail::estimate_work(in.weights.config, in.query.values.shape(), k_shape);
+  if (!(work <= kMaxWork)) {
+    say("estimated work " + std::to_string(work) + " exceeds " + std::to_string(kMaxWork));
     return Outcome::Skipped;
+  }
 
   try {
-    if (in.flags & 32) detail::run_typed<double>(in);
+    if (in.flags & bits::kDouble) detail::run_typed<double>(in);
     else detail::run_typed<float>(in);
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    say(e.what());
     return Outcome::Rejected;
   } catch (const std::bad_alloc&) {
+    say("std::bad_alloc");
     return Outcome::Rejected;
   }
+  say("");
   return Outcome::Ran;
 }
 

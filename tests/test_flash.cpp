@@ -74,6 +74,7 @@ struct Case {
   MaskedRowPolicy policy = MaskedRowPolicy::Zeros;
   bool large_scores = false;    // integer inputs, scores ~1e4, exact in float
   bool strided = false;         // q, k, v, out as (len, B, H·width) views
+  bool nan_inputs = false;      // a NaN in q (slice 0), k (slice 1), v (slice 2)
 };
 
 // A case together with the thread count and the SIMD target it runs on.
@@ -98,6 +99,7 @@ std::string case_name(const Case& c) {
   if (c.masked_rows) n += c.policy == MaskedRowPolicy::NaN ? "_maskedrowsNaN" : "_maskedrowsZeros";
   if (c.large_scores) n += "_scores1e4";
   if (c.strided) n += "_strided";
+  if (c.nan_inputs) n += "_naninputs";
   return n;
 }
 
@@ -151,6 +153,14 @@ Inputs make_inputs(const Case& c) {
       const float value = c.large_scores ? static_cast<float>(ints(rng)) : normal(rng);
       e = c.with_inf && uniform(rng) < 0.3f ? -kInf : value;
     }
+  }
+  if (c.nan_inputs) {
+    // Slice 0: query row 3 (that row is NaN); slice 1: key 5 (every row that
+    // sees it); slice 2: value row 7 (every row: 0·NaN is NaN too).
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    in.q[static_cast<std::size_t>((0 * c.L + 3) * c.D + 1)] = nan;
+    in.k[static_cast<std::size_t>((1 * c.S + 5) * c.D + 0)] = nan;
+    in.v[static_cast<std::size_t>((2 * c.S + 7) * c.Dv + 2)] = nan;
   }
   if (c.masked_rows) {
     // Row 0 (and row L/2) of every slice sees no key at all; with key padding
@@ -456,6 +466,15 @@ std::vector<Case> cases() {
     c.strided = true;
     c.causal = causal;
     c.mask = MaskKind::Both;
+    c.with_inf = true;
+    t.push_back(c);
+  }
+  // NaN inputs propagate to exactly the rows the reference makes NaN, on
+  // every target (not only where Highway's Max happens to keep NaN).
+  for (MaskKind m : {MaskKind::None, MaskKind::KeyPadding}) {
+    Case c{17, 33, 8, 8};
+    c.nan_inputs = true;
+    c.mask = m;
     c.with_inf = true;
     t.push_back(c);
   }

@@ -118,13 +118,14 @@ inline size_t ScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
 // plus 127, shifted into the exponent field, are 2^n (3 operations fewer than
 // Round + ConvertTo, whose overflow fix-up we do not need). x is clamped at
 // -127, whose exponent bits are 0, so x <= -126.5 (and -inf) gives exactly +0
-// (results below FLT_MIN flush to 0). 2^0 is exactly 1. On x86, NaN
-// propagates (maxps returns its second operand when either is NaN); Highway
-// does not promise that on every target.
+// (results below FLT_MIN flush to 0). 2^0 is exactly 1. NaN stays NaN on
+// every target: the clamp is a compare and select (x < -127 is false for
+// NaN), not Max, whose NaN result Highway leaves to the target.
 HWY_INLINE VF32 Exp2NonPositive(DF32 df, VF32 x) {
   const hn::RebindToSigned<DF32> di;
   const VF32 magic = hn::Set(df, 12582912.0f);  // 1.5·2^23
-  x = hn::Max(hn::Set(df, -127.0f), x);
+  const VF32 lowest = hn::Set(df, -127.0f);
+  x = hn::IfThenElse(hn::Lt(x, lowest), lowest, x);
   const VF32 t = hn::Add(x, magic);
   const VF32 n = hn::Sub(t, magic);
   const VF32 f = hn::Sub(x, n);
@@ -324,7 +325,9 @@ HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs
   // Online softmax: m_new = max(m, max_j s_j); alpha = exp(m - m_new);
   // p_j = exp(s_j - m_new); l = alpha·l + Σ_j p_j. A query with no finite
   // score yet has m_new = -inf: it uses 0 instead, so that s - m is -inf
-  // (p = 0) and never (-inf) - (-inf) = NaN.
+  // (p = 0) and never (-inf) - (-inf) = NaN. A NaN score (NaN input) may or
+  // may not win the max, depending on the target; either way its p is NaN,
+  // so l and the row's output are NaN, as in the reference and PyTorch.
   // Without masks in this tile the QKᵀ epilogue already has the max.
   const bool masked = in.attn_mask != nullptr || in.key_padding != nullptr || causal_diagonal;
   const VF32 log2e = hn::Set(df, 1.442695040888963407359924681f);
