@@ -145,13 +145,15 @@ class MemFile {
   MemFile(const MemFile&) = delete;
   MemFile& operator=(const MemFile&) = delete;
   const std::string& write(const uint8_t* data, std::size_t size) {
-    if (::ftruncate(fd_, 0) != 0) throw std::runtime_error("ftruncate failed");
+    // Overwrite, then cut the tail: truncating to 0 first would free and
+    // fault in the pages again on every input.
     std::size_t done = 0;
     while (done < size) {
       const ssize_t n = ::pwrite(fd_, data + done, size - done, static_cast<off_t>(done));
       if (n <= 0) throw std::runtime_error("pwrite failed");
       done += static_cast<std::size_t>(n);
     }
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) throw std::runtime_error("ftruncate failed");
     return path_;
   }
 
