@@ -10,6 +10,7 @@
 # Environment:
 #   FUZZ_SECONDS    seconds per target (default 60)
 #   FUZZ_BUILD_DIR  build directory (default build-fuzz, shared with fuzz/run.sh)
+#   FUZZ_FLAGS      extra libFuzzer flags, e.g. "-fork=2" to fuzz on two cores
 #   JOBS            build parallelism (default nproc)
 # Longer runs, and what to do with a crash: docs/fuzzing.md.
 set -euo pipefail
@@ -74,11 +75,14 @@ for t in "${targets[@]}"; do
   echo "== $t: ${seconds} s on a copy of fuzz/corpus/$corpus ($(ls "$work" | wc -l) seeds)"
   t0=$(date +%s)
   status=0
+  # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
   UBSAN_OPTIONS=print_stacktrace=1 "$build/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=2048 \
-    -timeout=10 -dict="$dict" -artifact_prefix="$artifacts/" -print_final_stats=1 "$work" \
-    >"$log" 2>&1 || status=$?
+    -timeout=10 -dict="$dict" -artifact_prefix="$artifacts/" -print_final_stats=1 ${FUZZ_FLAGS:-} \
+    "$work" >"$log" 2>&1 || status=$?
   t1=$(date +%s)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  # -fork=N prints no final stats; its last "#N: cov: …" line counts every job.
+  [[ -n $execs ]] || execs=$(sed -n 's/^#\([0-9]*\):* .*cov: .*/\1/p' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
   line=$(printf '%-17s %4d s  executions %-9s cov %-5s corpus %d files' "$t" $((t1 - t0)) \
     "${execs:-?}" "${cov:-?}" "$(ls "$work" | wc -l)")

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake g++ clang libclang-rt-14-dev libomp-14-dev valgrind
-  libopenblas-dev libhwy-dev libcli11-dev nlohmann-json3-dev
+  libopenblas-dev libdnnl-dev libhwy-dev libcli11-dev nlohmann-json3-dev
   libgtest-dev libbenchmark-dev
   python3 python3-numpy python3-torch
   time

@@ -14,6 +14,7 @@
 #include "commands.hpp"
 #include "validators.hpp"
 #include "core/gemm.hpp"
+#include "simd/targets.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead::cli {
@@ -24,6 +25,7 @@ Runner add_bench_command(CLI::App& app) {
     bool causal = false, batch_first = false;
     int threads = 0, repeat = 7, warmup = 2;
     std::string kernel = "auto";
+    std::string simd_target;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("bench", "Time forward passes: median ms and GFLOP/s");
@@ -38,8 +40,11 @@ Runner add_bench_command(CLI::App& app) {
   c->add_option("--warmup", a->warmup, "Untimed runs first")->check(non_negative_integer());
   c->add_option("--kernel", a->kernel, "auto, reference, materialized or flash")
       ->check(CLI::IsMember({"auto", "reference", "materialized", "flash"}));
+  c->add_option("--simd-target", a->simd_target,
+                "Force a SIMD target for the flash kernel (e.g. AVX3, AVX2, SSE4, SCALAR)");
   return [a] {
     apply_threads(a->threads);
+    if (!a->simd_target.empty()) detail::simd_target_force(a->simd_target);
     MultiheadAttentionConfig config;
     config.embed_dim = a->embed_dim;
     config.num_heads = a->num_heads;
@@ -69,11 +74,11 @@ Runner add_bench_command(CLI::App& app) {
     const double B = static_cast<double>(a->batch), L = static_cast<double>(a->seq_len),
                  E = static_cast<double>(a->embed_dim);
     const double flops = 8 * B * L * E * E + 4 * B * L * L * E;
-    std::printf("bench B=%lld L=%lld E=%lld H=%lld causal=%d threads=%d blas_threads=%d kernel=%s\n",
+    std::printf("bench B=%lld L=%lld E=%lld H=%lld causal=%d threads=%d blas_threads=%d kernel=%s simd=%s\n",
                 static_cast<long long>(a->batch), static_cast<long long>(a->seq_len),
                 static_cast<long long>(a->embed_dim), static_cast<long long>(a->num_heads),
                 a->causal ? 1 : 0, a->threads > 0 ? a->threads : omp_get_max_threads(),
-                detail::blas_threads(), a->kernel.c_str());
+                detail::blas_threads(), a->kernel.c_str(), detail::simd_target_current().c_str());
     std::printf("median_ms=%.4f gflops=%.2f min_ms=%.4f max_ms=%.4f runs=%d\n", median,
                 flops / (median * 1e6), ms.front(), ms.back(), a->repeat);
   };

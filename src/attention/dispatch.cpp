@@ -32,9 +32,10 @@ bool flash_can_serve(const AttentionArgs<T>& a) {
 
 }  // namespace
 
-// The flash kernel indexes contiguous [slice][row][width] buffers; the fused
-// form then copies into that layout (split_heads_copy) for it.
-bool flash_accepts_layouts() { return false; }
+// The flash kernel reads q, k, v and writes out through any SliceLayout
+// (tests/test_flash.cpp, the "_strided" cases), so the fused form hands it
+// views into the projection buffer and lets it write merged heads.
+bool flash_accepts_layouts() { return true; }
 
 template <class T>
 bool kernel_accepts_layouts(AttentionKernel requested, bool with_weights) {

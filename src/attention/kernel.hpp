@@ -98,7 +98,7 @@ template <class P>
 P* slice_start(P* base, const SliceLayout& l, int64_t n, int64_t heads) {
   return base + (n / heads) * l.batch + (n % heads) * l.head;
 }
-// True when every layout is unset (contiguous), as the flash kernel needs.
+// True when every layout is unset (contiguous).
 template <class T>
 bool all_contiguous(const AttentionArgs<T>& a) {
   return a.q_layout.contiguous() && a.k_layout.contiguous() && a.v_layout.contiguous() &&
@@ -116,7 +116,7 @@ void attention_forward_materialized(const AttentionArgs<T>& args);
 // Tiled online softmax (Highway SIMD). float only, weights must be nullptr.
 // Defined in src/attention/flash.cpp.
 void attention_forward_flash(const AttentionArgs<float>& args);
-bool flash_available();  // false until the flash kernel is built in
+bool flash_available();  // whether this build has the flash kernel
 // Whether the flash kernel honours q/k/v/out layouts (else it needs all
 // contiguous).
 bool flash_accepts_layouts();

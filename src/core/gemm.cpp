@@ -1,7 +1,8 @@
-// src/core/gemm.cpp: gemm() through CBLAS (OpenBLAS from Debian).
+// src/core/gemm.cpp: gemm() through oneDNN (float) and CBLAS (double).
 #include "core/gemm.hpp"
 
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <climits>
 #include <stdexcept>
@@ -35,9 +36,10 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_only(M, N, beta, C, ldc);
-  cblas_sgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), checked_int(M, "M"), checked_int(N, "N"),
-              checked_int(K, "K"), alpha, A, checked_int(lda, "lda"), B, checked_int(ldb, "ldb"),
-              beta, C, checked_int(ldc, "ldc"));
+  const dnnl_status_t st = dnnl_sgemm(ta == Trans::Yes ? 'T' : 'N', tb == Trans::Yes ? 'T' : 'N', M, N, K,
+                                      alpha, A, lda, B, ldb, beta, C, ldc);
+  if (st != dnnl_success)
+    throw Error(Error::Kind::Value, "gemm: oneDNN sgemm failed with status " + std::to_string(int(st)));
 }
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha,
