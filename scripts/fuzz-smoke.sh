@@ -15,9 +15,8 @@
 # Longer runs, and what to do with a crash: docs/fuzzing.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD
 seconds=${FUZZ_SECONDS:-60}
-build=${FUZZ_BUILD_DIR:-build-fuzz}
+build=$(realpath -m "${FUZZ_BUILD_DIR:-build-fuzz}")
 jobs=${JOBS:-$(nproc)}
 targets=("$@")
 ((${#targets[@]})) || targets=(fuzz_npy fuzz_safetensors fuzz_forward)
@@ -72,7 +71,7 @@ for t in "${targets[@]}"; do
   rm -rf "${smoke:?}/$t"
   mkdir -p "$work" "$artifacts"
   cp -R "fuzz/corpus/$corpus/." "$work/"
-  echo "== $t: ${seconds} s on a copy of fuzz/corpus/$corpus ($(ls "$work" | wc -l) seeds)"
+  echo "== $t: ${seconds} s on a copy of fuzz/corpus/$corpus ($(find "$work" -type f | wc -l) seeds)"
   t0=$(date +%s)
   status=0
   # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
@@ -80,12 +79,13 @@ for t in "${targets[@]}"; do
     -timeout=10 -dict="$dict" -artifact_prefix="$artifacts/" -print_final_stats=1 ${FUZZ_FLAGS:-} \
     "$work" >"$log" 2>&1 || status=$?
   t1=$(date +%s)
+  # (A crash can come before any stats: nothing below may fail the script.)
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   # -fork=N prints no final stats; its last "#N: cov: …" line counts every job.
   [[ -n $execs ]] || execs=$(sed -n 's/^#\([0-9]*\):* .*cov: .*/\1/p' "$log" | tail -1)
-  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2)
+  cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 | cut -d' ' -f2 || true)
   line=$(printf '%-17s %4d s  executions %-9s cov %-5s corpus %d files' "$t" $((t1 - t0)) \
-    "${execs:-?}" "${cov:-?}" "$(ls "$work" | wc -l)")
+    "${execs:-?}" "${cov:-?}" "$(find "$work" -type f | wc -l)")
   echo "$line"
   if ((status != 0)); then
     reproducer=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)

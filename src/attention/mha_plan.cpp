@@ -4,6 +4,9 @@
 // the tensor and give the expected and the actual shape.
 #include "attention/mha_plan.hpp"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <limits>
 #include <string>
 
@@ -153,6 +156,22 @@ void check_forward_finite(const Tensor<T>& query, const Tensor<T>& key, const Te
   check_finite("out_proj.bias", params.out_proj_bias);
   check_finite("bias_k", params.bias_k);
   check_finite("bias_v", params.bias_v);
+}
+
+void check_weights_fit(const ForwardPlan& p, std::size_t element_size) {
+  const double bytes = static_cast<double>(p.B) * static_cast<double>(p.H) * static_cast<double>(p.L) *
+                       static_cast<double>(p.S_total) * static_cast<double>(element_size);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+  if (memory > 0 && bytes > memory) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "attn_weights: shape (%lld, %lld, %lld, %lld) would need %.1f GiB, more than this "
+                  "machine's %.1f GiB of memory (set need_weights=false)",
+                  static_cast<long long>(p.B), static_cast<long long>(p.H), static_cast<long long>(p.L),
+                  static_cast<long long>(p.S_total), bytes / 1073741824.0, memory / 1073741824.0);
+    throw Error(Error::Kind::Value, msg);
+  }
 }
 
 Shape attn_weights_shape(const ForwardPlan& p, bool average) {

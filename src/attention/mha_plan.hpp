@@ -56,4 +56,20 @@ Shape attn_weights_shape(const ForwardPlan& plan, bool average);
 // Shape of the output: the query's shape with its last dimension = E.
 Shape output_shape(const ForwardPlan& plan, const Shape& query_shape);
 
+// Throws multihead::Error when the (B, H, L, S') attention weights would not
+// fit in this machine's physical memory: a refusal with numbers, instead of
+// an allocation that fails late or drives the machine into swap.
+void check_weights_fit(const ForwardPlan& plan, std::size_t element_size);
+
+// The result of a call with B = 0 or L = 0: empty tensors of the right
+// shapes, computed without touching any (L, S)-sized buffer.
+template <class T>
+ForwardResult<T> empty_result(const ForwardPlan& plan, const Shape& query_shape,
+                              const ForwardOptions<T>& options) {
+  ForwardResult<T> r;
+  r.output = Tensor<T>(output_shape(plan, query_shape));
+  if (options.need_weights) r.attn_weights = Tensor<T>(attn_weights_shape(plan, options.average_attn_weights));
+  return r;
+}
+
 }  // namespace multihead::detail

@@ -174,6 +174,11 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   const ForwardPlan plan = plan_forward(config_, query, key, value, options);
   if (options.check_finite) check_forward_finite(query, key, value, params_);
   const int64_t B = plan.B, H = plan.H, L = plan.L, S = plan.S, St = plan.S_total, D = plan.D;
+  if (B == 0 || L == 0) {  // nothing to attend from: empty outputs, no work
+    result = empty_result<T>(plan, query.shape(), options);
+    return;
+  }
+  if (options.need_weights || options.kernel == AttentionKernel::Materialized) check_weights_fit(plan, sizeof(T));
   WorkspaceLease<T> ws(*workspaces_);
 
   // 1. in_projection

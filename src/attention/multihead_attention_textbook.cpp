@@ -53,6 +53,8 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward_textbook(const Tensor<T>& q
   if (options.check_finite) check_forward_finite(query, key, value, params_);
   const int64_t B = plan.B, H = plan.H, L = plan.L, S = plan.S, St = plan.S_total, D = plan.D,
                 E = plan.E;
+  if (B == 0 || L == 0) return empty_result<T>(plan, query.shape(), options);
+  if (options.need_weights || options.kernel == AttentionKernel::Materialized) check_weights_fit(plan, sizeof(T));
   const KernelMasks<T> masks = build_kernel_masks(plan, options);
   const bool packed = config_.same_embed_dim();
   const T* Wq = packed ? params_.in_proj_weight.data() : params_.q_proj_weight.data();
