@@ -54,7 +54,7 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward_textbook(const Tensor<T>& q
   const int64_t B = plan.B, H = plan.H, L = plan.L, S = plan.S, St = plan.S_total, D = plan.D,
                 E = plan.E;
   if (B == 0 || L == 0) return empty_result<T>(plan, query.shape(), options);
-  if (options.need_weights || options.kernel == AttentionKernel::Materialized) check_weights_fit(plan, sizeof(T));
+  check_weights_fit(plan, sizeof(T));  // the textbook form keeps every head's weights
   const KernelMasks<T> masks = build_kernel_masks(plan, options);
   const bool packed = config_.same_embed_dim();
   const T* Wq = packed ? params_.in_proj_weight.data() : params_.q_proj_weight.data();
