@@ -30,16 +30,15 @@
 // library has no in-memory variant, and the memfd costs one write and one
 // read per input (measured in docs/fuzzing.md).
 //
-// Contract checked: forward either returns or throws multihead::Error.
-// std::bad_alloc is reported as OutOfMemory, which the fuzzer tolerates (an
-// allocation past -rss_limit_mb, or past ASan's limit, is reported by
-// libFuzzer or ASan before it could throw) and the regression test does not:
-// below the cost cap a forward needs a few MB, so bad_alloc there means an
-// allocation that the input's bytes do not bound. On return, the output has the query's shape, the
-// weights are present iff need_weights with the documented shape, and every
-// weight is NaN or in [0, 1] (softmax rows; checked when not training).
-// Every multihead::Error message must be one non-empty line.
-// A broken contract throws HarnessFailure; any other exception escapes.
+// Contract checked: forward either returns or throws multihead::Error, whose
+// message is one non-empty line. On return, the output has the query's
+// shape, the weights are present iff need_weights with the documented shape,
+// and every weight is NaN or in [0, 1] (softmax rows; checked when not
+// training). A broken contract throws HarnessFailure; any other exception
+// escapes. std::bad_alloc is reported as OutOfMemory, which the fuzzer
+// tolerates (libFuzzer and ASan report large allocations before they could
+// throw) and the regression test does not: below the cost cap a forward
+// needs a few MB, so bad_alloc means an allocation the input does not bound.
 #pragma once
 
 #include <sys/mman.h>
@@ -204,7 +203,8 @@ Tensor<T> as(const LoadedTensor& t) {
 template <class T>
 std::unique_ptr<Mask<T>> mask_of(const std::optional<LoadedTensor>& t) {
   if (!t) return nullptr;
-  if (t->dtype == DType::Bool) return std::make_unique<Mask<T>>(Mask<T>::boolean(tensor_cast<uint8_t>(t->values)));
+  if (t->dtype == DType::Bool)
+    return std::make_unique<Mask<T>>(Mask<T>::boolean(tensor_cast<uint8_t>(t->values)));
   return std::make_unique<Mask<T>>(Mask<T>::additive(tensor_cast<T>(t->values)));
 }
 
@@ -262,7 +262,8 @@ void run_typed(const Inputs& in) {
   if (!batched) expected.erase(expected.begin());
   const Tensor<T>& w = *r.attn_weights;
   if (w.shape() != expected)
-    throw HarnessFailure("attn_weights: expected shape " + shape_to_string(expected) + ", got " + shape_to_string(w.shape()));
+    throw HarnessFailure("attn_weights: expected shape " + shape_to_string(expected) + ", got " +
+                         shape_to_string(w.shape()));
   if (o.training) return;  // dropout scales kept weights by 1/(1-p)
   // Softmax rows (or zeros, or NaN), and their mean over heads.
   const T tol = std::is_same_v<T, float> ? T(1e-5) : T(1e-12);

@@ -55,6 +55,17 @@ const T& pick(Rng& rng, const std::vector<T>& v) {
 
 bool chance(Rng& rng, double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
 
+// Uniform in [lo, hi].
+std::size_t between(Rng& rng, std::size_t lo, std::size_t hi) {
+  return std::uniform_int_distribution<std::size_t>(lo, hi)(rng);
+}
+
+// An iterator to a random element of a non-empty container.
+template <class C>
+auto any_of(C& c, Rng& rng) {
+  return std::next(c.begin(), static_cast<std::ptrdiff_t>(between(rng, 0, c.size() - 1)));
+}
+
 std::optional<LoadedTensor> parse(const std::string& blob) {
   try {
     return multihead::parse_npy(reinterpret_cast<const uint8_t*>(blob.data()), blob.size(), "blob");
@@ -74,7 +85,8 @@ int64_t interesting_dim(Rng& rng, bool allow_huge) {
 
 // Writes `values` (cycled, or random if empty) into a tensor of `shape` as
 // .npy of the same kind (bool stays bool), or another kind now and then.
-std::optional<std::string> write_npy(const Shape& shape, const Storage<double>& values, DType dtype, Rng& rng) {
+std::optional<std::string> write_npy(const Shape& shape, const Storage<double>& values, DType dtype,
+                                     Rng& rng) {
   int64_t n = 0;
   try {
     n = multihead::shape_numel(shape);
@@ -106,20 +118,19 @@ bool reshape_npy(InputParts& parts, std::size_t which, Rng& rng) {
   Shape s = t->values.shape();
   const int op = std::uniform_int_distribution<int>(0, 4)(rng);
   if (op == 0 && !s.empty()) {
-    auto& d = s[std::uniform_int_distribution<std::size_t>(0, s.size() - 1)(rng)];
+    auto& d = s[between(rng, 0, s.size() - 1)];
     d = chance(rng, 0.5) ? std::max<int64_t>(0, d + (chance(rng, 0.5) ? 1 : -1)) : interesting_dim(rng, true);
   } else if (op == 1 && s.size() < 5) {
-    s.insert(s.begin() + std::uniform_int_distribution<std::ptrdiff_t>(0, static_cast<std::ptrdiff_t>(s.size()))(rng),
-             interesting_dim(rng, true));
+    s.insert(s.begin() + static_cast<std::ptrdiff_t>(between(rng, 0, s.size())), interesting_dim(rng, true));
   } else if (op == 2 && !s.empty()) {
-    s.erase(s.begin() + std::uniform_int_distribution<std::ptrdiff_t>(0, static_cast<std::ptrdiff_t>(s.size()) - 1)(rng));
+    s.erase(any_of(s, rng));
   } else if (op == 3 && s.size() >= 2) {
-    std::swap(s[0], s[std::uniform_int_distribution<std::size_t>(1, s.size() - 1)(rng)]);
+    std::swap(s[0], s[between(rng, 1, s.size() - 1)]);
   } else {
-    const auto other = parse(parts.blobs[std::uniform_int_distribution<std::size_t>(1, InputParts::kBlobs - 1)(rng)]);
+    const auto other = parse(parts.blobs[between(rng, 1, InputParts::kBlobs - 1)]);
     if (!other) return false;
     s = other->values.shape();
-    if (!s.empty() && chance(rng, 0.5)) s[std::uniform_int_distribution<std::size_t>(0, s.size() - 1)(rng)] = interesting_dim(rng, true);
+    if (!s.empty() && chance(rng, 0.5)) *any_of(s, rng) = interesting_dim(rng, true);
   }
   const auto bytes = write_npy(s, t->values.vec(), t->dtype, rng);
   if (!bytes) return false;
@@ -134,7 +145,8 @@ bool plant_values(InputParts& parts, std::size_t which, Rng& rng) {
   if (!t || t->values.numel() == 0 || t->dtype == DType::Bool) return false;
   static const std::vector<double> special = {
       std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
-      -std::numeric_limits<double>::infinity(), 0.0, -0.0, 1e30, -1e30, 3e38, 1e300, 1e-45, 1e-310, 88.0, -88.0};
+      -std::numeric_limits<double>::infinity(), 0.0, -0.0, 1e30, -1e30, 3e38, 1e300, 1e-45, 1e-310,
+      88.0, -88.0};
   const int count = std::uniform_int_distribution<int>(1, 4)(rng);
   for (int i = 0; i < count; ++i)
     t->values[std::uniform_int_distribution<int64_t>(0, t->values.numel() - 1)(rng)] = pick(rng, special);
@@ -157,7 +169,8 @@ std::map<std::string, Tensor<float>> new_state_dict(std::map<std::string, std::s
   std::vector<int64_t> divisors;
   for (int64_t h = 1; h <= E; ++h)
     if (E % h == 0) divisors.push_back(h);
-  const int64_t H = chance(rng, 0.9) ? pick(rng, divisors) : std::uniform_int_distribution<int64_t>(0, 13)(rng);
+  const int64_t H =
+      chance(rng, 0.9) ? pick(rng, divisors) : std::uniform_int_distribution<int64_t>(0, 13)(rng);
   const bool cross = chance(rng, 0.3);
   const int64_t kd = cross ? std::uniform_int_distribution<int64_t>(1, 10)(rng) : E;
   const int64_t vd = cross ? std::uniform_int_distribution<int64_t>(1, 10)(rng) : E;
@@ -217,11 +230,11 @@ bool mutate_weights(InputParts& parts, Rng& rng) {
       meta[pick(rng, keys)] = pick(rng, values);
       break;
     case 2:
-      if (!meta.empty()) meta.erase(std::next(meta.begin(), std::uniform_int_distribution<std::ptrdiff_t>(0, static_cast<std::ptrdiff_t>(meta.size()) - 1)(rng)));
+      if (!meta.empty()) meta.erase(any_of(meta, rng));
       break;
     case 3:
       if (!tensors.empty() && chance(rng, 0.5)) {
-        tensors.erase(std::next(tensors.begin(), std::uniform_int_distribution<std::ptrdiff_t>(0, static_cast<std::ptrdiff_t>(tensors.size()) - 1)(rng)));
+        tensors.erase(any_of(tensors, rng));
       } else {
         const int64_t E = tensors.count("out_proj.weight") ? tensors.at("out_proj.weight").size(0) : 4;
         tensors[pick(rng, names)] = random_tensor({1, 1, E}, rng);
@@ -229,10 +242,10 @@ bool mutate_weights(InputParts& parts, Rng& rng) {
       break;
     default: {
       if (tensors.empty()) return false;
-      auto it = std::next(tensors.begin(), std::uniform_int_distribution<std::ptrdiff_t>(0, static_cast<std::ptrdiff_t>(tensors.size()) - 1)(rng));
+      auto it = any_of(tensors, rng);
       Shape s = it->second.shape();
       if (s.empty()) return false;
-      auto& d = s[std::uniform_int_distribution<std::size_t>(0, s.size() - 1)(rng)];
+      auto& d = s[between(rng, 0, s.size() - 1)];
       d = std::max<int64_t>(0, d + (chance(rng, 0.5) ? 1 : -1));
       if (chance(rng, 0.2)) s.push_back(1);
       it->second = random_tensor(s, rng);
@@ -249,11 +262,11 @@ bool mutate_weights(InputParts& parts, Rng& rng) {
 
 // libFuzzer's byte mutations inside one field.
 void mutate_bytes(InputParts& parts, Rng& rng, std::size_t budget) {
-  std::size_t which = std::uniform_int_distribution<std::size_t>(0, InputParts::kBlobs)(rng);
+  std::size_t which = between(rng, 0, InputParts::kBlobs);
   // Bytes of the state dict mostly break its JSON: fuzz_safetensors covers
   // that, so it gets a quarter of its share here.
   if (which == InputParts::Weights && chance(rng, 0.75))
-    which = std::uniform_int_distribution<std::size_t>(1, InputParts::kBlobs)(rng);
+    which = between(rng, 1, InputParts::kBlobs);
   if (which == InputParts::kBlobs) {
     uint8_t h[InputParts::kHeader];
     std::copy(parts.header.begin(), parts.header.end(), h);
@@ -271,7 +284,7 @@ void mutate_bytes(InputParts& parts, Rng& rng, std::size_t budget) {
 }
 
 bool mutate_structured(InputParts& parts, Rng& rng) {
-  const std::size_t npy = std::uniform_int_distribution<std::size_t>(1, InputParts::kBlobs - 1)(rng);
+  const std::size_t npy = between(rng, 1, InputParts::kBlobs - 1);
   switch (std::uniform_int_distribution<int>(0, 5)(rng)) {
     case 0:
     case 1:
@@ -284,15 +297,16 @@ bool mutate_structured(InputParts& parts, Rng& rng) {
       if (chance(rng, 0.5)) {
         parts.header[4] ^= static_cast<uint8_t>(1u << std::uniform_int_distribution<int>(0, 3)(rng));
       } else {
-        parts.header[std::uniform_int_distribution<std::size_t>(0, 3)(rng)] ^=
+        parts.header[between(rng, 0, 3)] ^=
             static_cast<uint8_t>(1u << std::uniform_int_distribution<int>(0, 7)(rng));
       }
       return true;
     default: {  // a fresh tensor for a missing or unreadable blob
       if (parse(parts.blobs[npy])) return reshape_npy(parts, npy, rng);
-      Shape s(std::uniform_int_distribution<std::size_t>(1, 3)(rng));
+      Shape s(between(rng, 1, 3));
       for (auto& d : s) d = interesting_dim(rng, false);
-      const auto bytes = write_npy(s, {}, npy >= InputParts::KeyPaddingMask && chance(rng, 0.5) ? DType::Bool : DType::F32, rng);
+      const bool mask = npy >= InputParts::KeyPaddingMask && chance(rng, 0.5);
+      const auto bytes = write_npy(s, {}, mask ? DType::Bool : DType::F32, rng);
       if (!bytes) return false;
       parts.blobs[npy] = *bytes;
       parts.header[4] |= static_cast<uint8_t>(npy == InputParts::Query ? 0 : 1u << (npy - InputParts::Key));
@@ -324,12 +338,13 @@ extern "C" std::size_t LLVMFuzzerCustomMutator(uint8_t* data, std::size_t size, 
 }
 
 // Crossover field by field: each field from one parent or the other.
-extern "C" std::size_t LLVMFuzzerCustomCrossOver(const uint8_t* data1, std::size_t size1, const uint8_t* data2,
-                                                 std::size_t size2, uint8_t* out, std::size_t max_out_size,
-                                                 unsigned int seed) {
+extern "C" std::size_t LLVMFuzzerCustomCrossOver(const uint8_t* data1, std::size_t size1,
+                                                 const uint8_t* data2, std::size_t size2, uint8_t* out,
+                                                 std::size_t max_out_size, unsigned int seed) {
   Rng rng(seed);
   InputParts a, b;
-  if (!multihead::fuzz::split_input(data1, size1, a) || !multihead::fuzz::split_input(data2, size2, b)) return 0;
+  if (!multihead::fuzz::split_input(data1, size1, a) || !multihead::fuzz::split_input(data2, size2, b))
+    return 0;
   for (std::size_t i = 0; i < InputParts::kHeader; ++i)
     if (chance(rng, 0.5)) a.header[i] = b.header[i];
   for (std::size_t i = 0; i < InputParts::kBlobs; ++i)

@@ -53,7 +53,7 @@ if [[ -f $build/CMakeCache.txt ]] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang' "$b
   echo "tsan.sh: $build was configured with another compiler; remove it and rerun" >&2
   exit 1
 fi
-CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+CC=clang CXX=clang++ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMULTIHEAD_USE_ONEDNN=OFF \
   -DMULTIHEAD_SANITIZE=thread -DMULTIHEAD_BUILD_BENCHMARKS=OFF -DMULTIHEAD_BUILD_FUZZERS=OFF >/dev/null
 cmake --build "$build" -j"$jobs" --target multihead_tests
 tests=$build/tests/multihead_tests

@@ -2,7 +2,9 @@
 #include "core/gemm.hpp"
 
 #include <cblas.h>
+#if MULTIHEAD_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
+#endif
 
 #include <climits>
 #include <stdexcept>
@@ -36,10 +38,16 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
                  int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_only(M, N, beta, C, ldc);
+#if MULTIHEAD_WITH_ONEDNN
   const dnnl_status_t st = dnnl_sgemm(ta == Trans::Yes ? 'T' : 'N', tb == Trans::Yes ? 'T' : 'N', M, N, K,
                                       alpha, A, lda, B, ldb, beta, C, ldc);
   if (st != dnnl_success)
     throw Error(Error::Kind::Value, "gemm: oneDNN sgemm failed with status " + std::to_string(int(st)));
+#else
+  cblas_sgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), checked_int(M, "M"), checked_int(N, "N"),
+              checked_int(K, "K"), alpha, A, checked_int(lda, "lda"), B, checked_int(ldb, "ldb"),
+              beta, C, checked_int(ldc, "ldc"));
+#endif
 }
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha,
