@@ -70,7 +70,7 @@ void run_demo(const DemoArgs& a) {
               static_cast<long long>(E), static_cast<long long>(H), static_cast<long long>(E / H));
   std::printf("  weights  : SEEDED RANDOM (seed %llu), NOT TRAINED. The pattern below shows the\n"
               "             mechanics (each head its own distribution), not linguistics.\n"
-              "             A trained model will replace them (see the training issue).\n\n",
+              "             Training is planned; until then the weights are random.\n\n",
               static_cast<unsigned long long>(a.seed));
   std::printf("  attention of \"%s\" over the tokens, in percent (each row sums to 100):\n\n", a.focus.c_str());
   std::vector<int> width(kSentence.size());
