@@ -37,6 +37,7 @@
 // A row that the reference leaves NaN must be NaN here, and vice versa.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -587,6 +588,45 @@ TEST(FlashExp2, AccurateOnEveryTarget) {
       }
       if (count == x.size()) {
         EXPECT_EQ(y[count - 1], 1.0f) << target << ": 2^0 must be exactly 1";
+      }
+    }
+  }
+}
+
+// The materialized kernel's softmax numerators (FlashAttentionKernel::exp_row)
+// on every target, against double: each element within 3 ulp (the
+// polynomial's 2, plus slack) of exp(x - max), plus what the two float
+// roundings of the argument cost: (x - max) and (x - max)·log2(e) each carry
+// a relative error <= 2^-24 (with slack, 1.2e-7), and an absolute error e in
+// the exponent is a relative error e in the result, so 2.4e-7·|x - max|.
+// The sum is within (count + 4)·2^-23 relative (float summation); -inf gives
+// 0; lengths go around the vector width.
+TEST(FlashExpRow, MatchesStdExpOnEveryTarget) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-30.0f, 30.0f);
+  for (const std::string& target : detail::simd_targets_available()) {
+    const auto kernel = detail::flash_attention_kernel_for(detail::simd_target_parse(target, "test"));
+    for (std::size_t count : {1, 2, 7, 15, 16, 17, 31, 33, 64, 100, 1000}) {
+      for (float offset : {0.0f, 1e4f}) {  // large scores: the subtraction comes first
+        std::vector<float> x(count);
+        for (float& v : x) v = dist(rng) + offset;
+        if (count > 2) x[1] = -kInf;
+        const float m = *std::max_element(x.begin(), x.end());
+        std::vector<float> y = x;
+        const float sum = kernel.exp_row(y.data(), count, m);
+        double want_sum = 0;
+        for (std::size_t j = 0; j < count; ++j) {
+          const double want = std::exp(static_cast<double>(x[j]) - m);
+          want_sum += want;
+          if (x[j] == -kInf) {
+            ASSERT_EQ(y[j], 0.0f) << target;
+            continue;
+          }
+          const double diff = std::abs(static_cast<double>(x[j]) - m);
+          const double tol = want * (3 * 1.2e-7 + diff * 2.4e-7) + 1e-38;
+          ASSERT_NEAR(y[j], want, tol) << target << " count " << count << " j " << j;
+        }
+        EXPECT_NEAR(sum, want_sum, want_sum * (static_cast<double>(count) + 4) * 1.2e-7) << target;
       }
     }
   }

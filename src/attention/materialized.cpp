@@ -5,20 +5,50 @@
 //
 // Legend: N slices, L queries, S keys, D head width, Dv value width.
 #include <cmath>
+#include <cstddef>
 #include <limits>
+#include <type_traits>
 
 #include <omp.h>
 
 #include "attention/kernel.hpp"
 #include "core/gemm.hpp"
 #include "multihead/tensor.hpp"
+#include "simd/flash_attention.hpp"
+#include "simd/targets.hpp"
 
 namespace multihead::detail {
 namespace {
 
+// row[j] = exp(row[j] - row_max) in place; returns Σ_j row[j].
+template <class T>
+using ExpRow = T (*)(T* row, std::size_t count, T row_max);
+
+template <class T>
+T exp_row_scalar(T* row, std::size_t count, T row_max) {
+  T sum = 0;
+  for (std::size_t j = 0; j < count; ++j) {
+    row[j] = std::exp(row[j] - row_max);
+    sum += row[j];
+  }
+  return sum;
+}
+
+// float: the SIMD exp of the flash kernel for the current target
+// (src/simd/flash_attention-inl.h, ExpRowF32; <= 2 ulp, -inf gives 0);
+// double: std::exp.
+template <class T>
+ExpRow<T> exp_row_for_current_target() {
+  if constexpr (std::is_same_v<T, float>) {
+    return flash_attention_kernel_for(simd_target_bit()).exp_row;
+  } else {
+    return exp_row_scalar<T>;
+  }
+}
+
 // In place on one row of scores: add masks, then softmax, then dropout.
 template <class T>
-void mask_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, T* row) {
+void mask_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, T* row, ExpRow<T> exp_row) {
   const int64_t S = a.kv_len;
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T* mask = a.attn_mask ? a.attn_mask + n * a.attn_mask_slice_stride + i * S : nullptr;
@@ -39,11 +69,7 @@ void mask_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, T
     for (int64_t j = 0; j < S; ++j) row[j] = fill;
     return;
   }
-  T sum = 0;
-  for (int64_t j = 0; j < S; ++j) {
-    row[j] = std::exp(row[j] - row_max);
-    sum += row[j];
-  }
+  const T sum = exp_row(row, static_cast<std::size_t>(S), row_max);
   const T inv_sum = T(1) / sum;
   if (a.dropout_p > 0.0) {
     const T keep_scale = inv_sum / static_cast<T>(1.0 - a.dropout_p);
@@ -61,6 +87,7 @@ void attention_forward_materialized(const AttentionArgs<T>& a) {
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
   // One L×S buffer reused for every slice when weights are not kept.
   Storage<T> scratch(a.weights ? 0 : static_cast<std::size_t>(L * S));
+  const ExpRow<T> exp_row = exp_row_for_current_target<T>();
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
   const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
   const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
@@ -72,7 +99,7 @@ void attention_forward_materialized(const AttentionArgs<T>& a) {
          slice_start(a.k, kl, n, a.heads), kl.row, T(0), scores, S);
     // Rows are independent: one thread writes each row.
 #pragma omp parallel for schedule(static) num_threads(a.num_threads > 0 ? a.num_threads : omp_get_max_threads()) if (L * S > 16384)
-    for (int64_t i = 0; i < L; ++i) mask_softmax_dropout_row(a, n, i, scores + i * S);
+    for (int64_t i = 0; i < L; ++i) mask_softmax_dropout_row(a, n, i, scores + i * S, exp_row);
     // out = P V   (L×S)·(S×Dv)
     gemm(Trans::No, Trans::No, L, Dv, S, T(1), scores, S, slice_start(a.v, vl, n, a.heads), vl.row,
          T(0), slice_start(a.out, ol, n, a.heads), ol.row);

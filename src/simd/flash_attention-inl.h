@@ -495,6 +495,38 @@ inline int64_t FlashAttentionRowTileF32() {
   return static_cast<int64_t>(kMaxQueryVectors * hn::Lanes(DF32()));
 }
 
+// Softmax numerators of one row in place, for the materialized kernel:
+// row[j] = exp(row[j] - row_max) through the same Exp2NonPositive as the
+// flash kernel; returns Σ_j row[j]. row_max must be the row's maximum and
+// finite, so every argument is <= 0 (masked entries, -inf, give exactly 0).
+// The sum is kept in one vector of lane partial sums, then reduced.
+inline float ExpRowF32(float* row, size_t count, float row_max) {
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  const VF32 log2e = hn::Set(df, 1.4426950408889634f);
+  const VF32 m = hn::Set(df, row_max);
+  VF32 sum = hn::Zero(df);
+  size_t j = 0;
+  for (; j + lanes <= count; j += lanes) {
+    // Subtract first: s·log2(e) - m·log2(e) would lose the difference when
+    // the scores are large (|s| ~ 1e4 leaves ~1e-3 of absolute error).
+    const VF32 p = Exp2NonPositive(df, hn::Mul(hn::Sub(hn::LoadU(df, row + j), m), log2e));
+    hn::StoreU(p, df, row + j);
+    sum = hn::Add(sum, p);
+  }
+  if (j < count) {  // the last count % lanes through a padded buffer
+    const size_t rest = count - j;
+    HWY_ALIGN float buf[hn::MaxLanes(DF32())] = {};
+    std::copy(row + j, row + count, buf);
+    const VF32 p = hn::IfThenElseZero(hn::FirstN(df, rest),
+                                      Exp2NonPositive(df, hn::Mul(hn::Sub(hn::Load(df, buf), m), log2e)));
+    hn::Store(p, df, buf);
+    std::copy(buf, buf + rest, row + j);
+    sum = hn::Add(sum, p);
+  }
+  return hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
 inline void Exp2NonPositiveArrayF32(const float* in, float* out, size_t count) {
   const DF32 df;
   const size_t lanes = hn::Lanes(df);

@@ -28,6 +28,7 @@ void FlashAttentionRows(const AttentionArgs<float>& args, int64_t slice, int64_t
 int64_t FlashAttentionRowTile() { return FlashAttentionRowTileF32(); }
 int64_t FlashAttentionTarget() { return HWY_TARGET; }
 void FlashExp2(const float* in, float* out, size_t count) { Exp2NonPositiveArrayF32(in, out, count); }
+float SoftmaxExpRow(float* row, size_t count, float row_max) { return ExpRowF32(row, count, row_max); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace multihead::detail
@@ -40,6 +41,7 @@ HWY_EXPORT(FlashAttentionRows);
 HWY_EXPORT(FlashAttentionRowTile);
 HWY_EXPORT(FlashAttentionTarget);
 HWY_EXPORT(FlashExp2);
+HWY_EXPORT(SoftmaxExpRow);
 
 namespace {
 
@@ -80,6 +82,7 @@ FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit) {
   FlashAttentionKernel kernel;
   kernel.rows = HWY_DISPATCH_TABLE(FlashAttentionRows)[i];
   kernel.row_tile = HWY_DISPATCH_TABLE(FlashAttentionRowTile)[i]();
+  kernel.exp_row = HWY_DISPATCH_TABLE(SoftmaxExpRow)[i];
   kernel.target = target_bit;
   kernel.target_name = hwy::TargetName(target_bit);
   return kernel;

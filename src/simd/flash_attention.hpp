@@ -37,6 +37,11 @@ struct FlashAttentionKernel {
   // share the call, so any partition gives bit-identical outputs.
   void (*rows)(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin, int64_t row_end,
                FlashScratch& scratch);
+  // The kernel's exp applied to one stored row of scores, for the
+  // materialized kernel's softmax (so both kernels share one exp):
+  // row[j] = exp(row[j] - row_max) in place, returns the sum of the new
+  // row[j]. row_max must be finite and >= every row[j]; -inf gives 0.
+  float (*exp_row)(float* row, std::size_t count, float row_max);
   // Rows per call this target handles best (its widest query tile).
   int64_t row_tile;
   // Highway target bit and name.
