@@ -61,6 +61,11 @@ const Case kCases[] = {
     {9, 3, 2, 5, 8, 0, 11, false, true, false, true, false, true, 3, 1, true},
     {4, 4, 3, 2, 2, 0, 0, true, false, false, false, true, false, 0, 2, false},
     {32, 8, 2, 17, 13, 0, 0, true, true, true, false, false, true, 4, 2, true},
+    // S >= 2048: the fused form projects K and V block by block into
+    // head-major buffers instead of viewing them in place (kHeadMajorFromKeys).
+    {8, 2, 2, 3, 2050, 0, 0, true, false, false, false, false, false, 1, 1, true},
+    {8, 4, 3, 4, 2048, 5, 7, true, true, false, true, false, true, 4, 2, false},
+    {6, 3, 1, 2, 2049, 0, 0, false, false, true, false, true, false, 2, 0, true},
 };
 
 class FormsAgree : public ::testing::TestWithParam<Case> {};
@@ -160,6 +165,37 @@ TEST_P(FormsAgree, Float32) { check_forms_agree<float>(GetParam(), 1e-5); }
 
 INSTANTIATE_TEST_SUITE_P(Table, FormsAgree, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return info.param.name(); });
+
+// Self-attention (one tensor as query, key and value) with S >= 2048 takes
+// the packed product block by block into head-major buffers; the textbook
+// form projects head by head. Both layouts, B = 1 (where the two token
+// layouts coincide) and B = 2, causal and not, every kernel that serves
+// need_weights = false. Bound as for FormsAgree in float32.
+TEST(FusedForm, LongSelfAttentionHeadMajorMatchesTextbook_L2048) {
+  for (bool batch_first : {false, true})
+    for (int64_t B : {1, 2})
+      for (bool causal : {false, true}) {
+        std::mt19937_64 rng(11);
+        MultiheadAttentionConfig cfg;
+        cfg.embed_dim = 8;
+        cfg.num_heads = 2;
+        cfg.batch_first = batch_first;
+        const auto mha = random_module<float>(cfg, rng);
+        const int64_t L = 2048 + (B == 1 ? 3 : 0);
+        const Tensor<float> x = random_tensor<float>(batch_first ? Shape{B, L, 8} : Shape{L, B, 8}, rng);
+        ForwardOptions<float> o;
+        o.need_weights = false;
+        o.is_causal = causal;
+        const auto book = mha.forward_textbook(x, x, x, o);
+        for (AttentionKernel kernel : {AttentionKernel::Flash, AttentionKernel::Materialized}) {
+          o.kernel = kernel;
+          const auto fused = mha.forward(x, x, x, o);
+          EXPECT_LT(rel_error(fused.output, book.output), 1e-5)
+              << "batch_first " << batch_first << " B " << B << " causal " << causal << " kernel "
+              << to_string(kernel);
+        }
+      }
+}
 
 // Independent oracle: multi-head attention written straight from the
 // formula in double, sharing no code with the library.

@@ -26,27 +26,11 @@ bool flash_can_serve(const AttentionArgs<T>& a) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    return flash_available() && a.weights == nullptr && (flash_accepts_layouts() || all_contiguous(a));
+    return flash_available() && a.weights == nullptr;
   }
 }
 
 }  // namespace
-
-// The flash kernel reads q, k, v and writes out through any SliceLayout
-// (tests/test_flash.cpp, the "_strided" cases), so the fused form hands it
-// views into the projection buffer and lets it write merged heads.
-bool flash_accepts_layouts() { return true; }
-
-template <class T>
-bool kernel_accepts_layouts(AttentionKernel requested, bool with_weights) {
-  const AttentionKernel k = kernel_from_environment(requested);
-  const bool flash = std::is_same_v<T, float> && flash_available() && !with_weights &&
-                     (k == AttentionKernel::Flash || k == AttentionKernel::Auto);
-  return !flash || flash_accepts_layouts();
-}
-
-template bool kernel_accepts_layouts<float>(AttentionKernel, bool);
-template bool kernel_accepts_layouts<double>(AttentionKernel, bool);
 
 template <class T>
 void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) {
@@ -60,7 +44,7 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) 
     if constexpr (!std::is_same_v<T, float>)
       throw Error(Error::Kind::Value,
                   "kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)");
-    throw Error(Error::Kind::Value, "kernel: flash needs contiguous [slice][row][width] inputs");
+    throw Error(Error::Kind::Value, "kernel: flash is not available in this build");
   }
   if (kernel == AttentionKernel::Auto)
     kernel = flash_can_serve(args) ? AttentionKernel::Flash : AttentionKernel::Materialized;

@@ -98,13 +98,6 @@ template <class P>
 P* slice_start(P* base, const SliceLayout& l, int64_t n, int64_t heads) {
   return base + (n / heads) * l.batch + (n % heads) * l.head;
 }
-// True when every layout is unset (contiguous).
-template <class T>
-bool all_contiguous(const AttentionArgs<T>& a) {
-  return a.q_layout.contiguous() && a.k_layout.contiguous() && a.v_layout.contiguous() &&
-         a.out_layout.contiguous();
-}
-
 // Plain loops, templated so tests can run them in double. Never optimised.
 template <class T>
 void attention_forward_reference(const AttentionArgs<T>& args);
@@ -117,14 +110,6 @@ void attention_forward_materialized(const AttentionArgs<T>& args);
 // Defined in src/attention/flash.cpp.
 void attention_forward_flash(const AttentionArgs<float>& args);
 bool flash_available();  // whether this build has the flash kernel
-// Whether the flash kernel honours q/k/v/out layouts (else it needs all
-// contiguous).
-bool flash_accepts_layouts();
-
-// True when the kernel that `requested` resolves to (for a call with or
-// without weights) reads and writes strided slice layouts.
-template <class T>
-bool kernel_accepts_layouts(AttentionKernel requested, bool with_weights);
 
 // Picks a kernel: `requested`, unless MULTIHEAD_KERNEL overrides it; Auto
 // means flash when it can serve the request, else materialised.

@@ -16,6 +16,8 @@
 #include <cmath>
 #include <cstring>
 
+#include <omp.h>
+
 #include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
 #include "attention/workspace.hpp"
@@ -104,30 +106,61 @@ HeadsView<P> merge_heads(P* dst, int64_t E, int64_t batch_stride, int64_t seq_st
   return {dst, SliceLayout{batch_stride * E, D, seq_stride * E}};
 }
 
-// split_heads as a copy into contiguous [b][h][0, total_len)[d], for when
-// bias_k or the zero-attention key must be appended after the `len` keys,
-// or the kernel needs contiguous input.
-template <class T>
-void split_heads_copy(const T* src, int64_t ld, int64_t batch_stride, int64_t seq_stride, int64_t B,
-                 int64_t H, int64_t len, int64_t total_len, int64_t D, T* dst) {
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t l = 0; l < len; ++l)
-        std::memcpy(dst + ((b * H + h) * total_len + l) * D,
-                    src + (b * batch_stride + l * seq_stride) * ld + h * D,
-                    static_cast<std::size_t>(D) * sizeof(T));
-}
+// Steps 1 and 2 together, for long key sequences: in_projection one block
+// of token rows at a time into a small scratch, then split_heads as a copy of
+// each block's rows into head-major [b][h][0, total_len)[d] buffers, one per
+// part (W's row blocks: q, k, v for the packed self-attention product; one
+// part otherwise).
+//
+// Why not always the view above: with views, the keys of one slice sit a
+// whole projection row apart (3E floats for self-attention). At E = 1024
+// that is 12 KiB, a multiple of 4 KiB, so the rows the kernel reads together
+// fall into the same cache sets and evict each other. Measured, the flash
+// kernel alone at L = S = 8192, H = 16, D = 64, 2 threads: 1288 ms on views,
+// 780 ms on head-major buffers (bench/bench_kernels.cpp, FlashLayout). Up to
+// S = 1024 the two measure the same, at S = 2048, E = 768 views cost 9%.
+// Projecting block by block keeps the extra memory to one block, instead of a
+// second copy of Q, K and V.
+constexpr int64_t kHeadMajorFromKeys = 2048;
 
-// merge_heads as a copy from contiguous [b][h][l][d].
 template <class T>
-void merge_heads_copy(const T* src, int64_t B, int64_t H, int64_t L, int64_t D, int64_t batch_stride,
-                 int64_t seq_stride, T* dst) {
-  const int64_t E = H * D;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t l = 0; l < L; ++l)
-        std::memcpy(dst + (b * batch_stride + l * seq_stride) * E + h * D,
-                    src + ((b * H + h) * L + l) * D, static_cast<std::size_t>(D) * sizeof(T));
+struct HeadsDestination {
+  T* data;            // [B][H][total_len][D]
+  int64_t total_len;  // rows per slice (len, plus appended key columns)
+};
+
+template <class T>
+void in_projection_split_heads(const T* x, int64_t in, const T* W, const T* bias, int64_t parts,
+                               const HeadsDestination<T>* dst, const ForwardPlan& plan, int64_t len,
+                               int64_t batch_stride, int num_threads,
+                               Storage<T>& scratch) {
+  const int64_t E = plan.E, H = plan.H, D = plan.D, B = plan.B;
+  const int64_t out = parts * E, tokens = B * len;
+  // About 8 MiB of projected rows per block (682 rows at 3E = 3072). The
+  // block's product must be tall enough for the GEMM to run at full speed:
+  // measured at L = 4096, E = 1024, 2 threads, whole forward: 2 MiB blocks
+  // 376 ms, 8 MiB 303 ms, 32 MiB 297 ms, one block 302 ms.
+  const int64_t block = std::clamp<int64_t>((int64_t{8} << 20) / static_cast<int64_t>(sizeof(T) * out),
+                                            int64_t{256}, tokens);
+  T* y = ForwardWorkspace<T>::take(scratch, static_cast<std::size_t>(block * out));
+  const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
+  for (int64_t r0 = 0; r0 < tokens; r0 += block) {
+    const int64_t rows = std::min(block, tokens - r0);
+    linear(rows, in, out, x + r0 * in, W, bias, y, out);
+    // Token row r is (b, l) with r = b·batch_stride + l·seq_stride: the
+    // layout is (len, B, ·) (batch_stride 1, seq_stride B) or (B, len, ·)
+    // (batch_stride len, seq_stride 1); with B = 1 or len = 1 both agree.
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * out >= (int64_t{1} << 16))
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t r = r0 + i;
+      const int64_t b = batch_stride == 1 ? r % B : r / batch_stride;
+      const int64_t l = batch_stride == 1 ? r / B : r % batch_stride;
+      for (int64_t part = 0; part < parts; ++part)
+        for (int64_t h = 0; h < H; ++h)
+          std::memcpy(dst[part].data + ((b * H + h) * dst[part].total_len + l) * D,
+                      y + i * out + part * E + h * D, static_cast<std::size_t>(D) * sizeof(T));
+    }
+  }
 }
 
 // Step 4b. out_projection: output = concat · W^Oᵀ + b^O.
@@ -181,24 +214,42 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   if (options.need_weights || options.kernel == AttentionKernel::Materialized) check_weights_fit(plan, sizeof(T));
   WorkspaceLease<T> ws(*workspaces_);
 
-  // 1. in_projection
-  const Projections<T> proj = in_projection(config_, params_, plan, query, key, value, *ws);
-
-  // 2. split_heads. A view of the projections when the keys are exactly the
-  //    given ones; with bias_k / bias_v or the zero-attention key appended as
-  //    extra key positions (PyTorch: torch.cat, then pad the masks), a copy.
+  // 1. in_projection and 2. split_heads. Short key sequences: one product
+  //    into token rows, and the heads as strided views of it (no copy).
+  //    Long ones, or with bias_k / bias_v or the zero-attention key appended
+  //    as extra key positions (PyTorch: torch.cat, then pad the masks):
+  //    head-major copies, projected block by block.
   const bool extra_keys = St != S;
-  const bool views = !extra_keys && kernel_accepts_layouts<T>(options.kernel, options.need_weights);
-  HeadsView<const T> q_heads = split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, D);
-  HeadsView<const T> k_heads = split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
-  HeadsView<const T> v_heads = split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
-  if (!views) {
+  const bool head_major = extra_keys || S >= kHeadMajorFromKeys;
+  HeadsView<const T> q_heads, k_heads, v_heads;
+  if (!head_major) {
+    const Projections<T> proj = in_projection(config_, params_, plan, query, key, value, *ws);
+    q_heads = split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, D);
+    k_heads = split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
+    v_heads = split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
+  } else {
     T* q = ws->take(ws->q, static_cast<std::size_t>(B * H * L * D));
     T* k = ws->take(ws->k, static_cast<std::size_t>(B * H * St * D));
     T* v = ws->take(ws->v, static_cast<std::size_t>(B * H * St * D));
-    split_heads_copy(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, B, H, L, L, D, q);
-    split_heads_copy(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, k);
-    split_heads_copy(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, B, H, S, St, D, v);
+    const T* bias = config_.bias ? params_.in_proj_bias.data() : nullptr;
+    const bool packed = config_.same_embed_dim();
+    const bool self = packed && query.data() == key.data() && key.data() == value.data() && L == S;
+    if (self) {  // one product with W_in = [W_q; W_k; W_v], as in_projection does
+      const HeadsDestination<T> dst[3] = {{q, L}, {k, St}, {v, St}};
+      in_projection_split_heads(query.data(), plan.E, params_.in_proj_weight.data(), bias, 3, dst, plan,
+                                L, plan.q_batch_stride, options.num_threads, ws->proj_q);
+    } else {
+      const T* Wq = packed ? params_.in_proj_weight.data() : params_.q_proj_weight.data();
+      const T* Wk = packed ? params_.in_proj_weight.data() + plan.E * plan.E : params_.k_proj_weight.data();
+      const T* Wv = packed ? params_.in_proj_weight.data() + 2 * plan.E * plan.E : params_.v_proj_weight.data();
+      const HeadsDestination<T> dq{q, L}, dk{k, St}, dv{v, St};
+      in_projection_split_heads(query.data(), plan.E, Wq, bias, 1, &dq, plan, L, plan.q_batch_stride,
+                                options.num_threads, ws->proj_q);
+      in_projection_split_heads(key.data(), plan.Ek, Wk, bias ? bias + plan.E : nullptr, 1, &dk, plan, S,
+                                plan.kv_batch_stride, options.num_threads, ws->proj_q);
+      in_projection_split_heads(value.data(), plan.Ev, Wv, bias ? bias + 2 * plan.E : nullptr, 1, &dv, plan,
+                                S, plan.kv_batch_stride, options.num_threads, ws->proj_q);
+    }
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {
         const int64_t slice = (b * H + h) * St;
@@ -216,11 +267,11 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
     v_heads = {v, SliceLayout{}};
   }
 
-  // 3. scaled_dot_product_attention for all B·H slices, writing merged heads.
+  // 3. scaled_dot_product_attention for all B·H slices, writing merged heads
+  //    (4a: merge_heads is the kernel's output view into the concat buffer).
   const KernelMasks<T> masks = build_kernel_masks(plan, options);
   T* concat = ws->take(ws->concat, static_cast<std::size_t>(B * L * plan.E));
-  HeadsView<T> out_heads = merge_heads(concat, plan.E, plan.q_batch_stride, plan.q_seq_stride, D);
-  if (!views) out_heads = {ws->take(ws->heads_out, static_cast<std::size_t>(B * H * L * D)), SliceLayout{}};
+  const HeadsView<T> out_heads = merge_heads(concat, plan.E, plan.q_batch_stride, plan.q_seq_stride, D);
   Tensor<T> weights;
   if (options.need_weights) weights = Tensor<T>(Shape{B, H, L, St});
   AttentionArgs<T> a;
@@ -251,9 +302,7 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   a.weights = options.need_weights ? weights.data() : nullptr;
   attention_forward(a, options.kernel);
 
-  // 4. merge_heads (done by the kernel's output view, or copied here), then
-  //    out_projection into the result.
-  if (!views) merge_heads_copy(out_heads.data, B, H, L, D, plan.q_batch_stride, plan.q_seq_stride, concat);
+  // 4b. out_projection into the result.
   const Shape out_shape = output_shape(plan, query.shape());
   if (result.output.shape() != out_shape) result.output = Tensor<T>(out_shape);
   out_projection(config_, params_, B * L, concat, result.output.data());

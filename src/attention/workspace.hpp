@@ -18,9 +18,8 @@ namespace multihead::detail {
 
 template <class T>
 struct ForwardWorkspace {
-  Storage<T> proj_q, proj_k, proj_v;  // in_projection outputs, token rows
-  Storage<T> q, k, v;                 // split_heads: [B][H][L|S'][D]
-  Storage<T> heads_out;               // [B][H][L][D]
+  Storage<T> proj_q, proj_k, proj_v;  // in_projection outputs, token rows (or one block of them)
+  Storage<T> q, k, v;                 // head-major split_heads: [B][H][L|S'][D]
   Storage<T> concat;                  // merge_heads: token rows × E
   Storage<T> mask, key_padding;       // masks in kernel layout
 
