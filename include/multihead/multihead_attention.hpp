@@ -39,6 +39,8 @@ namespace multihead {
 namespace detail {
 template <class T>
 class WorkspacePool;
+template <class T>
+struct ProjectionWeights;
 }
 
 // Constructor arguments of torch.nn.MultiheadAttention, same names and defaults.
@@ -144,6 +146,9 @@ class BasicMultiheadAttention {
  private:
   MultiheadAttentionConfig config_;
   MultiheadAttentionParameters<T> params_;
+  // The projection weights transposed, as the fused form's products read
+  // them fastest (src/attention/projection_weights.hpp). Built once.
+  std::shared_ptr<const detail::ProjectionWeights<T>> weights_t_;
   std::shared_ptr<detail::WorkspacePool<T>> workspaces_;
 };
 

@@ -7,6 +7,7 @@
 #include <random>
 #include <string>
 
+#include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
 #include "core/check.hpp"
 #include "multihead/error.hpp"
@@ -119,6 +120,7 @@ BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConf
     params_.bias_k = xavier_normal_bias<T>(E, rng);
     params_.bias_v = xavier_normal_bias<T>(E, rng);
   }
+  weights_t_ = detail::ProjectionWeights<T>::from(config_, params_);
 }
 
 template <class T>
@@ -128,6 +130,7 @@ BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConf
       params_(std::move(parameters)),
       workspaces_(std::make_shared<detail::WorkspacePool<T>>()) {
   validate_parameters(config_, params_);
+  weights_t_ = detail::ProjectionWeights<T>::from(config_, params_);
 }
 
 template <class T>
@@ -163,5 +166,40 @@ template void validate_parameters<double>(const MultiheadAttentionConfig&,
                                           const MultiheadAttentionParameters<double>&);
 template class BasicMultiheadAttention<float>;
 template class BasicMultiheadAttention<double>;
+
+namespace detail {
+namespace {
+
+// (rows, cols) -> (cols, rows).
+template <class T>
+Tensor<T> transposed(const Tensor<T>& w) {
+  const int64_t rows = w.size(0), cols = w.size(1);
+  Tensor<T> t(Shape{cols, rows});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = w[r * cols + c];
+  return t;
+}
+
+}  // namespace
+
+template <class T>
+std::shared_ptr<const ProjectionWeights<T>> ProjectionWeights<T>::from(
+    const MultiheadAttentionConfig& config, const MultiheadAttentionParameters<T>& p) {
+  auto w = std::make_shared<ProjectionWeights<T>>();
+  if (config.same_embed_dim()) {
+    w->in_proj_t = transposed(p.in_proj_weight);
+  } else {
+    w->q_proj_t = transposed(p.q_proj_weight);
+    w->k_proj_t = transposed(p.k_proj_weight);
+    w->v_proj_t = transposed(p.v_proj_weight);
+  }
+  w->out_proj_t = transposed(p.out_proj_weight);
+  return w;
+}
+
+template struct ProjectionWeights<float>;
+template struct ProjectionWeights<double>;
+
+}  // namespace detail
 
 }  // namespace multihead

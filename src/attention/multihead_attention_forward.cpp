@@ -20,6 +20,7 @@
 
 #include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
+#include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
 #include "core/gemm.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -28,14 +29,37 @@ namespace multihead {
 namespace detail {
 namespace {
 
-// y (rows × out) = x (rows × in) · Wᵀ + b, W is (out × in) as nn.Linear stores it.
+// A projection's weight as the products read it: Wᵀ, (in × out) row-major
+// with row stride ld (projection_weights.hpp says why transposed).
 template <class T>
-void linear(int64_t rows, int64_t in, int64_t out, const T* x, const T* W, const T* b, T* y,
+struct WeightT {
+  const T* data;
+  int64_t ld;
+};
+
+// y (rows × out) = x (rows × in) · W + b, for nn.Linear's y = x Wᵀ + b.
+template <class T>
+void linear(int64_t rows, int64_t in, int64_t out, const T* x, WeightT<T> wt, const T* b, T* y,
             int64_t ldy) {
-  gemm(Trans::No, Trans::Yes, rows, out, in, T(1), x, in, W, in, T(0), y, ldy);
+  gemm(Trans::No, Trans::No, rows, out, in, T(1), x, in, wt.data, wt.ld, T(0), y, ldy);
   if (b != nullptr)
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < out; ++c) y[r * ldy + c] += b[c];
+}
+
+// W_qᵀ, W_kᵀ, W_vᵀ: column blocks of the transposed in_proj_weight, or the
+// three separate transposed weights.
+template <class T>
+struct InWeightsT {
+  WeightT<T> q, k, v;
+};
+template <class T>
+InWeightsT<T> in_weights_t(const ProjectionWeights<T>& w, bool packed, int64_t E) {
+  if (packed) {
+    const T* base = w.in_proj_t.data();
+    return {{base, 3 * E}, {base + E, 3 * E}, {base + 2 * E, 3 * E}};
+  }
+  return {{w.q_proj_t.data(), E}, {w.k_proj_t.data(), E}, {w.v_proj_t.data(), E}};
 }
 
 template <class T>
@@ -51,7 +75,7 @@ struct Projections {
 // _in_projection_packed fast case; otherwise one product per input.
 template <class T>
 Projections<T> in_projection(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
-                             const ForwardPlan& plan, const Tensor<T>& query, const Tensor<T>& key,
+                             const ProjectionWeights<T>& weights_t, const ForwardPlan& plan, const Tensor<T>& query, const Tensor<T>& key,
                              const Tensor<T>& value, ForwardWorkspace<T>& ws) {
   Projections<T> r;
   const int64_t E = plan.E;
@@ -61,23 +85,20 @@ Projections<T> in_projection(const MultiheadAttentionConfig& c, const MultiheadA
   const bool self = packed && query.data() == key.data() && key.data() == value.data();
   if (self) {
     T* qkv = ws.take(ws.proj_q, static_cast<std::size_t>(q_rows * 3 * E));
-    linear(q_rows, E, 3 * E, query.data(), p.in_proj_weight.data(), bias, qkv, 3 * E);
+    linear(q_rows, E, 3 * E, query.data(), WeightT<T>{weights_t.in_proj_t.data(), 3 * E}, bias, qkv, 3 * E);
     r.q_ptr = qkv;
     r.k_ptr = qkv + E;
     r.v_ptr = qkv + 2 * E;
     r.q_ld = r.k_ld = r.v_ld = 3 * E;
     return r;
   }
-  // W_q, W_k, W_v are row blocks of in_proj_weight, or separate tensors.
-  const T* Wq = packed ? p.in_proj_weight.data() : p.q_proj_weight.data();
-  const T* Wk = packed ? p.in_proj_weight.data() + E * E : p.k_proj_weight.data();
-  const T* Wv = packed ? p.in_proj_weight.data() + 2 * E * E : p.v_proj_weight.data();
+  const InWeightsT<T> w = in_weights_t(weights_t, packed, E);
   T* q = ws.take(ws.proj_q, static_cast<std::size_t>(q_rows * E));
   T* k = ws.take(ws.proj_k, static_cast<std::size_t>(kv_rows * E));
   T* v = ws.take(ws.proj_v, static_cast<std::size_t>(kv_rows * E));
-  linear(q_rows, E, E, query.data(), Wq, bias, q, E);
-  linear(kv_rows, plan.Ek, E, key.data(), Wk, bias ? bias + E : nullptr, k, E);
-  linear(kv_rows, plan.Ev, E, value.data(), Wv, bias ? bias + 2 * E : nullptr, v, E);
+  linear(q_rows, E, E, query.data(), w.q, bias, q, E);
+  linear(kv_rows, plan.Ek, E, key.data(), w.k, bias ? bias + E : nullptr, k, E);
+  linear(kv_rows, plan.Ev, E, value.data(), w.v, bias ? bias + 2 * E : nullptr, v, E);
   r.q_ptr = q;
   r.k_ptr = k;
   r.v_ptr = v;
@@ -130,7 +151,7 @@ struct HeadsDestination {
 };
 
 template <class T>
-void in_projection_split_heads(const T* x, int64_t in, const T* W, const T* bias, int64_t parts,
+void in_projection_split_heads(const T* x, int64_t in, WeightT<T> wt, const T* bias, int64_t parts,
                                const HeadsDestination<T>* dst, const ForwardPlan& plan, int64_t len,
                                int64_t batch_stride, int num_threads,
                                Storage<T>& scratch) {
@@ -146,7 +167,7 @@ void in_projection_split_heads(const T* x, int64_t in, const T* W, const T* bias
   const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   for (int64_t r0 = 0; r0 < tokens; r0 += block) {
     const int64_t rows = std::min(block, tokens - r0);
-    linear(rows, in, out, x + r0 * in, W, bias, y, out);
+    linear(rows, in, out, x + r0 * in, wt, bias, y, out);
     // Token row r is (b, l) with r = b·batch_stride + l·seq_stride: the
     // layout is (len, B, ·) (batch_stride 1, seq_stride B) or (B, len, ·)
     // (batch_stride len, seq_stride 1); with B = 1 or len = 1 both agree.
@@ -166,8 +187,8 @@ void in_projection_split_heads(const T* x, int64_t in, const T* W, const T* bias
 // Step 4b. out_projection: output = concat · W^Oᵀ + b^O.
 template <class T>
 void out_projection(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
-                    int64_t rows, const T* concat, T* out) {
-  linear(rows, c.embed_dim, c.embed_dim, concat, p.out_proj_weight.data(),
+                    const ProjectionWeights<T>& weights_t, int64_t rows, const T* concat, T* out) {
+  linear(rows, c.embed_dim, c.embed_dim, concat, WeightT<T>{weights_t.out_proj_t.data(), c.embed_dim},
          c.bias ? p.out_proj_bias.data() : nullptr, out, c.embed_dim);
 }
 
@@ -223,7 +244,7 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   const bool head_major = extra_keys || S >= kHeadMajorFromKeys;
   HeadsView<const T> q_heads, k_heads, v_heads;
   if (!head_major) {
-    const Projections<T> proj = in_projection(config_, params_, plan, query, key, value, *ws);
+    const Projections<T> proj = in_projection(config_, params_, *weights_t_, plan, query, key, value, *ws);
     q_heads = split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, D);
     k_heads = split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
     v_heads = split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
@@ -236,18 +257,17 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
     const bool self = packed && query.data() == key.data() && key.data() == value.data() && L == S;
     if (self) {  // one product with W_in = [W_q; W_k; W_v], as in_projection does
       const HeadsDestination<T> dst[3] = {{q, L}, {k, St}, {v, St}};
-      in_projection_split_heads(query.data(), plan.E, params_.in_proj_weight.data(), bias, 3, dst, plan,
+      in_projection_split_heads(query.data(), plan.E, WeightT<T>{weights_t_->in_proj_t.data(), 3 * plan.E},
+                                bias, 3, dst, plan,
                                 L, plan.q_batch_stride, options.num_threads, ws->proj_q);
     } else {
-      const T* Wq = packed ? params_.in_proj_weight.data() : params_.q_proj_weight.data();
-      const T* Wk = packed ? params_.in_proj_weight.data() + plan.E * plan.E : params_.k_proj_weight.data();
-      const T* Wv = packed ? params_.in_proj_weight.data() + 2 * plan.E * plan.E : params_.v_proj_weight.data();
+      const InWeightsT<T> w = in_weights_t(*weights_t_, packed, plan.E);
       const HeadsDestination<T> dq{q, L}, dk{k, St}, dv{v, St};
-      in_projection_split_heads(query.data(), plan.E, Wq, bias, 1, &dq, plan, L, plan.q_batch_stride,
+      in_projection_split_heads(query.data(), plan.E, w.q, bias, 1, &dq, plan, L, plan.q_batch_stride,
                                 options.num_threads, ws->proj_q);
-      in_projection_split_heads(key.data(), plan.Ek, Wk, bias ? bias + plan.E : nullptr, 1, &dk, plan, S,
+      in_projection_split_heads(key.data(), plan.Ek, w.k, bias ? bias + plan.E : nullptr, 1, &dk, plan, S,
                                 plan.kv_batch_stride, options.num_threads, ws->proj_q);
-      in_projection_split_heads(value.data(), plan.Ev, Wv, bias ? bias + 2 * plan.E : nullptr, 1, &dv, plan,
+      in_projection_split_heads(value.data(), plan.Ev, w.v, bias ? bias + 2 * plan.E : nullptr, 1, &dv, plan,
                                 S, plan.kv_batch_stride, options.num_threads, ws->proj_q);
     }
     for (int64_t b = 0; b < B; ++b)
@@ -305,7 +325,7 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   // 4b. out_projection into the result.
   const Shape out_shape = output_shape(plan, query.shape());
   if (result.output.shape() != out_shape) result.output = Tensor<T>(out_shape);
-  out_projection(config_, params_, B * L, concat, result.output.data());
+  out_projection(config_, params_, *weights_t_, B * L, concat, result.output.data());
 
   result.attn_weights.reset();
   if (options.need_weights) {
