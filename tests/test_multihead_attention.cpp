@@ -170,19 +170,21 @@ INSTANTIATE_TEST_SUITE_P(Table, FormsAgree, ::testing::ValuesIn(kCases),
 // the packed product block by block into head-major buffers; the textbook
 // form projects head by head. Both layouts, B = 1 (where the two token
 // layouts coincide) and B = 2, causal and not, every kernel that serves
-// need_weights = false. Bound as for FormsAgree in float32.
+// need_weights = false. Bound as for FormsAgree in float32. E = 16 makes
+// the scatter's parallel loop run (rows·3E >= 2^16), so scripts/tsan.sh
+// (filter *HeadMajor*) checks it too.
 TEST(FusedForm, LongSelfAttentionHeadMajorMatchesTextbook_L2048) {
   for (bool batch_first : {false, true})
     for (int64_t B : {1, 2})
       for (bool causal : {false, true}) {
         std::mt19937_64 rng(11);
         MultiheadAttentionConfig cfg;
-        cfg.embed_dim = 8;
-        cfg.num_heads = 2;
+        cfg.embed_dim = 16;
+        cfg.num_heads = 4;
         cfg.batch_first = batch_first;
         const auto mha = random_module<float>(cfg, rng);
         const int64_t L = 2048 + (B == 1 ? 3 : 0);
-        const Tensor<float> x = random_tensor<float>(batch_first ? Shape{B, L, 8} : Shape{L, B, 8}, rng);
+        const Tensor<float> x = random_tensor<float>(batch_first ? Shape{B, L, 16} : Shape{L, B, 16}, rng);
         ForwardOptions<float> o;
         o.need_weights = false;
         o.is_causal = causal;
