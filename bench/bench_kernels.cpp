@@ -7,6 +7,13 @@
 //                                          products: the alternative we measured
 //                                          against our own micro-kernels.
 // N = 12 slices (B = 1, H = 12), D = Dv = 64, as (1, L, 768, 12).
+//   FlashLayout/L/views/threads            the flash kernel (best target) on the
+//                                          heads of a (L, 1, 3E) self-attention
+//                                          projection, E = 1024, H = 16: read in
+//                                          place (views = 1, rows 3E floats apart)
+//                                          or from head-major copies (views = 0).
+//                                          Why the fused form copies for S >= 2048
+//                                          (src/attention/multihead_attention_forward.cpp).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
@@ -109,6 +116,39 @@ void BM_SgemmTiles(benchmark::State& state) {
   report(state, 4.0 * kQ * kK * kD * kTiles * threads);
 }
 
+void BM_FlashLayout(benchmark::State& state) {
+  const int64_t L = state.range(0), H = 16, D = 64, E = H * D;
+  const bool views = state.range(1) != 0;
+  std::vector<float> qkv(static_cast<size_t>(L * 3 * E)), out(static_cast<size_t>(L * E));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  for (float& e : qkv) e = normal(rng);
+  AttentionArgs<float> a;
+  a.slices = a.heads = H;
+  a.q_len = a.kv_len = L;
+  a.head_dim = a.value_dim = D;
+  a.scale = 0.125f;
+  a.num_threads = static_cast<int>(state.range(2));
+  a.out = out.data();
+  if (views) {  // head h of token l at qkv[l·3E + part·E + h·D]; merged output
+    a.q = qkv.data();
+    a.k = qkv.data() + E;
+    a.v = qkv.data() + 2 * E;
+    a.q_layout = a.k_layout = a.v_layout = multihead::detail::SliceLayout{0, D, 3 * E};
+    a.out_layout = multihead::detail::SliceLayout{0, D, E};
+  } else {  // [part][h][l][d], the same values moved
+    a.q = qkv.data();
+    a.k = qkv.data() + L * E;
+    a.v = qkv.data() + 2 * L * E;
+  }
+  multihead::detail::attention_forward_flash(a);
+  for (auto _ : state) {
+    multihead::detail::attention_forward_flash(a);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report(state, 4.0 * static_cast<double>(H * L) * static_cast<double>(L * D));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,6 +173,11 @@ int main(int argc, char** argv) {
       ->Arg(2)
       ->Unit(benchmark::kMillisecond)
       ->UseRealTime();
+  auto* f = benchmark::RegisterBenchmark("FlashLayout", BM_FlashLayout);
+  f->ArgNames({"L", "views", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (int64_t L : {2048, 4096, 8192}) {
+    for (int64_t views : {1, 0}) f->Args({L, views, 2});
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

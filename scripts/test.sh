@@ -28,6 +28,12 @@ echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and test suite"
 # reuses this instrumented library instead of compiling it a second time.
 # (The library also carries libFuzzer's coverage hooks here; outside a
 # fuzzer they are the sanitizer runtime's no-ops.)
+# (A build-asan/ left by an older checkout may hold a GCC configuration,
+# which CMake would keep: start that one afresh.)
+if [[ -f build-asan/CMakeCache.txt ]] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang' build-asan/CMakeCache.txt; then
+  echo "test.sh: build-asan/ was configured with another compiler; reconfiguring it with clang"
+  rm -rf build-asan
+fi
 CC=clang CXX=clang++ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DMULTIHEAD_SANITIZE="address;undefined" -DMULTIHEAD_BUILD_FUZZERS=ON >/dev/null
 cmake --build build-asan -j"$jobs"

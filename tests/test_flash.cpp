@@ -629,6 +629,17 @@ TEST(FlashExpRow, MatchesStdExpOnEveryTarget) {
         EXPECT_NEAR(sum, want_sum, want_sum * (static_cast<double>(count) + 4) * 1.2e-7) << target;
       }
     }
+    // NaN stays NaN (and makes the sum NaN), as std::exp does; so does a
+    // +inf maximum (inf - inf), which the materialized kernel can pass when
+    // a float mask holds +inf.
+    std::vector<float> x = {0.0f, std::numeric_limits<float>::quiet_NaN(), -1.0f};
+    EXPECT_TRUE(std::isnan(kernel.exp_row(x.data(), x.size(), 0.0f))) << target;
+    EXPECT_TRUE(std::isnan(x[1])) << target;
+    EXPECT_EQ(x[0], 1.0f) << target;
+    std::vector<float> y = {kInf, 1.0f};
+    EXPECT_TRUE(std::isnan(kernel.exp_row(y.data(), y.size(), kInf))) << target;
+    EXPECT_TRUE(std::isnan(y[0])) << target;
+    EXPECT_EQ(y[1], 0.0f) << target;
   }
 }
 

@@ -12,10 +12,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
 
+#include "attention/projection_weights.hpp"
+#include "multihead/attention.hpp"
+#include "simd/targets.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "test_util.hpp"
@@ -170,33 +174,109 @@ INSTANTIATE_TEST_SUITE_P(Table, FormsAgree, ::testing::ValuesIn(kCases),
 // the packed product block by block into head-major buffers; the textbook
 // form projects head by head. Both layouts, B = 1 (where the two token
 // layouts coincide) and B = 2, causal and not, every kernel that serves
-// need_weights = false. Bound as for FormsAgree in float32. E = 16 makes
-// the scatter's parallel loop run (rows·3E >= 2^16), so scripts/tsan.sh
-// (filter *HeadMajor*) checks it too.
-TEST(FusedForm, LongSelfAttentionHeadMajorMatchesTextbook_L2048) {
+// need_weights = false; float, and double (one batch size, not causal:
+// the double textbook form is the slow part). Bounds as for FormsAgree. E = 16
+// makes the scatter's parallel loop run (rows·3E >= 2^16), so
+// scripts/tsan.sh (filter *HeadMajor*) checks it too.
+template <class T>
+void check_long_self_attention(std::initializer_list<AttentionKernel> kernels, double bound,
+                               std::initializer_list<int64_t> batches, std::initializer_list<bool> causals) {
   for (bool batch_first : {false, true})
-    for (int64_t B : {1, 2})
-      for (bool causal : {false, true}) {
+    for (int64_t B : batches)
+      for (bool causal : causals) {
         std::mt19937_64 rng(11);
         MultiheadAttentionConfig cfg;
         cfg.embed_dim = 16;
         cfg.num_heads = 4;
         cfg.batch_first = batch_first;
-        const auto mha = random_module<float>(cfg, rng);
+        const auto mha = random_module<T>(cfg, rng);
         const int64_t L = 2048 + (B == 1 ? 3 : 0);
-        const Tensor<float> x = random_tensor<float>(batch_first ? Shape{B, L, 16} : Shape{L, B, 16}, rng);
-        ForwardOptions<float> o;
+        const Tensor<T> x = random_tensor<T>(batch_first ? Shape{B, L, 16} : Shape{L, B, 16}, rng);
+        ForwardOptions<T> o;
         o.need_weights = false;
         o.is_causal = causal;
         const auto book = mha.forward_textbook(x, x, x, o);
-        for (AttentionKernel kernel : {AttentionKernel::Flash, AttentionKernel::Materialized}) {
+        for (AttentionKernel kernel : kernels) {
           o.kernel = kernel;
           const auto fused = mha.forward(x, x, x, o);
-          EXPECT_LT(rel_error(fused.output, book.output), 1e-5)
+          EXPECT_LT(rel_error(fused.output, book.output), bound)
               << "batch_first " << batch_first << " B " << B << " causal " << causal << " kernel "
               << to_string(kernel);
         }
       }
+}
+
+TEST(FusedForm, LongSelfAttentionHeadMajorMatchesTextbook_L2048_Float32) {
+  check_long_self_attention<float>({AttentionKernel::Flash, AttentionKernel::Materialized}, 1e-5, {1, 2},
+                                   {false, true});
+}
+TEST(FusedForm, LongSelfAttentionHeadMajorMatchesTextbook_L2048_Float64) {
+  check_long_self_attention<double>({AttentionKernel::Materialized}, 1e-12, {2}, {false});
+}
+
+// Lowers the projection block to its minimum (256 rows) for one scope, so
+// that small inputs run many blocks and a short last one.
+struct SmallProjectionBlocks {
+  int64_t saved = detail::projection_block_bytes().exchange(1);
+  ~SmallProjectionBlocks() { detail::projection_block_bytes() = saved; }
+};
+
+// Block by block: 2 × 2051 = 4102 token rows are 17 blocks of 256 rows, the
+// last one 6 rows; self-attention (three parts per row) and cross-attention
+// with kdim / vdim != E (one part, other input widths), both layouts.
+TEST(FusedForm, HeadMajorProjectionManyBlocksMatchesTextbook) {
+  const SmallProjectionBlocks small;
+  for (bool batch_first : {false, true}) {
+    std::mt19937_64 rng(5);
+    MultiheadAttentionConfig cfg;
+    cfg.embed_dim = 8;
+    cfg.num_heads = 2;
+    cfg.batch_first = batch_first;
+    const auto self_mha = random_module<float>(cfg, rng);
+    const Shape xs = batch_first ? Shape{2, 2051, 8} : Shape{2051, 2, 8};
+    const Tensor<float> x = random_tensor<float>(xs, rng);
+    ForwardOptions<float> o;
+    o.need_weights = false;
+    EXPECT_LT(rel_error(self_mha.forward(x, x, x, o).output, self_mha.forward_textbook(x, x, x, o).output),
+              1e-5)
+        << "self, batch_first " << batch_first;
+
+    cfg.kdim = 5;
+    cfg.vdim = 3;
+    const auto cross_mha = random_module<float>(cfg, rng);
+    const Tensor<float> q = random_tensor<float>(batch_first ? Shape{2, 300, 8} : Shape{300, 2, 8}, rng);
+    const Tensor<float> k = random_tensor<float>(batch_first ? Shape{2, 2049, 5} : Shape{2049, 2, 5}, rng);
+    const Tensor<float> v = random_tensor<float>(batch_first ? Shape{2, 2049, 3} : Shape{2049, 2, 3}, rng);
+    EXPECT_LT(rel_error(cross_mha.forward(q, k, v, o).output, cross_mha.forward_textbook(q, k, v, o).output),
+              1e-5)
+        << "cross, batch_first " << batch_first;
+  }
+}
+
+// Self-attention with bias_k / bias_v and the zero-attention key: short, but
+// the appended key columns send it to the head-major path, where q is
+// L rows per slice and k, v are S + 2. Flash (no weights) and materialized
+// (weights) both against the textbook form.
+TEST(FusedForm, HeadMajorSelfAttentionWithExtraKeysMatchesTextbook) {
+  std::mt19937_64 rng(9);
+  MultiheadAttentionConfig cfg;
+  cfg.embed_dim = 12;
+  cfg.num_heads = 3;
+  cfg.add_bias_kv = true;
+  cfg.add_zero_attn = true;
+  const auto mha = random_module<float>(cfg, rng);
+  const Tensor<float> x = random_tensor<float>(Shape{37, 3, 12}, rng);
+  for (bool need_weights : {false, true}) {
+    ForwardOptions<float> o;
+    o.need_weights = need_weights;
+    o.is_causal = true;
+    const auto fused = mha.forward(x, x, x, o);
+    const auto book = mha.forward_textbook(x, x, x, o);
+    EXPECT_LT(rel_error(fused.output, book.output), 1e-5) << "need_weights " << need_weights;
+    if (need_weights) {
+      EXPECT_LT(rel_error(*fused.attn_weights, *book.attn_weights), 1e-5);
+    }
+  }
 }
 
 // Independent oracle: multi-head attention written straight from the
@@ -428,6 +508,52 @@ TEST(BadInput, ShapesAreNamedWithExpectedAndActual) {
 }
 
 // NaN in the inputs propagates (PyTorch's behaviour) unless check_finite.
+// The rest of docs/robustness.md's library table: each message, pinned.
+TEST(BadInput, RemainingLibraryMessagesArePinned) {
+  MultiheadAttentionConfig cfg;
+  cfg.embed_dim = 8;
+  cfg.num_heads = 2;
+  // flash forced on a float64 call
+  const BasicMultiheadAttention<double> mha64(cfg, 1);
+  const Tensor<double> x64({5, 2, 8}, 0.5);
+  ForwardOptions<double> o64;
+  o64.need_weights = false;
+  o64.kernel = AttentionKernel::Flash;
+  expect_error([&] { (void)mha64.forward(x64, x64, x64, o64); }, Error::Kind::Value,
+               {"kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)"});
+  // a negative thread count
+  const MultiheadAttention mha(cfg, 1);
+  const Tensor<float> x({5, 2, 8}, 0.5f);
+  ForwardOptions<float> o;
+  o.num_threads = -1;
+  expect_error([&] { (void)mha.forward(x, x, x, o); }, Error::Kind::Value,
+               {"num_threads: expected 0 (default) or more, got -1"});
+  // bias_k given to a module without add_bias_kv
+  MultiheadAttentionParameters<float> p = mha.parameters();
+  p.bias_k = Tensor<float>({1, 1, 8}, 0.0f);
+  expect_error([&] { (void)MultiheadAttention(cfg, p); }, Error::Kind::Value,
+               {"bias_k: unexpected tensor of shape (1, 1, 8) (add_bias_kv is false)"});
+  // a non-finite scale
+  AttentionOptions so;
+  so.scale = std::numeric_limits<double>::infinity();
+  const Tensor<float> q({2, 3, 4}, 0.5f);
+  expect_error([&] { (void)scaled_dot_product_attention(q, q, q, nullptr, so); }, Error::Kind::Value,
+               {"scale: expected a finite number, got inf"});
+  // an unknown kernel name, from the API and from MULTIHEAD_KERNEL
+  expect_error([] { (void)parse_attention_kernel("fast"); }, Error::Kind::Value,
+               {"kernel: expected one of auto, reference, materialized, flash; got 'fast'"});
+  {
+    struct KernelVariable {  // set for this scope only, whatever happens
+      KernelVariable() { setenv("MULTIHEAD_KERNEL", "fast", 1); }
+      ~KernelVariable() { unsetenv("MULTIHEAD_KERNEL"); }
+    } scoped;
+    o.num_threads = 0;
+    expect_error([&] { (void)mha.forward(x, x, x, o); }, Error::Kind::Value, {"MULTIHEAD_KERNEL: ", "'fast'"});
+  }
+  // an unknown SIMD target (MULTIHEAD_SIMD_TARGET goes through the same parse)
+  expect_error([] { detail::simd_target_force("AVX9"); }, Error::Kind::Value, {"AVX9", "SCALAR"});
+}
+
 TEST(NonFinite, NaNPropagatesByDefault) {
   MultiheadAttentionConfig cfg;
   cfg.embed_dim = 4;

@@ -138,11 +138,19 @@ HeadsView<P> merge_heads(P* dst, int64_t E, int64_t batch_stride, int64_t seq_st
 // that is 12 KiB, a multiple of 4 KiB, so the rows the kernel reads together
 // fall into the same cache sets and evict each other. Measured, the flash
 // kernel alone at L = S = 8192, H = 16, D = 64, 2 threads: 1288 ms on views,
-// 780 ms on head-major buffers (bench/bench_kernels.cpp, FlashLayout). Up to
-// S = 1024 the two measure the same, at S = 2048, E = 768 views cost 9%.
+// 780 ms on head-major buffers (the same runs as bench/bench_kernels.cpp's
+// FlashLayout). Up to S = 1024 the two measure the same; at S = 2048,
+// E = 768 views cost 9%.
 // Projecting block by block keeps the extra memory to one block, instead of a
 // second copy of Q, K and V.
 constexpr int64_t kHeadMajorFromKeys = 2048;
+
+// Rows per block: about projection_block_bytes() of projected rows (8 MiB by
+// default: 682 rows at 3E = 3072), at least kMinBlockRows. The block's
+// product must be tall enough for the GEMM to run at full speed: measured at
+// L = 4096, E = 1024, 2 threads, whole forward: 2 MiB blocks 376 ms, 8 MiB
+// 303 ms, 32 MiB 297 ms, one block 302 ms.
+constexpr int64_t kMinBlockRows = 256;
 
 template <class T>
 struct HeadsDestination {
@@ -153,29 +161,26 @@ struct HeadsDestination {
 template <class T>
 void in_projection_split_heads(const T* x, int64_t in, WeightT<T> wt, const T* bias, int64_t parts,
                                const HeadsDestination<T>* dst, const ForwardPlan& plan, int64_t len,
-                               int64_t batch_stride, int num_threads,
-                               Storage<T>& scratch) {
+                               int64_t seq_stride, int num_threads, Storage<T>& scratch) {
   const int64_t E = plan.E, H = plan.H, D = plan.D, B = plan.B;
   const int64_t out = parts * E, tokens = B * len;
-  // About 8 MiB of projected rows per block (682 rows at 3E = 3072). The
-  // block's product must be tall enough for the GEMM to run at full speed:
-  // measured at L = 4096, E = 1024, 2 threads, whole forward: 2 MiB blocks
-  // 376 ms, 8 MiB 303 ms, 32 MiB 297 ms, one block 302 ms.
-  const int64_t block = std::clamp<int64_t>((int64_t{8} << 20) / static_cast<int64_t>(sizeof(T) * out),
-                                            int64_t{256}, tokens);
+  if (tokens == 0) return;
+  const int64_t block = std::min(
+      tokens, std::max<int64_t>(kMinBlockRows, projection_block_bytes().load() / static_cast<int64_t>(sizeof(T) * out)));
   T* y = ForwardWorkspace<T>::take(scratch, static_cast<std::size_t>(block * out));
   const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   for (int64_t r0 = 0; r0 < tokens; r0 += block) {
     const int64_t rows = std::min(block, tokens - r0);
     linear(rows, in, out, x + r0 * in, wt, bias, y, out);
-    // Token row r is (b, l) with r = b·batch_stride + l·seq_stride: the
-    // layout is (len, B, ·) (batch_stride 1, seq_stride B) or (B, len, ·)
-    // (batch_stride len, seq_stride 1); with B = 1 or len = 1 both agree.
+    // Token row r is (b, l) in the caller's layout: (B, len, ·) has
+    // seq_stride 1, so r = b·len + l; (len, B, ·) has seq_stride B, so
+    // r = l·B + b. (With B = 1 or len = 1 the two coincide, and so do the
+    // formulas.)
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * out >= (int64_t{1} << 16))
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t r = r0 + i;
-      const int64_t b = batch_stride == 1 ? r % B : r / batch_stride;
-      const int64_t l = batch_stride == 1 ? r / B : r % batch_stride;
+      const int64_t b = seq_stride == 1 ? r / len : r % B;
+      const int64_t l = seq_stride == 1 ? r % len : r / B;
       for (int64_t part = 0; part < parts; ++part)
         for (int64_t h = 0; h < H; ++h)
           std::memcpy(dst[part].data + ((b * H + h) * dst[part].total_len + l) * D,
@@ -209,6 +214,12 @@ Tensor<T> average_heads(const Tensor<T>& w, const ForwardPlan& plan, Shape shape
 }
 
 }  // namespace
+
+std::atomic<int64_t>& projection_block_bytes() {
+  static std::atomic<int64_t> bytes{int64_t{8} << 20};
+  return bytes;
+}
+
 }  // namespace detail
 
 template <class T>
@@ -259,16 +270,16 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
       const HeadsDestination<T> dst[3] = {{q, L}, {k, St}, {v, St}};
       in_projection_split_heads(query.data(), plan.E, WeightT<T>{weights_t_->in_proj_t.data(), 3 * plan.E},
                                 bias, 3, dst, plan,
-                                L, plan.q_batch_stride, options.num_threads, ws->proj_q);
+                                L, plan.q_seq_stride, options.num_threads, ws->proj_q);
     } else {
       const InWeightsT<T> w = in_weights_t(*weights_t_, packed, plan.E);
       const HeadsDestination<T> dq{q, L}, dk{k, St}, dv{v, St};
-      in_projection_split_heads(query.data(), plan.E, w.q, bias, 1, &dq, plan, L, plan.q_batch_stride,
+      in_projection_split_heads(query.data(), plan.E, w.q, bias, 1, &dq, plan, L, plan.q_seq_stride,
                                 options.num_threads, ws->proj_q);
       in_projection_split_heads(key.data(), plan.Ek, w.k, bias ? bias + plan.E : nullptr, 1, &dk, plan, S,
-                                plan.kv_batch_stride, options.num_threads, ws->proj_q);
+                                plan.kv_seq_stride, options.num_threads, ws->proj_q);
       in_projection_split_heads(value.data(), plan.Ev, w.v, bias ? bias + 2 * plan.E : nullptr, 1, &dv, plan,
-                                S, plan.kv_batch_stride, options.num_threads, ws->proj_q);
+                                S, plan.kv_seq_stride, options.num_threads, ws->proj_q);
     }
     for (int64_t b = 0; b < B; ++b)
       for (int64_t h = 0; h < H; ++h) {

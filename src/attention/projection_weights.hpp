@@ -13,6 +13,8 @@
 // packed weights). The textbook form and state_dict() use the originals.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "multihead/multihead_attention.hpp"
@@ -31,5 +33,11 @@ struct ProjectionWeights {
   static std::shared_ptr<const ProjectionWeights> from(const MultiheadAttentionConfig& config,
                                                        const MultiheadAttentionParameters<T>& p);
 };
+
+// Bytes of projected rows per block when the fused form projects long
+// sequences block by block into head-major buffers (multihead_attention_forward.cpp,
+// in_projection_split_heads); 8 MiB by default. Tests lower it to run many
+// blocks on small inputs. Read once per projection.
+std::atomic<int64_t>& projection_block_bytes();
 
 }  // namespace multihead::detail
