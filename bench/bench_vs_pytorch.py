@@ -148,6 +148,21 @@ def torch_mha(shape, threads, repeat, warmup, tuned):
     return field(out, "median_ms"), rss
 
 
+def calls_for(shape, repeat, warmup):
+    """Timed and warm-up calls for one shape, the same for every program.
+
+    A call of a few milliseconds is at the mercy of one scheduler hiccup on a
+    shared 2-core machine, and its first calls pay one-time costs (oneDNN's
+    JIT, thread start, first touch of pages). So short calls are repeated
+    until the timed ones add up to about 1 s (estimated at 100 GFLOP/s),
+    at most 200, with a fifth as many warm-up calls; long ones use the
+    command-line values."""
+    B, L, E, _, _ = shape
+    estimate_s = flops(B, L, E) / 100e9
+    n = max(repeat, min(200, int(1.0 / estimate_s)))
+    return n, max(warmup, n // 5)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build-dir", required=True, help="CMake build dir (MULTIHEAD_BUILD_BENCHMARKS=ON)")
@@ -175,7 +190,8 @@ def main():
     sgemm = field(out, "sgemm_gflops")
     print("Machine: FMA peak %.0f GFLOP/s (%d threads, %s), OpenBLAS sgemm %.0f GFLOP/s "
           "(4096², %d threads, OPENBLAS_CORETYPE unset)." % (peak, args.threads, target, sgemm, args.threads))
-    print("Medians of %d calls after %d warm-up, each program in its own process, %d threads.\n"
+    print("Medians of at least %d calls after at least %d warm-up (more for short calls: see "
+          "calls_for), each program in its own process, %d threads.\n"
           % (args.repeat, args.warmup, args.threads))
 
     shapes = ISSUE_SHAPES if args.shapes == "issue" else QUICK_SHAPES
@@ -185,10 +201,11 @@ def main():
     for shape in shapes:
         B, L, E, H, causal = shape
         name = ("causal " if causal else "") + "(%d,%d,%d,%d)" % (B, L, E, H)
-        our_ms, our_rss, _ = ours(cli, shape, args.threads, args.repeat, args.warmup)
-        tuned_ms, tuned_rss = torch_mha(shape, args.threads, args.repeat, args.warmup, tuned=True)
+        repeat, warmup = calls_for(shape, args.repeat, args.warmup)
+        our_ms, our_rss, _ = ours(cli, shape, args.threads, repeat, warmup)
+        tuned_ms, tuned_rss = torch_mha(shape, args.threads, repeat, warmup, tuned=True)
         if L <= args.skip_shipped_above:
-            shipped_ms, shipped_rss = torch_mha(shape, args.threads, args.repeat, args.warmup, tuned=False)
+            shipped_ms, shipped_rss = torch_mha(shape, args.threads, repeat, warmup, tuned=False)
             shipped = "%.1f ms" % shipped_ms
             shipped_ratio = "%.1f×" % (shipped_ms / our_ms)
             shipped_rss_s = "%.0f" % shipped_rss
