@@ -11,9 +11,12 @@ In one run, on the same shapes, every measurement in its own subprocess:
     (this environment untouched) and tuned (issue "Fast": OPENBLAS_CORETYPE
     and OPENBLAS_L2_SIZE unset, GLIBC_TUNABLES=glibc.malloc.mmap_max=0:
     glibc.malloc.trim_threshold=68719476736, OMP_WAIT_POLICY=PASSIVE,
-    ATEN_CPU_CAPABILITY=avx512), warm-up then the median of --repeat calls;
+    ATEN_CPU_CAPABILITY=avx512), warm-up then the median of the timed calls;
     causal through a boolean upper-triangular attn_mask (1.13's MHA has no
     is_causal);
+  * every program gets the same number of calls for a shape: --repeat timed
+    after --warmup, raised for short calls to about 1 s of timed calls
+    (calls_for);
   * the peak RSS of each subprocess (os.wait4).
 Inputs are (L, B, E) float32 standard-normal in both programs (seeded), so
 both compute the same-sized problem; the timings do not depend on the values.
