@@ -1,15 +1,47 @@
 #!/usr/bin/env bash
-# Installs what building and testing multihead needs on Debian 12, as root.
+# Installs what multihead needs on Debian 12, as root.
+#
+#   bash scripts/install-deps.sh          everything: build, tests, sanitizers
+#   bash scripts/install-deps.sh build    only what building the library and
+#                                         the command-line program needs (the demo)
+#
 # Runs apt-get only when something is missing, so a second run is instant.
+#
+# Packages are installed with --no-install-recommends, so every package that
+# a step needs is listed here, even when Debian would bring it as a
+# "Recommends" of another one: a fresh Debian 12 root (debootstrap
+# --variant=minbase) has nothing else. scripts/check-fresh-machine.sh proves
+# the build list on such a root.
 set -euo pipefail
 
-packages=(
-  build-essential cmake g++ clang libclang-rt-14-dev libomp-14-dev valgrind
+group=${1:-all}
+
+# Building the library and the program.
+build=(
+  build-essential cmake g++ pkg-config
   libopenblas-dev libdnnl-dev libhwy-dev libcli11-dev nlohmann-json3-dev
-  libgtest-dev libbenchmark-dev
+  # oneDNN's CMake config (dnnl-config.cmake) calls find_package(OpenCL)
+  # REQUIRED, but libdnnl-dev only recommends the package that provides it.
+  ocl-icd-opencl-dev
+  git ca-certificates
+)
+# The test suite: unit tests, PyTorch parity, leak check, sanitizers, fuzzers.
+tests=(
+  clang libclang-rt-14-dev libomp-14-dev
+  # llvm-symbolizer: without it ASan, UBSan and TSan print raw addresses
+  # instead of function names. clang only recommends it.
+  llvm-14
+  valgrind libgtest-dev libbenchmark-dev
   python3 python3-numpy python3-torch
   time
 )
+
+case "$group" in
+  build) packages=("${build[@]}") ;;
+  all) packages=("${build[@]}" "${tests[@]}") ;;
+  *) echo "install-deps: unknown group '$group' (expected 'build' or 'all')" >&2; exit 2 ;;
+esac
+
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,4 +56,4 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "install-deps: all dependencies present"
+echo "install-deps: all dependencies present ($group)"
