@@ -257,7 +257,13 @@ void run_typed(const Inputs& in) {
   const int64_t B = batched ? query.size(c.batch_first ? 0 : 1) : 1;
   const int64_t L = batched ? query.size(c.batch_first ? 1 : 0) : query.size(0);
   const int64_t S = batched ? k.size(c.batch_first ? 1 : 0) : k.size(0);
-  const int64_t St = S + c.add_bias_kv + c.add_zero_attn, H = c.num_heads;
+  // S comes from an untrusted shape: with B = 0 it may be INT64_MAX, and
+  // S + 1 would overflow. forward must have refused such a key length.
+  int64_t St = 0;
+  if (__builtin_add_overflow(S, int64_t{c.add_bias_kv} + int64_t{c.add_zero_attn}, &St))
+    throw HarnessFailure("forward accepted key length " + std::to_string(S) +
+                         " whose extra key positions overflow int64");
+  const int64_t H = c.num_heads;
   Shape expected = o.average_attn_weights ? Shape{B, L, St} : Shape{B, H, L, St};
   if (!batched) expected.erase(expected.begin());
   const Tensor<T>& w = *r.attn_weights;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "forward_harness.hpp"
+#include "shape_arithmetic.hpp"
 
 using multihead::DType;
 using multihead::LoadedTensor;
@@ -37,6 +38,8 @@ using multihead::Shape;
 using multihead::Storage;
 using multihead::Tensor;
 using multihead::fuzz::InputParts;
+using multihead::fuzz::nudge_dim;
+using multihead::fuzz::small_enough;
 
 extern "C" std::size_t LLVMFuzzerMutate(uint8_t* data, std::size_t size, std::size_t max_size);
 
@@ -87,13 +90,8 @@ int64_t interesting_dim(Rng& rng, bool allow_huge) {
 // .npy of the same kind (bool stays bool), or another kind now and then.
 std::optional<std::string> write_npy(const Shape& shape, const Storage<double>& values, DType dtype,
                                      Rng& rng) {
-  int64_t n = 0;
-  try {
-    n = multihead::shape_numel(shape);
-  } catch (const multihead::Error&) {
-    return std::nullopt;
-  }
-  if (n > kMaxElements) return std::nullopt;
+  if (!small_enough(shape, kMaxElements)) return std::nullopt;
+  const int64_t n = multihead::shape_numel(shape);
   Storage<double> data(static_cast<std::size_t>(n));
   std::normal_distribution<double> normal;
   for (int64_t i = 0; i < n; ++i)
@@ -119,7 +117,7 @@ bool reshape_npy(InputParts& parts, std::size_t which, Rng& rng) {
   const int op = std::uniform_int_distribution<int>(0, 4)(rng);
   if (op == 0 && !s.empty()) {
     auto& d = s[between(rng, 0, s.size() - 1)];
-    d = chance(rng, 0.5) ? std::max<int64_t>(0, d + (chance(rng, 0.5) ? 1 : -1)) : interesting_dim(rng, true);
+    d = chance(rng, 0.5) ? nudge_dim(d, chance(rng, 0.5)) : interesting_dim(rng, true);
   } else if (op == 1 && s.size() < 5) {
     s.insert(s.begin() + static_cast<std::ptrdiff_t>(between(rng, 0, s.size())), interesting_dim(rng, true));
   } else if (op == 2 && !s.empty()) {
@@ -236,7 +234,10 @@ bool mutate_weights(InputParts& parts, Rng& rng) {
       if (!tensors.empty() && chance(rng, 0.5)) {
         tensors.erase(any_of(tensors, rng));
       } else {
-        const int64_t E = tensors.count("out_proj.weight") ? tensors.at("out_proj.weight").size(0) : 4;
+        // out_proj.weight may claim any width (a 0 beside it makes it
+        // legal): a width past the mutator's bound gets a small one.
+        int64_t E = tensors.count("out_proj.weight") ? tensors.at("out_proj.weight").size(0) : 4;
+        if (!small_enough({E}, kMaxElements)) E = 4;
         tensors[pick(rng, names)] = random_tensor({1, 1, E}, rng);
       }
       break;
@@ -246,8 +247,10 @@ bool mutate_weights(InputParts& parts, Rng& rng) {
       Shape s = it->second.shape();
       if (s.empty()) return false;
       auto& d = s[between(rng, 0, s.size() - 1)];
-      d = std::max<int64_t>(0, d + (chance(rng, 0.5) ? 1 : -1));
+      d = nudge_dim(d, chance(rng, 0.5));
       if (chance(rng, 0.2)) s.push_back(1);
+      // A nudge can turn a 0 beside a huge dimension into a 1.
+      if (!small_enough(s, kMaxElements)) return false;
       it->second = random_tensor(s, rng);
       break;
     }

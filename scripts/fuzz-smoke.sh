@@ -11,6 +11,9 @@
 #   FUZZ_SECONDS    seconds per target (default 60)
 #   FUZZ_BUILD_DIR  build directory (default build-fuzz, shared with fuzz/run.sh)
 #   FUZZ_FLAGS      extra libFuzzer flags, e.g. "-fork=2" to fuzz on two cores
+#   FUZZ_SEED       libFuzzer's -seed (default 1: CI explores the same
+#                   mutations each run, so a failure there is reproducible;
+#                   fuzz/run.sh draws a new seed each time to explore)
 #   JOBS            build parallelism (default nproc)
 # Longer runs, and what to do with a crash: docs/fuzzing.md.
 set -euo pipefail
@@ -64,6 +67,25 @@ mkdir -p "$smoke"
 # fuzz_forward's inputs hold both formats: its dictionary is both lists.
 cat fuzz/npy.dict fuzz/safetensors.dict >"$smoke/forward.dict"
 
+# Where a failure lies, from its log: the first source location of ours in
+# the sanitizer's report (or its "runtime error" line). A location under
+# fuzz/ is the harness's own bug (its mutator, its checks); one under src/ or
+# include/ is the library's. "contract broken" is the harness catching the
+# library returning a wrong result.
+blame() {
+  local log=$1 where
+  if grep -q 'contract broken' "$log"; then
+    echo "the failure lies in the library: forward broke its contract ($(grep -m1 'contract broken' "$log"))"
+    return
+  fi
+  where=$(grep -oE '(/|^| )(fuzz|src|include)/[A-Za-z0-9_./-]+:[0-9]+' "$log" | head -1 | sed 's/^[ /]//')
+  case "$where" in
+    *fuzz/*) echo "the failure lies in the harness, not the library: $where" ;;
+    *src/* | *include/*) echo "the failure lies in the library: $where" ;;
+    *) echo "no source location of ours in the report; read the log to place the failure" ;;
+  esac
+}
+
 failed=()
 summary=()
 for t in "${targets[@]}"; do
@@ -81,7 +103,7 @@ for t in "${targets[@]}"; do
   status=0
   # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
   UBSAN_OPTIONS=print_stacktrace=1 "$build/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=2048 \
-    -timeout=10 -dict="$dict" -artifact_prefix="$artifacts/" -print_final_stats=1 ${FUZZ_FLAGS:-} \
+    -timeout=10 -seed="${FUZZ_SEED:-1}" -dict="$dict" -artifact_prefix="$artifacts/" -print_final_stats=1 ${FUZZ_FLAGS:-} \
     "$work" >"$log" 2>&1 || status=$?
   t1=$(date +%s)
   # (A crash can come before any stats: nothing below may fail the script.)
@@ -95,6 +117,7 @@ for t in "${targets[@]}"; do
   if ((status != 0)); then
     reproducer=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -1)
     echo "fuzz-smoke: $t FAILED (exit $status); log $log" >&2
+    echo "fuzz-smoke: $(blame "$log")" >&2
     grep -E '^(==[0-9]+==ERROR|SUMMARY|fuzz_forward:)|runtime error|ERROR: libFuzzer' "$log" | head -5 >&2 || true
     echo "fuzz-smoke: reproducer: ${reproducer:-none written}" >&2
     echo "fuzz-smoke: rerun it with: $build/fuzz/$t ${reproducer:-<input>}" >&2

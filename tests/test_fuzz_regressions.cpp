@@ -17,11 +17,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "../fuzz/forward_harness.hpp"
+#include "../fuzz/shape_arithmetic.hpp"
 
 namespace multihead {
 namespace {
@@ -100,6 +102,29 @@ TEST(FuzzForwardCorpus, ValidSeedsRunNearSeedsAreRejected) {
     const Outcome o = replay(path, why);
     EXPECT_EQ(o, Outcome::Rejected) << path.filename() << ": " << why;
   }
+}
+
+// The mutator's dimension arithmetic at the extremes a parsed file may
+// legally claim (a 15-minute fuzz_forward run once stopped on
+// INT64_MAX + 1 in the mutator itself).
+TEST(FuzzShapeArithmetic, NudgeDimSaturatesAtZeroAndInt64Max) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  struct Case { int64_t d; bool up; int64_t expected; };
+  const Case cases[] = {{0, false, 0}, {0, true, 1}, {5, false, 4}, {5, true, 6},
+                        {kMax, true, kMax}, {kMax, false, kMax - 1}};
+  for (const Case& c : cases)
+    EXPECT_EQ(fuzz::nudge_dim(c.d, c.up), c.expected) << "d=" << c.d << " up=" << c.up;
+}
+
+TEST(FuzzShapeArithmetic, SmallEnoughRefusesOverflowingAndLargeShapes) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  EXPECT_TRUE(fuzz::small_enough({kMax, 0}, 4096));     // no bytes
+  EXPECT_FALSE(fuzz::small_enough({kMax, 1}, 4096));    // a nudged 0
+  EXPECT_FALSE(fuzz::small_enough({kMax, 2}, 4096));    // product overflows
+  EXPECT_FALSE(fuzz::small_enough({1 << 20, 1 << 20, 1 << 20}, 4096));
+  EXPECT_TRUE(fuzz::small_enough({64, 64}, 4096));
+  EXPECT_FALSE(fuzz::small_enough({64, 65}, 4096));
+  EXPECT_TRUE(fuzz::small_enough({}, 1));               // a scalar
 }
 
 }  // namespace
