@@ -88,10 +88,12 @@ say "root ready in $(($(date +%s) - t0)) s"
 rm -f "$root/etc/apt/sources.list"
 cp /etc/apt/sources.list "$root/etc/apt/" 2>/dev/null || true
 for f in /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-  [[ -f $f ]] && cp "$f" "$root/etc/apt/sources.list.d/"
+  if [[ -f $f ]]; then cp "$f" "$root/etc/apt/sources.list.d/"; fi
 done
 # Proxy settings of the machine's apt, if any.
-grep -rlis 'proxy' /etc/apt/apt.conf.d/ 2>/dev/null | while read -r f; do cp "$f" "$root/etc/apt/apt.conf.d/"; done
+for f in /etc/apt/apt.conf.d/*; do
+  if [[ -f $f ]] && grep -qi 'proxy' "$f"; then cp "$f" "$root/etc/apt/apt.conf.d/"; fi
+done
 cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 
 for m in proc sys dev dev/pts; do
