@@ -53,6 +53,7 @@ fi
 
 # ---- the root, and its cleanup --------------------------------------------------
 root=$(mktemp -d "${FRESH_ROOT_PARENT:-/var/tmp}/multihead-fresh.XXXXXX")
+chmod 755 "$root"  # apt's _apt user must reach /var/cache/apt inside it
 mounts=()
 cleanup() {
   local status=$? m
