@@ -62,6 +62,7 @@ cmake --build "$build" -j"$jobs" --target "${targets[@]}"
 built=$(date +%s)
 echo "== built in $((built - started)) s"
 
+symbolizer=$(bash scripts/check-symbolizer.sh)
 smoke=$build/smoke
 mkdir -p "$smoke"
 # fuzz_forward's inputs hold both formats: its dictionary is both lists.
@@ -102,7 +103,8 @@ for t in "${targets[@]}"; do
   t0=$(date +%s)
   status=0
   # shellcheck disable=SC2086 # FUZZ_FLAGS is a list of flags
-  UBSAN_OPTIONS=print_stacktrace=1 "$build/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=2048 \
+  ASAN_OPTIONS=external_symbolizer_path=$symbolizer UBSAN_OPTIONS=print_stacktrace=1:external_symbolizer_path=$symbolizer \
+    "$build/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=2048 \
     -timeout=10 -seed="${FUZZ_SEED:-1}" -dict="$dict" -artifact_prefix="$artifacts/" -print_final_stats=1 ${FUZZ_FLAGS:-} \
     "$work" >"$log" 2>&1 || status=$?
   t1=$(date +%s)

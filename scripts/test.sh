@@ -37,7 +37,11 @@ fi
 CC=clang CXX=clang++ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DMULTIHEAD_SANITIZE="address;undefined" -DMULTIHEAD_BUILD_FUZZERS=ON >/dev/null
 cmake --build build-asan -j"$jobs"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+# Reports must name functions (llvm-symbolizer), or a failure here is unreadable.
+symbolizer=$(bash scripts/check-symbolizer.sh)
+export ASAN_SYMBOLIZER_PATH=$symbolizer
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:external_symbolizer_path=$symbolizer \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:external_symbolizer_path=$symbolizer \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
 echo "== fuzz smoke"
