@@ -1,8 +1,10 @@
 // multihead/tensor.hpp: the small dense tensor type every public function
 // takes and returns.
 //
-// A Tensor<T> owns a contiguous, row-major (C order) buffer and a shape.
-// It is deliberately plain: no strides, no views, no broadcasting. Shapes are
+// A Tensor<T> owns a contiguous, row-major (C order) buffer and a shape, or,
+// made by Tensor::view, reads and writes a buffer its caller owns (how the
+// Python module hands NumPy arrays to forward() without a copy). It is
+// deliberately plain: no strides, no broadcasting. Shapes are
 // checked at the API boundary (see error.hpp) and the kernels index raw
 // pointers. T is float or double for data, and `bool` masks use Tensor<uint8_t>
 // (0 = may attend, nonzero = may not attend, as PyTorch's bool masks).
@@ -60,19 +62,44 @@ class Tensor {
   Tensor(Shape shape, T fill) : shape_(std::move(shape)), data_(checked_size(shape_), fill) {}
   Tensor(Shape shape, Storage<T> data);  // throws if data.size() != numel(shape)
 
+  // A view of the numel(shape) contiguous, row-major elements at `data`: no
+  // copy, no ownership. The caller keeps the buffer alive, and unchanged, for
+  // as long as the view (or a call it was passed to) is in use; a view of
+  // read-only memory must only be passed as `const Tensor&`. Copying a view
+  // copies its elements into an owning tensor; moving one moves the view.
+  // vec() throws on a view (there is no Storage): use data() and numel().
+  // Throws multihead::Error if the shape is invalid or data is null while
+  // numel(shape) > 0. (Two tensors that share data() are taken by forward()
+  // as one tensor, so views that start at the same address must also have
+  // the same shape.)
+  static Tensor view(Shape shape, T* data);
+  bool is_view() const { return view_ != nullptr; }
+
+  Tensor(const Tensor& other);
+  Tensor(Tensor&& other) noexcept;
+  Tensor& operator=(const Tensor& other);
+  Tensor& operator=(Tensor&& other) noexcept;
+  ~Tensor() = default;
+
   const Shape& shape() const { return shape_; }
   int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
   int64_t size(int64_t d) const { return shape_.at(static_cast<std::size_t>(d < 0 ? d + dim() : d)); }
-  int64_t numel() const { return static_cast<int64_t>(data_.size()); }
-  bool empty() const { return data_.empty(); }
+  int64_t numel() const { return view_ ? view_numel_ : static_cast<int64_t>(data_.size()); }
+  bool empty() const { return numel() == 0; }
 
-  T* data() { return data_.data(); }
-  const T* data() const { return data_.data(); }
-  Storage<T>& vec() { return data_; }
-  const Storage<T>& vec() const { return data_; }
+  T* data() { return view_ ? view_ : data_.data(); }
+  const T* data() const { return view_ ? view_ : data_.data(); }
+  Storage<T>& vec() {
+    if (view_) throw_no_storage();
+    return data_;
+  }
+  const Storage<T>& vec() const {
+    if (view_) throw_no_storage();
+    return data_;
+  }
 
-  T& operator[](int64_t i) { return data_[static_cast<std::size_t>(i)]; }
-  const T& operator[](int64_t i) const { return data_[static_cast<std::size_t>(i)]; }
+  T& operator[](int64_t i) { return data()[i]; }
+  const T& operator[](int64_t i) const { return data()[i]; }
 
   // Same elements, new shape of equal numel (throws otherwise).
   Tensor reshaped(Shape shape) const&;
@@ -80,8 +107,11 @@ class Tensor {
 
  private:
   static std::size_t checked_size(const Shape& s) { return static_cast<std::size_t>(shape_numel(s)); }
+  [[noreturn]] static void throw_no_storage();
   Shape shape_;
-  Storage<T> data_;
+  Storage<T> data_;     // empty for a view
+  T* view_ = nullptr;   // set only for a view
+  int64_t view_numel_ = 0;
 };
 
 extern template class Tensor<float>;
@@ -91,7 +121,7 @@ extern template class Tensor<uint8_t>;
 // Element-type conversion (float <-> double; uint8 -> float for masks).
 template <class To, class From>
 Tensor<To> tensor_cast(const Tensor<From>& t) {
-  Storage<To> out(t.vec().begin(), t.vec().end());
+  Storage<To> out(t.data(), t.data() + t.numel());
   return Tensor<To>(t.shape(), std::move(out));
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <new>
+#include <utility>
 
 #include "multihead/error.hpp"
 
@@ -82,6 +83,54 @@ Tensor<T>::Tensor(Shape shape, Storage<T> data) : shape_(std::move(shape)), data
   }
 }
 
+template <class T>
+Tensor<T> Tensor<T>::view(Shape shape, T* data) {
+  const int64_t n = shape_numel(shape);
+  if (data == nullptr && n > 0)
+    throw Error(Error::Kind::Value, "tensor view of shape " + shape_to_string(shape) + ": null data pointer");
+  Tensor t;
+  t.shape_ = std::move(shape);
+  // A view of no elements is an ordinary empty tensor: nothing to share.
+  if (n > 0) {
+    t.view_ = data;
+    t.view_numel_ = n;
+  }
+  return t;
+}
+
+template <class T>
+Tensor<T>::Tensor(const Tensor& other)
+    : shape_(other.shape_),
+      data_(other.view_ ? Storage<T>(other.view_, other.view_ + other.view_numel_) : other.data_) {}
+
+template <class T>
+Tensor<T>::Tensor(Tensor&& other) noexcept
+    : shape_(std::move(other.shape_)),
+      data_(std::move(other.data_)),
+      view_(std::exchange(other.view_, nullptr)),
+      view_numel_(std::exchange(other.view_numel_, 0)) {}
+
+template <class T>
+Tensor<T>& Tensor<T>::operator=(const Tensor& other) {
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+template <class T>
+Tensor<T>& Tensor<T>::operator=(Tensor&& other) noexcept {
+  if (this == &other) return *this;
+  shape_ = std::move(other.shape_);
+  data_ = std::move(other.data_);
+  view_ = std::exchange(other.view_, nullptr);
+  view_numel_ = std::exchange(other.view_numel_, 0);
+  return *this;
+}
+
+template <class T>
+void Tensor<T>::throw_no_storage() {
+  throw Error(Error::Kind::Value, "tensor: vec() on a view, which has no storage (use data() and numel())");
+}
+
 namespace {
 
 // `have` is the element count actually stored (a default-constructed tensor
@@ -100,12 +149,17 @@ void check_reshape(const Shape& from, int64_t have, const Shape& to) {
 template <class T>
 Tensor<T> Tensor<T>::reshaped(Shape shape) const& {
   check_reshape(shape_, numel(), shape);
+  if (view_) return Tensor(std::move(shape), Storage<T>(view_, view_ + view_numel_));
   return Tensor(std::move(shape), data_);
 }
 
 template <class T>
 Tensor<T> Tensor<T>::reshaped(Shape shape) && {
   check_reshape(shape_, numel(), shape);
+  if (view_) {
+    view_numel_ = 0;
+    return view(std::move(shape), std::exchange(view_, nullptr));
+  }
   return Tensor(std::move(shape), std::move(data_));
 }
 
