@@ -1,0 +1,157 @@
+// python/src/arrays.hpp: NumPy arrays in and out of the library.
+//
+// In: anything np.asarray accepts (NumPy arrays, the buffer protocol, the
+// array protocol, so CPU torch tensors too). A C-contiguous array of the
+// computation's dtype (float32 or float64) becomes a Tensor::view of its own
+// buffer: no copy. Anything else (another float dtype, a non-contiguous
+// view, a byte-swapped array) is converted once, by NumPy, into a fresh
+// C-contiguous array of that dtype. Read-only arrays are viewed as they are:
+// the library only reads its inputs. Integer, complex and object arrays are
+// a TypeError, as in PyTorch.
+//
+// The Held* structs keep the (possibly converted) array referenced while its
+// view is in use, also while the GIL is released.
+//
+// Out: a result Tensor moves to the heap and a NumPy array views it, owned
+// by a capsule, so outputs are not copied either.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "multihead/attention.hpp"
+#include "multihead/tensor.hpp"
+
+namespace multihead::python {
+
+namespace py = pybind11;
+
+// "float32", "int64", "bool": NumPy's name of the array's dtype.
+inline std::string dtype_name(const py::array& a) { return py::str(py::handle(a.dtype())).cast<std::string>(); }
+
+inline bool is_float(const py::array& a) { return a.dtype().kind() == 'f'; }
+
+// np.asarray(obj), without a call when obj is already an ndarray.
+inline py::array as_numpy(const py::handle& obj) {
+  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
+  static const py::object asarray = py::module_::import("numpy").attr("asarray");
+  return asarray(obj).cast<py::array>();
+}
+
+// The dtype a call computes in, from its query: float64 stays float64, every
+// other float (float32, float16, longdouble) computes in float32.
+enum class Precision { F32, F64 };
+
+inline Precision precision_of(const py::array& query, const std::string& name) {
+  if (!is_float(query))
+    throw py::type_error(name + ": expected a floating-point array (float32 or float64), got " +
+                         dtype_name(query));
+  return query.dtype().itemsize() == 8 ? Precision::F64 : Precision::F32;
+}
+
+// `a` itself when it is already C-contiguous of dtype T, else NumPy's
+// converted copy (np.asarray(a, dtype=T, order="C"), whose errors, such as
+// MemoryError for a huge broadcast view, propagate as they are).
+template <class T>
+py::array_t<T> c_contiguous(const py::array& a) {
+  if (py::array_t<T, py::array::c_style>::check_(a)) return py::reinterpret_borrow<py::array_t<T>>(a);
+  static const py::object asarray = py::module_::import("numpy").attr("asarray");
+  return asarray(a, py::dtype::of<T>(), py::arg("order") = "C").template cast<py::array_t<T>>();
+}
+
+template <class T>
+struct HeldTensor {
+  py::array array;  // the memory `tensor` views
+  Tensor<T> tensor;
+};
+
+// A float array as a Tensor<T> view: the array's own buffer when it is
+// already C-contiguous T (no copy), else a converted copy.
+template <class T>
+HeldTensor<T> float_tensor(const py::handle& obj, const std::string& name) {
+  py::array a = as_numpy(obj);
+  if (!is_float(a))
+    throw py::type_error(name + ": expected a floating-point array (float32 or float64), got " + dtype_name(a));
+  py::array_t<T> c = c_contiguous<T>(a);
+  Shape shape(c.shape(), c.shape() + c.ndim());
+  // const_cast: a read-only array is only ever read (views are passed as
+  // const Tensor&).
+  Tensor<T> t = Tensor<T>::view(std::move(shape), const_cast<T*>(c.data()));
+  return {std::move(c), std::move(t)};
+}
+
+template <class T>
+struct HeldMask {
+  py::array array;
+  std::optional<Mask<T>> mask;
+  const Mask<T>* get() const { return mask ? &*mask : nullptr; }
+};
+
+// A mask argument: None; bool or uint8 (a boolean mask, True = may NOT
+// attend, viewed in place: NumPy's bool is one byte holding 0 or 1); or float
+// (added to the scores, in the computation's dtype). `invert` flips a
+// boolean mask (torch's scaled_dot_product_attention, where True means "may
+// attend"); that costs one uint8 copy.
+template <class T>
+HeldMask<T> mask_arg(const py::handle& obj, const std::string& name, bool invert = false) {
+  HeldMask<T> r;
+  if (obj.is_none()) return r;
+  py::array a = as_numpy(obj);
+  const char kind = a.dtype().kind();
+  if (kind == 'b' || (kind == 'u' && a.dtype().itemsize() == 1)) {
+    py::array_t<uint8_t> c = c_contiguous<uint8_t>(kind == 'b' ? a.view("uint8") : a);
+    Shape shape(c.shape(), c.shape() + c.ndim());
+    Tensor<uint8_t> t = Tensor<uint8_t>::view(shape, const_cast<uint8_t*>(c.data()));
+    if (invert) {
+      Tensor<uint8_t> flipped(shape);
+      for (int64_t i = 0; i < flipped.numel(); ++i) flipped[i] = t[i] ? 0 : 1;
+      t = std::move(flipped);
+    }
+    r.array = std::move(c);
+    r.mask = Mask<T>::boolean(std::move(t));
+    return r;
+  }
+  if (kind == 'f') {
+    HeldTensor<T> f = float_tensor<T>(a, name);
+    r.array = std::move(f.array);
+    r.mask = Mask<T>::additive(std::move(f.tensor));
+    return r;
+  }
+  throw py::type_error(name + ": expected a bool or floating-point array, got " + dtype_name(a));
+}
+
+// A result tensor as a NumPy array that owns it: no copy.
+template <class T>
+py::array to_numpy(Tensor<T>&& t) {
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+  if (t.numel() == 0) return py::array_t<T>(shape);
+  auto heap = std::make_unique<Tensor<T>>(std::move(t));
+  T* data = heap->data();
+  py::capsule owner(heap.get(), [](void* p) { delete static_cast<Tensor<T>*>(p); });
+  heap.release();  // the capsule owns it now
+  return py::array_t<T>(shape, data, owner);
+}
+
+// An array's data address, as the tests compare it with
+// arr.__array_interface__["data"][0].
+template <class T>
+uintptr_t address(const Tensor<T>& t) {
+  return reinterpret_cast<uintptr_t>(t.data());
+}
+
+// The data addresses of the tensors the last call on this thread handed to
+// the library and got back ("query", "key", ..., "output"): the zero-copy
+// test reads them through multihead._debug_last_call().
+inline std::map<std::string, uintptr_t>& last_call_addresses() {
+  thread_local std::map<std::string, uintptr_t> addresses;
+  return addresses;
+}
+
+}  // namespace multihead::python

@@ -1,0 +1,626 @@
+// python/src/module.cpp: the `multihead` Python module (pybind11).
+//
+//   multihead.MultiheadAttention        torch.nn.MultiheadAttention's
+//                                       arguments, forward, state_dict
+//   multihead.scaled_dot_product_attention   torch.nn.functional's (2.x)
+//   multihead.load_weights / save_weights    safetensors, PyTorch key names
+//
+// Arrays come in without copies when they are C-contiguous float32/float64
+// (arrays.hpp); keyword arguments become the library's options structs in
+// options.hpp, and nowhere else. The GIL is released while the library
+// computes; every referenced array stays alive meanwhile, held by this frame.
+// multihead::Error becomes ValueError with the library's message; a dtype
+// the library cannot take is a TypeError.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "arrays.hpp"
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "multihead/multihead_attention.hpp"
+#include "multihead/version.hpp"
+#include "multihead/weights.hpp"
+#include "options.hpp"
+
+namespace multihead::python {
+namespace {
+
+// state_dict names in torch.nn.MultiheadAttention's order.
+constexpr std::array<const char*, 9> kParameterNames = {
+    "in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
+    "bias_k",         "bias_v",        "out_proj.weight", "out_proj.bias"};
+
+template <class T>
+Tensor<T>& parameter(MultiheadAttentionParameters<T>& p, const std::string& name) {
+  if (name == "in_proj_weight") return p.in_proj_weight;
+  if (name == "q_proj_weight") return p.q_proj_weight;
+  if (name == "k_proj_weight") return p.k_proj_weight;
+  if (name == "v_proj_weight") return p.v_proj_weight;
+  if (name == "in_proj_bias") return p.in_proj_bias;
+  if (name == "bias_k") return p.bias_k;
+  if (name == "bias_v") return p.bias_v;
+  if (name == "out_proj.weight") return p.out_proj_weight;
+  if (name == "out_proj.bias") return p.out_proj_bias;
+  throw Error(Error::Kind::Value, name + ": not a MultiheadAttention parameter");
+}
+
+// The parameter names this configuration has (what state_dict() returns).
+std::vector<std::string> expected_names(const MultiheadAttentionConfig& c) {
+  std::vector<std::string> names;
+  for (const char* n : kParameterNames) {
+    const std::string s = n;
+    const bool separate = s == "q_proj_weight" || s == "k_proj_weight" || s == "v_proj_weight";
+    if (s == "in_proj_weight" && !c.same_embed_dim()) continue;
+    if (separate && c.same_embed_dim()) continue;
+    if ((s == "in_proj_bias" || s == "out_proj.bias") && !c.bias) continue;
+    if ((s == "bias_k" || s == "bias_v") && !c.add_bias_kv) continue;
+    names.push_back(s);
+  }
+  return names;
+}
+
+// dtype=None | "float32" | "float64" | numpy.float32 | numpy.dtype(...).
+Precision parse_dtype(const py::object& dtype) {
+  if (dtype.is_none()) return Precision::F32;
+  const py::dtype d = py::dtype::from_args(dtype);
+  if (d.kind() == 'f' && d.itemsize() == 4) return Precision::F32;
+  if (d.kind() == 'f' && d.itemsize() == 8) return Precision::F64;
+  throw py::type_error("dtype: expected float32 or float64, got " + py::str(py::handle(d)).cast<std::string>());
+}
+
+// Rounds every parameter to float32 (a float32 module holds float32 values).
+void round_to_float(MultiheadAttentionParameters<double>& p) {
+  for (const char* n : kParameterNames)
+    for (double& x : parameter(p, n).vec()) x = static_cast<double>(static_cast<float>(x));
+}
+
+// A float array (any float dtype, any layout) copied to double: parameters
+// are kept, so they are always copied.
+Tensor<double> parameter_tensor(const py::handle& obj, const std::string& name) {
+  HeldTensor<double> t = float_tensor<double>(obj, name);
+  return Tensor<double>(t.tensor);  // a copy of the view
+}
+
+class PyMultiheadAttention {
+ public:
+  PyMultiheadAttention(const MultiheadAttentionConfig& config, MultiheadAttentionParameters<double> params,
+                       Precision dtype)
+      : config_(config), dtype_(dtype), params_(std::move(params)) {
+    config_.validate();
+    if (dtype_ == Precision::F32) round_to_float(params_);
+    validate_parameters(config_, params_);
+  }
+
+  static PyMultiheadAttention create(int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
+                                     bool add_bias_kv, bool add_zero_attn, std::optional<int64_t> kdim,
+                                     std::optional<int64_t> vdim, bool batch_first, uint64_t seed,
+                                     const py::object& dtype) {
+    MultiheadAttentionConfig c;
+    c.embed_dim = embed_dim;
+    c.num_heads = num_heads;
+    c.dropout = dropout;
+    c.bias = bias;
+    c.add_bias_kv = add_bias_kv;
+    c.add_zero_attn = add_zero_attn;
+    // None means embed_dim, as in PyTorch; 0 is the library's spelling of it.
+    if (kdim && *kdim <= 0) throw Error(Error::Kind::Value, "kdim: expected a positive size or None, got " + std::to_string(*kdim));
+    if (vdim && *vdim <= 0) throw Error(Error::Kind::Value, "vdim: expected a positive size or None, got " + std::to_string(*vdim));
+    c.kdim = kdim.value_or(0);
+    c.vdim = vdim.value_or(0);
+    c.batch_first = batch_first;
+    c.validate();
+    const Precision p = parse_dtype(dtype);
+    MultiheadAttentionParameters<double> params;
+    {
+      py::gil_scoped_release nogil;  // a large module takes a while to initialise
+      params = BasicMultiheadAttention<double>(c, seed).parameters();
+    }
+    return PyMultiheadAttention(c, std::move(params), p);
+  }
+
+  const MultiheadAttentionConfig& config() const { return config_; }
+  Precision dtype() const { return dtype_; }
+  const MultiheadAttentionParameters<double>& parameters() const { return params_; }
+  bool training = false;
+
+  py::tuple forward(const py::object& query, const py::object& key, const py::object& value,
+                    const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
+                    bool average_attn_weights, bool is_causal, const std::string& masked_rows,
+                    const std::string& kernel, int num_threads, bool check_finite, const std::string& form,
+                    uint64_t dropout_seed) {
+    if (form != "fused" && form != "textbook")
+      throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got '" + form + "'");
+    CallOptions o;
+    o.need_weights = need_weights;
+    o.average_attn_weights = average_attn_weights;
+    o.is_causal = is_causal;
+    o.training = training;
+    o.dropout_seed = dropout_seed;
+    o.masked_rows = masked_rows;
+    o.kernel = kernel;
+    o.num_threads = num_threads;
+    o.check_finite = check_finite;
+    const py::array q = as_numpy(query);
+    if (precision_of(q, "query") == Precision::F64)
+      return run<double>(q, key.is(query) ? q : key, value.is(query) ? q : value, key_padding_mask, attn_mask,
+                         o, form == "textbook");
+    return run<float>(q, key.is(query) ? q : key, value.is(query) ? q : value, key_padding_mask, attn_mask, o,
+                      form == "textbook");
+  }
+
+  py::dict state_dict() const {
+    py::dict d;
+    MultiheadAttentionParameters<double> p = params_;
+    for (const std::string& n : expected_names(config_)) {
+      Tensor<double>& t = parameter(p, n);
+      if (dtype_ == Precision::F64) d[py::str(n)] = to_numpy(std::move(t));
+      else d[py::str(n)] = to_numpy(tensor_cast<float>(t));
+    }
+    return d;
+  }
+
+  // Returns (missing_keys, unexpected_keys), as torch's _IncompatibleKeys.
+  py::tuple load_state_dict(const py::object& state_dict, bool strict) {
+    if (!py::hasattr(state_dict, "items"))
+      throw py::type_error("state_dict: expected a mapping of names to arrays, got " +
+                           py::str(py::type::of(state_dict)).cast<std::string>());
+    const std::vector<std::string> expected = expected_names(config_);
+    const std::set<std::string> want(expected.begin(), expected.end());
+    std::set<std::string> seen;
+    std::vector<std::string> unexpected, missing;
+    MultiheadAttentionParameters<double> p = params_;
+    for (const py::handle item : state_dict.attr("items")()) {
+      const py::tuple kv = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
+      const std::string name = py::str(kv[0]).cast<std::string>();
+      if (!want.count(name)) {
+        unexpected.push_back(name);
+        continue;
+      }
+      seen.insert(name);
+      parameter(p, name) = parameter_tensor(kv[1], name);
+    }
+    for (const std::string& n : expected)
+      if (!seen.count(n)) missing.push_back(n);
+    if (strict && (!missing.empty() || !unexpected.empty())) {
+      std::string msg = "Error(s) in loading state_dict for MultiheadAttention:";
+      auto list = [&](const char* what, const std::vector<std::string>& names) {
+        if (names.empty()) return;
+        msg += std::string(" ") + what + " key(s):";
+        for (std::size_t i = 0; i < names.size(); ++i) msg += (i ? ", \"" : " \"") + names[i] + "\"";
+        msg += ".";
+      };
+      list("Missing", missing);
+      list("Unexpected", unexpected);
+      throw Error(Error::Kind::Missing, msg);
+    }
+    if (dtype_ == Precision::F32) round_to_float(p);
+    validate_parameters(config_, p);  // names the parameter, expected and actual shape
+    params_ = std::move(p);
+    f32_.reset();
+    f64_.reset();
+    return py::make_tuple(missing, unexpected);
+  }
+
+  std::shared_ptr<const BasicMultiheadAttention<double>> module_f64() {
+    if (!f64_) f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, params_);
+    return f64_;
+  }
+
+ private:
+  // The computing module for T, built on first use from the double master
+  // parameters (exact for a float32 module, whose values are float32).
+  // Called with the GIL held, which serialises it.
+  template <class T>
+  std::shared_ptr<const BasicMultiheadAttention<T>> module() {
+    if constexpr (std::is_same_v<T, double>) {
+      return module_f64();
+    } else {
+      if (!f32_) f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, cast_parameters<float>(params_));
+      return f32_;
+    }
+  }
+
+  template <class T>
+  py::tuple run(const py::array& query, const py::object& key, const py::object& value,
+                const py::object& key_padding_mask, const py::object& attn_mask, const CallOptions& o,
+                bool textbook) {
+    HeldTensor<T> q = float_tensor<T>(query, "query");
+    HeldTensor<T> k = float_tensor<T>(key, "key");
+    HeldTensor<T> v = float_tensor<T>(value, "value");
+    // forward() takes three tensors at one address as one tensor (its packed
+    // self-attention product). Arrays at one address but of other shapes
+    // (x[:2] and x) are not one tensor: give key and value their own copies.
+    if (q.tensor.data() == k.tensor.data() && k.tensor.data() == v.tensor.data() &&
+        (q.tensor.shape() != k.tensor.shape() || k.tensor.shape() != v.tensor.shape())) {
+      k.tensor = Tensor<T>(k.tensor);
+      v.tensor = Tensor<T>(v.tensor);
+    }
+    const HeldMask<T> kpm = mask_arg<T>(key_padding_mask, "key_padding_mask");
+    const HeldMask<T> am = mask_arg<T>(attn_mask, "attn_mask");
+    const ForwardOptions<T> fo = forward_options<T>(o, kpm.get(), am.get());
+    const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
+
+    ForwardResult<T> r;
+    {
+      py::gil_scoped_release nogil;
+      r = textbook ? m->forward_textbook(q.tensor, k.tensor, v.tensor, fo)
+                   : m->forward(q.tensor, k.tensor, v.tensor, fo);
+    }
+    auto& a = last_call_addresses();
+    a.clear();
+    a["query"] = address(q.tensor);
+    a["key"] = address(k.tensor);
+    a["value"] = address(v.tensor);
+    if (kpm.mask) a["key_padding_mask"] = kpm.mask->is_bool() ? address(kpm.mask->bool_values()) : address(kpm.mask->float_values());
+    if (am.mask) a["attn_mask"] = am.mask->is_bool() ? address(am.mask->bool_values()) : address(am.mask->float_values());
+    a["output"] = address(r.output);
+    py::object weights = py::none();
+    if (r.attn_weights) weights = to_numpy(std::move(*r.attn_weights));
+    return py::make_tuple(to_numpy(std::move(r.output)), weights);
+  }
+
+  MultiheadAttentionConfig config_;
+  Precision dtype_;
+  MultiheadAttentionParameters<double> params_;  // master copy, float32 values when dtype_ is F32
+  std::shared_ptr<const BasicMultiheadAttention<float>> f32_;
+  std::shared_ptr<const BasicMultiheadAttention<double>> f64_;
+};
+
+template <class T>
+py::object sdpa(const py::array& query, const py::object& key, const py::object& value,
+                const py::object& attn_mask, const CallOptions& o) {
+  HeldTensor<T> q = float_tensor<T>(query, "query");
+  HeldTensor<T> k = float_tensor<T>(key, "key");
+  HeldTensor<T> v = float_tensor<T>(value, "value");
+  // torch.nn.functional.scaled_dot_product_attention: a bool True means
+  // "may attend", the opposite of the library's (and MHA's) convention.
+  const HeldMask<T> am = mask_arg<T>(attn_mask, "attn_mask", /*invert=*/true);
+  const AttentionOptions ao = attention_options(o);
+  Tensor<T> out;
+  Tensor<T> weights;
+  {
+    py::gil_scoped_release nogil;
+    out = scaled_dot_product_attention<T>(q.tensor, k.tensor, v.tensor, am.get(), ao,
+                                          o.need_weights ? &weights : nullptr);
+  }
+  auto& a = last_call_addresses();
+  a.clear();
+  a["query"] = address(q.tensor);
+  a["key"] = address(k.tensor);
+  a["value"] = address(v.tensor);
+  a["output"] = address(out);
+  if (!o.need_weights) return to_numpy(std::move(out));
+  return py::make_tuple(to_numpy(std::move(out)), to_numpy(std::move(weights)));
+}
+
+// A metadata value under "<prefix>key", else "key".
+std::optional<std::string> metadata_value(const std::map<std::string, std::string>& m, const std::string& prefix,
+                                          const std::string& key) {
+  if (auto it = m.find(prefix + key); it != m.end()) return it->second;
+  if (auto it = m.find(key); it != m.end()) return it->second;
+  return std::nullopt;
+}
+
+bool metadata_bool(const std::string& key, const std::string& text) {
+  if (text == "true" || text == "True" || text == "1") return true;
+  if (text == "false" || text == "False" || text == "0") return false;
+  throw Error(Error::Kind::Format, "__metadata__." + key + ": expected true or false, got '" + text + "'");
+}
+
+// load_weights with a prefix: the tensors named "<prefix><state_dict name>"
+// of a larger model's file (e.g. "layers.0.self_attn."); others are ignored.
+LoadedWeights load_prefixed(const std::string& path, const std::string& prefix, const WeightOverrides& ov) {
+  SafetensorsFile file = read_safetensors(path);
+  std::map<std::string, Tensor<double>> t;
+  for (auto& [name, tensor] : file.tensors)
+    if (name.compare(0, prefix.size(), prefix) == 0) t[name.substr(prefix.size())] = std::move(tensor.values);
+  const std::string where = " (in " + path + ", prefix '" + prefix + "')";
+  if (t.empty()) throw Error(Error::Kind::Missing, "no tensor named '" + prefix + "...'" + where);
+  std::set<std::string> known(kParameterNames.begin(), kParameterNames.end());
+  for (const auto& [name, tensor] : t)
+    if (!known.count(name))
+      throw Error(Error::Kind::Format, prefix + name + ": unexpected tensor in a MultiheadAttention state_dict" + where);
+  if (!t.count("out_proj.weight"))
+    throw Error(Error::Kind::Missing, prefix + "out_proj.weight: missing; expected shape (E, E)" + where);
+  LoadedWeights r;
+  r.metadata = file.metadata;
+  MultiheadAttentionConfig& c = r.config;
+  const Shape& ow = t.at("out_proj.weight").shape();
+  if (ow.size() != 2 || ow[0] <= 0)
+    throw Error(Error::Kind::Shape, prefix + "out_proj.weight: expected shape (E, E), got " + shape_to_string(ow) + where);
+  c.embed_dim = ow[0];
+  if (t.count("k_proj_weight") && t.at("k_proj_weight").dim() == 2) c.kdim = t.at("k_proj_weight").size(1);
+  if (t.count("v_proj_weight") && t.at("v_proj_weight").dim() == 2) c.vdim = t.at("v_proj_weight").size(1);
+  c.bias = t.count("in_proj_bias") || t.count("out_proj.bias");
+  c.add_bias_kv = t.count("bias_k") || t.count("bias_v");
+  const auto& m = file.metadata;
+  try {
+    if (auto s = metadata_value(m, prefix, "num_heads")) c.num_heads = std::stoll(*s);
+    else c.num_heads = 0;
+    if (auto s = metadata_value(m, prefix, "batch_first")) c.batch_first = metadata_bool("batch_first", *s);
+    if (auto s = metadata_value(m, prefix, "add_zero_attn")) c.add_zero_attn = metadata_bool("add_zero_attn", *s);
+    if (auto s = metadata_value(m, prefix, "dropout")) c.dropout = std::stod(*s);
+  } catch (const std::logic_error&) {  // stoll / stod
+    throw Error(Error::Kind::Format, "__metadata__: num_heads or dropout is not a number" + where);
+  }
+  if (ov.num_heads) c.num_heads = *ov.num_heads;
+  if (ov.batch_first) c.batch_first = *ov.batch_first;
+  if (ov.add_zero_attn) c.add_zero_attn = *ov.add_zero_attn;
+  if (ov.dropout) c.dropout = *ov.dropout;
+  if (c.num_heads == 0)
+    throw Error(Error::Kind::Missing, "num_heads: not in the file's __metadata__; pass num_heads=" + where);
+  for (auto& [name, tensor] : t) parameter(r.parameters, name) = std::move(tensor);
+  try {
+    c.validate();
+    validate_parameters(c, r.parameters);
+  } catch (const Error& e) {
+    throw Error(e.kind(), e.what() + where);
+  }
+  return r;
+}
+
+PyMultiheadAttention load(const std::string& path, const std::optional<std::string>& prefix,
+                          std::optional<int64_t> num_heads, std::optional<bool> batch_first,
+                          std::optional<bool> add_zero_attn, std::optional<double> dropout,
+                          const py::object& dtype) {
+  WeightOverrides ov;
+  ov.num_heads = num_heads;
+  ov.batch_first = batch_first;
+  ov.add_zero_attn = add_zero_attn;
+  ov.dropout = dropout;
+  const Precision p = parse_dtype(dtype);
+  LoadedWeights w;
+  {
+    py::gil_scoped_release nogil;
+    w = prefix ? load_prefixed(path, *prefix, ov) : load_weights(path, ov);
+  }
+  return PyMultiheadAttention(w.config, std::move(w.parameters), p);
+}
+
+const char* const kClassDoc = R"doc(Allows the model to jointly attend to information from different
+representation subspaces, as torch.nn.MultiheadAttention does (same
+arguments, same defaults, same state_dict names).
+
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O
+    head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Args:
+    embed_dim: Total dimension of the model.
+    num_heads: Number of parallel attention heads. embed_dim is split across
+        them (each head has dimension embed_dim // num_heads).
+    dropout: Dropout probability on the attention weights, applied only in
+        training mode (see train()). Default: 0.0.
+    bias: If True, adds bias to the input and output projections. Default: True.
+    add_bias_kv: If True, adds bias_k and bias_v to the key and value
+        sequences at dim=0. Default: False.
+    add_zero_attn: If True, adds a new batch of zeros to the key and value
+        sequences at dim=1. Default: False.
+    kdim: Total number of features for keys. Default: None (kdim=embed_dim).
+    vdim: Total number of features for values. Default: None (vdim=embed_dim).
+    batch_first: If True, inputs and outputs are (batch, seq, feature).
+        Default: False (seq, batch, feature).
+
+Keyword-only (not in PyTorch):
+    seed: Seed of the initialisation (PyTorch's _reset_parameters
+        distributions, drawn from another generator). Default: 0.
+    dtype: numpy.float32 (default, as PyTorch) or numpy.float64: the dtype
+        the parameters are kept in and state_dict() returns. forward()
+        computes in its query's dtype either way.
+
+Unlike a torch module, a new MultiheadAttention is in eval mode
+(training=False): dropout is random, so it must be asked for.
+
+Examples::
+
+    >>> mha = multihead.MultiheadAttention(embed_dim, num_heads)
+    >>> mha.load_state_dict({k: v.numpy() for k, v in torch_mha.state_dict().items()})
+    >>> attn_output, attn_output_weights = mha(query, key, value)
+)doc";
+
+const char* const kForwardDoc = R"doc(forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, form='fused', dropout_seed=0)
+
+Args:
+    query: Query embeddings of shape (L, E) unbatched, (L, N, E) when
+        batch_first=False or (N, L, E) when batch_first=True, where L is the
+        target sequence length, N the batch size and E the embedding dimension
+        embed_dim. Any array-like: NumPy arrays, torch CPU tensors, anything
+        with the buffer or array protocol. A C-contiguous float32 or float64
+        array is read in place (no copy); anything else is converted once.
+        The computation runs in float64 for a float64 query, else in float32.
+    key: Key embeddings of shape (S, Ek) unbatched, (S, N, Ek) or (N, S, Ek)
+        with batch_first, where S is the source sequence length and Ek kdim.
+    value: Value embeddings of shape (S, Ev) unbatched, (S, N, Ev) or
+        (N, S, Ev) with batch_first, where Ev is vdim.
+    key_padding_mask: (N, S) or (S) unbatched. Bool (or uint8): True marks a
+        key to ignore. Float: added to the attention scores (PyTorch 2.x
+        semantics).
+    need_weights: If True, also return attn_output_weights. Default: True.
+    attn_mask: (L, S) or (N*num_heads, L, S). Bool: True means "may not
+        attend". Float: added to the attention scores.
+    average_attn_weights: If True, the returned weights are averaged over the
+        heads, (N, L, S); else per head, (N, num_heads, L, S). Default: True.
+    is_causal: If True, query i may not attend to key j > i (combined with
+        attn_mask). Default: False.
+
+Keyword-only (not in PyTorch):
+    masked_rows: What a query gets when every key is masked: 'zeros'
+        (default: zero weights, attention output 0) or 'nan' (PyTorch 1.13's
+        result).
+    kernel: 'auto', 'reference', 'materialized' or 'flash'.
+    num_threads: Threads of the attention loops; 0 = OpenMP's default.
+    check_finite: Reject NaN or Inf in the inputs (ValueError).
+    form: 'fused' (default) or 'textbook' (the lesson's per-head form).
+    dropout_seed: Seed of the dropout mask (training mode with dropout > 0).
+
+Returns:
+    (attn_output, attn_output_weights): NumPy arrays of the computation's
+    dtype; attn_output has the query's shape (with E features),
+    attn_output_weights is None unless need_weights.
+
+Raises:
+    ValueError: a shape, option or value the library rejects; the message
+        names the tensor and gives the expected and the actual shape.
+    TypeError: an array of a dtype it cannot take (int, complex, object).
+
+The GIL is released while computing: several threads may call one module at
+once.
+)doc";
+
+const char* const kSdpaDoc = R"doc(scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, *, need_weights=False, dropout_seed=0, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False)
+
+softmax(query @ key^T * scale + mask) @ value, as
+torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x).
+
+Args:
+    query: (..., L, D).
+    key: (..., S, D), the same leading dimensions (no broadcasting).
+    value: (..., S, Dv).
+    attn_mask: (L, S) or (..., L, S). Bool: True means "may attend" (as in
+        torch's scaled_dot_product_attention, the opposite of
+        MultiheadAttention's masks). Float: added to the scores.
+    dropout_p: Dropout probability on the weights (applied whenever > 0,
+        as torch does). Default: 0.0.
+    is_causal: Query i may attend only to keys j <= i (top-left aligned).
+    scale: Multiplies query @ key^T. Default: None (1/sqrt(D)).
+
+Keyword-only (not in PyTorch):
+    need_weights: Also return the weights, (..., L, S). Default: False.
+    dropout_seed, masked_rows, kernel, num_threads, check_finite: as in
+        MultiheadAttention.forward.
+
+Returns:
+    The output (..., L, Dv), or (output, weights) with need_weights.
+)doc";
+
+}  // namespace
+}  // namespace multihead::python
+
+PYBIND11_MODULE(_multihead, m) {
+  namespace py = pybind11;
+  using namespace multihead;
+  using namespace multihead::python;
+  using namespace pybind11::literals;
+
+  m.doc() = "multihead: torch.nn.MultiheadAttention on the CPU, from NumPy arrays (C++ library, pybind11).";
+  m.attr("__version__") = multihead::version();
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const multihead::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  py::class_<PyMultiheadAttention>(m, "MultiheadAttention", kClassDoc)
+      .def(py::init(&PyMultiheadAttention::create), "embed_dim"_a, "num_heads"_a, "dropout"_a = 0.0,
+           "bias"_a = true, "add_bias_kv"_a = false, "add_zero_attn"_a = false, "kdim"_a = py::none(),
+           "vdim"_a = py::none(), "batch_first"_a = false, py::kw_only(), "seed"_a = 0,
+           "dtype"_a = py::none())
+      .def("forward", &PyMultiheadAttention::forward, kForwardDoc, "query"_a, "key"_a, "value"_a,
+           "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
+           "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
+           "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
+           "dropout_seed"_a = 0)
+      .def("__call__", &PyMultiheadAttention::forward, "Same as forward().", "query"_a, "key"_a, "value"_a,
+           "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
+           "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
+           "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
+           "dropout_seed"_a = 0)
+      .def("state_dict", &PyMultiheadAttention::state_dict,
+           "A new dict of the parameters under PyTorch's names (copies, in the module's dtype).")
+      .def("load_state_dict", &PyMultiheadAttention::load_state_dict, "state_dict"_a, "strict"_a = true,
+           "Copies parameters from any mapping of names to array-likes (NumPy arrays, the buffer or array\n"
+           "protocol). A torch state_dict works after {k: v.numpy() for k, v in sd.items()}.\n"
+           "Returns (missing_keys, unexpected_keys); with strict=True either raises ValueError.")
+      .def("train", [](py::object self, bool mode) { self.cast<PyMultiheadAttention&>().training = mode; return self; },
+           "mode"_a = true, "Training mode (dropout applies) or, with mode=False, eval mode. Returns self.")
+      .def("eval", [](py::object self) { self.cast<PyMultiheadAttention&>().training = false; return self; },
+           "Eval mode (no dropout). Returns self.")
+      .def_readwrite("training", &PyMultiheadAttention::training)
+      .def_property_readonly("embed_dim", [](const PyMultiheadAttention& s) { return s.config().embed_dim; })
+      .def_property_readonly("num_heads", [](const PyMultiheadAttention& s) { return s.config().num_heads; })
+      .def_property_readonly("head_dim", [](const PyMultiheadAttention& s) { return s.config().head_dim(); })
+      .def_property_readonly("dropout", [](const PyMultiheadAttention& s) { return s.config().dropout; })
+      .def_property_readonly("kdim", [](const PyMultiheadAttention& s) { return s.config().key_dim(); })
+      .def_property_readonly("vdim", [](const PyMultiheadAttention& s) { return s.config().value_dim(); })
+      .def_property_readonly("batch_first", [](const PyMultiheadAttention& s) { return s.config().batch_first; })
+      .def_property_readonly("add_zero_attn", [](const PyMultiheadAttention& s) { return s.config().add_zero_attn; })
+      .def_property_readonly("add_bias_kv", [](const PyMultiheadAttention& s) { return s.config().add_bias_kv; })
+      .def_property_readonly("bias", [](const PyMultiheadAttention& s) { return s.config().bias; })
+      .def_property_readonly("dtype", [](const PyMultiheadAttention& s) {
+        return py::dtype(s.dtype() == Precision::F64 ? "float64" : "float32");
+      })
+      .def("__repr__", [](const PyMultiheadAttention& s) {
+        const auto& c = s.config();
+        auto b = [](bool x) { return x ? "True" : "False"; };
+        return "MultiheadAttention(embed_dim=" + std::to_string(c.embed_dim) +
+               ", num_heads=" + std::to_string(c.num_heads) + ", dropout=" + py::repr(py::float_(c.dropout)).cast<std::string>() +
+               ", bias=" + b(c.bias) + ", add_bias_kv=" + b(c.add_bias_kv) + ", add_zero_attn=" + b(c.add_zero_attn) +
+               ", kdim=" + std::to_string(c.key_dim()) + ", vdim=" + std::to_string(c.value_dim()) +
+               ", batch_first=" + b(c.batch_first) + ", dtype=" + (s.dtype() == Precision::F64 ? "float64" : "float32") + ")";
+      });
+
+  m.def(
+      "scaled_dot_product_attention",
+      [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
+         double dropout_p, bool is_causal, std::optional<double> scale, bool need_weights, uint64_t dropout_seed,
+         const std::string& masked_rows, const std::string& kernel, int num_threads, bool check_finite) {
+        CallOptions o;
+        o.need_weights = need_weights;
+        o.dropout_p = dropout_p;
+        o.is_causal = is_causal;
+        o.scale = scale;
+        o.dropout_seed = dropout_seed;
+        o.masked_rows = masked_rows;
+        o.kernel = kernel;
+        o.num_threads = num_threads;
+        o.check_finite = check_finite;
+        const py::array q = as_numpy(query);
+        const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
+        if (precision_of(q, "query") == Precision::F64) return sdpa<double>(q, k, v, attn_mask, o);
+        return sdpa<float>(q, k, v, attn_mask, o);
+      },
+      kSdpaDoc, "query"_a, "key"_a, "value"_a, "attn_mask"_a = py::none(), "dropout_p"_a = 0.0,
+      "is_causal"_a = false, "scale"_a = py::none(), py::kw_only(), "need_weights"_a = false,
+      "dropout_seed"_a = 0, "masked_rows"_a = "zeros", "kernel"_a = "auto", "num_threads"_a = 0,
+      "check_finite"_a = false);
+
+  m.def("load_weights", &load,
+        "load_weights(path, prefix=None, *, num_heads=None, batch_first=None, add_zero_attn=None, dropout=None, dtype=None)\n\n"
+        "A MultiheadAttention from a safetensors state_dict (PyTorch's names; F32, F64, F16 or BF16).\n"
+        "The configuration the tensors cannot tell (num_heads, batch_first, add_zero_attn, dropout) comes\n"
+        "from the file's __metadata__, which the keyword arguments override. With a prefix (e.g.\n"
+        "'layers.0.self_attn.'), only the tensors '<prefix><name>' are read, as from a whole model's file;\n"
+        "metadata is looked up as '<prefix>key', then 'key'.",
+        "path"_a, "prefix"_a = py::none(), py::kw_only(), "num_heads"_a = py::none(), "batch_first"_a = py::none(),
+        "add_zero_attn"_a = py::none(), "dropout"_a = py::none(), "dtype"_a = py::none());
+
+  m.def(
+      "save_weights",
+      [](const std::string& path, PyMultiheadAttention& module) {
+        const auto mod = module.module_f64();
+        py::gil_scoped_release nogil;
+        save_weights(path, *mod);
+      },
+      "path"_a, "module"_a,
+      "save_weights(path, module)\n\nWrites the module's state_dict as F32 safetensors, with its configuration in\n"
+      "__metadata__ (what load_weights reads). Atomic: a failure leaves no partial file.");
+
+  m.def(
+      "_debug_last_call",
+      [] { return last_call_addresses(); },
+      "Data addresses of the tensors this thread's last forward / scaled_dot_product_attention call handed\n"
+      "to the library and got back (for the zero-copy test).");
+}

@@ -1,0 +1,70 @@
+// python/src/options.hpp: the one place where Python keyword arguments become
+// the library's options structs. A new option of ForwardOptions or
+// AttentionOptions is added here (and to the signatures in module.cpp and
+// multihead/__init__.pyi), nowhere else.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "multihead/attention.hpp"
+#include "multihead/error.hpp"
+#include "multihead/multihead_attention.hpp"
+
+namespace multihead::python {
+
+// Every keyword a forward or a scaled_dot_product_attention call takes,
+// besides the tensors, with PyTorch's defaults.
+struct CallOptions {
+  bool need_weights = true;
+  bool average_attn_weights = true;
+  bool is_causal = false;
+  bool training = false;        // the module's .training (forward only)
+  double dropout_p = 0.0;       // scaled_dot_product_attention only (MHA: the module's dropout)
+  std::optional<double> scale;  // scaled_dot_product_attention only
+  uint64_t dropout_seed = 0;
+  std::string masked_rows = "zeros";  // "zeros" | "nan"
+  std::string kernel = "auto";        // "auto" | "reference" | "materialized" | "flash"
+  int num_threads = 0;
+  bool check_finite = false;
+};
+
+inline MaskedRowPolicy parse_masked_rows(const std::string& s) {
+  if (s == "zeros") return MaskedRowPolicy::Zeros;
+  if (s == "nan") return MaskedRowPolicy::NaN;
+  throw Error(Error::Kind::Value, "masked_rows: expected 'zeros' or 'nan', got '" + s + "'");
+}
+
+template <class T>
+ForwardOptions<T> forward_options(const CallOptions& o, const Mask<T>* key_padding_mask,
+                                  const Mask<T>* attn_mask) {
+  ForwardOptions<T> f;
+  f.key_padding_mask = key_padding_mask;
+  f.attn_mask = attn_mask;
+  f.need_weights = o.need_weights;
+  f.average_attn_weights = o.average_attn_weights;
+  f.is_causal = o.is_causal;
+  f.training = o.training;
+  f.dropout_seed = o.dropout_seed;
+  f.masked_rows = parse_masked_rows(o.masked_rows);
+  f.kernel = parse_attention_kernel(o.kernel);
+  f.num_threads = o.num_threads;
+  f.check_finite = o.check_finite;
+  return f;
+}
+
+inline AttentionOptions attention_options(const CallOptions& o) {
+  AttentionOptions a;
+  a.scale = o.scale;
+  a.is_causal = o.is_causal;
+  a.dropout_p = o.dropout_p;
+  a.dropout_seed = o.dropout_seed;
+  a.masked_rows = parse_masked_rows(o.masked_rows);
+  a.kernel = parse_attention_kernel(o.kernel);
+  a.num_threads = o.num_threads;
+  a.check_finite = o.check_finite;
+  return a;
+}
+
+}  // namespace multihead::python
