@@ -25,7 +25,8 @@ build=(
   ocl-icd-opencl-dev
   git ca-certificates
 )
-# The test suite: unit tests, PyTorch parity, leak check, sanitizers, fuzzers.
+# The test suite: unit tests, PyTorch parity, Python module, leak check,
+# sanitizers, fuzzers.
 tests=(
   clang libclang-rt-14-dev libomp-14-dev
   # llvm-symbolizer: without it ASan, UBSan and TSan print raw addresses
@@ -33,6 +34,8 @@ tests=(
   llvm-14
   valgrind libgtest-dev libbenchmark-dev
   python3 python3-numpy python3-torch
+  # The Python module (python/) and its pytest suite, run by ctest.
+  pybind11-dev python3-pybind11 python3-dev python3-pytest
   time
 )
 

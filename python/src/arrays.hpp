@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "multihead/attention.hpp"
+#include "multihead/error.hpp"
 #include "multihead/tensor.hpp"
 
 namespace multihead::python {
@@ -38,11 +39,18 @@ inline std::string dtype_name(const py::array& a) { return py::str(py::handle(a.
 
 inline bool is_float(const py::array& a) { return a.dtype().kind() == 'f'; }
 
+// numpy.asarray, looked up once. Deliberately never freed: a static
+// py::object would be released after the interpreter has finalised, without
+// the GIL, which aborts the process at exit.
+inline const py::object& numpy_asarray() {
+  static const py::object* f = new py::object(py::module_::import("numpy").attr("asarray"));
+  return *f;
+}
+
 // np.asarray(obj), without a call when obj is already an ndarray.
 inline py::array as_numpy(const py::handle& obj) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
-  static const py::object asarray = py::module_::import("numpy").attr("asarray");
-  return asarray(obj).cast<py::array>();
+  return numpy_asarray()(obj).cast<py::array>();
 }
 
 // The dtype a call computes in, from its query: float64 stays float64, every
@@ -56,14 +64,25 @@ inline Precision precision_of(const py::array& query, const std::string& name) {
   return query.dtype().itemsize() == 8 ? Precision::F64 : Precision::F32;
 }
 
+inline std::string shape_of(const py::array& a) {
+  return shape_to_string(Shape(a.shape(), a.shape() + a.ndim()));
+}
+
 // `a` itself when it is already C-contiguous of dtype T, else NumPy's
-// converted copy (np.asarray(a, dtype=T, order="C"), whose errors, such as
-// MemoryError for a huge broadcast view, propagate as they are).
+// converted copy (np.asarray(a, dtype=T, order="C")). A copy too large to
+// allocate (a broadcast view claiming 2^40 rows) is a ValueError naming the
+// array, like every other bad input.
 template <class T>
-py::array_t<T> c_contiguous(const py::array& a) {
+py::array_t<T> c_contiguous(const py::array& a, const std::string& name) {
   if (py::array_t<T, py::array::c_style>::check_(a)) return py::reinterpret_borrow<py::array_t<T>>(a);
-  static const py::object asarray = py::module_::import("numpy").attr("asarray");
-  return asarray(a, py::dtype::of<T>(), py::arg("order") = "C").template cast<py::array_t<T>>();
+  try {
+    return numpy_asarray()(a, py::dtype::of<T>(), py::arg("order") = "C").template cast<py::array_t<T>>();
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_MemoryError)) throw;
+    throw Error(Error::Kind::Shape, name + ": a " + shape_of(a) + " " + dtype_name(a) +
+                                        " array that is not C-contiguous " + py::str(py::handle(py::dtype::of<T>())).cast<std::string>() +
+                                        " must be copied, and a copy of that size cannot be allocated");
+  }
 }
 
 template <class T>
@@ -79,12 +98,20 @@ HeldTensor<T> float_tensor(const py::handle& obj, const std::string& name) {
   py::array a = as_numpy(obj);
   if (!is_float(a))
     throw py::type_error(name + ": expected a floating-point array (float32 or float64), got " + dtype_name(a));
-  py::array_t<T> c = c_contiguous<T>(a);
+  py::array_t<T> c = c_contiguous<T>(a, name);
   Shape shape(c.shape(), c.shape() + c.ndim());
   // const_cast: a read-only array is only ever read (views are passed as
   // const Tensor&).
   Tensor<T> t = Tensor<T>::view(std::move(shape), const_cast<T*>(c.data()));
   return {std::move(c), std::move(t)};
+}
+
+// A second view of `h`'s buffer (the same argument passed twice, as key and
+// query are in self-attention: converted once, and one address, so forward()
+// takes its packed self-attention path).
+template <class T>
+HeldTensor<T> alias(const HeldTensor<T>& h) {
+  return {h.array, Tensor<T>::view(h.tensor.shape(), const_cast<T*>(h.tensor.data()))};
 }
 
 template <class T>
@@ -106,7 +133,7 @@ HeldMask<T> mask_arg(const py::handle& obj, const std::string& name, bool invert
   py::array a = as_numpy(obj);
   const char kind = a.dtype().kind();
   if (kind == 'b' || (kind == 'u' && a.dtype().itemsize() == 1)) {
-    py::array_t<uint8_t> c = c_contiguous<uint8_t>(kind == 'b' ? a.view("uint8") : a);
+    py::array_t<uint8_t> c = c_contiguous<uint8_t>(kind == 'b' ? a.view("uint8") : a, name);
     Shape shape(c.shape(), c.shape() + c.ndim());
     Tensor<uint8_t> t = Tensor<uint8_t>::view(shape, const_cast<uint8_t*>(c.data()));
     if (invert) {

@@ -152,11 +152,11 @@ class PyMultiheadAttention {
     o.num_threads = num_threads;
     o.check_finite = check_finite;
     const py::array q = as_numpy(query);
+    const py::object k = key.is(query) ? q : key;
+    const py::object v = value.is(query) ? q : value;
     if (precision_of(q, "query") == Precision::F64)
-      return run<double>(q, key.is(query) ? q : key, value.is(query) ? q : value, key_padding_mask, attn_mask,
-                         o, form == "textbook");
-    return run<float>(q, key.is(query) ? q : key, value.is(query) ? q : value, key_padding_mask, attn_mask, o,
-                      form == "textbook");
+      return run<double>(q, k, v, key_padding_mask, attn_mask, o, form == "textbook");
+    return run<float>(q, k, v, key_padding_mask, attn_mask, o, form == "textbook");
   }
 
   py::dict state_dict() const {
@@ -236,8 +236,8 @@ class PyMultiheadAttention {
                 const py::object& key_padding_mask, const py::object& attn_mask, const CallOptions& o,
                 bool textbook) {
     HeldTensor<T> q = float_tensor<T>(query, "query");
-    HeldTensor<T> k = float_tensor<T>(key, "key");
-    HeldTensor<T> v = float_tensor<T>(value, "value");
+    HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
+    HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
     // forward() takes three tensors at one address as one tensor (its packed
     // self-attention product). Arrays at one address but of other shapes
     // (x[:2] and x) are not one tensor: give key and value their own copies.
@@ -281,8 +281,8 @@ template <class T>
 py::object sdpa(const py::array& query, const py::object& key, const py::object& value,
                 const py::object& attn_mask, const CallOptions& o) {
   HeldTensor<T> q = float_tensor<T>(query, "query");
-  HeldTensor<T> k = float_tensor<T>(key, "key");
-  HeldTensor<T> v = float_tensor<T>(value, "value");
+  HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
+  HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
   // torch.nn.functional.scaled_dot_product_attention: a bool True means
   // "may attend", the opposite of the library's (and MHA's) convention.
   const HeldMask<T> am = mask_arg<T>(attn_mask, "attn_mask", /*invert=*/true);
@@ -388,7 +388,9 @@ PyMultiheadAttention load(const std::string& path, const std::optional<std::stri
   return PyMultiheadAttention(w.config, std::move(w.parameters), p);
 }
 
-const char* const kClassDoc = R"doc(Allows the model to jointly attend to information from different
+const char* const kClassDoc = R"doc(MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None, batch_first=False, *, seed=0, dtype=None)
+
+Allows the model to jointly attend to information from different
 representation subspaces, as torch.nn.MultiheadAttention does (same
 arguments, same defaults, same state_dict names).
 
@@ -512,6 +514,10 @@ PYBIND11_MODULE(_multihead, m) {
   using namespace multihead::python;
   using namespace pybind11::literals;
 
+  // Docstrings start with their own Python signature, as PyTorch's read
+  // (pybind11's would show every array argument as `object`).
+  py::options options;
+  options.disable_function_signatures();
   m.doc() = "multihead: torch.nn.MultiheadAttention on the CPU, from NumPy arrays (C++ library, pybind11).";
   m.attr("__version__") = multihead::version();
 
@@ -527,27 +533,31 @@ PYBIND11_MODULE(_multihead, m) {
       .def(py::init(&PyMultiheadAttention::create), "embed_dim"_a, "num_heads"_a, "dropout"_a = 0.0,
            "bias"_a = true, "add_bias_kv"_a = false, "add_zero_attn"_a = false, "kdim"_a = py::none(),
            "vdim"_a = py::none(), "batch_first"_a = false, py::kw_only(), "seed"_a = 0,
-           "dtype"_a = py::none())
+           "dtype"_a = py::none(),
+           "__init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False, "
+           "kdim=None, vdim=None, batch_first=False, *, seed=0, dtype=None)\n\nSee help(MultiheadAttention).")
       .def("forward", &PyMultiheadAttention::forward, kForwardDoc, "query"_a, "key"_a, "value"_a,
            "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
            "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
            "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
            "dropout_seed"_a = 0)
-      .def("__call__", &PyMultiheadAttention::forward, "Same as forward().", "query"_a, "key"_a, "value"_a,
+      .def("__call__", &PyMultiheadAttention::forward, "__call__(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, "
+           "average_attn_weights=True, is_causal=False, *, ...)\n\nSame as forward().", "query"_a, "key"_a, "value"_a,
            "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
            "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
            "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
            "dropout_seed"_a = 0)
       .def("state_dict", &PyMultiheadAttention::state_dict,
-           "A new dict of the parameters under PyTorch's names (copies, in the module's dtype).")
+           "state_dict(self) -> dict\n\nA new dict of the parameters under PyTorch's names (copies, in the module's dtype).")
       .def("load_state_dict", &PyMultiheadAttention::load_state_dict, "state_dict"_a, "strict"_a = true,
+           "load_state_dict(self, state_dict, strict=True) -> (missing_keys, unexpected_keys)\n\n"
            "Copies parameters from any mapping of names to array-likes (NumPy arrays, the buffer or array\n"
            "protocol). A torch state_dict works after {k: v.numpy() for k, v in sd.items()}.\n"
            "Returns (missing_keys, unexpected_keys); with strict=True either raises ValueError.")
       .def("train", [](py::object self, bool mode) { self.cast<PyMultiheadAttention&>().training = mode; return self; },
-           "mode"_a = true, "Training mode (dropout applies) or, with mode=False, eval mode. Returns self.")
+           "mode"_a = true, "train(self, mode=True) -> self\n\nTraining mode (dropout applies) or, with mode=False, eval mode. Returns self.")
       .def("eval", [](py::object self) { self.cast<PyMultiheadAttention&>().training = false; return self; },
-           "Eval mode (no dropout). Returns self.")
+           "eval(self) -> self\n\nEval mode (no dropout). Returns self.")
       .def_readwrite("training", &PyMultiheadAttention::training)
       .def_property_readonly("embed_dim", [](const PyMultiheadAttention& s) { return s.config().embed_dim; })
       .def_property_readonly("num_heads", [](const PyMultiheadAttention& s) { return s.config().num_heads; })
@@ -621,6 +631,6 @@ PYBIND11_MODULE(_multihead, m) {
   m.def(
       "_debug_last_call",
       [] { return last_call_addresses(); },
-      "Data addresses of the tensors this thread's last forward / scaled_dot_product_attention call handed\n"
+      "_debug_last_call() -> dict\n\nData addresses of the tensors this thread's last forward / scaled_dot_product_attention call handed\n"
       "to the library and got back (for the zero-copy test).");
 }

@@ -78,7 +78,7 @@ fi
 
 # The shared library: the same sources, BUILD_SHARED_LIBS=ON.
 cmake -S "$source_dir" -B "$work/shared-build" -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=Release \
-  -DMULTIHEAD_BUILD_TESTS=OFF -DMULTIHEAD_BUILD_TOOLS=OFF >"$work/shared-configure.log" 2>&1 ||
+  -DMULTIHEAD_BUILD_TESTS=OFF -DMULTIHEAD_BUILD_TOOLS=OFF -DMULTIHEAD_BUILD_PYTHON=OFF >"$work/shared-configure.log" 2>&1 ||
   { cat "$work/shared-configure.log" >&2; fail "configuring the shared library failed"; }
 cmake --build "$work/shared-build" -j"$(nproc)" --target multihead >"$work/shared-build.log" 2>&1 ||
   { tail -30 "$work/shared-build.log" >&2; fail "building the shared library failed"; }

@@ -1,0 +1,222 @@
+"""The module's API beside PyTorch's: construction, state_dict both ways,
+load_weights / save_weights, scaled_dot_product_attention, train / eval,
+docstrings."""
+import math
+import os
+import pydoc
+
+import numpy as np
+import pytest
+import safetensors_io
+import torch
+
+import multihead
+
+TORCH_NAMES_PACKED = ["in_proj_weight", "in_proj_bias", "out_proj.weight", "out_proj.bias"]
+
+
+def torch_mha(**kw):
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(dtype=torch.float64, **kw)
+    with torch.no_grad():  # nothing zero: a forgotten bias shows
+        for p in m.parameters():
+            p.normal_(0, 0.3)
+    return m
+
+
+@pytest.mark.parametrize("kw", [
+    dict(embed_dim=12, num_heads=3),
+    dict(embed_dim=12, num_heads=4, kdim=5, vdim=7, batch_first=True),
+    dict(embed_dim=8, num_heads=2, bias=False, add_bias_kv=True, add_zero_attn=True),
+], ids=["packed", "kdim-vdim-batch-first", "no-bias-bias-kv-zero-attn"])
+def test_state_dict_both_ways_with_torch(kw):
+    t = torch_mha(**kw)
+    ours = multihead.MultiheadAttention(**kw, dtype=np.float64)
+    assert list(ours.state_dict()) == list(t.state_dict())  # same names, same order
+    ours.load_state_dict({k: v.numpy() for k, v in t.state_dict().items()})
+    back = torch.nn.MultiheadAttention(**kw, dtype=torch.float64)
+    back.load_state_dict({k: torch.from_numpy(v) for k, v in ours.state_dict().items()}, strict=True)
+    for k, v in t.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    # torch tensors themselves (the array protocol) and memoryviews (the buffer protocol)
+    ours.load_state_dict(dict(t.state_dict()))
+    ours.load_state_dict({k: memoryview(v.numpy()) for k, v in t.state_dict().items()})
+    Ek, Ev = kw.get("kdim") or kw["embed_dim"], kw.get("vdim") or kw["embed_dim"]
+    shape = (2, 4) if kw.get("batch_first") else (4, 2)
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal(shape + (kw["embed_dim"],))
+    k = rng.standard_normal(shape + (Ek,))
+    v = rng.standard_normal(shape + (Ev,))
+    out, w = ours(q, k, v)
+    t_out, t_w = t(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(v))
+    np.testing.assert_allclose(out, t_out.detach().numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(w, t_w.detach().numpy(), rtol=0, atol=1e-12)
+
+
+def test_load_state_dict_non_strict_reports_keys():
+    ours = multihead.MultiheadAttention(8, 2)
+    before = ours.state_dict()
+    missing, unexpected = ours.load_state_dict({"out_proj.bias": np.ones(8), "extra": np.ones(1)}, strict=False)
+    assert missing == ["in_proj_weight", "in_proj_bias", "out_proj.weight"] and unexpected == ["extra"]
+    after = ours.state_dict()
+    np.testing.assert_array_equal(after["out_proj.bias"], np.ones(8, np.float32))
+    np.testing.assert_array_equal(after["in_proj_weight"], before["in_proj_weight"])
+
+
+def test_float32_module_rounds_to_float32_like_torch():
+    t = torch_mha(embed_dim=8, num_heads=2)
+    ours = multihead.MultiheadAttention(8, 2)  # float32, as torch's default
+    ours.load_state_dict({k: v.numpy() for k, v in t.state_dict().items()})  # float64 values
+    sd = ours.state_dict()
+    assert all(v.dtype == np.float32 for v in sd.values())
+    for k, v in t.state_dict().items():
+        np.testing.assert_array_equal(sd[k], v.float().numpy())
+    # a float64 call on a float32 module computes in float64 on the float32 values
+    x = np.random.default_rng(0).standard_normal((3, 2, 8))
+    t32 = t.float().double()
+    np.testing.assert_allclose(ours(x, x, x)[0], t32(*(torch.from_numpy(x),) * 3)[0].detach().numpy(), atol=1e-12)
+
+
+def test_init_follows_torch_distributions():
+    ours = multihead.MultiheadAttention(64, 8, add_bias_kv=True, seed=5)
+    sd = ours.state_dict()
+    bound = math.sqrt(6 / (64 + 3 * 64))  # xavier_uniform_ on (3E, E)
+    assert np.abs(sd["in_proj_weight"]).max() <= bound
+    assert np.abs(sd["out_proj.weight"]).max() <= 1 / math.sqrt(64)
+    assert not sd["in_proj_bias"].any() and not sd["out_proj.bias"].any()
+    assert sd["bias_k"].any()
+    same = multihead.MultiheadAttention(64, 8, add_bias_kv=True, seed=5).state_dict()
+    other = multihead.MultiheadAttention(64, 8, add_bias_kv=True, seed=6).state_dict()
+    np.testing.assert_array_equal(same["in_proj_weight"], sd["in_proj_weight"])
+    assert not np.array_equal(other["in_proj_weight"], sd["in_proj_weight"])
+
+
+def test_save_and_load_weights(tmp_path):
+    ours = multihead.MultiheadAttention(12, 3, kdim=5, vdim=7, batch_first=True, add_zero_attn=True, seed=1)
+    path = str(tmp_path / "mha.safetensors")
+    multihead.save_weights(path, ours)
+    loaded = multihead.load_weights(path)
+    assert (loaded.embed_dim, loaded.num_heads, loaded.kdim, loaded.vdim, loaded.batch_first,
+            loaded.add_zero_attn) == (12, 3, 5, 7, True, True)
+    for k, v in ours.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[k], v)
+    assert multihead.load_weights(path, num_heads=4).num_heads == 4  # overrides the metadata
+    assert multihead.load_weights(path, dtype="float64").dtype == np.float64
+
+
+def test_load_weights_with_a_prefix(tmp_path):
+    """A whole model's file: tensors under 'layers.0.self_attn.' and others."""
+    ours = multihead.MultiheadAttention(8, 2, seed=3)
+    plain = str(tmp_path / "plain.safetensors")
+    multihead.save_weights(plain, ours)
+    # Re-write it with prefixed names and an unrelated tensor (tests/parity's
+    # hand-written writer, on sys.path through conftest.py).
+    tensors = {f"layers.0.self_attn.{k}": (v.astype(np.float64), "F64") for k, v in ours.state_dict().items()}
+    tensors["layers.0.linear1.weight"] = (np.ones((4, 8)), "F32")
+    model = str(tmp_path / "model.safetensors")
+    safetensors_io.write(model, tensors, {"layers.0.self_attn.num_heads": "2"})
+    loaded = multihead.load_weights(model, prefix="layers.0.self_attn.")
+    assert loaded.num_heads == 2
+    for k, v in ours.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[k], v)
+    with pytest.raises(ValueError, match="no tensor named"):
+        multihead.load_weights(model, prefix="layers.9.")
+    with pytest.raises(ValueError, match="unexpected tensor"):
+        multihead.load_weights(model, prefix="layers.0.")
+
+
+def sdpa_reference(q, k, v, mask=None, is_causal=False, scale=None):
+    """softmax(q kᵀ · scale + mask) v in float64, torch ops; bool True = attend."""
+    q, k, v = (torch.from_numpy(np.asarray(a, np.float64)) for a in (q, k, v))
+    s = q @ k.transpose(-1, -2) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        m = torch.from_numpy(mask)
+        s = s.masked_fill(~m, -math.inf) if m.dtype == torch.bool else s + m
+    if is_causal:
+        L, S = s.shape[-2:]
+        s = s.masked_fill(torch.ones(L, S, dtype=torch.bool).triu(1), -math.inf)
+    w = torch.softmax(s, -1)
+    return (w @ v).numpy(), w.numpy()
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float32, 1e-5), (np.float64, 1e-12)])
+def test_scaled_dot_product_attention(dtype, tol):
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 3, 5, 8)).astype(dtype)
+    k = rng.standard_normal((2, 3, 6, 8)).astype(dtype)
+    v = rng.standard_normal((2, 3, 6, 4)).astype(dtype)
+    bool_mask = rng.random((5, 6)) < 0.7
+    bool_mask[:, 0] = True  # torch's convention: True = may attend; keep a key per row
+    float_mask = rng.standard_normal((2, 3, 5, 6)).astype(dtype)
+    for kw in [{}, dict(attn_mask=bool_mask), dict(attn_mask=float_mask), dict(is_causal=True),
+               dict(scale=0.3), dict(attn_mask=float_mask, is_causal=True, scale=2.0)]:
+        out, w = multihead.scaled_dot_product_attention(q, k, v, need_weights=True, **kw)
+        ref_out, ref_w = sdpa_reference(q, k, v, kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale"))
+        assert out.dtype == dtype and out.shape == (2, 3, 5, 4)
+        for a, b in ((out, ref_out), (w, ref_w)):
+            rel = np.linalg.norm(a - b) / np.linalg.norm(b)
+            assert rel < tol, (kw.keys(), rel)
+    out = multihead.scaled_dot_product_attention(q, k, v)  # need_weights=False: just the output
+    assert isinstance(out, np.ndarray)
+
+
+def test_train_eval_and_dropout():
+    mha = multihead.MultiheadAttention(16, 4, dropout=0.5, seed=1)
+    assert mha.training is False  # unlike torch: eval until asked
+    x = np.random.default_rng(0).standard_normal((6, 2, 16)).astype(np.float32)
+    eval_out, _ = mha(x, x, x)
+    assert mha.train() is mha and mha.training
+    a, _ = mha(x, x, x, dropout_seed=1)
+    b, _ = mha(x, x, x, dropout_seed=1)
+    c, _ = mha(x, x, x, dropout_seed=2)
+    np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(a, eval_out) and not np.array_equal(a, c)
+    mha.eval()
+    np.testing.assert_array_equal(mha(x, x, x)[0], eval_out)
+
+
+def test_forms_kernels_and_call_agree():
+    mha = multihead.MultiheadAttention(16, 4, dtype=np.float64, seed=2)
+    x = np.random.default_rng(0).standard_normal((6, 2, 16))
+    fused, wf = mha.forward(x, x, x)
+    called, wc = mha(x, x, x)
+    np.testing.assert_array_equal(fused, called)
+    for form in ("fused", "textbook"):
+        for kernel in ("reference", "materialized"):
+            out, w = mha(x, x, x, form=form, kernel=kernel)
+            np.testing.assert_allclose(out, fused, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(w, wf, rtol=0, atol=1e-12)
+
+
+def test_masked_rows_policy():
+    mha = multihead.MultiheadAttention(8, 2, dtype=np.float64, seed=4)
+    x = np.random.default_rng(0).standard_normal((3, 2, 8))
+    kpm = np.zeros((2, 3), bool)
+    kpm[1] = True  # batch 1 sees nothing
+    out, w = mha(x, x, x, key_padding_mask=kpm)
+    np.testing.assert_array_equal(out[:, 1], np.broadcast_to(mha.state_dict()["out_proj.bias"], (3, 8)))
+    assert not w[1].any()
+    out, w = mha(x, x, x, key_padding_mask=kpm, masked_rows="nan")  # PyTorch 1.13's answer
+    assert np.isnan(out[:, 1]).all() and np.isnan(w[1]).all() and np.isfinite(out[:, 0]).all()
+
+
+def test_help_reads_like_pytorch():
+    text = pydoc.render_doc(multihead.MultiheadAttention, renderer=pydoc.plaintext)
+    for words in ("embed_dim: Total dimension of the model", "num_heads", "kdim", "batch_first",
+                  "key_padding_mask", "average_attn_weights", "is_causal", "Returns", "Raises",
+                  "MultiheadAttention(embed_dim, num_heads, dropout=0.0"):
+        assert words in text, words
+    assert "scale" in multihead.scaled_dot_product_attention.__doc__
+    assert "prefix" in multihead.load_weights.__doc__
+    r = repr(multihead.MultiheadAttention(8, 2, batch_first=True))
+    assert r.startswith("MultiheadAttention(embed_dim=8, num_heads=2") and "batch_first=True" in r
+
+
+def test_stubs_name_every_public_function():
+    stub = os.path.join(os.path.dirname(multihead.__file__), "__init__.pyi")
+    text = open(stub).read()
+    for name in multihead.__all__:
+        if name != "__version__":
+            assert f"def {name}" in text or f"class {name}" in text, name
+    for method in ("forward", "__call__", "state_dict", "load_state_dict", "train", "eval"):
+        assert f"def {method}(" in text and hasattr(multihead.MultiheadAttention, method), method

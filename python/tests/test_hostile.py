@@ -1,0 +1,169 @@
+"""Hostile arrays: every bad input is a ValueError or TypeError whose message
+names the tensor (and, for shapes, gives the expected and the actual shape);
+nothing crashes the interpreter. Odd but valid inputs (non-contiguous views,
+read-only arrays, zero sizes, lists) give the right answer."""
+import re
+
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import as_strided
+
+import multihead
+
+E, H, L, B = 8, 2, 3, 2
+MHA = multihead.MultiheadAttention(E, H)
+X = np.random.default_rng(0).standard_normal((L, B, E)).astype(np.float32)
+
+
+def huge_broadcast(dtype=np.float32):
+    """Claims 2^40 rows over 8 real elements (all strides 0 but the last)."""
+    base = np.zeros(E, dtype=dtype)
+    return as_strided(base, shape=(2**40, B, E), strides=(0, 0, base.itemsize))
+
+
+def nan_query():
+    q = X.copy()
+    q[1, 0, 3] = np.nan
+    return q
+
+
+SHAPE = re.compile(r"\(\d+(, \d+)*\)")
+
+# (name, call, exception, words the message must contain)
+CASES = [
+    ("query-0-d", lambda: MHA(np.float32(1), X, X), ValueError, ["query", "()"]),
+    ("query-1-d", lambda: MHA(np.ones(E, np.float32), X, X), ValueError, ["query", "(8)"]),
+    ("query-4-d", lambda: MHA(np.ones((1, L, B, E), np.float32), X, X), ValueError, ["query", "(1, 3, 2, 8)"]),
+    ("query-32-d", lambda: MHA(np.ones((1,) * 32, np.float32), X, X), ValueError, ["query"]),
+    ("query-wrong-E", lambda: MHA(X[:, :, :4], X, X), ValueError, ["query", "(3, 2, 8)", "(3, 2, 4)"]),
+    ("key-rank", lambda: MHA(X, X[0], X), ValueError, ["key", "(2, 8)"]),
+    ("key-wrong-batch", lambda: MHA(X, X[:, :1], X[:, :1]), ValueError, ["key", "(3, 1, 8)"]),
+    ("value-wrong-S", lambda: MHA(X, X, X[:2]), ValueError, ["value", "(2, 2, 8)"]),
+    ("S=0", lambda: MHA(X, X[:0], X[:0]), ValueError, ["key", "S = 0"]),
+    ("nan-check-finite", lambda: MHA(nan_query(), X, X, check_finite=True), ValueError, ["query", "nan", "(1, 0, 3)"]),
+    ("huge-broadcast-query", lambda: MHA(huge_broadcast(), X, X), ValueError, ["query", "(1099511627776, 2, 8)"]),
+    ("huge-broadcast-key-f64", lambda: MHA(X, huge_broadcast(np.float64), X), ValueError, ["key", "1099511627776"]),
+    ("int-query", lambda: MHA(X.astype(np.int32), X, X), TypeError, ["query", "int32"]),
+    ("int-key", lambda: MHA(X, X.astype(np.int64), X), TypeError, ["key", "int64"]),
+    ("int-value", lambda: MHA(X, X, X.astype(np.uint16)), TypeError, ["value", "uint16"]),
+    ("bool-query", lambda: MHA(X > 0, X, X), TypeError, ["query", "bool"]),
+    ("complex-query", lambda: MHA(X.astype(np.complex64), X, X), TypeError, ["query", "complex64"]),
+    ("object-query", lambda: MHA(np.array([None, 1], dtype=object), X, X), TypeError, ["query", "object"]),
+    ("none-query", lambda: MHA(None, X, X), TypeError, ["query"]),
+    ("string-query", lambda: MHA("abc", X, X), TypeError, ["query"]),
+    ("int-kpm", lambda: MHA(X, X, X, key_padding_mask=np.zeros((B, L), np.int32)), TypeError, ["key_padding_mask", "int32"]),
+    ("int-attn-mask", lambda: MHA(X, X, X, attn_mask=np.zeros((L, L), np.int64)), TypeError, ["attn_mask", "int64"]),
+    ("kpm-transposed", lambda: MHA(X, X, X, key_padding_mask=np.zeros((L, B), bool)), ValueError,
+     ["key_padding_mask", "(2, 3)", "(3, 2)"]),
+    ("attn-mask-shape", lambda: MHA(X, X, X, attn_mask=np.zeros((L, L + 1), bool)), ValueError,
+     ["attn_mask", "(3, 3)", "(3, 4)"]),
+    ("attn-mask-3d-heads", lambda: MHA(X, X, X, attn_mask=np.zeros((H, L, L), bool)), ValueError,
+     ["attn_mask", "(4, 3, 3)", "(2, 3, 3)"]),
+    ("flash-weights", lambda: MHA(X, X, X, kernel="flash"), ValueError, ["flash"]),
+    ("flash-float64", lambda: MHA(X.astype(np.float64), X, X, kernel="flash", need_weights=False), ValueError, ["flash"]),
+    ("bad-kernel", lambda: MHA(X, X, X, kernel="fast"), ValueError, ["kernel", "fast"]),
+    ("bad-masked-rows", lambda: MHA(X, X, X, masked_rows="ones"), ValueError, ["masked_rows", "ones"]),
+    ("bad-form", lambda: MHA(X, X, X, form="short"), ValueError, ["form", "short"]),
+    ("negative-threads", lambda: MHA(X, X, X, num_threads=-1), ValueError, ["num_threads", "-1"]),
+    ("ctor-E=0", lambda: multihead.MultiheadAttention(0, 1), ValueError, ["embed_dim", "0"]),
+    ("ctor-E<0", lambda: multihead.MultiheadAttention(-8, 2), ValueError, ["embed_dim", "-8"]),
+    ("ctor-heads-divisor", lambda: multihead.MultiheadAttention(7, 2), ValueError, ["num_heads", "7"]),
+    ("ctor-heads-0", lambda: multihead.MultiheadAttention(8, 0), ValueError, ["num_heads"]),
+    ("ctor-dropout", lambda: multihead.MultiheadAttention(8, 2, dropout=1.5), ValueError, ["dropout", "1.5"]),
+    ("ctor-kdim-0", lambda: multihead.MultiheadAttention(8, 2, kdim=0), ValueError, ["kdim", "0"]),
+    ("ctor-huge-E", lambda: multihead.MultiheadAttention(2**40, 1), ValueError, ["overflows"]),
+    ("ctor-dtype", lambda: multihead.MultiheadAttention(8, 2, dtype=np.int32), TypeError, ["dtype", "int32"]),
+    ("state-dict-shape", lambda: MHA.load_state_dict({**MHA.state_dict(), "in_proj_weight": np.zeros((3, 3))}),
+     ValueError, ["in_proj_weight", "(24, 8)", "(3, 3)"]),
+    ("state-dict-missing", lambda: MHA.load_state_dict({"in_proj_weight": np.zeros((24, 8))}), ValueError,
+     ["Missing", "out_proj.weight"]),
+    ("state-dict-unexpected", lambda: MHA.load_state_dict({**MHA.state_dict(), "bias_q": np.zeros(8)}), ValueError,
+     ["Unexpected", "bias_q"]),
+    ("state-dict-int", lambda: MHA.load_state_dict({**MHA.state_dict(), "out_proj.bias": np.zeros(8, int)}),
+     TypeError, ["out_proj.bias", "int64"]),
+    ("state-dict-not-mapping", lambda: MHA.load_state_dict([("in_proj_weight", np.zeros((24, 8)))]), TypeError,
+     ["state_dict", "list"]),
+    ("load-missing-file", lambda: multihead.load_weights("/nonexistent/w.safetensors"), ValueError,
+     ["/nonexistent/w.safetensors"]),
+    ("sdpa-key-D", lambda: multihead.scaled_dot_product_attention(np.ones((2, 3, 4)), np.ones((2, 5, 3)),
+                                                                  np.ones((2, 5, 6))), ValueError,
+     ["key", "(2, 5, 4)", "(2, 5, 3)"]),
+    ("sdpa-dropout", lambda: multihead.scaled_dot_product_attention(np.ones((2, 3, 4)), np.ones((2, 5, 4)),
+                                                                    np.ones((2, 5, 6)), dropout_p=2.0),
+     ValueError, ["dropout_p", "2"]),
+    ("sdpa-int", lambda: multihead.scaled_dot_product_attention(np.ones((2, 3, 4), int), np.ones((2, 5, 4)),
+                                                                np.ones((2, 5, 6))), TypeError, ["query", "int64"]),
+]
+
+
+@pytest.mark.parametrize("name,call,exc,words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_a_clear_error(name, call, exc, words):
+    with pytest.raises(exc) as info:
+        call()
+    msg = str(info.value)
+    assert "\n" not in msg, f"one line expected: {msg!r}"
+    for w in words:
+        assert w in msg, f"{name}: {w!r} not in {msg!r}"
+    if exc is ValueError and any(SHAPE.fullmatch(w) for w in words):
+        assert len(SHAPE.findall(msg)) >= 1
+
+
+def expected_call(*args, **kw):
+    """The same call on fresh contiguous writable copies."""
+    fresh = [np.ascontiguousarray(np.array(a)) for a in args]
+    return MHA(*fresh, **kw)
+
+
+def test_non_contiguous_views_give_the_same_answer():
+    big = np.random.default_rng(1).standard_normal((2 * L, B, 2 * E)).astype(np.float32)
+    view = big[::2, :, ::2]  # strided in two dimensions
+    assert not view.flags.c_contiguous
+    out, w = MHA(view, view, view)
+    e_out, e_w = expected_call(view, view, view)
+    np.testing.assert_array_equal(out, e_out)
+    np.testing.assert_array_equal(w, e_w)
+    tv = np.swapaxes(np.swapaxes(X, 0, 1).copy(), 0, 1)  # a transposed copy: same values
+    np.testing.assert_array_equal(MHA(tv, tv, tv)[0], MHA(X, X, X)[0])
+
+
+def test_views_at_one_address_of_different_shapes_are_not_one_tensor():
+    """x[:2] and x start at the same address; the library must not take them
+    for one tensor (its packed self-attention product would read past x[:2])."""
+    x = np.random.default_rng(2).standard_normal((5, B, E)).astype(np.float32)
+    out, _ = MHA(x[:2], x, x)
+    e_out, _ = MHA(x[:2].copy(), x.copy(), x.copy())
+    np.testing.assert_array_equal(out, e_out)
+    out, _ = MHA(x, x[:2], x[:2])
+    e_out, _ = MHA(x.copy(), x[:2].copy(), x[:2].copy())
+    np.testing.assert_array_equal(out, e_out)
+
+
+def test_read_only_arrays_work():
+    r = X.copy()
+    r.flags.writeable = False
+    np.testing.assert_array_equal(MHA(r, r, r)[0], MHA(X, X, X)[0])
+
+
+def test_zero_sizes():
+    out, w = MHA(X[:0], X, X)  # L = 0
+    assert out.shape == (0, B, E) and w.shape == (B, 0, L)
+    z = np.zeros((L, 0, E), np.float32)  # B = 0
+    out, w = MHA(z, z, z)
+    assert out.shape == (L, 0, E) and w.shape == (0, L, L)
+
+
+def test_nan_without_check_finite_propagates():
+    out, _ = MHA(nan_query(), X, X)
+    assert np.isnan(out[1, 0]).all() and np.isfinite(out[0]).all()
+
+
+def test_lists_and_buffer_protocol_objects():
+    out, _ = MHA(X.tolist(), X.tolist(), X.tolist())  # lists: float64 computation
+    assert out.dtype == np.float64
+    mv = memoryview(X)  # the buffer protocol
+    np.testing.assert_array_equal(MHA(mv, mv, mv)[0], MHA(X, X, X)[0])
+
+
+def test_huge_embed_dim_fails_cleanly():
+    with pytest.raises((ValueError, MemoryError)):
+        multihead.MultiheadAttention(2**20, 1)  # 24 TiB of parameters

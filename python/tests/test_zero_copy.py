@@ -1,0 +1,105 @@
+"""No copies: a C-contiguous float32/float64 array is handed to the library
+as it is, and results come back as arrays over the library's own buffers.
+
+multihead._debug_last_call() reports the data addresses of the tensors the
+last call on this thread gave the library (and got back); NumPy reports an
+array's own address in __array_interface__["data"][0].
+"""
+import numpy as np
+import pytest
+import torch
+
+import multihead
+
+
+def addr(a):
+    return a.__array_interface__["data"][0]
+
+
+def inputs(dtype, shape=(7, 3, 16)):
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(shape).astype(dtype) for _ in range(3)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_contiguous_inputs_are_not_copied(dtype):
+    mha = multihead.MultiheadAttention(16, 4, dtype=dtype)
+    q, k, v = inputs(dtype)
+    kpm = np.zeros((3, 7), dtype=bool)
+    kpm[1, 5:] = True
+    am = np.random.default_rng(1).standard_normal((7, 7)).astype(dtype)
+    out, w = mha(q, k, v, key_padding_mask=kpm, attn_mask=am)
+    seen = multihead._debug_last_call()
+    assert seen["query"] == addr(q)
+    assert seen["key"] == addr(k)
+    assert seen["value"] == addr(v)
+    assert seen["key_padding_mask"] == addr(kpm)
+    assert seen["attn_mask"] == addr(am)
+    # the output array is the library's result tensor itself
+    assert seen["output"] == addr(out)
+    assert not out.flags.owndata and out.base is not None
+    assert out.dtype == dtype and w.dtype == dtype
+
+
+def test_self_attention_passes_one_buffer():
+    mha = multihead.MultiheadAttention(16, 4)
+    x = inputs(np.float32)[0]
+    mha(x, x, x)
+    seen = multihead._debug_last_call()
+    assert seen["query"] == seen["key"] == seen["value"] == addr(x)
+
+
+def test_read_only_and_torch_inputs_are_not_copied():
+    mha = multihead.MultiheadAttention(16, 4)
+    q, k, v = inputs(np.float32)
+    for a in (q, k, v):
+        a.flags.writeable = False
+    mha(q, k, v)
+    seen = multihead._debug_last_call()
+    assert (seen["query"], seen["key"], seen["value"]) == (addr(q), addr(k), addr(v))
+    tq, tk, tv = (torch.from_numpy(a.copy()) for a in (q, k, v))
+    mha(tq, tk, tv)  # the array protocol: torch's own memory
+    seen = multihead._debug_last_call()
+    assert (seen["query"], seen["key"], seen["value"]) == (tq.data_ptr(), tk.data_ptr(), tv.data_ptr())
+
+
+def test_other_layouts_and_dtypes_are_converted_once():
+    mha = multihead.MultiheadAttention(16, 4)
+    q, k, v = inputs(np.float32)
+    expected, _ = mha(q, k, v)
+    strided = np.asfortranarray(q)
+    out, _ = mha(strided, k, v)
+    assert multihead._debug_last_call()["query"] != addr(strided)
+    np.testing.assert_array_equal(out, expected)
+    # float64 key/value into a float32 call (the query's dtype decides)
+    out, _ = mha(q, k.astype(np.float64), v.astype(np.float64))
+    seen = multihead._debug_last_call()
+    assert seen["query"] == addr(q) and seen["key"] != addr(k)
+    np.testing.assert_array_equal(out, expected)
+
+
+def test_scaled_dot_product_attention_is_not_copied():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 5, 8)).astype(np.float32) for _ in range(3))
+    out = multihead.scaled_dot_product_attention(q, k, v)
+    seen = multihead._debug_last_call()
+    assert (seen["query"], seen["key"], seen["value"], seen["output"]) == (addr(q), addr(k), addr(v), addr(out))
+
+
+def test_large_input_is_read_in_place():
+    """A 64 MiB float32 query: its address reaches the library unchanged."""
+    mha = multihead.MultiheadAttention(64, 4)
+    x = np.zeros((4096, 64, 64), dtype=np.float32)  # (L, B, E), 64 MiB
+    x[:, :, 0] = 1.0
+    mha(x, x, x, need_weights=False)
+    assert multihead._debug_last_call()["query"] == addr(x)
+
+
+def test_arrays_outlive_their_python_names():
+    """The binding holds every input while the GIL is released: temporaries
+    that nothing else references still give the right answer."""
+    mha = multihead.MultiheadAttention(16, 4, dtype=np.float64)
+    q, k, v = inputs(np.float64)
+    expected, _ = mha(q, k, v)
+    out, _ = mha(q.copy(), k.copy(), v.copy())
+    np.testing.assert_array_equal(out, expected)
