@@ -226,6 +226,7 @@ def two_modules_forward_parity(env):
         code, _, err = env.run("forward", "--weights", path, "--prefix", prefix, *inputs, "--out", "o.npy")
         if code != 0 or err:
             problems.append(f"--prefix {prefix}: exit {code}, stderr {err.strip()!r} (expected 0 and nothing)")
+        if code != 0:
             continue
         ok, rel, detail = compare.compare(np.load(env.path("o.npy")), torch_reference(mha, q, k, v), TOL64)
         if not ok:
