@@ -57,24 +57,26 @@ bool parse_bool(const std::string& key, const std::string& text, const Source& s
               "__metadata__." + key + ": expected true or false, got '" + text + "'" + src.in_file());
 }
 
+using Metadata = std::map<std::string, std::string>;
+
 // The one metadata lookup rule: "<prefix>key" first, then the file-wide "key".
 // Returns the key found (for messages) and its value, or nothing.
-std::optional<std::pair<std::string, std::string>> find_metadata(const std::map<std::string, std::string>& m,
-                                                                 const Source& src, const std::string& key) {
+std::optional<std::pair<std::string, std::string>> find_metadata(const Metadata& m, const Source& src,
+                                                                 const std::string& key) {
   for (const std::string& k : {src.prefix + key, key})
     if (auto it = m.find(k); it != m.end()) return std::make_pair(k, it->second);
   return std::nullopt;
 }
 
-std::optional<int64_t> metadata_int(const std::map<std::string, std::string>& m, const Source& src, const char* key) {
+std::optional<int64_t> metadata_int(const Metadata& m, const Source& src, const char* key) {
   const auto kv = find_metadata(m, src, key);
   return kv ? std::optional(parse_int(kv->first, kv->second, src)) : std::nullopt;
 }
-std::optional<bool> metadata_bool(const std::map<std::string, std::string>& m, const Source& src, const char* key) {
+std::optional<bool> metadata_bool(const Metadata& m, const Source& src, const char* key) {
   const auto kv = find_metadata(m, src, key);
   return kv ? std::optional(parse_bool(kv->first, kv->second, src)) : std::nullopt;
 }
-std::optional<double> metadata_real(const std::map<std::string, std::string>& m, const Source& src, const char* key) {
+std::optional<double> metadata_real(const Metadata& m, const Source& src, const char* key) {
   const auto kv = find_metadata(m, src, key);
   return kv ? std::optional(parse_real(kv->first, kv->second, src)) : std::nullopt;
 }
@@ -143,7 +145,7 @@ MultiheadAttentionConfig config_from_shapes(const ShapeMap& shapes, const Source
 // ---- the metadata says the rest ------------------------------------------------
 
 // Metadata that restates what the tensors say must agree with them.
-void check_metadata_agrees(const std::map<std::string, std::string>& m, const Source& src,
+void check_metadata_agrees(const Metadata& m, const Source& src,
                            const MultiheadAttentionConfig& c) {
   auto agree = [&](const char* key, int64_t actual) {
     const auto kv = find_metadata(m, src, key);
@@ -176,7 +178,7 @@ void settle(V& field, const std::optional<V>& override_value, const std::optiona
   else assumed.push_back({key, detail::format_number(static_cast<double>(field))});
 }
 
-void apply_metadata(const std::map<std::string, std::string>& m, const Source& src, const WeightOverrides& ov,
+void apply_metadata(const Metadata& m, const Source& src, const WeightOverrides& ov,
                     MultiheadAttentionConfig& c, std::vector<AssumedSetting>& assumed) {
   const std::optional<int64_t> heads = ov.num_heads ? ov.num_heads : metadata_int(m, src, "num_heads");
   if (!heads)
@@ -208,23 +210,26 @@ std::string module_prefixes_hint(const SafetensorsFile& file, const Source& src)
 
 // Moves the tensors under the prefix out of the file, under their local
 // names. Anything else under the prefix is an error, as in strict loading.
+// Names are checked before anything moves, since the error message lists the
+// file's modules from their shapes.
 std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const Source& src) {
-  std::map<std::string, Tensor<double>> out;
+  std::vector<std::string> names;
   for (const auto& [name, tensor] : file.tensors) {
     if (!name.starts_with(src.prefix)) continue;
-    const std::string local = name.substr(src.prefix.size());
-    if (!kStateDictNames.count(local))
+    if (!kStateDictNames.count(name.substr(src.prefix.size())))
       throw Error(Error::Kind::Format,
-                  name + ": unexpected tensor in a MultiheadAttention state_dict (expected names: " + src.prefix +
-                      "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, "
-                      "q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v)" + src.in_file() +
+                  name + ": unexpected tensor in a MultiheadAttention state_dict (expected names: "
+                         "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, "
+                         "q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v)" + src.in_file() +
                       module_prefixes_hint(file, src));
-    out.emplace(local, tensor.values);
+    names.push_back(name);
   }
-  if (out.empty())
+  if (names.empty() && !src.prefix.empty())
     throw Error(Error::Kind::Missing, "--prefix '" + src.prefix + "': no tensor in " + src.path +
                                           " starts with it" + module_prefixes_hint(file, src));
-  for (const auto& [local, tensor] : out) file.tensors.erase(src.prefix + local);
+  std::map<std::string, Tensor<double>> out;
+  for (const std::string& name : names)
+    out.emplace(name.substr(src.prefix.size()), std::move(file.tensors.at(name).values));
   return out;
 }
 
