@@ -116,6 +116,7 @@ class TwoAttentions(torch.nn.Module):
         self.a = torch.nn.MultiheadAttention(16, 4, batch_first=True)
         self.b = torch.nn.MultiheadAttention(12, 3, kdim=5, vdim=7, add_bias_kv=True)
         self.head = torch.nn.Linear(16, 2)
+        self.register_buffer("steps", torch.tensor(3))  # int64: the script leaves it out
 
 
 def two_attentions(env):
