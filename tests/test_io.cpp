@@ -777,8 +777,8 @@ TEST(FileFormat, SafetensorsReaderNamesWhatItWasGiven) {
       {kTorchZip, "x: this is a PyTorch torch.save zip archive, not a safetensors file (save its state_dict"},
       {kTorchPickle, "x: this is a Python pickle (legacy torch.save), not a safetensors file"},
   };
-  for (const auto& [bytes, message] : cases)
-    expect_error([&] { parse_safetensors(bytes_of(bytes), bytes.size(), "x"); }, Kind::Format, {message});
+  for (const auto& c : cases)  // (clang 14 cannot capture a structured binding)
+    expect_error([&] { parse_safetensors(bytes_of(c.first), c.first.size(), "x"); }, Kind::Format, {c.second});
 }
 
 TEST(FileFormat, NpyReaderNamesWhatItWasGiven) {
@@ -788,8 +788,8 @@ TEST(FileFormat, NpyReaderNamesWhatItWasGiven) {
       {kTorchZip, "query (x): this is a PyTorch torch.save zip archive, not a .npy array"},
       {kTorchPickle, "query (x): this is a Python pickle (legacy torch.save), not a .npy array"},
   };
-  for (const auto& [bytes, message] : cases)
-    expect_error([&] { parse_npy(bytes_of(bytes), bytes.size(), "query (x)"); }, Kind::Format, {message});
+  for (const auto& c : cases)
+    expect_error([&] { parse_npy(bytes_of(c.first), c.first.size(), "query (x)"); }, Kind::Format, {c.second});
 }
 
 TEST(FileFormat, HeaderLengthThatLooksLikeAPickleIsStillSafetensors) {
