@@ -38,7 +38,7 @@ struct LoadOptions {
   // rest of the file. A prefix without its final '.' gets one:
   // "encoder.layers.0.self_attn" is "encoder.layers.0.self_attn.".
   std::string prefix;
-  WeightOverrides overrides;
+  WeightOverrides overrides = {};
 };
 
 // A configuration value that neither the metadata nor an override gave, so
