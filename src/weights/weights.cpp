@@ -145,8 +145,7 @@ MultiheadAttentionConfig config_from_shapes(const ShapeMap& shapes, const Source
 // ---- the metadata says the rest ------------------------------------------------
 
 // Metadata that restates what the tensors say must agree with them.
-void check_metadata_agrees(const Metadata& m, const Source& src,
-                           const MultiheadAttentionConfig& c) {
+void check_metadata_agrees(const Metadata& m, const Source& src, const MultiheadAttentionConfig& c) {
   auto agree = [&](const char* key, int64_t actual) {
     const auto kv = find_metadata(m, src, key);
     if (kv && parse_int(kv->first, kv->second, src) != actual)
@@ -199,7 +198,8 @@ std::string normalize_prefix(const std::string& prefix) {
 }
 
 // "; this file holds MultiheadAttention modules at prefixes a., b. (pass one
-// with --prefix)", or "" when the file holds none besides `except`.
+// with --prefix)", or "" when the file holds no module besides the one at
+// src.prefix.
 std::string module_prefixes_hint(const SafetensorsFile& file, const Source& src) {
   std::string list;
   for (const FoundModule& m : find_attention_modules(file, src.path))
