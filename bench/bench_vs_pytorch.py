@@ -26,9 +26,14 @@ FLOPs as the issue counts them: projections 8·B·L·E², attention 4·B·L·L·
 Prints one Markdown table (times, ratios, our GFLOP/s and % of the FMA peak,
 peak RSS), then the memory-only rows for our largest shapes.
 
+With --before-build-dir OLD, a second build of ours (say, the commit before
+a change) is timed in the same run, shape by shape next to the first, and
+two more columns give its time and before / after.
+
 Usage:
   /usr/bin/python3 bench/bench_vs_pytorch.py --build-dir build [--threads 2]
       [--repeat 5] [--shapes quick|issue] [--skip-shipped-above L]
+      [--before-build-dir OLD]
 The build directory must have been configured with
 -DMULTIHEAD_BUILD_BENCHMARKS=ON (for the FMA probe).
 """
@@ -176,11 +181,13 @@ def main():
     ap.add_argument("--skip-shipped-above", type=int, default=1 << 30,
                     help="skip PyTorch-as-shipped for L above this (it takes ~14 s per call at L=8192)")
     ap.add_argument("--no-memory", action="store_true", help="skip the memory-only rows")
+    ap.add_argument("--before-build-dir", help="another build of ours, timed beside --build-dir")
     args = ap.parse_args()
 
     cli = os.path.join(args.build_dir, "tools", "multihead")
     probe = os.path.join(args.build_dir, "bench", "multihead_fma_peak")
-    for path in (cli, probe):
+    before_cli = os.path.join(args.before_build_dir, "tools", "multihead") if args.before_build_dir else None
+    for path in (cli, probe) + ((before_cli,) if before_cli else ()):
         if not os.access(path, os.X_OK):
             sys.exit("missing %s (build with -DMULTIHEAD_BUILD_BENCHMARKS=ON)" % path)
 
@@ -198,9 +205,10 @@ def main():
           % (args.repeat, args.warmup, args.threads))
 
     shapes = ISSUE_SHAPES if args.shapes == "issue" else QUICK_SHAPES
+    before_head = " ours before | before / ours |" if before_cli else ""
     print("| shape (B,L,E,H) | ours | tuned PyTorch | PyTorch as shipped | tuned / ours | shipped / ours "
-          "| ours GFLOP/s | % of FMA peak | peak RSS ours / tuned / shipped (MiB) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| ours GFLOP/s | % of FMA peak | peak RSS ours / tuned / shipped (MiB) |" + before_head)
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|---|" if before_cli else ""))
     for shape in shapes:
         B, L, E, H, causal = shape
         name = ("causal " if causal else "") + "(%d,%d,%d,%d)" % (B, L, E, H)
@@ -214,10 +222,14 @@ def main():
             shipped_rss_s = "%.0f" % shipped_rss
         else:
             shipped, shipped_ratio, shipped_rss_s = "skipped", "–", "–"
+        before = ""
+        if before_cli:
+            before_ms, _, _ = ours(before_cli, shape, args.threads, repeat, warmup)
+            before = " %.2f ms | %.2f× |" % (before_ms, before_ms / our_ms)
         gflops = flops(B, L, E) / (our_ms * 1e6)
-        print("| %s | %.2f ms | %.2f ms | %s | %.2f× | %s | %.0f | %.0f%% | %.0f / %.0f / %s |"
+        print("| %s | %.2f ms | %.2f ms | %s | %.2f× | %s | %.0f | %.0f%% | %.0f / %.0f / %s |%s"
               % (name, our_ms, tuned_ms, shipped, tuned_ms / our_ms, shipped_ratio, gflops,
-                 100 * gflops / peak, our_rss, tuned_rss, shipped_rss_s))
+                 100 * gflops / peak, our_rss, tuned_rss, shipped_rss_s, before))
         sys.stdout.flush()
 
     if not args.no_memory:

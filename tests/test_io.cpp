@@ -470,7 +470,8 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         BadCase{"empty_file", "", Kind::Format, {"magic"}},
         BadCase{"bad_magic", "\x93NUMPX\x01\x00\x10\x00", Kind::Format, {"magic", "\\x93NUMPY"}},
-        BadCase{"not_npy", "PK\x03\x04 this is a zip", Kind::Format, {"magic"}},
+        BadCase{"not_npy", "PK\x03\x04 this is a zip", Kind::Format,
+                {"this is a PyTorch torch.save zip archive, not a .npy array"}},
         BadCase{"magic_only", "\x93NUMPY", Kind::Format, {"file has 6 bytes", "10"}},
         BadCase{"version_4", std::string("\x93NUMPY\x04\x00\x10\x00", 10), Kind::Format,
                 {"version 4.0", "1.0, 2.0, 3.0"}},
@@ -758,6 +759,50 @@ TEST(Safetensors, EveryTruncationIsAnError) {
       expect_error([&] { parse_safetensors(bytes_of(file), len, "cut"); }, Kind::Format, {"cut: "});
     }
   }
+}
+
+// ============================================================================
+// Each reader names the format it was given instead
+// ============================================================================
+
+// The first bytes of a torch.save file: zip since PyTorch 1.6, a pickle
+// (protocol 2, then the long 0x1950a86a20f9469cfc6c magic number) before.
+const std::string kTorchZip = std::string("PK\x03\x04\x14\x00\x00\x00\x08\x00", 10) + std::string(40, '\0');
+const std::string kTorchPickle = std::string("\x80\x02\x8a\x0al\xfc\x9c" "F\xf9 j\xa8P\x19.", 16) + std::string(40, '\0');
+
+TEST(FileFormat, SafetensorsReaderNamesWhatItWasGiven) {
+  const std::string npy = serialize_npy(sample_tensor<float>({2, 3}));
+  const std::pair<std::string, std::string> cases[] = {
+      {npy, "x: this is a .npy array, not a safetensors file"},
+      {kTorchZip, "x: this is a PyTorch torch.save zip archive, not a safetensors file (save its state_dict"},
+      {kTorchPickle, "x: this is a Python pickle (legacy torch.save), not a safetensors file"},
+  };
+  for (const auto& c : cases)  // (clang 14 cannot capture a structured binding)
+    expect_error([&] { parse_safetensors(bytes_of(c.first), c.first.size(), "x"); }, Kind::Format, {c.second});
+}
+
+TEST(FileFormat, NpyReaderNamesWhatItWasGiven) {
+  const std::string st = serialize_safetensors(sample_model(), {{"k", "v"}});
+  const std::pair<std::string, std::string> cases[] = {
+      {st, "query (x): this is a safetensors file, not a .npy array"},
+      {kTorchZip, "query (x): this is a PyTorch torch.save zip archive, not a .npy array"},
+      {kTorchPickle, "query (x): this is a Python pickle (legacy torch.save), not a .npy array"},
+  };
+  for (const auto& c : cases)
+    expect_error([&] { parse_npy(bytes_of(c.first), c.first.size(), "query (x)"); }, Kind::Format, {c.second});
+}
+
+TEST(FileFormat, HeaderLengthThatLooksLikeAPickleIsStillSafetensors) {
+  // A 640-byte header (0x280) begins with the bytes 0x80 0x02 of a pickle.
+  std::string header = "{\"__metadata__\":{\"k\":\"v\"}}";
+  header.append(640 - header.size(), ' ');
+  const std::string file = u64_le(header.size()) + header;
+  ASSERT_EQ(static_cast<uint8_t>(file[0]), 0x80);
+  ASSERT_EQ(file[1], 0x02);
+  EXPECT_EQ(detect_file_format(bytes_of(file), file.size()), FileFormat::Safetensors);
+  EXPECT_EQ(parse_safetensors(bytes_of(file), file.size(), "x").metadata.at("k"), "v");
+  EXPECT_EQ(detect_file_format(bytes_of(kTorchPickle), kTorchPickle.size()), FileFormat::TorchPickle);
+  EXPECT_EQ(detect_file_format(bytes_of(std::string("abc")), 3), FileFormat::Unknown);
 }
 
 // ============================================================================

@@ -15,6 +15,7 @@ Runner add_forward_command(CLI::App& app);
 Runner add_demo_command(CLI::App& app);
 Runner add_init_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
+Runner add_inspect_command(CLI::App& app);
 
 // Runs the lesson's demo with default settings (also `multihead` alone).
 void run_default_demo();

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "checkpoint_hints.hpp"
 #include "commands.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
@@ -27,7 +28,7 @@ namespace multihead::cli {
 namespace {
 
 struct ForwardArgs {
-  std::string weights, query, key, value, key_padding_mask, attn_mask, out, attn_weights_out;
+  std::string weights, prefix, query, key, value, key_padding_mask, attn_mask, out, attn_weights_out;
   bool is_causal = false, need_weights = false, no_average = false, training = false;
   bool check_finite = false;
   std::optional<int64_t> num_heads;
@@ -123,8 +124,15 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   o.check_finite = args.check_finite;
 
   ForwardResult<T> result;
-  for (int r = 0; r < args.repeat; ++r)
-    result = args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
+  try {
+    for (int r = 0; r < args.repeat; ++r)
+      result = args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
+  } catch (const Error& e) {
+    if (e.kind() != Error::Kind::Shape) throw;
+    auto shape_of = [](const auto& mask) { return mask ? std::optional(mask->shape()) : std::nullopt; };
+    throw Error(e.kind(), e.what() + layout_hint(w.config, {query.shape(), k.shape(), v.shape(),
+                                                            shape_of(key_padding_mask), shape_of(attn_mask)}));
+  }
 
   std::vector<std::pair<std::string, std::string>> files = {{args.out, serialize_npy(result.output)}};
   if (result.attn_weights) files.emplace_back(args.attn_weights_out, serialize_npy(*result.attn_weights));
@@ -139,6 +147,9 @@ Runner add_forward_command(CLI::App& app) {
       "forward",
       "Run torch.nn.MultiheadAttention.forward (eval mode unless --training) on .npy inputs");
   c->add_option("--weights", args->weights, "safetensors state_dict (PyTorch key names)")->required();
+  c->add_option("--prefix", args->prefix,
+                "Module to read from a whole model's state_dict, e.g. encoder.layers.0.self_attn. "
+                "(`multihead inspect` lists them)");
   c->add_option("--query", args->query, ".npy query: (L, B, E), (B, L, E) with --batch-first, or (L, E)")->required();
   c->add_option("--key", args->key, ".npy key (default: the query, i.e. self-attention)");
   c->add_option("--value", args->value, ".npy value (default: the key)");
@@ -153,7 +164,8 @@ Runner add_forward_command(CLI::App& app) {
   // flag even when it is absent, which would hide the metadata's batch_first.
   CLI::Option* batch_first = c->add_flag("--batch-first,!--no-batch-first", args->batch_first_flag,
                                          "Inputs are (B, L, E) (overrides the weights' metadata)");
-  c->add_flag("--add-zero-attn", args->add_zero_attn, "Append a zero key and value (overrides metadata)");
+  CLI::Option* add_zero_attn = c->add_flag("--add-zero-attn,!--no-add-zero-attn", args->add_zero_attn,
+                                           "Append a zero key and value (overrides metadata)");
   c->add_option("--dropout", args->dropout, "Dropout on attention weights, used with --training")
       ->check(probability());
   c->add_flag("--training", args->training, "Training mode: apply dropout");
@@ -174,21 +186,26 @@ Runner add_forward_command(CLI::App& app) {
   c->add_option("--repeat", args->repeat, "Run the forward N times (for timing from outside)")
       ->check(positive_integer());
 
-  return [args, batch_first] {
+  return [args, batch_first, add_zero_attn] {
     if (args->need_weights && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--need-weights: needs --attn-weights-out to write the weights to");
     if (args->no_average && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--no-average-attn-weights: needs --attn-weights-out");
     apply_threads(args->threads);
-    WeightOverrides ov;
+    LoadOptions load;
+    load.prefix = args->prefix;
+    WeightOverrides& ov = load.overrides;
     ov.num_heads = args->num_heads;
     if (batch_first->count() > 0) ov.batch_first = args->batch_first_flag;
-    if (args->add_zero_attn) ov.add_zero_attn = true;
+    if (add_zero_attn->count() > 0) ov.add_zero_attn = args->add_zero_attn;
     ov.dropout = args->dropout;
-    const LoadedWeights w = load_weights(args->weights, ov);
+    const LoadedWeights w = load_weights(args->weights, load);
     const LoadedTensor query = read_input(args->query, "query");
     if (query.dtype == DType::F64) run_forward<double>(*args, w, query);
     else run_forward<float>(*args, w, query);
+    // After the run, so that a failed one still prints exactly one line.
+    if (const std::string note = assumed_settings_note(w, args->weights); !note.empty())
+      std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
   };
 }
 

@@ -4,6 +4,7 @@
 //   multihead forward …       torch.nn.MultiheadAttention.forward on .npy files
 //   multihead init …          write PyTorch-initialised weights (safetensors)
 //   multihead bench …         time forward passes (median ms, GFLOP/s)
+//   multihead inspect FILE    tensors, metadata and attention modules of a file
 //
 // Exit codes: 0 success, 2 bad usage or bad input (one line on stderr),
 // 1 an unexpected internal failure.
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   Runner demo = add_demo_command(app);
   Runner init = add_init_command(app);
   Runner bench = add_bench_command(app);
+  Runner inspect = add_inspect_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("demo")) demo();
     else if (app.got_subcommand("init")) init();
     else if (app.got_subcommand("bench")) bench();
+    else if (app.got_subcommand("inspect")) inspect();
     else run_default_demo();
   } catch (const multihead::Error& e) {
     std::cerr << "multihead: error: " << e.what() << "\n";

@@ -66,6 +66,25 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
 std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
 
+// ---- what a file is ------------------------------------------------------------
+// Users pass a .npy as --weights, or a torch.save checkpoint as either; each
+// reader looks at the first bytes and names what it was given instead of
+// reporting a nonsense header length.
+enum class FileFormat {
+  Npy,          // "\x93NUMPY"
+  Safetensors,  // 8-byte little-endian header length that fits the file, then '{'
+  TorchZip,     // "PK\x03\x04": torch.save since PyTorch 1.6 (a zip archive)
+  TorchPickle,  // "\x80" then a protocol byte 2..5: legacy torch.save, or any pickle
+  Unknown,
+};
+// Judged from the bytes alone; `size` is the whole file's.
+FileFormat detect_file_format(const uint8_t* data, std::size_t size);
+// The same from the file's first bytes and its size. Throws Error(Missing /
+// IO) naming the path if it cannot be read.
+FileFormat detect_file_format(const std::string& path);
+// "a .npy array", "a safetensors file", "a PyTorch torch.save zip archive", …
+std::string describe(FileFormat format);
+
 // Writes `bytes` to `path` atomically (temporary file in the same folder,
 // fsync, rename). Throws multihead::Error(IO) naming the path on failure.
 void write_file_atomic(const std::string& path, const std::string& bytes);

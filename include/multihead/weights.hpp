@@ -3,17 +3,25 @@
 //
 // Tensor names are PyTorch's: in_proj_weight, in_proj_bias, out_proj.weight,
 // out_proj.bias; q_proj_weight / k_proj_weight / v_proj_weight when kdim or
-// vdim differ from embed_dim; bias_k and bias_v with add_bias_kv. The module
-// configuration that tensors cannot tell (num_heads, batch_first,
-// add_zero_attn, dropout) is read from the file's "__metadata__" map, and
-// any field of WeightOverrides that is set replaces it.
+// vdim differ from embed_dim; bias_k and bias_v with add_bias_kv. In a whole
+// model's state_dict they carry the module's prefix, e.g.
+// "encoder.layers.0.self_attn.in_proj_weight", and LoadOptions::prefix picks
+// the module.
+//
+// The module configuration that tensors cannot tell (num_heads, batch_first,
+// add_zero_attn, dropout) is read from the file's "__metadata__" map: the key
+// "<prefix>num_heads" (e.g. "encoder.layers.0.self_attn.num_heads") if the
+// file has it, else the bare "num_heads", which then applies to every module
+// in the file. Any field of WeightOverrides that is set replaces both.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead {
@@ -25,18 +33,59 @@ struct WeightOverrides {
   std::optional<double> dropout;
 };
 
+struct LoadOptions {
+  // Reads only the tensors named prefix + <state_dict name> and ignores the
+  // rest of the file. A prefix without its final '.' gets one:
+  // "encoder.layers.0.self_attn" is "encoder.layers.0.self_attn.".
+  std::string prefix;
+  WeightOverrides overrides = {};
+};
+
+// A configuration value that neither the metadata nor an override gave, so
+// PyTorch's default was used: {"batch_first", "false"}.
+struct AssumedSetting {
+  std::string key;
+  std::string value;
+};
+
 struct LoadedWeights {
   MultiheadAttentionConfig config;
   MultiheadAttentionParameters<double> parameters;  // exact for every file dtype
   std::map<std::string, std::string> metadata;
+  std::string prefix;                  // as used, with its final '.'
+  std::vector<AssumedSetting> assumed; // in the order batch_first, add_zero_attn, dropout
 };
 
 // Infers embed_dim, kdim, vdim, bias and add_bias_kv from the tensors, takes
 // the rest from metadata and overrides, and validates everything. Throws
 // multihead::Error naming the tensor or metadata key (and the file) with the
-// expected and the actual value. Unknown tensor names are rejected, as
-// load_state_dict(strict=True) does.
-LoadedWeights load_weights(const std::string& path, const WeightOverrides& overrides = {});
+// expected and the actual value. Unknown tensor names under the prefix are
+// rejected, as load_state_dict(strict=True) does; the message then lists the
+// prefixes of the MultiheadAttention modules the file does hold.
+LoadedWeights load_weights(const std::string& path, const LoadOptions& options = {});
+inline LoadedWeights load_weights(const std::string& path, const WeightOverrides& overrides) {
+  return load_weights(path, LoadOptions{"", overrides});
+}
+
+// A MultiheadAttention state_dict found inside a file: a prefix p with
+// p + "out_proj.weight" and p + "in_proj_weight" (or p + "q_proj_weight").
+struct FoundModule {
+  std::string prefix;  // "" for a bare MultiheadAttention state_dict
+  // From the tensor shapes (meaningful when `problem` is empty).
+  int64_t embed_dim = 0, kdim = 0, vdim = 0;
+  bool bias = false, add_bias_kv = false;
+  // From the metadata ("<prefix>key", else "key"); empty when absent.
+  std::optional<int64_t> num_heads;
+  std::optional<bool> batch_first, add_zero_attn;
+  std::optional<double> dropout;
+  // Why load_weights would refuse these tensors or metadata; empty if it would not.
+  std::string problem;
+};
+
+// Every module in the file, sorted by prefix. `name` is what messages call
+// the file.
+std::vector<FoundModule> find_attention_modules(const SafetensorsFile& file, const std::string& name);
+std::vector<FoundModule> find_attention_modules(const std::string& path);
 
 // The module's configuration as the metadata strings load_weights reads.
 std::map<std::string, std::string> config_metadata(const MultiheadAttentionConfig& config);

@@ -83,6 +83,8 @@ Storage<double> fortran_to_c(const Storage<double>& src, const Shape& shape) {
 
 LoadedTensor parse_npy(const uint8_t* data, std::size_t size, const std::string& name) {
   if (size == 0 || std::memcmp(data, kMagic, std::min(size, sizeof kMagic)) != 0) {
+    const FileFormat format = detect_file_format(data, size);
+    if (format != FileFormat::Unknown) fail(name, "this is " + describe(format) + ", not a .npy array");
     fail(name, "not a .npy file: it does not start with the magic bytes \\x93NUMPY");
   }
   if (size < 8)

@@ -199,9 +199,20 @@ void check_no_overlap(std::vector<const Entry*> entries, const std::string& name
   }
 }
 
+// A file of another known format gets named instead of failing on a header
+// length made of its magic bytes.
+void reject_other_formats(const uint8_t* data, std::size_t size, const std::string& name) {
+  const FileFormat format = detect_file_format(data, size);
+  if (format == FileFormat::Safetensors || format == FileFormat::Unknown) return;
+  const bool torch = format == FileFormat::TorchZip || format == FileFormat::TorchPickle;
+  fail(name, "this is " + describe(format) + ", not a safetensors file" +
+                 (torch ? " (save its state_dict as safetensors: README.md, 'Coming from PyTorch')" : ""));
+}
+
 }  // namespace
 
 SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name) {
+  reject_other_formats(data, size, name);
   if (size < 8)
     fail(name, "file has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
   const uint64_t header_len = detail::load_le<uint64_t>(data);

@@ -2,10 +2,14 @@
 // a state_dict implies.
 #include "multihead/weights.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <set>
+#include <type_traits>
+#include <utility>
 
 #include "core/check.hpp"
 #include "multihead/error.hpp"
@@ -14,31 +18,259 @@
 namespace multihead {
 namespace {
 
-std::string in_file(const std::string& path) { return " (in " + path + ")"; }
+// Where a module's tensors and metadata come from, for error messages: the
+// full tensor name is prefix + local name, and every message ends with the file.
+struct Source {
+  std::string path;
+  std::string prefix;
+  std::string tensor(const std::string& local) const { return prefix + local; }
+  std::string in_file() const { return " (in " + path + ")"; }
+};
 
-int64_t parse_int(const std::string& key, const std::string& text, const std::string& path) {
+const std::set<std::string> kStateDictNames = {"in_proj_weight", "q_proj_weight",   "k_proj_weight",
+                                               "v_proj_weight",  "in_proj_bias",    "out_proj.weight",
+                                               "out_proj.bias",  "bias_k",          "bias_v"};
+
+int64_t parse_int(const std::string& key, const std::string& text, const Source& src) {
   errno = 0;
   char* end = nullptr;
   const long long v = std::strtoll(text.c_str(), &end, 10);
   if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
-    throw Error(Error::Kind::Format, "__metadata__." + key + ": expected an integer, got '" + text + "'" + in_file(path));
+    throw Error(Error::Kind::Format,
+                "__metadata__." + key + ": expected an integer, got '" + text + "'" + src.in_file());
   return v;
 }
 
-double parse_real(const std::string& key, const std::string& text, const std::string& path) {
+double parse_real(const std::string& key, const std::string& text, const Source& src) {
   errno = 0;
   char* end = nullptr;
   const double v = std::strtod(text.c_str(), &end);
   if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
-    throw Error(Error::Kind::Format, "__metadata__." + key + ": expected a number, got '" + text + "'" + in_file(path));
+    throw Error(Error::Kind::Format, "__metadata__." + key + ": expected a number, got '" + text + "'" + src.in_file());
   return v;
 }
 
-bool parse_bool(const std::string& key, const std::string& text, const std::string& path) {
+bool parse_bool(const std::string& key, const std::string& text, const Source& src) {
   if (text == "true" || text == "True" || text == "1") return true;
   if (text == "false" || text == "False" || text == "0") return false;
   throw Error(Error::Kind::Format,
-              "__metadata__." + key + ": expected true or false, got '" + text + "'" + in_file(path));
+              "__metadata__." + key + ": expected true or false, got '" + text + "'" + src.in_file());
+}
+
+using Metadata = std::map<std::string, std::string>;
+
+// The one metadata lookup rule: "<prefix>key" first, then the file-wide "key".
+// Returns the key found (for messages) and its value, or nothing.
+std::optional<std::pair<std::string, std::string>> find_metadata(const Metadata& m, const Source& src,
+                                                                 const std::string& key) {
+  for (const std::string& k : {src.prefix + key, key})
+    if (auto it = m.find(k); it != m.end()) return std::make_pair(k, it->second);
+  return std::nullopt;
+}
+
+std::optional<int64_t> metadata_int(const Metadata& m, const Source& src, const char* key) {
+  const auto kv = find_metadata(m, src, key);
+  return kv ? std::optional(parse_int(kv->first, kv->second, src)) : std::nullopt;
+}
+std::optional<bool> metadata_bool(const Metadata& m, const Source& src, const char* key) {
+  const auto kv = find_metadata(m, src, key);
+  return kv ? std::optional(parse_bool(kv->first, kv->second, src)) : std::nullopt;
+}
+std::optional<double> metadata_real(const Metadata& m, const Source& src, const char* key) {
+  const auto kv = find_metadata(m, src, key);
+  return kv ? std::optional(parse_real(kv->first, kv->second, src)) : std::nullopt;
+}
+
+// ---- the tensors say embed_dim, kdim, vdim, bias and add_bias_kv ---------------
+
+using ShapeMap = std::map<std::string, Shape>;  // local state_dict name -> shape
+
+// embed_dim from out_proj.weight, which every configuration has; kdim and
+// vdim from the separate projection weights, when present.
+void infer_projection_dims(const ShapeMap& t, const Source& src, MultiheadAttentionConfig& c) {
+  auto has = [&](const char* n) { return t.count(n) != 0; };
+  if (!has("out_proj.weight"))
+    throw Error(Error::Kind::Missing,
+                src.tensor("out_proj.weight") + ": missing; expected shape (E, E)" + src.in_file());
+  const Shape& ow = t.at("out_proj.weight");
+  if (ow.size() != 2 || ow[0] != ow[1] || ow[0] <= 0)
+    detail::fail_shape(src.tensor("out_proj.weight"), "(E, E) with E >= 1", ow);
+  c.embed_dim = ow[0];
+  const int64_t E = c.embed_dim;
+
+  const bool separate = has("q_proj_weight") || has("k_proj_weight") || has("v_proj_weight");
+  if (separate && has("in_proj_weight"))
+    throw Error(Error::Kind::Format, src.tensor("in_proj_weight") + ": present together with q/k/v_proj_weight; "
+                                     "a state_dict has one or the other" + src.in_file());
+  if (!separate && !has("in_proj_weight"))
+    throw Error(Error::Kind::Missing, src.tensor("in_proj_weight") + ": missing; expected shape " +
+                                          shape_to_string({3 * E, E}) +
+                                          " (or q_proj_weight, k_proj_weight, v_proj_weight)" + src.in_file());
+  if (!separate) return;
+  for (const char* n : {"q_proj_weight", "k_proj_weight", "v_proj_weight"})
+    if (!has(n))
+      throw Error(Error::Kind::Missing, src.tensor(n) + ": missing (the other separate projection "
+                                                        "weights are present)" + src.in_file());
+  for (const char* n : {"k_proj_weight", "v_proj_weight"}) {
+    const Shape& s = t.at(n);
+    if (s.size() != 2 || s[0] != E || s[1] <= 0)
+      detail::fail_shape(src.tensor(n), "(" + std::to_string(E) + ", " + (n[0] == 'k' ? "kdim" : "vdim") + ")", s);
+  }
+  c.kdim = t.at("k_proj_weight")[1];
+  c.vdim = t.at("v_proj_weight")[1];
+}
+
+// Each of these options brings a pair of tensors; one without the other is
+// a broken state_dict, not a configuration.
+void infer_bias_options(const ShapeMap& t, const Source& src, MultiheadAttentionConfig& c) {
+  auto has = [&](const char* n) { return t.count(n) != 0; };
+  if (has("in_proj_bias") != has("out_proj.bias"))
+    throw Error(Error::Kind::Missing,
+                src.tensor(has("in_proj_bias") ? "out_proj.bias" : "in_proj_bias") +
+                    ": missing; bias=True has both in_proj_bias and out_proj.bias" + src.in_file());
+  c.bias = has("in_proj_bias");
+  if (has("bias_k") != has("bias_v"))
+    throw Error(Error::Kind::Missing, src.tensor(has("bias_k") ? "bias_v" : "bias_k") +
+                                          ": missing; add_bias_kv has both bias_k and bias_v" + src.in_file());
+  c.add_bias_kv = has("bias_k");
+}
+
+MultiheadAttentionConfig config_from_shapes(const ShapeMap& shapes, const Source& src) {
+  MultiheadAttentionConfig c;
+  infer_projection_dims(shapes, src, c);
+  infer_bias_options(shapes, src, c);
+  return c;
+}
+
+// ---- the metadata says the rest ------------------------------------------------
+
+// Metadata that restates what the tensors say must agree with them.
+void check_metadata_agrees(const Metadata& m, const Source& src, const MultiheadAttentionConfig& c) {
+  auto agree = [&](const char* key, int64_t actual) {
+    const auto kv = find_metadata(m, src, key);
+    if (kv && parse_int(kv->first, kv->second, src) != actual)
+      throw Error(Error::Kind::Format, "__metadata__." + kv->first + ": says " + kv->second +
+                                           " but the tensors give " + std::to_string(actual) + src.in_file());
+  };
+  agree("embed_dim", c.embed_dim);
+  agree("kdim", c.key_dim());
+  agree("vdim", c.value_dim());
+  auto agree_presence = [&](const char* key, const char* tensor, bool present) {
+    const auto kv = find_metadata(m, src, key);
+    if (kv && parse_bool(kv->first, kv->second, src) != present)
+      throw Error(Error::Kind::Format, "__metadata__." + kv->first + ": says " + kv->second + " but " +
+                                           src.tensor(tensor) + " is " + (present ? "present" : "absent") +
+                                           src.in_file());
+  };
+  agree_presence("bias", "in_proj_bias", c.bias);
+  agree_presence("add_bias_kv", "bias_k", c.add_bias_kv);
+}
+
+// An override wins over the metadata, the metadata over PyTorch's default;
+// a default that was used is recorded, so the caller can say so.
+template <class V>
+void settle(V& field, const std::optional<V>& override_value, const std::optional<V>& from_metadata,
+            const char* key, std::vector<AssumedSetting>& assumed) {
+  if (override_value) field = *override_value;
+  else if (from_metadata) field = *from_metadata;
+  else if constexpr (std::is_same_v<V, bool>) assumed.push_back({key, field ? "true" : "false"});
+  else assumed.push_back({key, detail::format_number(static_cast<double>(field))});
+}
+
+void apply_metadata(const Metadata& m, const Source& src, const WeightOverrides& ov,
+                    MultiheadAttentionConfig& c, std::vector<AssumedSetting>& assumed) {
+  const std::optional<int64_t> heads = ov.num_heads ? ov.num_heads : metadata_int(m, src, "num_heads");
+  if (!heads)
+    throw Error(Error::Kind::Missing,
+                "num_heads: not in the weights' __metadata__" +
+                    (src.prefix.empty() ? "" : " (as " + src.prefix + "num_heads or num_heads)") +
+                    "; pass --num-heads" + src.in_file());
+  c.num_heads = *heads;
+  settle(c.batch_first, ov.batch_first, metadata_bool(m, src, "batch_first"), "batch_first", assumed);
+  settle(c.add_zero_attn, ov.add_zero_attn, metadata_bool(m, src, "add_zero_attn"), "add_zero_attn", assumed);
+  settle(c.dropout, ov.dropout, metadata_real(m, src, "dropout"), "dropout", assumed);
+}
+
+// ---- picking the module out of the file ------------------------------------------
+
+std::string normalize_prefix(const std::string& prefix) {
+  return prefix.empty() || prefix.back() == '.' ? prefix : prefix + ".";
+}
+
+// "; this file holds MultiheadAttention modules at prefixes a., b. (pass one
+// with --prefix)", or "" when the file holds no module besides the one at
+// src.prefix.
+std::string module_prefixes_hint(const SafetensorsFile& file, const Source& src) {
+  std::string list;
+  for (const FoundModule& m : find_attention_modules(file, src.path))
+    if (m.prefix != src.prefix) list += (list.empty() ? "" : ", ") + (m.prefix.empty() ? "''" : m.prefix);
+  return list.empty() ? "" : "; this file holds MultiheadAttention modules at prefixes " + list +
+                                 " (pass one with --prefix)";
+}
+
+// Moves the tensors under the prefix out of the file, under their local
+// names. Anything else under the prefix is an error, as in strict loading.
+// Names are checked before anything moves, since the error message lists the
+// file's modules from their shapes.
+std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const Source& src) {
+  std::vector<std::string> names;
+  for (const auto& [name, tensor] : file.tensors) {
+    if (!name.starts_with(src.prefix)) continue;
+    if (!kStateDictNames.count(name.substr(src.prefix.size())))
+      throw Error(Error::Kind::Format,
+                  name + ": unexpected tensor in a MultiheadAttention state_dict (expected names: "
+                         "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, "
+                         "q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v)" + src.in_file() +
+                      module_prefixes_hint(file, src));
+    names.push_back(name);
+  }
+  if (names.empty() && !src.prefix.empty())
+    throw Error(Error::Kind::Missing, "--prefix '" + src.prefix + "': no tensor in " + src.path +
+                                          " starts with it" + module_prefixes_hint(file, src));
+  std::map<std::string, Tensor<double>> out;
+  for (const std::string& name : names)
+    out.emplace(name.substr(src.prefix.size()), std::move(file.tensors.at(name).values));
+  return out;
+}
+
+ShapeMap shapes_of(const std::map<std::string, Tensor<double>>& tensors) {
+  ShapeMap out;
+  for (const auto& [name, t] : tensors) out.emplace(name, t.shape());
+  return out;
+}
+
+// The tensors in the module's own layout. With kdim = vdim = embed_dim given
+// explicitly as three weights, PyTorch packs them into in_proj_weight.
+MultiheadAttentionParameters<double> build_parameters(std::map<std::string, Tensor<double>>& t,
+                                                      const MultiheadAttentionConfig& c, const Source& src) {
+  auto take = [&](const char* n) { return t.count(n) ? std::move(t.at(n)) : Tensor<double>(); };
+  MultiheadAttentionParameters<double> p;
+  const int64_t E = c.embed_dim;
+  if (t.count("q_proj_weight") && c.same_embed_dim()) {
+    const Tensor<double> q = take("q_proj_weight"), k = take("k_proj_weight"), v = take("v_proj_weight");
+    detail::expect_shape(src.tensor("q_proj_weight"), q.shape(), {E, E});
+    Storage<double> packed;
+    packed.reserve(static_cast<std::size_t>(3 * E * E));
+    for (const auto* w : {&q, &k, &v}) packed.insert(packed.end(), w->vec().begin(), w->vec().end());
+    p.in_proj_weight = Tensor<double>({3 * E, E}, std::move(packed));
+  } else {
+    p.in_proj_weight = take("in_proj_weight");
+    p.q_proj_weight = take("q_proj_weight");
+    p.k_proj_weight = take("k_proj_weight");
+    p.v_proj_weight = take("v_proj_weight");
+  }
+  p.out_proj_weight = take("out_proj.weight");
+  p.in_proj_bias = take("in_proj_bias");
+  p.out_proj_bias = take("out_proj.bias");
+  p.bias_k = take("bias_k");
+  p.bias_v = take("bias_v");
+  try {
+    validate_parameters(c, p);
+  } catch (const Error& e) {
+    // Its messages start with the local tensor name.
+    throw Error(e.kind(), src.prefix + e.what() + src.in_file());
+  }
+  return p;
 }
 
 }  // namespace
@@ -59,129 +291,55 @@ std::map<std::string, std::string> config_metadata(const MultiheadAttentionConfi
           {"format", "pt"}};
 }
 
-LoadedWeights load_weights(const std::string& path, const WeightOverrides& overrides) {
+LoadedWeights load_weights(const std::string& path, const LoadOptions& options) {
   SafetensorsFile file = read_safetensors(path);
+  const Source src{path, normalize_prefix(options.prefix)};
+  std::map<std::string, Tensor<double>> tensors = take_module(file, src);
   LoadedWeights r;
-  r.metadata = file.metadata;
-  auto& t = file.tensors;
-  static const std::set<std::string> known = {"in_proj_weight", "q_proj_weight", "k_proj_weight",
-                                              "v_proj_weight",  "in_proj_bias",  "out_proj.weight",
-                                              "out_proj.bias",  "bias_k",        "bias_v"};
-  for (const auto& [name, tensor] : t)
-    if (!known.count(name))
-      throw Error(Error::Kind::Format,
-                  name + ": unexpected tensor in a MultiheadAttention state_dict (expected names: "
-                         "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, "
-                         "q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v)" + in_file(path));
-  auto has = [&](const char* n) { return t.count(n) != 0; };
-  auto take = [&](const char* n) { return std::move(t.at(n).values); };
-
-  // embed_dim from out_proj.weight, which every configuration has.
-  if (!has("out_proj.weight"))
-    throw Error(Error::Kind::Missing, "out_proj.weight: missing; expected shape (E, E)" + in_file(path));
-  const Shape& ow = t.at("out_proj.weight").values.shape();
-  if (ow.size() != 2 || ow[0] != ow[1] || ow[0] <= 0)
-    detail::fail_shape("out_proj.weight", "(E, E) with E >= 1", ow);
-  MultiheadAttentionConfig& c = r.config;
-  c.embed_dim = ow[0];
-  const int64_t E = c.embed_dim;
-
-  // kdim / vdim from the separate projection weights, when present.
-  const bool separate = has("q_proj_weight") || has("k_proj_weight") || has("v_proj_weight");
-  if (separate && has("in_proj_weight"))
-    throw Error(Error::Kind::Format,
-                "in_proj_weight: present together with q/k/v_proj_weight; a state_dict has one or "
-                "the other" + in_file(path));
-  if (separate) {
-    for (const char* n : {"q_proj_weight", "k_proj_weight", "v_proj_weight"})
-      if (!has(n))
-        throw Error(Error::Kind::Missing, std::string(n) + ": missing (the other separate projection "
-                                                           "weights are present)" + in_file(path));
-    for (const char* n : {"k_proj_weight", "v_proj_weight"}) {
-      const Shape& s = t.at(n).values.shape();
-      if (s.size() != 2 || s[0] != E || s[1] <= 0)
-        detail::fail_shape(n, "(" + std::to_string(E) + ", " + (n[0] == 'k' ? "kdim" : "vdim") + ")", s);
-    }
-    c.kdim = t.at("k_proj_weight").values.size(1);
-    c.vdim = t.at("v_proj_weight").values.size(1);
-  } else if (!has("in_proj_weight")) {
-    throw Error(Error::Kind::Missing, "in_proj_weight: missing; expected shape " +
-                                          shape_to_string({3 * E, E}) +
-                                          " (or q_proj_weight, k_proj_weight, v_proj_weight)" + in_file(path));
-  }
-  if (has("in_proj_bias") != has("out_proj.bias"))
-    throw Error(Error::Kind::Missing,
-                std::string(has("in_proj_bias") ? "out_proj.bias" : "in_proj_bias") +
-                    ": missing; bias=True has both in_proj_bias and out_proj.bias" + in_file(path));
-  c.bias = has("in_proj_bias");
-  if (has("bias_k") != has("bias_v"))
-    throw Error(Error::Kind::Missing,
-                std::string(has("bias_k") ? "bias_v" : "bias_k") +
-                    ": missing; add_bias_kv has both bias_k and bias_v" + in_file(path));
-  c.add_bias_kv = has("bias_k");
-
-  // What the tensors cannot tell comes from metadata, then from overrides.
-  const auto& m = file.metadata;
-  if (m.count("num_heads")) c.num_heads = parse_int("num_heads", m.at("num_heads"), path);
-  else c.num_heads = 0;
-  if (m.count("batch_first")) c.batch_first = parse_bool("batch_first", m.at("batch_first"), path);
-  if (m.count("add_zero_attn")) c.add_zero_attn = parse_bool("add_zero_attn", m.at("add_zero_attn"), path);
-  if (m.count("dropout")) c.dropout = parse_real("dropout", m.at("dropout"), path);
-  if (overrides.num_heads) c.num_heads = *overrides.num_heads;
-  if (overrides.batch_first) c.batch_first = *overrides.batch_first;
-  if (overrides.add_zero_attn) c.add_zero_attn = *overrides.add_zero_attn;
-  if (overrides.dropout) c.dropout = *overrides.dropout;
-  if (c.num_heads == 0 && !m.count("num_heads") && !overrides.num_heads)
-    throw Error(Error::Kind::Missing, "num_heads: not in the weights' __metadata__; pass --num-heads" + in_file(path));
-
-  // Metadata that restates what the tensors say must agree with them.
-  auto agree = [&](const char* key, int64_t actual) {
-    if (m.count(key) && parse_int(key, m.at(key), path) != actual)
-      throw Error(Error::Kind::Format, std::string("__metadata__.") + key + ": says " + m.at(key) +
-                                           " but the tensors give " + std::to_string(actual) + in_file(path));
-  };
-  agree("embed_dim", E);
-  agree("kdim", c.key_dim());
-  agree("vdim", c.value_dim());
-  if (m.count("bias") && parse_bool("bias", m.at("bias"), path) != c.bias)
-    throw Error(Error::Kind::Format, "__metadata__.bias: says " + m.at("bias") + " but in_proj_bias is " +
-                                         (c.bias ? "present" : "absent") + in_file(path));
-  if (m.count("add_bias_kv") && parse_bool("add_bias_kv", m.at("add_bias_kv"), path) != c.add_bias_kv)
-    throw Error(Error::Kind::Format, "__metadata__.add_bias_kv: says " + m.at("add_bias_kv") +
-                                         " but bias_k is " + (c.add_bias_kv ? "present" : "absent") + in_file(path));
-  c.validate();
-
-  MultiheadAttentionParameters<double>& p = r.parameters;
-  if (separate && c.same_embed_dim()) {
-    // kdim = vdim = embed_dim given explicitly: PyTorch packs the three.
-    const Tensor<double> q = take("q_proj_weight"), k = take("k_proj_weight"), v = take("v_proj_weight");
-    detail::expect_shape("q_proj_weight", q.shape(), {E, E});
-    Storage<double> packed;
-    packed.reserve(static_cast<std::size_t>(3 * E * E));
-    for (const auto* w : {&q, &k, &v}) packed.insert(packed.end(), w->vec().begin(), w->vec().end());
-    p.in_proj_weight = Tensor<double>({3 * E, E}, std::move(packed));
-  } else if (separate) {
-    p.q_proj_weight = take("q_proj_weight");
-    p.k_proj_weight = take("k_proj_weight");
-    p.v_proj_weight = take("v_proj_weight");
-  } else {
-    p.in_proj_weight = take("in_proj_weight");
-  }
-  p.out_proj_weight = take("out_proj.weight");
-  if (c.bias) {
-    p.in_proj_bias = take("in_proj_bias");
-    p.out_proj_bias = take("out_proj.bias");
-  }
-  if (c.add_bias_kv) {
-    p.bias_k = take("bias_k");
-    p.bias_v = take("bias_v");
-  }
-  try {
-    validate_parameters(c, p);
-  } catch (const Error& e) {
-    throw Error(e.kind(), e.what() + in_file(path));
-  }
+  r.prefix = src.prefix;
+  r.config = config_from_shapes(shapes_of(tensors), src);
+  apply_metadata(file.metadata, src, options.overrides, r.config, r.assumed);
+  check_metadata_agrees(file.metadata, src, r.config);
+  r.config.validate();
+  r.parameters = build_parameters(tensors, r.config, src);
+  r.metadata = std::move(file.metadata);
   return r;
+}
+
+std::vector<FoundModule> find_attention_modules(const SafetensorsFile& file, const std::string& name) {
+  static const std::string kAnchor = "out_proj.weight";
+  std::vector<FoundModule> out;
+  for (const auto& [tensor_name, tensor] : file.tensors) {
+    if (!tensor_name.ends_with(kAnchor)) continue;
+    const Source src{name, tensor_name.substr(0, tensor_name.size() - kAnchor.size())};
+    if (!file.tensors.count(src.tensor("in_proj_weight")) && !file.tensors.count(src.tensor("q_proj_weight")))
+      continue;
+    ShapeMap shapes;
+    for (const std::string& local : kStateDictNames)
+      if (auto it = file.tensors.find(src.tensor(local)); it != file.tensors.end())
+        shapes.emplace(local, it->second.values.shape());
+    FoundModule m;
+    m.prefix = src.prefix;
+    try {
+      const MultiheadAttentionConfig c = config_from_shapes(shapes, src);
+      m.embed_dim = c.embed_dim, m.kdim = c.key_dim(), m.vdim = c.value_dim();
+      m.bias = c.bias, m.add_bias_kv = c.add_bias_kv;
+      m.num_heads = metadata_int(file.metadata, src, "num_heads");
+      m.batch_first = metadata_bool(file.metadata, src, "batch_first");
+      m.add_zero_attn = metadata_bool(file.metadata, src, "add_zero_attn");
+      m.dropout = metadata_real(file.metadata, src, "dropout");
+      check_metadata_agrees(file.metadata, src, c);
+    } catch (const Error& e) {
+      m.problem = e.what();
+    }
+    out.push_back(std::move(m));
+  }
+  std::sort(out.begin(), out.end(), [](const FoundModule& a, const FoundModule& b) { return a.prefix < b.prefix; });
+  return out;
+}
+
+std::vector<FoundModule> find_attention_modules(const std::string& path) {
+  return find_attention_modules(read_safetensors(path), path);
 }
 
 template <class T>

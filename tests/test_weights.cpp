@@ -1,0 +1,152 @@
+// tests/test_weights.cpp: load_weights on whole models' state_dicts
+// (LoadOptions::prefix, prefixed metadata, what was assumed) and
+// find_attention_modules. The same files through the CLI, written by
+// PyTorch itself, are tests/cli/checkpoints.py.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "multihead/weights.hpp"
+#include "test_util.hpp"
+
+namespace multihead {
+namespace {
+
+namespace fs = std::filesystem;
+using Tensors = std::map<std::string, Tensor<float>>;
+
+// A safetensors file in a fresh folder, removed afterwards.
+class WeightsFile {
+ public:
+  WeightsFile(const Tensors& tensors, const std::map<std::string, std::string>& metadata) {
+    std::string pattern = (fs::temp_directory_path() / "multihead-weights-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    dir_ = pattern;
+    path_ = dir_ + "/w.safetensors";
+    write_safetensors(path_, tensors, metadata);
+  }
+  ~WeightsFile() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string dir_, path_;
+};
+
+// One module's state_dict (bias on, packed or separate projections) under `prefix`.
+void add_module(Tensors& t, const std::string& prefix, int64_t E, int64_t kdim, std::mt19937_64& rng) {
+  auto r = [&](const Shape& s) { return test::random_tensor<float>(s, rng); };
+  if (kdim == E) {
+    t.emplace(prefix + "in_proj_weight", r({3 * E, E}));
+  } else {
+    t.emplace(prefix + "q_proj_weight", r({E, E}));
+    t.emplace(prefix + "k_proj_weight", r({E, kdim}));
+    t.emplace(prefix + "v_proj_weight", r({E, kdim}));
+  }
+  t.emplace(prefix + "in_proj_bias", r({3 * E}));
+  t.emplace(prefix + "out_proj.weight", r({E, E}));
+  t.emplace(prefix + "out_proj.bias", r({E}));
+}
+
+// An encoder of two layers with a feed-forward Linear beside each attention.
+Tensors two_layer_model() {
+  std::mt19937_64 rng(7);
+  Tensors t;
+  add_module(t, "enc.layers.0.self_attn.", 8, 8, rng);
+  add_module(t, "enc.layers.1.self_attn.", 6, 4, rng);
+  t.emplace("enc.layers.0.linear1.weight", test::random_tensor<float>({16, 8}, rng));
+  return t;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(LoadWeights, PrefixPicksOneModuleAndIgnoresTheRest) {
+  const Tensors model = two_layer_model();
+  const WeightsFile f(model, {{"num_heads", "2"}, {"enc.layers.1.self_attn.num_heads", "3"}});
+  LoadOptions o;
+  o.prefix = "enc.layers.1.self_attn";  // the final '.' is added
+  const LoadedWeights w = load_weights(f.path(), o);
+  EXPECT_EQ(w.prefix, "enc.layers.1.self_attn.");
+  EXPECT_EQ(w.config.embed_dim, 6);
+  EXPECT_EQ(w.config.kdim, 4);
+  EXPECT_EQ(w.config.num_heads, 3) << "the prefixed key wins over the bare one";
+  EXPECT_EQ(w.parameters.k_proj_weight[5], model.at("enc.layers.1.self_attn.k_proj_weight")[5]);
+
+  o.prefix = "enc.layers.0.self_attn.";
+  EXPECT_EQ(load_weights(f.path(), o).config.num_heads, 2) << "the bare key holds for every module";
+}
+
+TEST(LoadWeights, ErrorsListThePrefixesThatWouldWork) {
+  const WeightsFile f(two_layer_model(), {{"num_heads", "2"}});
+  const std::string modules = "; this file holds MultiheadAttention modules at prefixes enc.layers.0.self_attn., "
+                              "enc.layers.1.self_attn. (pass one with --prefix)";
+  EXPECT_EQ(message_of([&] { load_weights(f.path()); }),
+            "enc.layers.0.linear1.weight: unexpected tensor in a MultiheadAttention state_dict (expected names: "
+            "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, q_proj_weight, k_proj_weight, "
+            "v_proj_weight, bias_k, bias_v) (in " + f.path() + ")" + modules)
+      << "without a prefix, the whole file must be one module";
+  LoadOptions o;
+  o.prefix = "dec.";
+  EXPECT_EQ(message_of([&] { load_weights(f.path(), o); }),
+            "--prefix 'dec.': no tensor in " + f.path() + " starts with it" + modules);
+  o.prefix = "enc.layers.0.";
+  const std::string msg = message_of([&] { load_weights(f.path(), o); });
+  EXPECT_EQ(msg.rfind("enc.layers.0.linear1.weight: unexpected tensor", 0), 0u) << msg;
+}
+
+TEST(LoadWeights, ReportsWhatItAssumed) {
+  std::mt19937_64 rng(1);
+  Tensors t;
+  add_module(t, "", 4, 4, rng);
+  const WeightsFile f(t, {{"num_heads", "2"}, {"dropout", "0.25"}});
+  LoadOptions o;
+  const LoadedWeights w = load_weights(f.path(), o);
+  ASSERT_EQ(w.assumed.size(), 2u);
+  EXPECT_EQ(w.assumed[0].key + "=" + w.assumed[0].value, "batch_first=false");
+  EXPECT_EQ(w.assumed[1].key + "=" + w.assumed[1].value, "add_zero_attn=false");
+  EXPECT_EQ(w.config.dropout, 0.25);
+  o.overrides.batch_first = true;
+  o.overrides.add_zero_attn = false;
+  const LoadedWeights given = load_weights(f.path(), o);
+  EXPECT_TRUE(given.assumed.empty());
+  EXPECT_TRUE(given.config.batch_first);
+}
+
+TEST(FindAttentionModules, SizesFromTensorsAndTheRestFromMetadata) {
+  const WeightsFile f(two_layer_model(), {{"enc.layers.0.self_attn.num_heads", "4"},
+                                          {"enc.layers.0.self_attn.batch_first", "true"},
+                                          {"enc.layers.1.self_attn.num_heads", "x"}});
+  const std::vector<FoundModule> m = find_attention_modules(f.path());
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].prefix, "enc.layers.0.self_attn.");
+  EXPECT_EQ(m[0].embed_dim, 8);
+  EXPECT_EQ(m[0].num_heads, 4);
+  EXPECT_EQ(m[0].batch_first, true);
+  EXPECT_FALSE(m[0].add_zero_attn.has_value());
+  EXPECT_EQ(m[0].problem, "");
+  EXPECT_EQ(m[1].prefix, "enc.layers.1.self_attn.");
+  EXPECT_EQ(m[1].embed_dim, 6);
+  EXPECT_EQ(m[1].kdim, 4);
+  EXPECT_EQ(m[1].problem,
+            "__metadata__.enc.layers.1.self_attn.num_heads: expected an integer, got 'x' (in " + f.path() + ")");
+}
+
+}  // namespace
+}  // namespace multihead

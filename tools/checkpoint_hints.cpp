@@ -1,0 +1,46 @@
+// tools/checkpoint_hints.cpp: see checkpoint_hints.hpp.
+#include "checkpoint_hints.hpp"
+
+#include <map>
+
+namespace multihead::cli {
+
+std::string assumed_settings_note(const LoadedWeights& weights, const std::string& weights_path) {
+  static const std::map<std::string, std::string> kFlag = {
+      {"batch_first", "--batch-first"}, {"add_zero_attn", "--add-zero-attn"}, {"dropout", "--dropout"}};
+  if (weights.assumed.empty()) return "";
+  std::string values, flags;
+  for (const AssumedSetting& a : weights.assumed) {
+    values += (values.empty() ? "" : ", ") + a.key + "=" + a.value;
+    flags += (flags.empty() ? "" : ", ") + kFlag.at(a.key);
+  }
+  return "assumed " + values + " (not in " + weights_path + "'s __metadata__; set them with " + flags + ")";
+}
+
+namespace {
+
+// The shape rules of MultiheadAttention.forward for batched inputs, in one
+// layout. (The library checks them for real; this only asks whether the
+// other layout would have passed.)
+bool shapes_fit(const MultiheadAttentionConfig& c, bool batch_first, const InputShapes& s) {
+  if (s.query.size() != 3 || s.key.size() != 3 || s.value.size() != 3) return false;
+  const int b = batch_first ? 0 : 1, l = batch_first ? 1 : 0;
+  const int64_t B = s.query[b], L = s.query[l], S = s.key[l];
+  if (s.query[2] != c.embed_dim) return false;
+  if (s.key[b] != B || s.key[2] != c.key_dim()) return false;
+  if (s.value[b] != B || s.value[l] != S || s.value[2] != c.value_dim()) return false;
+  if (s.key_padding_mask && *s.key_padding_mask != Shape{B, S}) return false;
+  if (s.attn_mask && *s.attn_mask != Shape{L, S} && *s.attn_mask != Shape{B * c.num_heads, L, S}) return false;
+  return true;
+}
+
+}  // namespace
+
+std::string layout_hint(const MultiheadAttentionConfig& config, const InputShapes& shapes) {
+  const bool other = !config.batch_first;
+  if (shapes_fit(config, config.batch_first, shapes) || !shapes_fit(config, other, shapes)) return "";
+  return std::string("; these shapes fit batch_first=") +
+         (other ? "true: pass --batch-first" : "false: pass --no-batch-first");
+}
+
+}  // namespace multihead::cli

@@ -1,0 +1,106 @@
+// tools/inspect_command.cpp: `multihead inspect FILE`, what a safetensors or
+// .npy file holds, and for safetensors the MultiheadAttention modules in it
+// and the --prefix that runs each. Which modules there are, and what their
+// tensors and metadata say, is the library's find_attention_modules; this
+// file only prints.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "commands.hpp"
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "multihead/weights.hpp"
+
+namespace multihead::cli {
+namespace {
+
+std::string yes_no(bool b) { return b ? "true" : "false"; }
+
+// A value only the metadata can give, or why it is not known.
+template <class V, class F>
+std::pair<std::string, std::string> from_metadata(const std::optional<V>& v, F&& text) {
+  if (v) return {text(*v), "(metadata)"};
+  return {"unknown", "(not in metadata)"};
+}
+
+void print_tensors(const SafetensorsFile& file) {
+  std::size_t width = 4;
+  for (const auto& [name, t] : file.tensors) width = std::max(width, name.size());
+  std::printf("tensors (%zu):\n", file.tensors.size());
+  for (const auto& [name, t] : file.tensors)
+    std::printf("  %-*s  %-8s  %s\n", static_cast<int>(width), name.c_str(), to_string(t.dtype).c_str(),
+                shape_to_string(t.values.shape()).c_str());
+}
+
+void print_metadata(const SafetensorsFile& file) {
+  if (file.metadata.empty()) {
+    std::printf("metadata: none\n");
+    return;
+  }
+  std::printf("metadata (%zu):\n", file.metadata.size());
+  for (const auto& [key, value] : file.metadata) std::printf("  %s = %s\n", key.c_str(), value.c_str());
+}
+
+void print_module(const FoundModule& m, const std::string& path) {
+  std::printf("  %s\n", m.prefix.empty() ? "(no prefix: the file is one module's state_dict)" : m.prefix.c_str());
+  if (!m.problem.empty()) {
+    std::printf("    cannot be loaded: %s\n", m.problem.c_str());
+    return;
+  }
+  const auto row = [](const char* key, const std::pair<std::string, std::string>& value) {
+    std::printf("    %-14s %-8s %s\n", key, value.first.c_str(), value.second.c_str());
+  };
+  const auto shape = [](const std::string& v) { return std::pair<std::string, std::string>{v, "(tensor shapes)"}; };
+  row("embed_dim", shape(std::to_string(m.embed_dim)));
+  row("kdim", shape(std::to_string(m.kdim)));
+  row("vdim", shape(std::to_string(m.vdim)));
+  row("bias", shape(yes_no(m.bias)));
+  row("add_bias_kv", shape(yes_no(m.add_bias_kv)));
+  row("num_heads", from_metadata(m.num_heads, [](int64_t h) { return std::to_string(h); }));
+  row("batch_first", from_metadata(m.batch_first, yes_no));
+  row("add_zero_attn", from_metadata(m.add_zero_attn, yes_no));
+  row("dropout", from_metadata(m.dropout, [](double p) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%g", p);
+        return std::string(buf);
+      }));
+  std::printf("    run it:        multihead forward --weights %s%s%s --query …\n", path.c_str(),
+              m.prefix.empty() ? "" : " --prefix ", m.prefix.c_str());
+}
+
+void inspect_safetensors(const std::string& path) {
+  const SafetensorsFile file = read_safetensors(path);
+  std::printf("%s: safetensors\n", path.c_str());
+  print_tensors(file);
+  print_metadata(file);
+  const std::vector<FoundModule> modules = find_attention_modules(file, path);
+  std::printf("MultiheadAttention modules (%zu):%s\n", modules.size(), modules.empty() ? " none" : "");
+  for (const FoundModule& m : modules) print_module(m, path);
+}
+
+void inspect_npy(const std::string& path) {
+  const LoadedTensor t = read_npy(path, path);
+  std::printf("%s: .npy array\n  dtype  %s\n  shape  %s\n", path.c_str(), to_string(t.dtype).c_str(),
+              shape_to_string(t.values.shape()).c_str());
+}
+
+}  // namespace
+
+Runner add_inspect_command(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  CLI::App* c = app.add_subcommand(
+      "inspect", "List the tensors, metadata and MultiheadAttention modules (with their --prefix) of a file");
+  c->add_option("file", *path, "a safetensors or .npy file")->required();
+  return [path] {
+    const FileFormat format = detect_file_format(*path);
+    if (format == FileFormat::Npy) return inspect_npy(*path);
+    if (format == FileFormat::Safetensors) return inspect_safetensors(*path);
+    throw Error(Error::Kind::Format, *path + ": this is " + describe(format) +
+                                         "; inspect reads safetensors and .npy files");
+  };
+}
+
+}  // namespace multihead::cli
