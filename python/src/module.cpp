@@ -304,86 +304,21 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
   return py::make_tuple(to_numpy(std::move(out)), to_numpy(std::move(weights)));
 }
 
-// A metadata value under "<prefix>key", else "key".
-std::optional<std::string> metadata_value(const std::map<std::string, std::string>& m, const std::string& prefix,
-                                          const std::string& key) {
-  if (auto it = m.find(prefix + key); it != m.end()) return it->second;
-  if (auto it = m.find(key); it != m.end()) return it->second;
-  return std::nullopt;
-}
-
-bool metadata_bool(const std::string& key, const std::string& text) {
-  if (text == "true" || text == "True" || text == "1") return true;
-  if (text == "false" || text == "False" || text == "0") return false;
-  throw Error(Error::Kind::Format, "__metadata__." + key + ": expected true or false, got '" + text + "'");
-}
-
-// load_weights with a prefix: the tensors named "<prefix><state_dict name>"
-// of a larger model's file (e.g. "layers.0.self_attn."); others are ignored.
-LoadedWeights load_prefixed(const std::string& path, const std::string& prefix, const WeightOverrides& ov) {
-  SafetensorsFile file = read_safetensors(path);
-  std::map<std::string, Tensor<double>> t;
-  for (auto& [name, tensor] : file.tensors)
-    if (name.compare(0, prefix.size(), prefix) == 0) t[name.substr(prefix.size())] = std::move(tensor.values);
-  const std::string where = " (in " + path + ", prefix '" + prefix + "')";
-  if (t.empty()) throw Error(Error::Kind::Missing, "no tensor named '" + prefix + "...'" + where);
-  std::set<std::string> known(kParameterNames.begin(), kParameterNames.end());
-  for (const auto& [name, tensor] : t)
-    if (!known.count(name))
-      throw Error(Error::Kind::Format, prefix + name + ": unexpected tensor in a MultiheadAttention state_dict" + where);
-  if (!t.count("out_proj.weight"))
-    throw Error(Error::Kind::Missing, prefix + "out_proj.weight: missing; expected shape (E, E)" + where);
-  LoadedWeights r;
-  r.metadata = file.metadata;
-  MultiheadAttentionConfig& c = r.config;
-  const Shape& ow = t.at("out_proj.weight").shape();
-  if (ow.size() != 2 || ow[0] <= 0)
-    throw Error(Error::Kind::Shape, prefix + "out_proj.weight: expected shape (E, E), got " + shape_to_string(ow) + where);
-  c.embed_dim = ow[0];
-  if (t.count("k_proj_weight") && t.at("k_proj_weight").dim() == 2) c.kdim = t.at("k_proj_weight").size(1);
-  if (t.count("v_proj_weight") && t.at("v_proj_weight").dim() == 2) c.vdim = t.at("v_proj_weight").size(1);
-  c.bias = t.count("in_proj_bias") || t.count("out_proj.bias");
-  c.add_bias_kv = t.count("bias_k") || t.count("bias_v");
-  const auto& m = file.metadata;
-  try {
-    if (auto s = metadata_value(m, prefix, "num_heads")) c.num_heads = std::stoll(*s);
-    else c.num_heads = 0;
-    if (auto s = metadata_value(m, prefix, "batch_first")) c.batch_first = metadata_bool("batch_first", *s);
-    if (auto s = metadata_value(m, prefix, "add_zero_attn")) c.add_zero_attn = metadata_bool("add_zero_attn", *s);
-    if (auto s = metadata_value(m, prefix, "dropout")) c.dropout = std::stod(*s);
-  } catch (const std::logic_error&) {  // stoll / stod
-    throw Error(Error::Kind::Format, "__metadata__: num_heads or dropout is not a number" + where);
-  }
-  if (ov.num_heads) c.num_heads = *ov.num_heads;
-  if (ov.batch_first) c.batch_first = *ov.batch_first;
-  if (ov.add_zero_attn) c.add_zero_attn = *ov.add_zero_attn;
-  if (ov.dropout) c.dropout = *ov.dropout;
-  if (c.num_heads == 0)
-    throw Error(Error::Kind::Missing, "num_heads: not in the file's __metadata__; pass num_heads=" + where);
-  for (auto& [name, tensor] : t) parameter(r.parameters, name) = std::move(tensor);
-  try {
-    c.validate();
-    validate_parameters(c, r.parameters);
-  } catch (const Error& e) {
-    throw Error(e.kind(), e.what() + where);
-  }
-  return r;
-}
-
 PyMultiheadAttention load(const std::string& path, const std::optional<std::string>& prefix,
                           std::optional<int64_t> num_heads, std::optional<bool> batch_first,
                           std::optional<bool> add_zero_attn, std::optional<double> dropout,
                           const py::object& dtype) {
-  WeightOverrides ov;
-  ov.num_heads = num_heads;
-  ov.batch_first = batch_first;
-  ov.add_zero_attn = add_zero_attn;
-  ov.dropout = dropout;
+  LoadOptions lo;
+  lo.prefix = prefix.value_or("");
+  lo.overrides.num_heads = num_heads;
+  lo.overrides.batch_first = batch_first;
+  lo.overrides.add_zero_attn = add_zero_attn;
+  lo.overrides.dropout = dropout;
   const Precision p = parse_dtype(dtype);
   LoadedWeights w;
   {
     py::gil_scoped_release nogil;
-    w = prefix ? load_prefixed(path, *prefix, ov) : load_weights(path, ov);
+    w = load_weights(path, lo);
   }
   return PyMultiheadAttention(w.config, std::move(w.parameters), p);
 }
@@ -612,8 +547,8 @@ PYBIND11_MODULE(_multihead, m) {
         "A MultiheadAttention from a safetensors state_dict (PyTorch's names; F32, F64, F16 or BF16).\n"
         "The configuration the tensors cannot tell (num_heads, batch_first, add_zero_attn, dropout) comes\n"
         "from the file's __metadata__, which the keyword arguments override. With a prefix (e.g.\n"
-        "'layers.0.self_attn.'), only the tensors '<prefix><name>' are read, as from a whole model's file;\n"
-        "metadata is looked up as '<prefix>key', then 'key'.",
+        "'layers.0.self_attn.', the final '.' optional), only the tensors '<prefix><name>' are read, as\n"
+        "from a whole model's state_dict; metadata is looked up as '<prefix>key', then 'key'.",
         "path"_a, "prefix"_a = py::none(), py::kw_only(), "num_heads"_a = py::none(), "batch_first"_a = py::none(),
         "add_zero_attn"_a = py::none(), "dropout"_a = py::none(), "dtype"_a = py::none());
 
