@@ -1,0 +1,23 @@
+"""README.md's Python example, run from the README's own text: the first two
+```python blocks of its "## Python" section (multihead, then the PyTorch
+lines that check it), in one namespace."""
+import os
+import re
+
+from conftest import SOURCE_DIR
+
+
+def python_blocks():
+    text = open(os.path.join(SOURCE_DIR, "README.md"), encoding="utf-8").read()
+    section = re.search(r"^## Python\n(.*?)^## ", text, flags=re.S | re.M)
+    assert section, "README.md has no '## Python' section"
+    return re.findall(r"```python\n(.*?)```", section.group(1), flags=re.S)
+
+
+def test_readme_example_runs_and_matches_pytorch():
+    blocks = python_blocks()
+    assert len(blocks) >= 2, f"expected the example and its PyTorch lines, found {len(blocks)} python blocks"
+    ns = {}
+    exec(compile(blocks[0], "README.md (Python: multihead)", "exec"), ns)
+    assert ns["out"].shape == (2, 10, 64) and ns["w"].shape == (2, 10, 10)
+    exec(compile(blocks[1], "README.md (Python: PyTorch)", "exec"), ns)
