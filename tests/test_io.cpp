@@ -797,7 +797,7 @@ TEST(ReadFile, MissingFileIsMissing) {
   expect_error([&] { read_npy(path, "query"); }, Kind::Missing,
                {"query: cannot open '" + path + "': No such file or directory"});
   expect_error([&] { read_safetensors(path); }, Kind::Missing, {path, "No such file or directory"});
-  expect_error([&] { read_npy(dir.file("no/such/dir.npy"), "key"); }, Kind::Missing, {"key: cannot open"});
+  expect_error([&] { read_npy(dir.file("no/such/dir.npy"), "key"); }, Kind::Missing, {"key: cannot read"});
 }
 
 TEST(ReadFile, DirectoryIsRefused) {
