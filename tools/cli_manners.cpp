@@ -39,8 +39,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
 
 // The subcommand the parse was in when it failed (the app itself if none).
 CLI::App* failed_in(CLI::App& app) {
-  for (CLI::App* sub : app.get_subcommands()) return failed_in(*sub);
-  return &app;
+  const std::vector<CLI::App*> entered = app.get_subcommands();
+  return entered.empty() ? &app : failed_in(*entered.front());
 }
 
 // What could have been meant by an unexpected argument: an option of the

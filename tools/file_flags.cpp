@@ -1,19 +1,20 @@
 // tools/file_flags.cpp: see file_flags.hpp.
 #include "file_flags.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <system_error>
 
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
-#include "io/file_util.hpp"
 
 namespace multihead::cli {
 namespace {
 
 [[noreturn]] void refuse(const FileFlag& f, const std::string& reason) {
-  throw Error(Error::Kind::Value, f.flag + ": cannot write '" + f.path + "': " + reason);
+  throw Error(Error::Kind::IO, f.flag + ": cannot write '" + f.path + "': " + reason);
 }
 
 // The library's message with the flag in front.
@@ -26,15 +27,22 @@ void named(const FileFlag& f, Check check) {
   }
 }
 
+// same_file, where "-" is whatever file standard output is: `>> q.npy`
+// would append the output to the --query input.
+bool same_target(const std::string& a, const std::string& b) {
+  if (is_stdout(a) && is_stdout(b)) return true;
+  if (!is_stdout(a) && !is_stdout(b)) return same_file(a, b);
+  struct stat out {}, other {};
+  return ::fstat(STDOUT_FILENO, &out) == 0 && ::stat((is_stdout(a) ? b : a).c_str(), &other) == 0 &&
+         out.st_dev == other.st_dev && out.st_ino == other.st_ino;
+}
+
 void check_output(const FileFlag& out, const std::vector<FileFlag>& inputs) {
-  if (is_stdout(out.path)) {
-    if (::isatty(STDOUT_FILENO))
-      refuse(out, "standard output is a terminal and the bytes are binary; redirect it (> file) or name a file");
-    return;
-  }
-  named(out, [&] { (void)resolve_output_file(out.path); });
+  if (!is_stdout(out.path)) named(out, [&] { (void)resolve_output_file(out.path); });
+  else if (::isatty(STDOUT_FILENO))
+    refuse(out, "standard output is a terminal and the bytes are binary; redirect it (> file) or name a file");
   for (const FileFlag& in : inputs)
-    if (!in.path.empty() && same_file(out.path, in.path))
+    if (!in.path.empty() && same_target(out.path, in.path))
       refuse(out, "it is the " + in.flag + " input; an output must not overwrite an input");
 }
 
@@ -47,14 +55,9 @@ void check_files(const std::vector<FileFlag>& inputs, const std::vector<FileFlag
     const FileFlag& out = outputs[i];
     if (out.path.empty()) continue;
     check_output(out, inputs);
-    for (std::size_t j = 0; j < i; ++j) {
-      const FileFlag& other = outputs[j];
-      if (other.path.empty()) continue;
-      const bool both_stdout = is_stdout(out.path) && is_stdout(other.path);
-      const bool one_stdout = is_stdout(out.path) != is_stdout(other.path);
-      if (both_stdout || (!one_stdout && same_file(out.path, other.path)))
-        refuse(out, "it is also the " + other.flag + " output; give each output its own path");
-    }
+    for (std::size_t j = 0; j < i; ++j)
+      if (!outputs[j].path.empty() && same_target(out.path, outputs[j].path))
+        refuse(out, "it is also the " + outputs[j].flag + " output; give each output its own path");
   }
 }
 
@@ -69,7 +72,7 @@ void write_outputs(std::vector<Output> outputs) {
     while (done < o.bytes.size()) {
       const ssize_t n = ::write(STDOUT_FILENO, o.bytes.data() + done, o.bytes.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) refuse(o.file, "standard output: " + detail::errno_text(errno));
+      if (n < 0) refuse(o.file, "standard output: " + std::generic_category().message(errno));
       done += static_cast<std::size_t>(n);
     }
   }

@@ -207,6 +207,11 @@ def _(c):
     return c.forward("-"), ("refuse", ["--out", "'-'", "terminal"], {"tty": True})
 
 
+@row("forward: --out - while standard output is the --query file (>> q.npy)")
+def _(c):
+    return c.forward("-"), ("refuse", ["--out", "'-'", "it is the --query input"], {"stdout_file": c.q})
+
+
 @row("forward: --out a symlink (target replaced, link kept)")
 def _(c):
     os.makedirs(c.p("real"))
@@ -300,10 +305,15 @@ def _(c):
 
 
 # ---- running -------------------------------------------------------------------------
-def run(argv, tty=False, as_nobody=False):
-    """(exit code, stdout bytes, stderr text). With tty, stdout is a terminal."""
+def run(argv, tty=False, as_nobody=False, stdout_file=None):
+    """(exit code, stdout bytes, stderr text). With tty, stdout is a terminal;
+    with stdout_file, stdout appends to that file (a shell's >>)."""
     if as_nobody:
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+    if stdout_file:
+        with open(stdout_file, "ab") as f:
+            r = subprocess.run(argv, stdout=f, stderr=subprocess.PIPE, timeout=TIMEOUT)
+        return r.returncode, b"", r.stderr.decode("utf-8", "replace")
     if not tty:
         r = subprocess.run(argv, capture_output=True, timeout=TIMEOUT)
         return r.returncode, r.stdout, r.stderr.decode("utf-8", "replace")
@@ -332,7 +342,7 @@ def check_refusal(case, argv, words, opts):
             os.remove(os.path.join(folder, name))
         os.chmod(folder, 0o555)
     before = snapshot(case.dir)
-    code, out, err = run(argv, tty=opts.get("tty", False), as_nobody=as_nobody)
+    code, out, err = run(argv, tty=opts.get("tty", False), as_nobody=as_nobody, stdout_file=opts.get("stdout_file"))
     after = snapshot(case.dir)
     lines = err.rstrip("\n").split("\n")
     if code != 2:
