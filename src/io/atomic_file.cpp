@@ -71,7 +71,7 @@ std::string follow_symlinks(const std::string& path) {
     const ssize_t n = ::readlink(at.c_str(), buf.data(), buf.size() - 1);
     if (n < 0) return at;
     const std::string link(buf.data(), static_cast<std::size_t>(n));
-    at = (link.front() == '/') ? link : folder_of(at) + "/" + link;
+    at = (!link.empty() && link.front() == '/') ? link : folder_of(at) + "/" + link;
   }
   return at;
 }
