@@ -37,8 +37,20 @@ bool same_target(const std::string& a, const std::string& b) {
          out.st_dev == other.st_dev && out.st_ino == other.st_ino;
 }
 
+// The library's refusal, and for a pipe (`--out /dev/stdout | …` is one)
+// the way that works.
+void check_writable(const FileFlag& out) {
+  try {
+    (void)resolve_output_file(out.path);
+  } catch (const Error& e) {
+    struct stat st {};
+    const bool pipe = ::stat(out.path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode);
+    throw Error(e.kind(), out.flag + ": " + e.what() + (pipe ? "; for standard output, write '-'" : ""));
+  }
+}
+
 void check_output(const FileFlag& out, const std::vector<FileFlag>& inputs) {
-  if (!is_stdout(out.path)) named(out, [&] { (void)resolve_output_file(out.path); });
+  if (!is_stdout(out.path)) check_writable(out);
   else if (::isatty(STDOUT_FILENO))
     refuse(out, "standard output is a terminal and the bytes are binary; redirect it (> file) or name a file");
   for (const FileFlag& in : inputs)

@@ -185,6 +185,14 @@ def _(c):
     return c.forward(c.p("fifo")), refuse("--out", "fifo", "FIFO")
 
 
+@row("forward: --out a link to /proc/self/fd/1, a pipe here (like /dev/stdout)")
+def _(c):
+    # The test's own link, not /dev/stdout: were the refusal broken, only
+    # this scratch link could be replaced.
+    os.symlink("/proc/self/fd/1", c.p("stdout"))
+    return c.forward(c.p("stdout")), refuse("--out", "stdout", "FIFO", "for standard output, write '-'")
+
+
 @row("forward: refused before the weights are read (--weights is a FIFO nobody writes)")
 def _(c):
     # Reading the weights would block forever: only a check made before any
