@@ -430,6 +430,7 @@ def main():
             print(f"FAIL {name}:\n    " + "\n    ".join(problems) + f"\n  rerun: {shlex.join(argv)}")
         else:
             passed += 1
+            shutil.rmtree(case.dir)  # failing cases stay, for the rerun line
     width = max(len(r[0]) for r in report) if report else 10
     print(f"\n{'case':<{width}}  result  message")
     for name, status, message in report:
