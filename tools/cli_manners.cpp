@@ -82,11 +82,13 @@ CLI::Validator one_of(const std::vector<std::string>& names) {
       description);
 }
 
+// CLI11's own line, less the "=default" it glues to the type name: the
+// default moves to the end of the description, where it is read.
 std::string HelpFormatter::make_option_opts(const CLI::Option* opt) const {
-  std::string out;
-  if (opt->get_type_size() == 0) return out;  // a flag
-  if (!opt->get_type_name().empty()) out += " " + get_label(opt->get_type_name());
-  if (opt->get_required()) out += " " + get_label("REQUIRED");
+  std::string out = CLI::Formatter::make_option_opts(opt);
+  const std::string glued = "=" + opt->get_default_str();
+  if (!opt->get_default_str().empty())
+    if (const auto at = out.find(glued); at != std::string::npos) out.erase(at, glued.size());
   return out;
 }
 

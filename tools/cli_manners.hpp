@@ -20,7 +20,8 @@ namespace multihead::cli {
 // got 'bogus'" (CLI11 puts the flag in front).
 CLI::Validator one_of(const std::vector<std::string>& names);
 
-// Help lines read "--seed UINT  Seed of the initialisation [default: 0]".
+// Help lines read "--seed UINT  Seed of the initialisation [default: 0]",
+// with the rest of CLI11's line (REQUIRED, Needs, Excludes) kept.
 // The default is left out for flags and for required options, whose
 // captured value is only a placeholder.
 class HelpFormatter : public CLI::Formatter {
