@@ -59,6 +59,17 @@ std::vector<std::string> candidates_for(CLI::App& where, const std::string& arg)
   return names;
 }
 
+// At the top level, a flag typed before its command ("multihead --query q.npy
+// forward"): the commands that have it, e.g. "forward" or "forward, init".
+std::string commands_with(CLI::App& app, const std::string& arg) {
+  std::vector<std::string> owners;
+  const std::string bare = arg.substr(0, arg.find('='));
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    for (const CLI::Option* opt : sub->get_options())
+      if (opt->check_name(bare)) owners.push_back(sub->get_name());
+  return join(owners, ", ");
+}
+
 std::string command_path(const CLI::App* where) {
   std::string path;
   for (const CLI::App* a = where; a != nullptr; a = a->get_parent()) path = a->get_name() + (path.empty() ? "" : " ") + path;
@@ -134,6 +145,8 @@ std::string describe_parse_error(CLI::App& app, const CLI::ParseError& e) {
       msg = (where == &app ? "unknown command or argument '" : "unknown argument '") + extras.front() + "'";
       if (const std::string guess = closest(extras.front(), candidates_for(*where, extras.front())); !guess.empty())
         msg += "; did you mean '" + guess + "'?";
+      else if (const std::string owners = where == &app ? commands_with(app, extras.front()) : ""; !owners.empty())
+        msg += "; it is an option of " + owners + ": put it after the command";
     }
   }
   return msg + " (run '" + command_path(where) + " --help')";
