@@ -133,22 +133,28 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
   return best;
 }
 
+namespace {
+
+// "unknown argument '--querry'; did you mean '--query'?"
+std::string unknown_argument(CLI::App& app, CLI::App& where, const std::string& arg) {
+  std::string msg = (&where == &app ? "unknown command or argument '" : "unknown argument '") + arg + "'";
+  if (const std::string guess = closest(arg, candidates_for(where, arg)); !guess.empty())
+    return msg + "; did you mean '" + guess + "'?";
+  if (const std::string owners = &where == &app ? commands_with(app, arg) : ""; !owners.empty())
+    return msg + "; it is an option of " + owners + ": put it after the command";
+  return msg;
+}
+
+}  // namespace
+
 std::string describe_parse_error(CLI::App& app, const CLI::ParseError& e) {
   CLI::App* where = failed_in(app);
   std::string msg = e.what();
   std::replace(msg.begin(), msg.end(), '\n', ' ');
   // An unknown argument is named even when CLI11 stopped at another error
   // first (a missing --weights): the typo is usually the cause of both.
-  {
-    const std::vector<std::string> extras = where->remaining();
-    if (!extras.empty()) {
-      msg = (where == &app ? "unknown command or argument '" : "unknown argument '") + extras.front() + "'";
-      if (const std::string guess = closest(extras.front(), candidates_for(*where, extras.front())); !guess.empty())
-        msg += "; did you mean '" + guess + "'?";
-      else if (const std::string owners = where == &app ? commands_with(app, extras.front()) : ""; !owners.empty())
-        msg += "; it is an option of " + owners + ": put it after the command";
-    }
-  }
+  if (const std::vector<std::string> extras = where->remaining(); !extras.empty())
+    msg = unknown_argument(app, *where, extras.front());
   return msg + " (run '" + command_path(where) + " --help')";
 }
 
