@@ -154,7 +154,7 @@ check fail_missing_file 2 forward --weights "$work/self.safetensors" --query "$w
   --out "$work/out/fail.npy"
 check fail_nan_check_finite 2 forward --weights "$work/self.safetensors" --query "$work/q_nan.npy" \
   --check-finite --out "$work/out/fail.npy"
-# Fails after the forward pass, while writing: the atomic writer's clean-up path.
+# Refused before any work (tools/file_flags.cpp): the early check's error path.
 check fail_unwritable_out 2 forward --weights "$work/self.safetensors" --query "$work/q.npy" \
   --out "$work/no_such_dir/out.npy"
 check fail_unknown_flag 2 forward --weights "$work/self.safetensors" --query "$work/q.npy" --bogus \

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <gtest/gtest-spi.h>
@@ -840,9 +841,9 @@ TEST(ReadFile, MissingFileIsMissing) {
   TempDir dir;
   const std::string path = dir.file("x.npy");
   expect_error([&] { read_npy(path, "query"); }, Kind::Missing,
-               {"query: cannot open '" + path + "': No such file or directory"});
+               {"query: cannot read '" + path + "': No such file or directory"});
   expect_error([&] { read_safetensors(path); }, Kind::Missing, {path, "No such file or directory"});
-  expect_error([&] { read_npy(dir.file("no/such/dir.npy"), "key"); }, Kind::Missing, {"key: cannot open"});
+  expect_error([&] { read_npy(dir.file("no/such/dir.npy"), "key"); }, Kind::Missing, {"key: cannot read"});
 }
 
 TEST(ReadFile, DirectoryIsRefused) {
@@ -864,7 +865,7 @@ TEST(AtomicWrite, MissingFolderThrowsAndCreatesNothing) {
   TempDir dir;
   const std::string path = dir.file("nope/out.npy");
   expect_error([&] { write_npy(path, sample_tensor<float>({2})); }, Kind::IO,
-               {"cannot write '" + path + "'", "No such file or directory"});
+               {"cannot write '" + path + "': folder '" + dir.file("nope") + "' does not exist"});
   EXPECT_TRUE(dir.entries().empty());
 }
 
@@ -916,15 +917,93 @@ TEST(AtomicWrite, FailedWriteKeepsThePreviousFile) {
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"w.safetensors"});
 }
 
-// rename(2) onto a directory fails after everything was written: the
-// temporary must still be removed and the directory left alone.
-TEST(AtomicWrite, RenameFailureRemovesTheTemporary) {
+// rename(2) would fail onto a directory after everything was written; the
+// directory is refused before a temporary exists, and left alone.
+TEST(AtomicWrite, DirectoryIsRefusedAndLeftAlone) {
   TempDir dir;
   fs::create_directory(dir.file("target"));
   expect_error([&] { write_file_atomic(dir.file("target"), "data"); }, Kind::IO,
-               {"cannot write '" + dir.file("target") + "'", "renaming"});
+               {"cannot write '" + dir.file("target") + "': is a directory"});
   EXPECT_EQ(dir.entries(), std::vector<std::string>{"target"});
   EXPECT_TRUE(fs::is_directory(dir.file("target")));
+}
+
+// A symlink is written through: its target gets the bytes (atomically, in
+// the target's folder) and the link stays a link.
+TEST(AtomicWrite, SymlinkIsWrittenThrough) {
+  TempDir dir;
+  fs::create_directory(dir.file("real"));
+  write_file_atomic(dir.file("real/w.npy"), "old");
+  fs::create_symlink("real/w.npy", dir.file("link.npy"));
+  write_file_atomic(dir.file("link.npy"), "new");
+  EXPECT_TRUE(fs::is_symlink(dir.file("link.npy")));
+  EXPECT_EQ(slurp(dir.file("real/w.npy")), "new");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"link.npy", "real"}));
+  // A dangling link names the file to create.
+  fs::create_symlink("real/new.npy", dir.file("dangling.npy"));
+  write_file_atomic(dir.file("dangling.npy"), "created");
+  EXPECT_TRUE(fs::is_symlink(dir.file("dangling.npy")));
+  EXPECT_EQ(slurp(dir.file("real/new.npy")), "created");
+}
+
+TEST(AtomicWrite, FifoIsRefusedWithoutBlocking) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("pipe").c_str(), 0600), 0);
+  expect_error([&] { write_file_atomic(dir.file("pipe"), "data"); }, Kind::IO,
+               {"cannot write '" + dir.file("pipe") + "': is a FIFO"});
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{"pipe"});
+}
+
+// A character device is written in place, never replaced by a regular file.
+// mknod needs root; /dev/null is the unprivileged stand-in (written, not
+// replaced: it must still be a device afterwards).
+TEST(AtomicWrite, CharacterDeviceIsWrittenInPlace) {
+  TempDir dir;
+  std::string device = dir.file("null");
+  if (::mknod(device.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) != 0) device = "/dev/null";
+  write_file_atomic(device, "into the device");
+  struct stat st {};
+  ASSERT_EQ(::stat(device.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << device << " was replaced";
+  EXPECT_EQ(resolve_output_file(device).kind, OutputFile::Kind::Device);
+}
+
+TEST(AtomicWrite, SeveralFilesAllOrNothing) {
+  TempDir dir;
+  write_file_atomic(dir.file("a"), "old a");
+  // The second path's folder is missing: nothing is written, not even "a".
+  expect_error([&] { write_files_atomic({{dir.file("a"), "new a", "--out"}, {dir.file("no/b"), "b", "--w"}}); },
+               Kind::IO, {"--w: cannot write '" + dir.file("no/b") + "': folder '" + dir.file("no") + "' does not exist"});
+  EXPECT_EQ(slurp(dir.file("a")), "old a");
+  // One file under two spellings is refused.
+  expect_error([&] { write_files_atomic({{dir.file("a"), "1", ""}, {dir.path() + "/./a", "2", ""}}); }, Kind::IO,
+               {"the same file as '" + dir.file("a") + "'"});
+  EXPECT_EQ(slurp(dir.file("a")), "old a");
+  write_files_atomic({{dir.file("a"), "new a", ""}, {dir.file("b"), "b", ""}});
+  EXPECT_EQ(slurp(dir.file("a")), "new a");
+  EXPECT_EQ(slurp(dir.file("b")), "b");
+  EXPECT_EQ(dir.entries(), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(SameFile, SpellingsHardLinksAndSymlinks) {
+  TempDir dir;
+  write_file_atomic(dir.file("a"), "x");
+  ASSERT_EQ(::link(dir.file("a").c_str(), dir.file("hard").c_str()), 0);
+  fs::create_symlink("a", dir.file("soft"));
+  EXPECT_TRUE(same_file(dir.file("a"), dir.path() + "/./a"));
+  EXPECT_TRUE(same_file(dir.file("a"), dir.file("hard")));
+  EXPECT_TRUE(same_file(dir.file("soft"), dir.file("a")));
+  EXPECT_FALSE(same_file(dir.file("a"), dir.file("b")));
+  EXPECT_TRUE(same_file(dir.file("b"), dir.path() + "/../" + fs::path(dir.path()).filename().string() + "/b"));
+}
+
+TEST(CheckInputFile, NamesThePathAndTheReason) {
+  TempDir dir;
+  expect_error([&] { check_input_file(dir.file("none.npy")); }, Kind::Missing,
+               {"cannot read '" + dir.file("none.npy") + "': No such file or directory"});
+  expect_error([&] { check_input_file(dir.path()); }, Kind::IO, {"cannot read '" + dir.path() + "': is a directory"});
+  write_file_atomic(dir.file("ok.npy"), "x");
+  check_input_file(dir.file("ok.npy"));
 }
 
 }  // namespace

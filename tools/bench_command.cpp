@@ -11,6 +11,7 @@
 
 #include <omp.h>
 
+#include "cli_manners.hpp"
 #include "commands.hpp"
 #include "validators.hpp"
 #include "core/gemm.hpp"
@@ -39,12 +40,15 @@ Runner add_bench_command(CLI::App& app) {
   c->add_option("--repeat", a->repeat, "Timed runs (median reported)")->check(positive_integer());
   c->add_option("--warmup", a->warmup, "Untimed runs first")->check(non_negative_integer());
   c->add_option("--kernel", a->kernel, "auto, reference, materialized or flash")
-      ->check(CLI::IsMember({"auto", "reference", "materialized", "flash"}));
+      ->transform(one_of({"auto", "reference", "materialized", "flash"}));
   c->add_option("--simd-target", a->simd_target,
                 "Force a SIMD target for the flash kernel (e.g. AVX3, AVX2, SSE4, SCALAR)");
   return [a] {
     apply_threads(a->threads);
-    if (!a->simd_target.empty()) detail::simd_target_force(a->simd_target);
+    if (!a->simd_target.empty()) {
+      (void)detail::simd_target_parse(a->simd_target, "--simd-target");  // names the flag if unknown
+      detail::simd_target_force(a->simd_target);
+    }
     MultiheadAttentionConfig config;
     config.embed_dim = a->embed_dim;
     config.num_heads = a->num_heads;

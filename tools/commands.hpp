@@ -17,9 +17,6 @@ Runner add_init_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 Runner add_inspect_command(CLI::App& app);
 
-// Runs the lesson's demo with default settings (also `multihead` alone).
-void run_default_demo();
-
 // --threads for both our OpenMP loops and BLAS (the program owns the process,
 // so it may set BLAS's global thread count; the library never does).
 void apply_threads(int threads);

@@ -99,8 +99,6 @@ void run_demo(const DemoArgs& a) {
 
 }  // namespace
 
-void run_default_demo() { run_demo(DemoArgs{}); }
-
 Runner add_demo_command(CLI::App& app) {
   auto args = std::make_shared<DemoArgs>();
   CLI::App* c = app.add_subcommand("demo", "The lesson's sentence: where each head sends \"it\"");

@@ -2,14 +2,11 @@
 // forward on .npy files. Flag names mirror PyTorch's argument names.
 //
 // The computation runs in float64 when the query file is float64, otherwise
-// in float32; outputs are written in that type. Every output is written
-// atomically and only after every input has been read and validated, so a
-// failed run leaves no file behind.
-#include <unistd.h>
-
-#include <cerrno>
+// in float32; outputs are written in that type. Every file flag is checked
+// before the weights are read (file_flags), and the outputs are written all
+// or nothing after the forward pass, so a failed run leaves no file behind.
+#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <utility>
 #include <vector>
 #include <memory>
@@ -17,7 +14,9 @@
 #include <string>
 
 #include "checkpoint_hints.hpp"
+#include "cli_manners.hpp"
 #include "commands.hpp"
+#include "file_flags.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
@@ -30,7 +29,7 @@ namespace {
 struct ForwardArgs {
   std::string weights, prefix, query, key, value, key_padding_mask, attn_mask, out, attn_weights_out;
   bool is_causal = false, need_weights = false, no_average = false, training = false;
-  bool check_finite = false;
+  bool check_finite = false, verbose = false;
   std::optional<int64_t> num_heads;
   bool batch_first_flag = false;
   bool add_zero_attn = false;
@@ -64,36 +63,17 @@ std::unique_ptr<Mask<T>> read_mask(const std::string& path, const std::string& n
   return std::make_unique<Mask<T>>(Mask<T>::additive(tensor_cast<T>(t.values)));
 }
 
-// Writes every output or none: each goes (atomically) to a staging name next
-// to its target first; only when all are staged are they renamed into place.
-// A failure removes the staged files and leaves earlier outputs untouched.
-void write_outputs(const std::vector<std::pair<std::string, std::string>>& files) {
-  const std::string stage = ".staged-" + std::to_string(::getpid());
-  std::vector<std::string> staged;
-  try {
-    for (const auto& [path, bytes] : files) {
-      try {
-        write_file_atomic(path + stage, bytes);
-      } catch (const Error& e) {
-        // Report the user's path, not the staging name.
-        std::string msg = e.what();
-        for (std::size_t at; (at = msg.find(path + stage)) != std::string::npos;)
-          msg.replace(at, path.size() + stage.size(), path);
-        throw Error(e.kind(), msg);
-      }
-      staged.push_back(path + stage);
-    }
-  } catch (...) {
-    for (const auto& s : staged) std::remove(s.c_str());
-    throw;
-  }
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    if (std::rename(staged[i].c_str(), files[i].first.c_str()) != 0) {
-      const int err = errno;
-      for (std::size_t j = i; j < staged.size(); ++j) std::remove(staged[j].c_str());
-      throw Error(Error::Kind::IO, "cannot write '" + files[i].first + "': renaming: " + std::strerror(err));
-    }
-  }
+// --verbose: one line on stderr, so that `--out -` stays clean.
+template <class T>
+void print_summary(const ForwardArgs& args, const LoadedWeights& w, const ForwardResult<T>& r, double ms) {
+  std::string line = "multihead forward: output " + shape_to_string(r.output.shape());
+  if (r.attn_weights) line += ", attn_weights " + shape_to_string(r.attn_weights->shape());
+  line += sizeof(T) == 8 ? ", float64" : ", float32";
+  line += "; embed_dim " + std::to_string(w.config.embed_dim) + ", num_heads " + std::to_string(w.config.num_heads);
+  line += "; kernel " + args.kernel + ", form " + args.form + "; ";
+  char time[64];
+  std::snprintf(time, sizeof time, "%.3f ms for %d forward pass%s", ms, args.repeat, args.repeat == 1 ? "" : "es");
+  std::fprintf(stderr, "%s%s\n", line.c_str(), time);
 }
 
 template <class T>
@@ -124,6 +104,7 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   o.check_finite = args.check_finite;
 
   ForwardResult<T> result;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     for (int r = 0; r < args.repeat; ++r)
       result = args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
@@ -133,10 +114,14 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
     throw Error(e.kind(), e.what() + layout_hint(w.config, {query.shape(), k.shape(), v.shape(),
                                                             shape_of(key_padding_mask), shape_of(attn_mask)}));
   }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
-  std::vector<std::pair<std::string, std::string>> files = {{args.out, serialize_npy(result.output)}};
-  if (result.attn_weights) files.emplace_back(args.attn_weights_out, serialize_npy(*result.attn_weights));
-  write_outputs(files);
+  std::vector<Output> outputs;
+  outputs.push_back({{"--out", args.out}, serialize_npy(result.output)});
+  if (result.attn_weights)
+    outputs.push_back({{"--attn-weights-out", args.attn_weights_out}, serialize_npy(*result.attn_weights)});
+  write_outputs(std::move(outputs));
+  if (args.verbose) print_summary(args, w, result, ms);
 }
 
 }  // namespace
@@ -173,24 +158,30 @@ Runner add_forward_command(CLI::App& app) {
   c->add_flag("--need-weights", args->need_weights, "Return attention weights (needs --attn-weights-out)");
   c->add_flag("--no-average-attn-weights", args->no_average, "Per-head weights (B, H, L, S) instead of the mean");
   c->add_option("--masked-rows", args->masked_rows,
-                "A query whose every key is masked gets: zeros (default) or nan (PyTorch's need_weights path)")
-      ->check(CLI::IsMember({"zeros", "nan"}));
-  c->add_option("--form", args->form, "fused (default; one projection for all heads) or textbook (the lesson's per-head form)")
-      ->check(CLI::IsMember({"fused", "textbook"}));
+                "A query whose every key is masked gets: zeros or nan (PyTorch's need_weights path)")
+      ->transform(one_of({"zeros", "nan"}));
+  c->add_option("--form", args->form, "fused (one projection for all heads) or textbook (the lesson's per-head form)")
+      ->transform(one_of({"fused", "textbook"}));
   c->add_option("--kernel", args->kernel, "auto, reference, materialized or flash")
-      ->check(CLI::IsMember({"auto", "reference", "materialized", "flash"}));
+      ->transform(one_of({"auto", "reference", "materialized", "flash"}));
   c->add_option("--threads", args->threads, "Threads (0 = default)")->check(non_negative_integer());
   c->add_flag("--check-finite", args->check_finite, "Reject NaN or Inf in inputs and weights");
-  c->add_option("--out", args->out, "Output .npy")->required();
-  c->add_option("--attn-weights-out", args->attn_weights_out, "Attention weights .npy (implies --need-weights)");
+  c->add_option("--out", args->out, "Output .npy ('-' = standard output; a symlink is written through)")->required();
+  c->add_option("--attn-weights-out", args->attn_weights_out,
+                "Attention weights .npy (implies --need-weights; '-' = standard output)");
   c->add_option("--repeat", args->repeat, "Run the forward N times (for timing from outside)")
       ->check(positive_integer());
+  c->add_flag("--verbose", args->verbose, "Print a one-line summary on stderr (shapes, dtype, kernel, form, time)");
 
   return [args, batch_first, add_zero_attn] {
     if (args->need_weights && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--need-weights: needs --attn-weights-out to write the weights to");
     if (args->no_average && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--no-average-attn-weights: needs --attn-weights-out");
+    check_files({{"--weights", args->weights}, {"--query", args->query}, {"--key", args->key},
+                 {"--value", args->value}, {"--key-padding-mask", args->key_padding_mask},
+                 {"--attn-mask", args->attn_mask}},
+                {{"--out", args->out}, {"--attn-weights-out", args->attn_weights_out}});
     apply_threads(args->threads);
     LoadOptions load;
     load.prefix = args->prefix;

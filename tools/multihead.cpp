@@ -1,10 +1,16 @@
 // tools/multihead.cpp: the `multihead` command-line program.
 //
-//   multihead                 the lesson's demo (same as `multihead demo`)
+//   multihead                 a short usage: the commands, one line each
 //   multihead forward …       torch.nn.MultiheadAttention.forward on .npy files
 //   multihead init …          write PyTorch-initialised weights (safetensors)
 //   multihead bench …         time forward passes (median ms, GFLOP/s)
 //   multihead inspect FILE    tensors, metadata and attention modules of a file
+//   multihead demo …          the lesson's sentence, head by head
+//   multihead --version       "multihead 0.1.0"
+//
+// Every subcommand gets, from cli_manners: defaults in --help, enum values in
+// any case, and parse errors with "did you mean" and a pointer to its own
+// --help. Files named by flags are checked by file_flags before any work.
 //
 // Exit codes: 0 success, 2 bad usage or bad input (one line on stderr),
 // 1 an unexpected internal failure.
@@ -15,9 +21,11 @@
 
 #include <omp.h>
 
+#include "cli_manners.hpp"
 #include "commands.hpp"
 #include "core/gemm.hpp"
 #include "multihead/error.hpp"
+#include "multihead/version.hpp"
 
 namespace multihead::cli {
 
@@ -36,11 +44,17 @@ int main(int argc, char** argv) {
                "multihead"};
   app.require_subcommand(0, 1);
   app.set_help_all_flag("--help-all", "Print help for every subcommand");
+  app.set_version_flag("--version", std::string("multihead ") + multihead::version(), "Print the version and exit");
+  show_defaults(app);  // before the subcommands, which inherit it
   Runner forward = add_forward_command(app);
   Runner demo = add_demo_command(app);
   Runner init = add_init_command(app);
   Runner bench = add_bench_command(app);
   Runner inspect = add_inspect_command(app);
+  if (argc <= 1) {
+    std::cout << usage(app);
+    return 0;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -50,10 +64,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::string msg = e.what();
-    for (char& c : msg)
-      if (c == '\n') c = ' ';
-    std::cerr << "multihead: error: " << msg << " (run 'multihead --help')\n";
+    std::cerr << "multihead: error: " << describe_parse_error(app, e) << "\n";
     return 2;
   }
   try {
@@ -62,7 +73,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("init")) init();
     else if (app.got_subcommand("bench")) bench();
     else if (app.got_subcommand("inspect")) inspect();
-    else run_default_demo();
+    else std::cout << usage(app);
   } catch (const multihead::Error& e) {
     std::cerr << "multihead: error: " << e.what() << "\n";
     return 2;

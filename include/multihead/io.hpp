@@ -8,13 +8,16 @@
 // one line naming the file (and tensor) and the expected and actual values.
 // Writers are atomic: they write a temporary file in the destination folder
 // and rename it over the target, so a failed run never leaves a partial file
-// and never clobbers the previous one.
+// and never clobbers the previous one. A symlink is written through (its
+// target is replaced, the link stays), a character device such as /dev/null
+// is written into, and a directory, FIFO, socket or block device is refused.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "multihead/tensor.hpp"
 
@@ -85,8 +88,51 @@ FileFormat detect_file_format(const std::string& path);
 // "a .npy array", "a safetensors file", "a PyTorch torch.save zip archive", …
 std::string describe(FileFormat format);
 
+// ---- files ---------------------------------------------------------------------
 // Writes `bytes` to `path` atomically (temporary file in the same folder,
 // fsync, rename). Throws multihead::Error(IO) naming the path on failure.
+// How `path` is treated is resolve_output_file's rule, below.
 void write_file_atomic(const std::string& path, const std::string& bytes);
+
+// Where and how write_file_atomic would write `path`, found without writing.
+// Symlinks are followed to the file they name (a dangling link names the file
+// to create). That file is then:
+//  - Create or Replace: written to a temporary in its folder and renamed
+//    over, so readers see the old bytes or the new, never a mix;
+//  - Device: a character device (/dev/null, a terminal), written in place.
+// Throws Error(IO) "cannot write 'PATH': REASON" when the write is refused or
+// could not succeed: a directory, a FIFO (with no reader the write would
+// block), a socket or a block device; a folder that does not exist or is not
+// writable; a symlink loop.
+struct OutputFile {
+  enum class Kind { Create, Replace, Device };
+  std::string target;  // `path` with symlinks followed
+  Kind kind = Kind::Create;
+};
+OutputFile resolve_output_file(const std::string& path);
+
+// Several files, all or nothing: every path is resolved and checked first,
+// then every regular file is written to its temporary, then devices are
+// written, and only then are the temporaries renamed into place. A failure
+// before the renames removes the temporaries and changes no regular file.
+// Two entries naming one file are refused. A non-empty `name` starts each
+// error message, as read_npy's does ("--out: cannot write 'o.npy': …").
+struct FileToWrite {
+  std::string path;
+  std::string bytes;
+  std::string name;
+};
+void write_files_atomic(const std::vector<FileToWrite>& files);
+
+// Throws Error "cannot read 'PATH': REASON" (kind Missing when it does not
+// exist, else IO) when read_npy or read_safetensors could not read `path`:
+// not there, not readable, a directory, or a device. Reads nothing, so a
+// caller can check all its inputs before it starts.
+void check_input_file(const std::string& path);
+
+// True when `a` and `b` name one file: the same inode when both exist (hard
+// links, symlinks, "./a" and "a"), else the same path once symlinks and
+// folders are resolved.
+bool same_file(const std::string& a, const std::string& b);
 
 }  // namespace multihead

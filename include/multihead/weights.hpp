@@ -93,6 +93,9 @@ std::map<std::string, std::string> config_metadata(const MultiheadAttentionConfi
 // Writes the state_dict as F32 with config_metadata(). Atomic.
 template <class T>
 void save_weights(const std::string& path, const BasicMultiheadAttention<T>& module);
+// The bytes save_weights writes (for a stream, or several files at once).
+template <class T>
+std::string serialize_weights(const BasicMultiheadAttention<T>& module);
 
 // Parameters converted to another element type (e.g. the double a file
 // loads to, into the float a float32 forward runs in).

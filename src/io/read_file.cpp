@@ -10,10 +10,24 @@
 
 #include "io/file_util.hpp"
 #include "multihead/error.hpp"
+#include "multihead/io.hpp"
 
 namespace multihead::detail {
 
 std::string errno_text(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+std::string input_refusal(unsigned mode) {
+  if (S_ISDIR(mode)) return "is a directory";
+  if (!S_ISREG(mode) && !S_ISFIFO(mode)) return "not a regular file";
+  return "";
+}
+
+std::string folder_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
 
 namespace {
 
@@ -25,6 +39,8 @@ struct Fd {
   }
 };
 
+Error::Kind kind_of(int err) { return (err == ENOENT || err == ENOTDIR) ? Error::Kind::Missing : Error::Kind::IO; }
+
 }  // namespace
 
 std::vector<uint8_t> read_file(const std::string& path, const std::string& name) {
@@ -32,17 +48,12 @@ std::vector<uint8_t> read_file(const std::string& path, const std::string& name)
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) {
     const int err = errno;
-    const auto kind = (err == ENOENT || err == ENOTDIR) ? Error::Kind::Missing : Error::Kind::IO;
-    throw Error(kind, name + ": cannot open '" + path + "': " + errno_text(err));
+    throw Error(kind_of(err), where + errno_text(err));
   }
   struct stat st {};
   if (::fstat(f.fd, &st) != 0) throw Error(Error::Kind::IO, where + errno_text(errno));
-  if (S_ISDIR(st.st_mode)) throw Error(Error::Kind::IO, where + "is a directory");
-  // Pipes are allowed (a shell's <(...)); devices are not, since /dev/zero
-  // would never end.
-  if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode)) {
-    throw Error(Error::Kind::IO, where + "not a regular file");
-  }
+  if (const std::string refusal = input_refusal(st.st_mode); !refusal.empty())
+    throw Error(Error::Kind::IO, where + refusal);
 
   // Read until EOF rather than trusting st_size, so a file that changes size
   // underneath us is read as whatever it is now (the parsers check sizes).
@@ -76,3 +87,22 @@ std::vector<uint8_t> read_file(const std::string& path, const std::string& name)
 }
 
 }  // namespace multihead::detail
+
+namespace multihead {
+
+// stat(2) and access(2) only: opening a FIFO to check it could block, or
+// steal the bytes its writer meant for the real read.
+void check_input_file(const std::string& path) {
+  const std::string where = "cannot read '" + path + "': ";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    throw Error(detail::kind_of(err), where + detail::errno_text(err));
+  }
+  if (const std::string refusal = detail::input_refusal(st.st_mode); !refusal.empty())
+    throw Error(Error::Kind::IO, where + refusal);
+  if (::faccessat(AT_FDCWD, path.c_str(), R_OK, AT_EACCESS) != 0)
+    throw Error(Error::Kind::IO, where + detail::errno_text(errno));
+}
+
+}  // namespace multihead

@@ -343,12 +343,19 @@ std::vector<FoundModule> find_attention_modules(const std::string& path) {
 }
 
 template <class T>
-void save_weights(const std::string& path, const BasicMultiheadAttention<T>& module) {
+std::string serialize_weights(const BasicMultiheadAttention<T>& module) {
   std::map<std::string, Tensor<float>> tensors;
   for (const auto& [name, tensor] : module.state_dict()) tensors.emplace(name, tensor_cast<float>(tensor));
-  write_safetensors(path, tensors, config_metadata(module.config()));
+  return serialize_safetensors(tensors, config_metadata(module.config()));
 }
 
+template <class T>
+void save_weights(const std::string& path, const BasicMultiheadAttention<T>& module) {
+  write_file_atomic(path, serialize_weights(module));
+}
+
+template std::string serialize_weights<float>(const BasicMultiheadAttention<float>&);
+template std::string serialize_weights<double>(const BasicMultiheadAttention<double>&);
 template void save_weights<float>(const std::string&, const BasicMultiheadAttention<float>&);
 template void save_weights<double>(const std::string&, const BasicMultiheadAttention<double>&);
 

@@ -494,40 +494,41 @@ def _(ctx):
 
 
 # -- files
-@case("nonexistent query file", ("query", "does_not_exist.npy"))
+@case("nonexistent query file", "--query", "does_not_exist.npy", "No such file")
 def _(ctx):
     return ctx.args(query=ctx.path("does_not_exist.npy"))
 
 
-@case("directory as query", "query")
+@case("directory as query", "--query", "a_directory.npy", "is a directory")
 def _(ctx):
     d = ctx.path("a_directory.npy")
     os.makedirs(d)
     return ctx.args(query=d)
 
 
-@case("nonexistent weights file", "missing_weights.safetensors")
+@case("nonexistent weights file", "--weights", "missing_weights.safetensors", "No such file")
 def _(ctx):
     return ctx.args(weights=ctx.path("missing_weights.safetensors"))
 
 
-@case("--out in a nonexistent directory", "no_such_dir")
+@case("--out in a nonexistent directory", "--out", "no_such_dir", "does not exist")
 def _(ctx):
     return ctx.args(out=os.path.join(ctx.dir, "no_such_dir", "out.npy"))
 
 
-@case("--attn-weights-out in a nonexistent directory (--out is fine)", "no_such_dir")
+@case("--attn-weights-out in a nonexistent directory (--out is fine)", "--attn-weights-out", "no_such_dir",
+      "does not exist")
 def _(ctx):
     return ctx.args(aw=os.path.join(ctx.dir, "no_such_dir", "w.npy"))
 
 
 # -- options
-@case("unknown flag", "--bogus")
+@case("unknown flag", "--bogus", "multihead forward --help")
 def _(ctx):
     return ctx.args(extra=["--bogus"])
 
 
-@case("missing --out", "--out")
+@case("missing --out", "--out", "multihead forward --help")
 def _(ctx):
     return [a for a in ctx.args(need_weights=False) if a not in ("--out", ctx.out)]
 
