@@ -411,7 +411,7 @@ Raises:
     TypeError: an array of a dtype it cannot take (int, complex, object).
 
 The GIL is released while computing: several threads may call one module at
-once.
+once. Inputs are read in place, so no thread may write to them during a call.
 )doc";
 
 const char* const kSdpaDoc = R"doc(scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, *, need_weights=False, dropout_seed=0, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False)
