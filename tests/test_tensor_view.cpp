@@ -36,6 +36,13 @@ TEST(TensorView, CopyOwnsMoveKeepsTheView) {
   assigned = v;
   EXPECT_FALSE(assigned.is_view());
   EXPECT_EQ(assigned[2], 3);
+  // A view assigned from an owning tensor owns a copy; the viewed buffer is untouched.
+  std::vector<double> other = {7, 8, 9};
+  Tensor<double> w = Tensor<double>::view({3}, other.data());
+  w = copy;
+  EXPECT_FALSE(w.is_view());
+  EXPECT_EQ(w.vec(), (Storage<double>{1, 2, 3}));
+  EXPECT_EQ(other, (std::vector<double>{7, 8, 9}));
 
   Tensor<double> moved = std::move(v);
   EXPECT_TRUE(moved.is_view());

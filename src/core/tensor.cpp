@@ -110,9 +110,16 @@ Tensor<T>::Tensor(Tensor&& other) noexcept
       view_(std::exchange(other.view_, nullptr)),
       view_numel_(std::exchange(other.view_numel_, 0)) {}
 
+// Element-wise into the existing storage, as the defaulted assignment did
+// (a buffer large enough is reused), also when `other` is a view.
 template <class T>
 Tensor<T>& Tensor<T>::operator=(const Tensor& other) {
-  if (this != &other) *this = Tensor(other);
+  if (this == &other) return *this;
+  if (other.view_) data_.assign(other.view_, other.view_ + other.view_numel_);
+  else data_ = other.data_;
+  shape_ = other.shape_;
+  view_ = nullptr;
+  view_numel_ = 0;
   return *this;
 }
 
