@@ -9,13 +9,11 @@
 #include <random>
 #include <vector>
 
-#include <omp.h>
 
 #include "commands.hpp"
 #include "validators.hpp"
-#include "core/gemm.hpp"
-#include "simd/targets.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 
 namespace multihead::cli {
 
@@ -44,7 +42,7 @@ Runner add_bench_command(CLI::App& app) {
                 "Force a SIMD target for the flash kernel (e.g. AVX3, AVX2, SSE4, SCALAR)");
   return [a] {
     apply_threads(a->threads);
-    if (!a->simd_target.empty()) detail::simd_target_force(a->simd_target);
+    if (!a->simd_target.empty()) simd_target_force(a->simd_target);
     MultiheadAttentionConfig config;
     config.embed_dim = a->embed_dim;
     config.num_heads = a->num_heads;
@@ -58,9 +56,9 @@ Runner add_bench_command(CLI::App& app) {
     for (float& v : x.vec()) v = n(rng);
     ForwardOptions<float> o;
     o.need_weights = false;
-    o.is_causal = a->causal;
-    o.kernel = parse_attention_kernel(a->kernel);
-    o.num_threads = a->threads;
+    o.attention.is_causal = a->causal;
+    o.attention.kernel = parse_attention_kernel(a->kernel);
+    o.attention.num_threads = a->threads;
     for (int i = 0; i < a->warmup; ++i) (void)mha.forward(x, x, x, o);
     std::vector<double> ms;
     for (int i = 0; i < a->repeat; ++i) {
@@ -77,8 +75,8 @@ Runner add_bench_command(CLI::App& app) {
     std::printf("bench B=%lld L=%lld E=%lld H=%lld causal=%d threads=%d blas_threads=%d kernel=%s simd=%s\n",
                 static_cast<long long>(a->batch), static_cast<long long>(a->seq_len),
                 static_cast<long long>(a->embed_dim), static_cast<long long>(a->num_heads),
-                a->causal ? 1 : 0, a->threads > 0 ? a->threads : omp_get_max_threads(),
-                detail::blas_threads(), a->kernel.c_str(), detail::simd_target_current().c_str());
+                a->causal ? 1 : 0, a->threads > 0 ? a->threads : multihead::threads(),
+                blas_threads(), a->kernel.c_str(), simd_target_current().c_str());
     std::printf("median_ms=%.4f gflops=%.2f min_ms=%.4f max_ms=%.4f runs=%d\n", median,
                 flops / (median * 1e6), ms.front(), ms.back(), a->repeat);
   };

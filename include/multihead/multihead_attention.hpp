@@ -79,6 +79,28 @@ struct MultiheadAttentionParameters {
   Tensor<T> bias_v;          // (1, 1, E)        when add_bias_kv
 };
 
+// The fused form's fast paths, each with a switch to its plain alternative.
+// Every setting computes the same function (the tests run the form-agreement
+// table under each); they differ in speed and rounding only.
+struct FusedPaths {
+  // How split_heads hands the heads to the kernel.
+  //  - Auto: strided views into the projection for S < 2048, else
+  //    head-major copies (views of long rows thrash the cache: see
+  //    multihead_attention_forward.cpp).
+  //  - Views: always views, except with bias_k or the zero-attention key,
+  //    which need the extra key rows that only a copy has.
+  //  - HeadMajor: always copies, projected block by block.
+  enum class Heads { Auto, Views, HeadMajor };
+  Heads heads = Heads::Auto;
+  // Self-attention (query, key and value are one tensor) with packed weights:
+  // one (tokens × E)·(E × 3E) product, PyTorch's _in_projection_packed fast
+  // case. false: three products, one per input.
+  bool packed_self_projection = true;
+  // Multiply by the transposed copies of the projection weights that the
+  // module keeps (faster for short inputs); false: by the weights as stored.
+  bool transposed_weights = true;
+};
+
 // Arguments of MultiheadAttention.forward, same names and defaults (plus the
 // options PyTorch keeps elsewhere: training mode, policy, kernel, threads).
 template <class T>
@@ -87,15 +109,16 @@ struct ForwardOptions {
   bool need_weights = true;
   const Mask<T>* attn_mask = nullptr;
   bool average_attn_weights = true;
-  bool is_causal = false;
   // PyTorch modules start in training mode; we default to inference, since
-  // training-mode dropout is random. Dropout applies only when training.
+  // training-mode dropout is random. Dropout applies only when training, at
+  // the rate MultiheadAttentionConfig::dropout.
   bool training = false;
-  uint64_t dropout_seed = 0;
-  MaskedRowPolicy masked_rows = MaskedRowPolicy::Zeros;
-  AttentionKernel kernel = AttentionKernel::Auto;
-  int num_threads = 0;
-  bool check_finite = false;
+  // The attention step's options: is_causal (and its alignment),
+  // dropout_seed, masked_rows, kernel, num_threads, check_finite, scale
+  // (unset = 1/√D, as PyTorch). attention.dropout_p must stay 0: the rate
+  // is the module's.
+  AttentionOptions attention;
+  FusedPaths paths;
 };
 
 template <class T>

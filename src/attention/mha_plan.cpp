@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "attention/attention_call.hpp"
 #include "core/check.hpp"
 #include "multihead/error.hpp"
 
@@ -33,9 +34,11 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
                          const Tensor<T>& key, const Tensor<T>& value,
                          const ForwardOptions<T>& options) {
   config.validate();
-  if (options.num_threads < 0)
-    throw Error(Error::Kind::Value,
-                "num_threads: expected 0 (default) or more, got " + std::to_string(options.num_threads));
+  validate_attention_options(options.attention);
+  if (options.attention.dropout_p != 0.0)
+    throw Error(Error::Kind::Value, "attention.dropout_p: expected 0 (multi-head attention drops at "
+                                    "MultiheadAttentionConfig::dropout when training), got " +
+                                        format_number(options.attention.dropout_p));
   ForwardPlan p;
   p.E = config.embed_dim;
   p.H = config.num_heads;

@@ -7,57 +7,13 @@
 #include <limits>
 #include <string>
 
+#include "attention/attention_call.hpp"
 #include "attention/kernel.hpp"
 #include "core/check.hpp"
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {
-
-template <class T>
-Tensor<T> Mask<T>::to_additive() const {
-  if (!is_bool_) return float_;
-  Tensor<T> out(bool_.shape());
-  const T neg_inf = -std::numeric_limits<T>::infinity();
-  for (int64_t i = 0; i < out.numel(); ++i) out[i] = bool_[i] ? neg_inf : T(0);
-  return out;
-}
-
-template class Mask<float>;
-template class Mask<double>;
-
-std::string to_string(AttentionKernel kernel) {
-  switch (kernel) {
-    case AttentionKernel::Auto: return "auto";
-    case AttentionKernel::Reference: return "reference";
-    case AttentionKernel::Materialized: return "materialized";
-    case AttentionKernel::Flash: return "flash";
-  }
-  return "auto";
-}
-
-AttentionKernel parse_attention_kernel(const std::string& name) {
-  for (AttentionKernel k : {AttentionKernel::Auto, AttentionKernel::Reference,
-                            AttentionKernel::Materialized, AttentionKernel::Flash})
-    if (name == to_string(k)) return k;
-  throw Error(Error::Kind::Value, "kernel: expected one of auto, reference, materialized, flash; got '" +
-                                      name + "'");
-}
-
-namespace detail {
-
-void validate_attention_options(const AttentionOptions& o) {
-  if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0))
-    throw Error(Error::Kind::Value,
-                "dropout_p: expected a probability in [0, 1], got " + detail::format_number(o.dropout_p));
-  if (o.scale && !std::isfinite(*o.scale))
-    throw Error(Error::Kind::Value, "scale: expected a finite number, got " + detail::format_number(*o.scale));
-  if (o.num_threads < 0)
-    throw Error(Error::Kind::Value,
-                "num_threads: expected 0 (default) or more, got " + std::to_string(o.num_threads));
-}
-
-}  // namespace detail
 
 template <class T>
 Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
@@ -116,27 +72,22 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& 
     w_shape.push_back(S);
     *attn_weights = Tensor<T>(w_shape);
   }
-  detail::AttentionArgs<T> a;
-  a.slices = N;
-  a.heads = 1;
-  a.q_len = L;
-  a.kv_len = S;
-  a.head_dim = D;
-  a.value_dim = Dv;
-  a.q = query.data();
-  a.k = key.data();
-  a.v = value.data();
-  a.attn_mask = attn_mask ? additive.data() : nullptr;
-  a.attn_mask_slice_stride = mask_stride;
-  a.is_causal = options.is_causal;
-  a.causal_cols = S;
-  a.scale = static_cast<T>(options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(D)));
-  a.dropout_p = options.dropout_p;
-  a.dropout_seed = options.dropout_seed;
-  a.masked_rows = options.masked_rows;
-  a.num_threads = options.num_threads;
-  a.out = out.data();
-  a.weights = attn_weights ? attn_weights->data() : nullptr;
+  detail::AttentionShape shape;
+  shape.slices = N;
+  shape.q_len = L;
+  shape.kv_len = S;
+  shape.head_dim = D;
+  shape.value_dim = Dv;
+  shape.causal_cols = S;
+  detail::AttentionTensors<T> tensors;
+  tensors.q = query.data();
+  tensors.k = key.data();
+  tensors.v = value.data();
+  tensors.attn_mask = attn_mask ? additive.data() : nullptr;
+  tensors.attn_mask_slice_stride = mask_stride;
+  tensors.out = out.data();
+  tensors.weights = attn_weights ? attn_weights->data() : nullptr;
+  const detail::AttentionArgs<T> a = detail::make_attention_args(shape, tensors, options);
   detail::attention_forward(a, options.kernel);
   return out;
 }
