@@ -19,9 +19,9 @@
 
 #include "attention/projection_weights.hpp"
 #include "multihead/attention.hpp"
-#include "simd/targets.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "test_util.hpp"
 
 namespace multihead {
@@ -142,25 +142,56 @@ BasicMultiheadAttention<T> random_module(const MultiheadAttentionConfig& cfg, st
   return BasicMultiheadAttention<T>(cfg, std::move(p));
 }
 
+// The fused form's fast paths, each way (FusedPaths): the defaults, every
+// plain alternative, and the views and packed product forced on.
+struct PathsCase {
+  const char* name;
+  FusedPaths paths;
+};
+const PathsCase kPaths[] = {
+    {"default", FusedPaths{}},
+    {"headmajor_separate_original", FusedPaths{FusedPaths::Heads::HeadMajor, false, false}},
+    {"views_packed_transposed", FusedPaths{FusedPaths::Heads::Views, true, true}},
+};
+
+// The fused form (every kernel, every path) against the textbook form,
+// which runs the reference kernel's plain loops and no BLAS: two
+// computations that share no arithmetic. Self-attention (one tensor as
+// query, key and value) where the shapes allow, so the packed product runs.
 template <class T>
 void check_forms_agree(const Case& c, double bound) {
   std::mt19937_64 rng(42);
   const auto mha = random_module<T>(config_of(c), rng);
-  const Inputs<T> in = make_inputs<T>(c, rng);
+  Inputs<T> in = make_inputs<T>(c, rng);
+  const bool self = c.L == c.S && c.kdim == 0 && c.vdim == 0;
   ForwardOptions<T> o;
   o.attn_mask = in.attn.get();
   o.key_padding_mask = in.kpm.get();
   o.attention.is_causal = c.causal;
-  o.need_weights = true;
   o.average_attn_weights = c.average;
-  for (AttentionKernel kernel : {AttentionKernel::Materialized, AttentionKernel::Reference}) {
-    o.attention.kernel = kernel;
-    const auto fused = mha.forward(in.q, in.k, in.v, o);
-    const auto book = mha.forward_textbook(in.q, in.k, in.v, o);
-    ASSERT_EQ(fused.output.shape(), book.output.shape());
-    ASSERT_EQ(fused.attn_weights->shape(), book.attn_weights->shape());
-    EXPECT_LT(rel_error(fused.output, book.output), bound) << "output, kernel " << to_string(kernel);
-    EXPECT_LT(rel_error(*fused.attn_weights, *book.attn_weights), bound) << "weights, kernel " << to_string(kernel);
+  for (bool same_tensor : {false, true}) {
+    if (same_tensor && !self) continue;
+    const Tensor<T>& k = same_tensor ? in.q : in.k;
+    const Tensor<T>& v = same_tensor ? in.q : in.v;
+    o.need_weights = true;
+    const auto book = mha.forward_textbook(in.q, k, v, o);
+    for (const PathsCase& paths : kPaths) {
+      o.paths = paths.paths;
+      for (AttentionKernel kernel : {AttentionKernel::Materialized, AttentionKernel::Reference, AttentionKernel::Flash}) {
+        if (kernel == AttentionKernel::Flash && !std::is_same_v<T, float>) continue;
+        o.attention.kernel = kernel;
+        o.need_weights = kernel != AttentionKernel::Flash;
+        const std::string where = std::string(" kernel ") + to_string(kernel) + " paths " + paths.name +
+                                  (same_tensor ? " self-attention" : "");
+        const auto fused = mha.forward(in.q, k, v, o);
+        ASSERT_EQ(fused.output.shape(), book.output.shape());
+        EXPECT_LT(rel_error(fused.output, book.output), bound) << "output," << where;
+        if (!o.need_weights) continue;
+        ASSERT_EQ(fused.attn_weights->shape(), book.attn_weights->shape());
+        EXPECT_LT(rel_error(*fused.attn_weights, *book.attn_weights), bound) << "weights," << where;
+      }
+    }
+    o.paths = FusedPaths{};
   }
 }
 
@@ -524,8 +555,15 @@ TEST(BadInput, EnvironmentSwitchesAreNamed) {
     expect_error([&] { (void)mha.forward(x, x, x); }, Error::Kind::Value,
                  {"MULTIHEAD_KERNEL: kernel: expected one of auto, reference, materialized, flash; got 'fast'"});
   }
-  expect_error([] { detail::simd_target_force("AVX9"); }, Error::Kind::Value,
-               {"AVX9", detail::simd_targets_available().back()});
+  {
+    struct PathsVariable {
+      PathsVariable() { setenv("MULTIHEAD_FUSED_PATHS", "fastest", 1); }
+      ~PathsVariable() { unsetenv("MULTIHEAD_FUSED_PATHS"); }
+    } scoped;
+    expect_error([&] { (void)mha.forward(x, x, x); }, Error::Kind::Value,
+                 {"MULTIHEAD_FUSED_PATHS: expected one of auto, plain; got 'fastest'"});
+  }
+  expect_error([] { simd_target_force("AVX9"); }, Error::Kind::Value, {"AVX9", simd_targets_available().back()});
 }
 
 // NaN in the inputs propagates (PyTorch's behaviour) unless check_finite.

@@ -81,7 +81,9 @@ struct MultiheadAttentionParameters {
 
 // The fused form's fast paths, each with a switch to its plain alternative.
 // Every setting computes the same function (the tests run the form-agreement
-// table under each); they differ in speed and rounding only.
+// table under each); they differ in speed and rounding only. The environment
+// variable MULTIHEAD_FUSED_PATHS=plain forces every plain alternative for
+// the process ("auto" or unset: as the call says).
 struct FusedPaths {
   // How split_heads hands the heads to the kernel.
   //  - Auto: strided views into the projection for S < 2048, else

@@ -14,7 +14,9 @@
 // ((L, B, E) or (B, L, E)); the plan's strides locate token (b, l).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include <omp.h>
 
@@ -24,6 +26,7 @@
 #include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
 #include "core/gemm.hpp"
+#include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead {
@@ -100,9 +103,21 @@ struct PathChoice {
 // masks).
 constexpr int64_t kHeadMajorFromKeys = 2048;
 
+// MULTIHEAD_FUSED_PATHS=plain forces every plain alternative (head-major
+// copies, separate products, the weights as stored) for the whole process,
+// so that a program such as the CLI can be checked both ways; "auto" or
+// unset leaves the call's FusedPaths. Read on every call, as MULTIHEAD_KERNEL.
+FusedPaths paths_from_environment(const FusedPaths& requested) {
+  const char* env = std::getenv("MULTIHEAD_FUSED_PATHS");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return requested;
+  if (std::strcmp(env, "plain") == 0) return FusedPaths{FusedPaths::Heads::HeadMajor, false, false};
+  throw Error(Error::Kind::Value, std::string("MULTIHEAD_FUSED_PATHS: expected one of auto, plain; got '") + env + "'");
+}
+
 template <class T>
-PathChoice choose_paths(const MultiheadAttentionConfig& c, const ForwardPlan& plan, const FusedPaths& paths,
+PathChoice choose_paths(const MultiheadAttentionConfig& c, const ForwardPlan& plan, const FusedPaths& requested,
                         const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value) {
+  const FusedPaths paths = paths_from_environment(requested);
   PathChoice r;
   const bool extra_keys = plan.S_total != plan.S;
   r.head_major = extra_keys || paths.heads == FusedPaths::Heads::HeadMajor ||
