@@ -27,6 +27,73 @@ std::string dims(std::initializer_list<const char*> names) {
   return s + ")";
 }
 
+// query, key and value have the same rank, 3 (batched) or 2 (unbatched).
+template <class T>
+void check_ranks(bool batch_first, const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value) {
+  const bool bf = batch_first;
+  if (query.dim() != 3 && query.dim() != 2)
+    fail_shape("query", bf ? "(B, L, E) or unbatched (L, E)" : "(L, B, E) or unbatched (L, E)", query.shape());
+  const int64_t rank = query.dim();
+  if (key.dim() != rank)
+    fail_shape("key", std::to_string(rank) + "-D like query: " +
+                          (rank == 2 ? std::string("(S, Ek)") : bf ? "(B, S, Ek)" : "(S, B, Ek)"),
+               key.shape());
+  if (value.dim() != rank)
+    fail_shape("value", std::to_string(rank) + "-D like query: " +
+                            (rank == 2 ? std::string("(S, Ev)") : bf ? "(B, S, Ev)" : "(S, B, Ev)"),
+               value.shape());
+}
+
+// B, L, S and the token strides of the caller's layout; checks the shapes.
+template <class T>
+void plan_tokens(bool bf, const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value, ForwardPlan& p) {
+  if (p.batched) {
+    p.B = bf ? query.size(0) : query.size(1);
+    p.L = bf ? query.size(1) : query.size(0);
+    p.S = bf ? key.size(1) : key.size(0);
+    // seq-first (L, B, E): token (b, l) is row l·B + b; batch-first: b·L + l.
+    p.q_batch_stride = bf ? p.L : 1;
+    p.q_seq_stride = bf ? 1 : p.B;
+    p.kv_batch_stride = bf ? p.S : 1;
+    p.kv_seq_stride = bf ? 1 : p.B;
+    expect_shape("query", query.shape(), bf ? Shape{p.B, p.L, p.E} : Shape{p.L, p.B, p.E});
+    expect_shape("key", key.shape(), bf ? Shape{p.B, p.S, p.Ek} : Shape{p.S, p.B, p.Ek});
+    expect_shape("value", value.shape(), bf ? Shape{p.B, p.S, p.Ev} : Shape{p.S, p.B, p.Ev});
+    return;
+  }
+  p.B = 1;
+  p.L = query.size(0);
+  p.S = key.size(0);
+  p.q_batch_stride = p.L;
+  p.q_seq_stride = 1;
+  p.kv_batch_stride = p.S;
+  p.kv_seq_stride = 1;
+  expect_shape("query", query.shape(), Shape{p.L, p.E});
+  expect_shape("key", key.shape(), Shape{p.S, p.Ek});
+  expect_shape("value", value.shape(), Shape{p.S, p.Ev});
+}
+
+template <class T>
+void check_masks(const ForwardPlan& p, const ForwardOptions<T>& options) {
+  if (const Mask<T>* m = options.key_padding_mask) {
+    const Shape expected = p.batched ? Shape{p.B, p.S} : Shape{p.S};
+    if (m->shape() != expected)
+      fail_shape("key_padding_mask", shape_to_string(expected) + (p.batched ? " = (B, S)" : " = (S)"),
+                 m->shape());
+  }
+  if (const Mask<T>* m = options.attn_mask) {
+    const Shape two = {p.L, p.S};
+    const Shape three = {p.B * p.H, p.L, p.S};
+    const Shape& s = m->shape();
+    if (s != two && s != three) {
+      const std::string three_name = p.batched ? dims({"B·H", "L", "S"}) : dims({"H", "L", "S"});
+      fail_shape("attn_mask",
+                 shape_to_string(two) + " = (L, S) or " + shape_to_string(three) + " = " + three_name,
+                 s);
+    }
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -45,54 +112,9 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
   p.D = config.head_dim();
   p.Ek = config.key_dim();
   p.Ev = config.value_dim();
-  const bool bf = config.batch_first;
-
-  if (query.dim() == 3) {
-    p.batched = true;
-  } else if (query.dim() == 2) {
-    p.batched = false;
-  } else {
-    fail_shape("query", bf ? "(B, L, E) or unbatched (L, E)" : "(L, B, E) or unbatched (L, E)",
-               query.shape());
-  }
-  const int64_t rank = query.dim();
-  if (key.dim() != rank)
-    fail_shape("key", std::to_string(rank) + "-D like query: " +
-                          (rank == 2 ? std::string("(S, Ek)") : bf ? "(B, S, Ek)" : "(S, B, Ek)"),
-               key.shape());
-  if (value.dim() != rank)
-    fail_shape("value", std::to_string(rank) + "-D like query: " +
-                            (rank == 2 ? std::string("(S, Ev)") : bf ? "(B, S, Ev)" : "(S, B, Ev)"),
-               value.shape());
-
-  if (p.batched) {
-    p.B = bf ? query.size(0) : query.size(1);
-    p.L = bf ? query.size(1) : query.size(0);
-    p.S = bf ? key.size(1) : key.size(0);
-    // seq-first (L, B, E): token (b, l) is row l·B + b; batch-first: b·L + l.
-    p.q_batch_stride = bf ? p.L : 1;
-    p.q_seq_stride = bf ? 1 : p.B;
-    p.kv_batch_stride = bf ? p.S : 1;
-    p.kv_seq_stride = bf ? 1 : p.B;
-    const Shape q_expected = bf ? Shape{p.B, p.L, p.E} : Shape{p.L, p.B, p.E};
-    const Shape k_expected = bf ? Shape{p.B, p.S, p.Ek} : Shape{p.S, p.B, p.Ek};
-    const Shape v_expected = bf ? Shape{p.B, p.S, p.Ev} : Shape{p.S, p.B, p.Ev};
-    expect_shape("query", query.shape(), q_expected);
-    expect_shape("key", key.shape(), k_expected);
-    expect_shape("value", value.shape(), v_expected);
-  } else {
-    p.B = 1;
-    p.L = query.size(0);
-    p.S = key.size(0);
-    p.q_batch_stride = p.L;
-    p.q_seq_stride = 1;
-    p.kv_batch_stride = p.S;
-    p.kv_seq_stride = 1;
-    expect_shape("query", query.shape(), Shape{p.L, p.E});
-    expect_shape("key", key.shape(), Shape{p.S, p.Ek});
-    expect_shape("value", value.shape(), Shape{p.S, p.Ev});
-  }
-
+  check_ranks(config.batch_first, query, key, value);
+  p.batched = query.dim() == 3;
+  plan_tokens(config.batch_first, query, key, value, p);
   p.S_total = p.S;
   if (config.add_bias_kv) p.bias_kv_col = p.S_total++;
   if (config.add_zero_attn) p.zero_attn_col = p.S_total++;
@@ -100,24 +122,7 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
     throw Error(Error::Kind::Shape,
                 "key: expected at least 1 key (sequence length S >= 1), got S = 0 with no "
                 "bias_k or zero-attention key");
-
-  if (const Mask<T>* m = options.key_padding_mask) {
-    const Shape expected = p.batched ? Shape{p.B, p.S} : Shape{p.S};
-    if (m->shape() != expected)
-      fail_shape("key_padding_mask", shape_to_string(expected) + (p.batched ? " = (B, S)" : " = (S)"),
-                 m->shape());
-  }
-  if (const Mask<T>* m = options.attn_mask) {
-    const Shape two = {p.L, p.S};
-    const Shape three = {p.B * p.H, p.L, p.S};
-    const Shape& s = m->shape();
-    if (s != two && s != three) {
-      const std::string three_name = p.batched ? dims({"B·H", "L", "S"}) : dims({"H", "L", "S"});
-      fail_shape("attn_mask",
-                 shape_to_string(two) + " = (L, S) or " + shape_to_string(three) + " = " + three_name,
-                 s);
-    }
-  }
+  check_masks(p, options);
   return p;
 }
 

@@ -55,12 +55,13 @@ struct HeadBuffers {
   std::vector<T> q, k, v, out, weights;
 };
 
-// Step 1 for head i of batch entry b: Q_i = Q W_i^Q, K_i = K W_i^K,
-// V_i = V W_i^V (rows i·D … i·D+D−1), then the extra key positions.
+// Step 1 for slice n = b·H + i (head i of batch entry b): Q_i = Q W_i^Q,
+// K_i = K W_i^K, V_i = V W_i^V (rows i·D … i·D+D−1), then the extra key
+// positions.
 template <class T>
 void project_head(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
-                  const ForwardPlan& plan, const Tensor<T>* qkv[3], int64_t b, int64_t i, HeadBuffers<T>& h) {
-  const int64_t E = plan.E, D = plan.D;
+                  const ForwardPlan& plan, const Tensor<T>* qkv[3], int64_t n, HeadBuffers<T>& h) {
+  const int64_t E = plan.E, D = plan.D, b = n / plan.H, i = n % plan.H;
   const bool packed = c.same_embed_dim();
   const T* Wq = packed ? p.in_proj_weight.data() : p.q_proj_weight.data();
   const T* Wk = packed ? p.in_proj_weight.data() + E * E : p.k_proj_weight.data();
@@ -81,12 +82,12 @@ void project_head(const MultiheadAttentionConfig& c, const MultiheadAttentionPar
     for (int64_t d = 0; d < D; ++d) h.k[plan.zero_attn_col * D + d] = h.v[plan.zero_attn_col * D + d] = 0;
 }
 
-// Step 2 for head i of batch entry b (slice n = b·H + i):
-// head_i = softmax(Q_i K_iᵀ / √D + masks) V_i, by the reference kernel.
+// Step 2 for slice n = b·H + i: head_i = softmax(Q_i K_iᵀ / √D + masks) V_i,
+// by the reference kernel.
 template <class T>
-void attend_one_head(const ForwardPlan& plan, const KernelMasks<T>& masks, const AttentionOptions& o, int64_t b,
-                     int64_t i, HeadBuffers<T>& h) {
-  const int64_t n = b * plan.H + i;
+void attend_one_head(const ForwardPlan& plan, const KernelMasks<T>& masks, const AttentionOptions& o, int64_t n,
+                     HeadBuffers<T>& h) {
+  const int64_t b = n / plan.H;
   AttentionShape shape;
   shape.slices = 1;
   shape.q_len = plan.L;
@@ -160,8 +161,8 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward_textbook(const Tensor<T>& q
                    std::vector<T>(L * D), std::vector<T>(L * St)};
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < H; ++i) {
-      project_head(config_, params_, plan, qkv, b, i, h);  // step 1
-      attend_one_head(plan, masks, o, b, i, h);               // step 2
+      project_head(config_, params_, plan, qkv, b * H + i, h);  // step 1
+      attend_one_head(plan, masks, o, b * H + i, h);               // step 2
       // Step 3: Concat(head_1, …, head_h): head i fills columns i·D … i·D+D−1.
       for (int64_t l = 0; l < L; ++l)
         for (int64_t d = 0; d < D; ++d) concat[(b * L + l) * E + i * D + d] = h.out[l * D + d];

@@ -15,80 +15,86 @@
 
 namespace multihead {
 
+namespace detail {
+namespace {
+
+// "..." followed by the given trailing dimensions.
+Shape with_tail(const Shape& lead, int64_t a, int64_t b) {
+  Shape s = lead;
+  s.push_back(a);
+  s.push_back(b);
+  return s;
+}
+
+// The sizes of a call, checked: query (..., L, D), key (..., S, D),
+// value (..., S, Dv).
+struct SdpaDims {
+  Shape lead;
+  int64_t L, S, D, Dv;
+};
+
+template <class T>
+SdpaDims check_dims(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value) {
+  if (query.dim() < 2) fail_shape("query", "(..., L, D) with at least 2 dimensions", query.shape());
+  const int64_t r = query.dim();
+  SdpaDims d{Shape(query.shape().begin(), query.shape().end() - 2), query.size(-2), 0, query.size(-1), 0};
+  const std::string rank = " of rank " + std::to_string(r);
+  if (key.dim() != r) fail_shape("key", "(..., S, " + std::to_string(d.D) + ")" + rank, key.shape());
+  d.S = key.size(-2);
+  expect_shape("key", key.shape(), with_tail(d.lead, d.S, d.D));
+  if (value.dim() != r) fail_shape("value", "(..., " + std::to_string(d.S) + ", Dv)" + rank, value.shape());
+  d.Dv = value.size(-1);
+  expect_shape("value", value.shape(), with_tail(d.lead, d.S, d.Dv));
+  return d;
+}
+
+// attn_mask as additive values, and its slice stride: (L, S) is shared by
+// every slice (stride 0), (..., L, S) has one per slice.
+template <class T>
+int64_t check_mask(const SdpaDims& d, const Mask<T>& mask) {
+  if (mask.shape() == Shape{d.L, d.S}) return 0;
+  const Shape full = with_tail(d.lead, d.L, d.S);
+  if (mask.shape() != full)
+    fail_shape("attn_mask", shape_to_string({d.L, d.S}) + " or " + shape_to_string(full), mask.shape());
+  return d.L * d.S;
+}
+
+}  // namespace
+}  // namespace detail
+
 template <class T>
 Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
                                        const Tensor<T>& value,
                                        const std::type_identity_t<Mask<T>>* attn_mask,
                                        const AttentionOptions& options, Tensor<T>* attn_weights) {
   detail::validate_attention_options(options);
-  if (query.dim() < 2) detail::fail_shape("query", "(..., L, D) with at least 2 dimensions", query.shape());
-  const int64_t r = query.dim();
-  const int64_t L = query.size(-2);
-  const int64_t D = query.size(-1);
-  Shape lead(query.shape().begin(), query.shape().end() - 2);
-  if (key.dim() != r) detail::fail_shape("key", "(..., S, " + std::to_string(D) + ") of rank " + std::to_string(r), key.shape());
-  const int64_t S = key.size(-2);
-  Shape key_expected = lead;
-  key_expected.push_back(S);
-  key_expected.push_back(D);
-  detail::expect_shape("key", key.shape(), key_expected);
-  if (value.dim() != r) detail::fail_shape("value", "(..., " + std::to_string(S) + ", Dv) of rank " + std::to_string(r), value.shape());
-  const int64_t Dv = value.size(-1);
-  Shape value_expected = lead;
-  value_expected.push_back(S);
-  value_expected.push_back(Dv);
-  detail::expect_shape("value", value.shape(), value_expected);
-  const int64_t N = shape_numel(lead);
-
+  const detail::SdpaDims d = detail::check_dims(query, key, value);
+  detail::AttentionTensors<T> tensors;
   Tensor<T> additive;
-  int64_t mask_stride = 0;
   if (attn_mask) {
-    Shape full = lead;
-    full.push_back(L);
-    full.push_back(S);
-    if (attn_mask->shape() == Shape{L, S}) {
-      mask_stride = 0;
-    } else if (attn_mask->shape() == full) {
-      mask_stride = L * S;
-    } else {
-      detail::fail_shape("attn_mask", shape_to_string({L, S}) + " or " + shape_to_string(full),
-                         attn_mask->shape());
-    }
+    tensors.attn_mask_slice_stride = detail::check_mask(d, *attn_mask);
     additive = attn_mask->to_additive();
+    tensors.attn_mask = additive.data();
   }
   if (options.check_finite) {
     detail::check_finite("query", query);
     detail::check_finite("key", key);
     detail::check_finite("value", value);
   }
-
-  Shape out_shape = lead;
-  out_shape.push_back(L);
-  out_shape.push_back(Dv);
-  Tensor<T> out(out_shape);
-  if (attn_weights) {
-    Shape w_shape = lead;
-    w_shape.push_back(L);
-    w_shape.push_back(S);
-    *attn_weights = Tensor<T>(w_shape);
-  }
+  Tensor<T> out(detail::with_tail(d.lead, d.L, d.Dv));
+  if (attn_weights) *attn_weights = Tensor<T>(detail::with_tail(d.lead, d.L, d.S));
   detail::AttentionShape shape;
-  shape.slices = N;
-  shape.q_len = L;
-  shape.kv_len = S;
-  shape.head_dim = D;
-  shape.value_dim = Dv;
-  shape.causal_cols = S;
-  detail::AttentionTensors<T> tensors;
+  shape.slices = shape_numel(d.lead);
+  shape.q_len = d.L;
+  shape.kv_len = shape.causal_cols = d.S;
+  shape.head_dim = d.D;
+  shape.value_dim = d.Dv;
   tensors.q = query.data();
   tensors.k = key.data();
   tensors.v = value.data();
-  tensors.attn_mask = attn_mask ? additive.data() : nullptr;
-  tensors.attn_mask_slice_stride = mask_stride;
   tensors.out = out.data();
   tensors.weights = attn_weights ? attn_weights->data() : nullptr;
-  const detail::AttentionArgs<T> a = detail::make_attention_args(shape, tensors, options);
-  detail::attention_forward(a, options.kernel);
+  detail::attention_forward(detail::make_attention_args(shape, tensors, options), options.kernel);
   return out;
 }
 
