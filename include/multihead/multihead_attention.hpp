@@ -8,7 +8,9 @@
 //  - forward_textbook(): the lesson's four steps, literally. For each head i
 //    it slices W_i^Q, W_i^K, W_i^V out of the packed weights and runs three
 //    small projections, then scaled dot-product attention, then concatenates
-//    the h outputs and applies W^O. Easy to read; used as a test oracle.
+//    the h outputs and applies W^O, all as plain loops (the attention step is
+//    always the reference kernel: no BLAS, no SIMD). Easy to read; the
+//    oracle the fused form is tested against.
 //  - forward(): what frameworks do. One projection product for all heads
 //    (in_projection), a reshape into heads (split_heads), attention for every
 //    head at once, merge_heads, out_projection.
@@ -159,7 +161,9 @@ class BasicMultiheadAttention {
                const ForwardOptions<T>& options, ForwardResult<T>& result) const;
   // Frees the pooled scratch buffers (they are rebuilt on demand).
   void release_workspaces() const;
-  // The lesson's four steps, one head at a time. Same contract as forward().
+  // The lesson's four steps, one head at a time, in plain loops. Same
+  // contract as forward(), except that options.attention.kernel and
+  // options.paths are ignored: it always runs the reference kernel.
   ForwardResult<T> forward_textbook(const Tensor<T>& query, const Tensor<T>& key,
                                     const Tensor<T>& value,
                                     const ForwardOptions<T>& options = {}) const;
