@@ -41,16 +41,18 @@ struct Weight {
   const T* data;
   int64_t ld;
   bool transposed;
+  int64_t in, out;
 };
 
-// y (rows × out) = x (rows × in) · Wᵀ + b, nn.Linear's y = x Wᵀ + b.
+// y (rows × out) = x (rows × in) · Wᵀ + b, nn.Linear's y = x Wᵀ + b; y's
+// rows are ldy apart.
 template <class T>
-void linear(int64_t rows, int64_t in, int64_t out, const T* x, Weight<T> w, const T* b, T* y, int64_t ldy) {
-  gemm(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, out, in, T(1), x, in, w.data, w.ld, T(0), y,
+void linear(int64_t rows, const T* x, const Weight<T>& w, const T* b, T* y, int64_t ldy) {
+  gemm(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, T(1), x, w.in, w.data, w.ld, T(0), y,
        ldy);
   if (b != nullptr)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < out; ++c) y[r * ldy + c] += b[c];
+      for (int64_t c = 0; c < w.out; ++c) y[r * ldy + c] += b[c];
 }
 
 // W_q, W_k, W_v (and, packed, all three as one (3E × E) weight), as the
@@ -72,20 +74,20 @@ InWeights<T> in_weights(const MultiheadAttentionConfig& c, const MultiheadAttent
   w.bv = bias ? bias + 2 * E : nullptr;
   if (c.same_embed_dim() && transposed) {  // (E, 3E): column blocks
     const T* base = wt.in_proj_t.data();
-    w = {{base, 3 * E, true}, {base + E, 3 * E, true}, {base + 2 * E, 3 * E, true}, {base, 3 * E, true},
-         w.bq, w.bk, w.bv};
+    w = {{base, 3 * E, true, E, E}, {base + E, 3 * E, true, E, E}, {base + 2 * E, 3 * E, true, E, E},
+         {base, 3 * E, true, E, 3 * E}, w.bq, w.bk, w.bv};
   } else if (c.same_embed_dim()) {  // (3E, E): row blocks
     const T* base = p.in_proj_weight.data();
-    w = {{base, E, false}, {base + E * E, E, false}, {base + 2 * E * E, E, false}, {base, E, false},
-         w.bq, w.bk, w.bv};
+    w = {{base, E, false, E, E}, {base + E * E, E, false, E, E}, {base + 2 * E * E, E, false, E, E},
+         {base, E, false, E, 3 * E}, w.bq, w.bk, w.bv};
   } else if (transposed) {
-    w.q = {wt.q_proj_t.data(), E, true};
-    w.k = {wt.k_proj_t.data(), E, true};
-    w.v = {wt.v_proj_t.data(), E, true};
+    w.q = {wt.q_proj_t.data(), E, true, E, E};
+    w.k = {wt.k_proj_t.data(), E, true, c.key_dim(), E};
+    w.v = {wt.v_proj_t.data(), E, true, c.value_dim(), E};
   } else {
-    w.q = {p.q_proj_weight.data(), E, false};
-    w.k = {p.k_proj_weight.data(), c.key_dim(), false};
-    w.v = {p.v_proj_weight.data(), c.value_dim(), false};
+    w.q = {p.q_proj_weight.data(), E, false, E, E};
+    w.k = {p.k_proj_weight.data(), c.key_dim(), false, c.key_dim(), E};
+    w.v = {p.v_proj_weight.data(), c.value_dim(), false, c.value_dim(), E};
   }
   return w;
 }
@@ -178,7 +180,7 @@ Heads<T> in_projection_views(const FusedCall<T>& f) {
   Heads<T> h;
   if (f.paths.packed_self) {  // one (tokens × E)·(E × 3E) product
     T* qkv = f.ws.take(f.ws.proj_q, static_cast<std::size_t>(q_rows * 3 * E));
-    linear(q_rows, E, 3 * E, f.query.data(), f.w.qkv, f.w.bq, qkv, 3 * E);
+    linear(q_rows, f.query.data(), f.w.qkv, f.w.bq, qkv, 3 * E);
     h.q = split_heads<const T>(qkv, 3 * E, plan.q_batch_stride, plan.q_seq_stride, D);
     h.k = split_heads<const T>(qkv + E, 3 * E, plan.kv_batch_stride, plan.kv_seq_stride, D);
     h.v = split_heads<const T>(qkv + 2 * E, 3 * E, plan.kv_batch_stride, plan.kv_seq_stride, D);
@@ -187,9 +189,9 @@ Heads<T> in_projection_views(const FusedCall<T>& f) {
   T* q = f.ws.take(f.ws.proj_q, static_cast<std::size_t>(q_rows * E));
   T* k = f.ws.take(f.ws.proj_k, static_cast<std::size_t>(kv_rows * E));
   T* v = f.ws.take(f.ws.proj_v, static_cast<std::size_t>(kv_rows * E));
-  linear(q_rows, E, E, f.query.data(), f.w.q, f.w.bq, q, E);
-  linear(kv_rows, plan.Ek, E, f.key.data(), f.w.k, f.w.bk, k, E);
-  linear(kv_rows, plan.Ev, E, f.value.data(), f.w.v, f.w.bv, v, E);
+  linear(q_rows, f.query.data(), f.w.q, f.w.bq, q, E);
+  linear(kv_rows, f.key.data(), f.w.k, f.w.bk, k, E);
+  linear(kv_rows, f.value.data(), f.w.v, f.w.bv, v, E);
   h.q = split_heads<const T>(q, E, plan.q_batch_stride, plan.q_seq_stride, D);
   h.k = split_heads<const T>(k, E, plan.kv_batch_stride, plan.kv_seq_stride, D);
   h.v = split_heads<const T>(v, E, plan.kv_batch_stride, plan.kv_seq_stride, D);
@@ -226,13 +228,12 @@ struct HeadsDestination {
   int64_t total_len;  // rows per slice (len, plus appended key columns)
 };
 
-// One input projected into head-major buffers: x (tokens, in) through w,
+// One input projected into head-major buffers: x (tokens, w.in) through w,
 // `parts` blocks of E output columns, tokens (b, l) for l < len, with
 // seq_stride locating them in the caller's layout.
 template <class T>
 struct HeadMajorProjection {
   const T* x;
-  int64_t in;
   Weight<T> w;
   const T* bias;
   int64_t parts;
@@ -267,7 +268,7 @@ void in_projection_split_heads(const HeadMajorProjection<T>& p, const ForwardPla
   const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   for (int64_t r0 = 0; r0 < tokens; r0 += block) {
     const int64_t rows = std::min(block, tokens - r0);
-    linear(rows, p.in, out, p.x + r0 * p.in, p.w, p.bias, y, out);
+    linear(rows, p.x + r0 * p.w.in, p.w, p.bias, y, out);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * out >= (int64_t{1} << 16))
     for (int64_t i = 0; i < rows; ++i) scatter_heads(p, plan, r0 + i, y + i * out);
   }
@@ -303,15 +304,15 @@ Heads<T> in_projection_head_major(const FusedCall<T>& f) {
   const int threads = f.options.attention.num_threads;
   if (f.paths.packed_self) {  // one product with W_in = [W_q; W_k; W_v]
     const HeadsDestination<T> dst[3] = {{q, L}, {k, St}, {v, St}};
-    in_projection_split_heads<T>({f.query.data(), plan.E, f.w.qkv, f.w.bq, 3, dst, L, plan.q_seq_stride}, plan,
+    in_projection_split_heads<T>({f.query.data(), f.w.qkv, f.w.bq, 3, dst, L, plan.q_seq_stride}, plan,
                                  threads, f.ws.proj_q);
   } else {
     const HeadsDestination<T> dq{q, L}, dk{k, St}, dv{v, St};
-    in_projection_split_heads<T>({f.query.data(), plan.E, f.w.q, f.w.bq, 1, &dq, L, plan.q_seq_stride}, plan,
+    in_projection_split_heads<T>({f.query.data(), f.w.q, f.w.bq, 1, &dq, L, plan.q_seq_stride}, plan,
                                  threads, f.ws.proj_q);
-    in_projection_split_heads<T>({f.key.data(), plan.Ek, f.w.k, f.w.bk, 1, &dk, S, plan.kv_seq_stride}, plan,
+    in_projection_split_heads<T>({f.key.data(), f.w.k, f.w.bk, 1, &dk, S, plan.kv_seq_stride}, plan,
                                  threads, f.ws.proj_q);
-    in_projection_split_heads<T>({f.value.data(), plan.Ev, f.w.v, f.w.bv, 1, &dv, S, plan.kv_seq_stride}, plan,
+    in_projection_split_heads<T>({f.value.data(), f.w.v, f.w.bv, 1, &dv, S, plan.kv_seq_stride}, plan,
                                  threads, f.ws.proj_q);
   }
   append_extra_keys(f, k, v);
@@ -353,9 +354,9 @@ void attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* weights)
 template <class T>
 void out_projection(const FusedCall<T>& f, const ProjectionWeights<T>& wt, const T* concat, T* out) {
   const int64_t E = f.config.embed_dim;
-  const Weight<T> w = f.paths.transposed ? Weight<T>{wt.out_proj_t.data(), E, true}
-                                         : Weight<T>{f.params.out_proj_weight.data(), E, false};
-  linear(f.plan.B * f.plan.L, E, E, concat, w, f.config.bias ? f.params.out_proj_bias.data() : nullptr, out, E);
+  const Weight<T> w = f.paths.transposed ? Weight<T>{wt.out_proj_t.data(), E, true, E, E}
+                                         : Weight<T>{f.params.out_proj_weight.data(), E, false, E, E};
+  linear(f.plan.B * f.plan.L, concat, w, f.config.bias ? f.params.out_proj_bias.data() : nullptr, out, E);
 }
 
 // Mean over heads: (B, H, L, S') -> (B, L, S'), PyTorch's sum(dim=1) / H.
