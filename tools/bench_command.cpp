@@ -9,7 +9,6 @@
 #include <random>
 #include <vector>
 
-
 #include "commands.hpp"
 #include "validators.hpp"
 #include "multihead/multihead_attention.hpp"
