@@ -29,9 +29,11 @@ using nlohmann::json;
 // The Rust crate's MAX_HEADER_SIZE: beyond this a header is hostile, not big.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-// Every dtype of the format's specification, in its order. The F8 variants
-// (F8_E4M3, F8_E5M2, …) and the sub-byte types came later and are refused:
-// no PyTorch state_dict of MultiheadAttention holds them.
+// The dtypes of the format's original specification, in its order: every
+// dtype a PyTorch state_dict of floats, bools and integers is written in.
+// The F8 variants (F8_E4M3, F8_E5M2, …) and the sub-byte types came later;
+// each would need its own decoder, so until a checkpoint needs one they are
+// refused with the list below.
 struct StDType {
   std::string_view name;
   DType dtype;
