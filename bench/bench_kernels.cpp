@@ -52,8 +52,7 @@ struct Problem {
     args.k = k.data();
     args.v = v.data();
     args.out = out.data();
-    args.is_causal = causal;
-    args.causal_cols = L;
+    args.modifiers.causal = {causal, multihead::CausalAlignment::TopLeft, 0, L};
     args.scale = 0.125f;
     args.num_threads = threads;
   }

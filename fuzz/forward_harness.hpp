@@ -235,13 +235,13 @@ void run_typed(const Inputs& in) {
   o.attn_mask = am.get();
   o.need_weights = in.flags & bits::kNeedWeights;
   o.average_attn_weights = in.flags & bits::kAverage;
-  o.is_causal = in.flags & bits::kCausal;
-  o.masked_rows = (in.flags & bits::kNanRows) ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
+  o.attention.is_causal = in.flags & bits::kCausal;
+  o.attention.masked_rows = (in.flags & bits::kNanRows) ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
   o.training = in.flags & bits::kTraining;
-  o.check_finite = in.flags & bits::kCheckFinite;
-  o.kernel = static_cast<AttentionKernel>(in.select & bits::kKernel);
-  o.num_threads = (in.select & bits::kTwoThreads) ? 2 : 1;
-  o.dropout_seed = in.dropout;
+  o.attention.check_finite = in.flags & bits::kCheckFinite;
+  o.attention.kernel = static_cast<AttentionKernel>(in.select & bits::kKernel);
+  o.attention.num_threads = (in.select & bits::kTwoThreads) ? 2 : 1;
+  o.attention.dropout_seed = in.dropout;
   const bool textbook = in.flags & bits::kTextbook;
 
   const ForwardResult<T> r = textbook ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);

@@ -48,13 +48,27 @@ def main():
     entry = '{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'
     near = {
         "overlap": st('{"a":%s,"b":%s}' % (entry % ("F32", "[4]", 0, 16), entry % ("F32", "[4]", 8, 24)), b"\0" * 24),
-        "dtype_i64": st('{"w":%s}' % (entry % ("I64", "[1]", 0, 8)), b"\0" * 8),
+        "dtype_f8": st('{"w":%s}' % (entry % ("F8_E4M3", "[1]", 0, 1)), b"\0"),
+        "i64_short": st('{"n":%s}' % (entry % ("I64", "[2]", 0, 16)), b"\0" * 12),
         "past_buffer": st('{"w":%s}' % (entry % ("BF16", "[2,2]", 0, 8)), b"\0" * 4),
         "metadata_number": st('{"__metadata__":{"a":"b","n":1},"w":%s}' % (entry % ("BOOL", "[]", 0, 1)), b"\1"),
         "duplicate": st('{"w":%s,"w":%s}' % (entry % ("F16", "[1]", 0, 2), entry % ("F16", "[1]", 2, 4)), b"\0" * 4),
     }
     for name, data in near.items():
         with open(os.path.join(out, "near_" + name + ".safetensors"), "wb") as f:
+            f.write(data)
+    # A whole model's integer buffers beside a weight: int64 (num_batches_tracked,
+    # position_ids) and a uint8 mask. Then two elements of each integer dtype,
+    # every 16 bytes (gaps are allowed).
+    buffers = '{"w":%s,"bn.num_batches_tracked":%s,"pos":%s,"mask":%s}' % (
+        entry % ("F32", "[2]", 0, 8), entry % ("I64", "[]", 8, 16), entry % ("I64", "[1,3]", 16, 40),
+        entry % ("U8", "[2,2]", 40, 44))
+    ints = [("U8", 1), ("I8", 1), ("U16", 2), ("I16", 2), ("U32", 4), ("I32", 4), ("U64", 8), ("I64", 8)]
+    every = ",".join('"%s":%s' % (d.lower(), entry % (d, "[2]", 16 * i, 16 * i + 2 * n))
+                     for i, (d, n) in enumerate(ints))
+    valid = {"buffers": st(buffers, bytes(range(44))), "every_integer": st("{%s}" % every, b"\1" * 128)}
+    for name, data in valid.items():
+        with open(os.path.join(out, "valid_" + name + ".safetensors"), "wb") as f:
             f.write(data)
 
 

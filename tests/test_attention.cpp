@@ -132,6 +132,34 @@ TEST(Sdpa, ThreadCountDoesNotChangeBits_Materialized_L300_S200) {
   EXPECT_EQ(w1.vec(), w2.vec());
 }
 
+// The public causal options reach the kernels: BottomRight is TopLeft with
+// the query offset S − L, on every kernel; an offset of S or more shows
+// every key (no mask at all).
+TEST(Sdpa, CausalAlignmentAndOffset_L5_S9) {
+  std::mt19937_64 rng(12);
+  const Tensor<float> q = random_tensor<float>({2, 5, 8}, rng), k = random_tensor<float>({2, 9, 8}, rng),
+                      v = random_tensor<float>({2, 9, 8}, rng);
+  for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Flash}) {
+    AttentionOptions br;
+    br.kernel = kernel;
+    br.is_causal = true;
+    br.causal_alignment = CausalAlignment::BottomRight;
+    AttentionOptions tl = br;
+    tl.causal_alignment = CausalAlignment::TopLeft;
+    tl.causal_query_offset = 9 - 5;
+    EXPECT_EQ(scaled_dot_product_attention(q, k, v, nullptr, br).vec(),
+              scaled_dot_product_attention(q, k, v, nullptr, tl).vec())
+        << to_string(kernel);
+    AttentionOptions all = tl;
+    all.causal_query_offset = 9;
+    AttentionOptions none;
+    none.kernel = kernel;
+    EXPECT_EQ(scaled_dot_product_attention(q, k, v, nullptr, all).vec(),
+              scaled_dot_product_attention(q, k, v, nullptr, none).vec())
+        << to_string(kernel);
+  }
+}
+
 TEST(Sdpa, BoolMaskTrueMeansMayNotAttend) {
   Tensor<double> q({1, 2}, 1.0), k({3, 2}, 1.0), v({3, 1});
   v[0] = 1, v[1] = 2, v[2] = 4;

@@ -173,11 +173,11 @@ std::unique_ptr<Prepared<T>> prepare(const Call& c, const MultiheadAttentionConf
   o.key_padding_mask = p->key_padding.get();
   o.need_weights = c.need_weights;
   o.average_attn_weights = c.average;
-  o.is_causal = c.causal;
+  o.attention.is_causal = c.causal;
   o.training = c.training;
-  o.dropout_seed = 1234;
-  o.kernel = c.kernel;
-  o.num_threads = c.threads;
+  o.attention.dropout_seed = 1234;
+  o.attention.kernel = c.kernel;
+  o.attention.num_threads = c.threads;
   return p;
 }
 
@@ -343,7 +343,7 @@ void check_thread_counts_agree(const ThreadCase& tc, const MultiheadAttentionCon
                   K::Auto, false, 1};
   auto p = prepare<T>(call, cfg, rng);
   const ForwardResult<T> one = run(m, *p);
-  p->options.num_threads = 2;
+  p->options.attention.num_threads = 2;
   const ForwardResult<T> two = run(m, *p);
   EXPECT_EQ(result_difference(two, one), "");
 }

@@ -50,7 +50,7 @@
 
 #include "attention/kernel.hpp"
 #include "multihead/error.hpp"
-#include "simd/flash_attention.hpp"
+#include "simd/softmax_row.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead {
@@ -205,15 +205,15 @@ AttentionArgs<T> make_args(const Inputs& in, Buffers<T>& b) {
   a.k = b.k.data();
   a.v = b.v.data();
   if (!b.mask.empty()) {
-    a.attn_mask = b.mask.data();
-    a.attn_mask_slice_stride = static_cast<int64_t>(b.mask.size()) == c.L * c.S ? 0 : c.L * c.S;
+    a.modifiers.attn_mask = b.mask.data();
+    a.modifiers.attn_mask_slice_stride = static_cast<int64_t>(b.mask.size()) == c.L * c.S ? 0 : c.L * c.S;
   }
-  if (!b.pad.empty()) a.key_padding = b.pad.data();
-  a.is_causal = c.causal;
-  a.causal_cols = c.causal_cols >= 0 ? c.causal_cols : c.S;
+  if (!b.pad.empty()) a.modifiers.key_padding = b.pad.data();
+  a.modifiers.causal.enabled = c.causal;
+  a.modifiers.causal.cols = c.causal_cols >= 0 ? c.causal_cols : c.S;
   a.scale = static_cast<T>(in.scale);
-  a.dropout_p = c.dropout;
-  a.dropout_seed = 0x5EED;
+  a.dropout.p = c.dropout;
+  a.dropout.seed = 0x5EED;
   a.masked_rows = c.policy;
   a.out = b.out.data();
   return a;
@@ -563,7 +563,7 @@ TEST(FlashChecker, FailsWhenOneElementIsPerturbed) {
 
 // Our 2^x for x <= 0 on every target: <= 2 ulp where the result is a normal
 // float, exactly 0 for -inf and below the flush threshold, exactly 1 at 0.
-TEST(FlashExp2, AccurateOnEveryTarget) {
+TEST(SimdExp2, AccurateOnEveryTarget) {
   std::vector<float> x;
   for (int i = 0; i <= 130000; ++i) x.push_back(-static_cast<float>(i) * 0.001f);
   for (float e : {-0.5f, -0.49999997f, -1e-30f, -1e-7f, -125.9f, -126.0f, -126.4f}) x.push_back(e);
@@ -572,7 +572,7 @@ TEST(FlashExp2, AccurateOnEveryTarget) {
   for (std::size_t count : {x.size(), std::size_t{1}, std::size_t{15}, std::size_t{17}}) {
     for (const std::string& target : detail::simd_targets_available()) {
       std::vector<float> y(count);
-      detail::flash_exp2_for_test(detail::simd_target_parse(target, "test"), x.data(), y.data(), count);
+      detail::exp2_nonpositive_for_test(detail::simd_target_parse(target, "test"), x.data(), y.data(), count);
       double worst_ulp = 0;
       for (std::size_t i = 0; i < count; ++i) {
         const double want = std::exp2(static_cast<double>(x[i]));
@@ -593,7 +593,7 @@ TEST(FlashExp2, AccurateOnEveryTarget) {
   }
 }
 
-// The materialized kernel's softmax numerators (FlashAttentionKernel::exp_row)
+// The materialized kernel's softmax numerators (src/simd/softmax_row.hpp)
 // on every target, against double: each element within 3 ulp (the
 // polynomial's 2, plus slack) of exp(x - max), plus what the two float
 // roundings of the argument cost: (x - max) and (x - max)·log2(e) each carry
@@ -601,11 +601,11 @@ TEST(FlashExp2, AccurateOnEveryTarget) {
 // the exponent is a relative error e in the result, so 2.4e-7·|x - max|.
 // The sum is within (count + 4)·2^-23 relative (float summation); -inf gives
 // 0; lengths go around the vector width.
-TEST(FlashExpRow, MatchesStdExpOnEveryTarget) {
+TEST(SoftmaxRow, MatchesStdExpOnEveryTarget) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-30.0f, 30.0f);
   for (const std::string& target : detail::simd_targets_available()) {
-    const auto kernel = detail::flash_attention_kernel_for(detail::simd_target_parse(target, "test"));
+    const detail::ExpRowF32Fn exp_row = detail::softmax_exp_row_for(detail::simd_target_parse(target, "test"));
     for (std::size_t count : {1, 2, 7, 15, 16, 17, 31, 33, 64, 100, 1000}) {
       for (float offset : {0.0f, 1e4f}) {  // large scores: the subtraction comes first
         std::vector<float> x(count);
@@ -613,7 +613,7 @@ TEST(FlashExpRow, MatchesStdExpOnEveryTarget) {
         if (count > 2) x[1] = -kInf;
         const float m = *std::max_element(x.begin(), x.end());
         std::vector<float> y = x;
-        const float sum = kernel.exp_row(y.data(), count, m);
+        const float sum = exp_row(y.data(), count, m);
         double want_sum = 0;
         for (std::size_t j = 0; j < count; ++j) {
           const double want = std::exp(static_cast<double>(x[j]) - m);
@@ -633,11 +633,11 @@ TEST(FlashExpRow, MatchesStdExpOnEveryTarget) {
     // +inf maximum (inf - inf), which the materialized kernel can pass when
     // a float mask holds +inf.
     std::vector<float> x = {0.0f, std::numeric_limits<float>::quiet_NaN(), -1.0f};
-    EXPECT_TRUE(std::isnan(kernel.exp_row(x.data(), x.size(), 0.0f))) << target;
+    EXPECT_TRUE(std::isnan(exp_row(x.data(), x.size(), 0.0f))) << target;
     EXPECT_TRUE(std::isnan(x[1])) << target;
     EXPECT_EQ(x[0], 1.0f) << target;
     std::vector<float> y = {kInf, 1.0f};
-    EXPECT_TRUE(std::isnan(kernel.exp_row(y.data(), y.size(), kInf))) << target;
+    EXPECT_TRUE(std::isnan(exp_row(y.data(), y.size(), kInf))) << target;
     EXPECT_TRUE(std::isnan(y[0])) << target;
     EXPECT_EQ(y[1], 0.0f) << target;
   }
@@ -660,7 +660,6 @@ TEST(FlashInterface, RejectsWeights) {
   }
 }
 
-TEST(FlashInterface, Available) { EXPECT_TRUE(detail::flash_available()); }
 
 std::string hwy_name(int64_t bit) {
   const ScopedTarget unused("");

@@ -240,6 +240,21 @@ TEST(DType, Names) {
   EXPECT_EQ(to_string(DType::BF16), "bfloat16");
   EXPECT_EQ(to_string(DType::F32), "float32");
   EXPECT_EQ(to_string(DType::F64), "float64");
+  EXPECT_EQ(to_string(DType::U8), "uint8");
+  EXPECT_EQ(to_string(DType::I8), "int8");
+  EXPECT_EQ(to_string(DType::U16), "uint16");
+  EXPECT_EQ(to_string(DType::I16), "int16");
+  EXPECT_EQ(to_string(DType::U32), "uint32");
+  EXPECT_EQ(to_string(DType::I32), "int32");
+  EXPECT_EQ(to_string(DType::U64), "uint64");
+  EXPECT_EQ(to_string(DType::I64), "int64");
+}
+
+TEST(DType, IntegersAreTheOnesNotDecoded) {
+  for (DType d : {DType::U8, DType::I8, DType::U16, DType::I16, DType::U32, DType::I32, DType::U64, DType::I64})
+    EXPECT_TRUE(is_integer(d)) << to_string(d);
+  for (DType d : {DType::Bool, DType::F16, DType::BF16, DType::F32, DType::F64})
+    EXPECT_FALSE(is_integer(d)) << to_string(d);
 }
 
 // ============================================================================
@@ -669,8 +684,14 @@ INSTANTIATE_TEST_SUITE_P(
                 st_file(w_entry("\"dtype\":\"F32\",\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,4]"), 8),
                 Kind::Format, {"key 'dtype' twice"}},
         BadCase{"entry_not_object", st_file("{\"w\":[1]}", 0), Kind::Format, {"tensor 'w'", "entry is array"}},
-        BadCase{"bad_dtype_i64", st_file(w_entry("\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]"), 8),
-                Kind::Format, {"tensor 'w'", "dtype I64 is not supported", "F16, BF16, F32, F64, BOOL"}},
+        BadCase{"bad_dtype_f8", st_file(w_entry("\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]"), 1),
+                Kind::Format,
+                {"tensor 'w'", "dtype F8_E4M3 is not supported",
+                 "(accepted: BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, BF16, F32, F64)"}},
+        BadCase{"bad_dtype_i128", st_file(w_entry("\"dtype\":\"I128\",\"shape\":[1],\"data_offsets\":[0,16]"), 16),
+                Kind::Format, {"tensor 'w'", "dtype I128 is not supported", "U64, I64"}},
+        BadCase{"bad_dtype_lowercase", st_file(w_entry("\"dtype\":\"i64\",\"shape\":[1],\"data_offsets\":[0,8]"), 8),
+                Kind::Format, {"tensor 'w'", "dtype i64 is not supported"}},
         BadCase{"dtype_not_string", st_file(w_entry("\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]"), 4),
                 Kind::Format, {"tensor 'w'", "'dtype' is number"}},
         BadCase{"missing_dtype", st_file(w_entry("\"shape\":[1],\"data_offsets\":[0,4]"), 4), Kind::Format,
@@ -714,6 +735,26 @@ INSTANTIATE_TEST_SUITE_P(
                 Kind::Format, {"tensor 'w'", "(2, 3) F32 needs 24 bytes", "[0, 20] span 20"}},
         BadCase{"wrong_byte_count_f16", st_file(w_entry("\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,12]"), 12),
                 Kind::Format, {"tensor 'w'", "F16 needs 6 bytes", "span 12"}},
+        // Integer tensors are not decoded, but validated by the same rules.
+        BadCase{"wrong_byte_count_i64", st_file(w_entry("\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[0,12]"), 12),
+                Kind::Format, {"tensor 'w'", "(3) I64 needs 24 bytes", "[0, 12] span 12"}},
+        BadCase{"wrong_byte_count_u16", st_file(w_entry("\"dtype\":\"U16\",\"shape\":[2,2],\"data_offsets\":[0,4]"), 4),
+                Kind::Format, {"tensor 'w'", "(2, 2) U16 needs 8 bytes", "span 4"}},
+        BadCase{"offsets_past_buffer_i32",
+                st_file(w_entry("\"dtype\":\"I32\",\"shape\":[4],\"data_offsets\":[0,16]"), 12),
+                Kind::Format, {"tensor 'w'", "[0, 16]", "12-byte data buffer"}},
+        BadCase{"bytes_overflow_u64_i64",
+                st_file(w_entry("\"dtype\":\"I64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,8]"), 8),
+                Kind::Format, {"tensor 'w'", "I64 needs more than 2^64", "span 8"}},
+        BadCase{"shape_product_overflow_u8",
+                st_file(w_entry("\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,1]"), 1),
+                Kind::Format, {"tensor 'w'", "(4294967296, 4294967296)", "overflows int64"}},
+        BadCase{"negative_dim_i8", st_file(w_entry("\"dtype\":\"I8\",\"shape\":[-1],\"data_offsets\":[0,1]"), 1),
+                Kind::Format, {"tensor 'w'", "shape[0] is -1"}},
+        BadCase{"overlap_integer_and_float",
+                st_file("{\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                        "\"n\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[4,12]}}", 12),
+                Kind::Format, {"'f' (data_offsets [0, 8])", "'n' (data_offsets [4, 12])", "overlap"}},
         BadCase{"overlap",
                 st_file("{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
                         "\"b\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}", 24),
@@ -752,9 +793,79 @@ TEST(Safetensors, GapsAndEmptyTensorsAreAccepted) {
   EXPECT_EQ(f.tensors.at("e").values.numel(), 0);
 }
 
+// ---- integer tensors: described, not decoded ---------------------------------
+
+struct IntegerCase {
+  std::string name;  // the file's dtype string
+  DType dtype;
+  uint64_t itemsize;
+};
+void PrintTo(const IntegerCase& c, std::ostream* os) { *os << c.name; }
+
+// A float tensor "f" at [0, 8), then an integer tensor "n" of shape (2, 3)
+// right after it, as a state_dict holding a buffer would be laid out.
+std::string file_with_integer(const IntegerCase& c) {
+  const uint64_t end = 8 + 6 * c.itemsize;
+  return st_file("{\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                 "\"n\":{\"dtype\":\"" + c.name + "\",\"shape\":[2,3],\"data_offsets\":[8," +
+                     std::to_string(end) + "]}}",
+                 end);
+}
+
+class SafetensorsInteger : public testing::TestWithParam<IntegerCase> {};
+
+TEST_P(SafetensorsInteger, IsDescribedAndNotDecoded) {
+  const IntegerCase& c = GetParam();
+  const std::string file = file_with_integer(c);
+  const SafetensorsFile f = parse_safetensors(bytes_of(file), file.size(), "m.safetensors");
+  ASSERT_EQ(f.integer_tensors.size(), 1u);
+  const IntegerTensorInfo& n = f.integer_tensors.at("n");
+  EXPECT_EQ(n.dtype, c.dtype);
+  EXPECT_EQ(shape_to_string(n.shape), "(2, 3)");
+  EXPECT_EQ(n.byte_size, 6 * c.itemsize);
+  ASSERT_EQ(f.tensors.size(), 1u) << "each name is in exactly one map";
+  EXPECT_EQ(f.tensors.count("f"), 1u);
+}
+
+TEST_P(SafetensorsInteger, TruncatedDataIsStillAnError) {
+  const std::string file = file_with_integer(GetParam());
+  const std::string buffer = std::to_string(8 + 6 * GetParam().itemsize - 1);
+  expect_error([&] { parse_safetensors(bytes_of(file), file.size() - 1, "m.safetensors"); }, Kind::Format,
+               {"m.safetensors: tensor 'n'", "end past the " + buffer + "-byte data buffer"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Io, SafetensorsInteger,
+                         testing::Values(IntegerCase{"U8", DType::U8, 1}, IntegerCase{"I8", DType::I8, 1},
+                                         IntegerCase{"U16", DType::U16, 2}, IntegerCase{"I16", DType::I16, 2},
+                                         IntegerCase{"U32", DType::U32, 4}, IntegerCase{"I32", DType::I32, 4},
+                                         IntegerCase{"U64", DType::U64, 8}, IntegerCase{"I64", DType::I64, 8}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(Safetensors, BoolIsStillDecoded) {
+  const std::string file =
+      st_file("{\"m\":{\"dtype\":\"BOOL\",\"shape\":[3],\"data_offsets\":[0,3]}}", 0) + std::string("\0\1\7", 3);
+  const SafetensorsFile f = parse_safetensors(bytes_of(file), file.size(), "m.safetensors");
+  EXPECT_TRUE(f.integer_tensors.empty());
+  const LoadedTensor& m = f.tensors.at("m");
+  EXPECT_EQ(m.dtype, DType::Bool);
+  EXPECT_EQ(m.values.vec(), (Storage<double>{0.0, 1.0, 1.0}));
+}
+
+TEST(Safetensors, EmptyIntegerTensorsHoldNoBytes) {
+  // An empty I64 tensor at an offset inside a float one overlaps nothing.
+  const std::string file = st_file(
+      "{\"f\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"n\":{\"dtype\":\"I64\",\"shape\":[0,5],\"data_offsets\":[4,4]}}",
+      8);
+  const SafetensorsFile f = parse_safetensors(bytes_of(file), file.size(), "m.safetensors");
+  EXPECT_EQ(f.integer_tensors.at("n").byte_size, 0u);
+  EXPECT_EQ(shape_to_string(f.integer_tensors.at("n").shape), "(0, 5)");
+}
+
 TEST(Safetensors, EveryTruncationIsAnError) {
+  const IntegerCase i64{"I64", DType::I64, 8};
   for (const std::string& file : {serialize_safetensors(sample_model(), {{"k", "v"}}),
-                                  slurp(kDataDir + "/safetensors/mixed.safetensors")}) {
+                                  slurp(kDataDir + "/safetensors/mixed.safetensors"), file_with_integer(i64)}) {
     for (std::size_t len = 0; len < file.size(); ++len) {
       SCOPED_TRACE("length " + std::to_string(len));
       expect_error([&] { parse_safetensors(bytes_of(file), len, "cut"); }, Kind::Format, {"cut: "});

@@ -57,8 +57,7 @@ TEST_P(KernelLayouts, StridedEqualsContiguous) {
   a.q_len = c.L;
   a.kv_len = c.S;
   a.head_dim = a.value_dim = c.D;
-  a.is_causal = true;
-  a.causal_cols = c.S;
+  a.modifiers.causal = {true, CausalAlignment::TopLeft, 0, c.S};
   a.scale = 0.5;
   Tensor<double> contiguous_out({N, c.L, c.D});
   a.q = q.data();

@@ -19,9 +19,9 @@
 
 #include "attention/projection_weights.hpp"
 #include "multihead/attention.hpp"
-#include "simd/targets.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "test_util.hpp"
 
 namespace multihead {
@@ -142,25 +142,56 @@ BasicMultiheadAttention<T> random_module(const MultiheadAttentionConfig& cfg, st
   return BasicMultiheadAttention<T>(cfg, std::move(p));
 }
 
+// The fused form's fast paths, each way (FusedPaths): the defaults, every
+// plain alternative, and the views and packed product forced on.
+struct PathsCase {
+  const char* name;
+  FusedPaths paths;
+};
+const PathsCase kPaths[] = {
+    {"default", FusedPaths{}},
+    {"headmajor_separate_original", FusedPaths{FusedPaths::Heads::HeadMajor, false, false}},
+    {"views_packed_transposed", FusedPaths{FusedPaths::Heads::Views, true, true}},
+};
+
+// The fused form (every kernel, every path) against the textbook form,
+// which runs the reference kernel's plain loops and no BLAS: two
+// computations that share no arithmetic. Self-attention (one tensor as
+// query, key and value) where the shapes allow, so the packed product runs.
 template <class T>
 void check_forms_agree(const Case& c, double bound) {
   std::mt19937_64 rng(42);
   const auto mha = random_module<T>(config_of(c), rng);
-  const Inputs<T> in = make_inputs<T>(c, rng);
+  Inputs<T> in = make_inputs<T>(c, rng);
+  const bool self = c.L == c.S && c.kdim == 0 && c.vdim == 0;
   ForwardOptions<T> o;
   o.attn_mask = in.attn.get();
   o.key_padding_mask = in.kpm.get();
-  o.is_causal = c.causal;
-  o.need_weights = true;
+  o.attention.is_causal = c.causal;
   o.average_attn_weights = c.average;
-  for (AttentionKernel kernel : {AttentionKernel::Materialized, AttentionKernel::Reference}) {
-    o.kernel = kernel;
-    const auto fused = mha.forward(in.q, in.k, in.v, o);
-    const auto book = mha.forward_textbook(in.q, in.k, in.v, o);
-    ASSERT_EQ(fused.output.shape(), book.output.shape());
-    ASSERT_EQ(fused.attn_weights->shape(), book.attn_weights->shape());
-    EXPECT_LT(rel_error(fused.output, book.output), bound) << "output, kernel " << to_string(kernel);
-    EXPECT_LT(rel_error(*fused.attn_weights, *book.attn_weights), bound) << "weights, kernel " << to_string(kernel);
+  for (bool same_tensor : {false, true}) {
+    if (same_tensor && !self) continue;
+    const Tensor<T>& k = same_tensor ? in.q : in.k;
+    const Tensor<T>& v = same_tensor ? in.q : in.v;
+    o.need_weights = true;
+    const auto book = mha.forward_textbook(in.q, k, v, o);
+    for (const PathsCase& paths : kPaths) {
+      o.paths = paths.paths;
+      for (AttentionKernel kernel : {AttentionKernel::Materialized, AttentionKernel::Reference, AttentionKernel::Flash}) {
+        if (kernel == AttentionKernel::Flash && !std::is_same_v<T, float>) continue;
+        o.attention.kernel = kernel;
+        o.need_weights = kernel != AttentionKernel::Flash;
+        const std::string where = std::string(" kernel ") + to_string(kernel) + " paths " + paths.name +
+                                  (same_tensor ? " self-attention" : "");
+        const auto fused = mha.forward(in.q, k, v, o);
+        ASSERT_EQ(fused.output.shape(), book.output.shape());
+        EXPECT_LT(rel_error(fused.output, book.output), bound) << "output," << where;
+        if (!o.need_weights) continue;
+        ASSERT_EQ(fused.attn_weights->shape(), book.attn_weights->shape());
+        EXPECT_LT(rel_error(*fused.attn_weights, *book.attn_weights), bound) << "weights," << where;
+      }
+    }
+    o.paths = FusedPaths{};
   }
 }
 
@@ -194,10 +225,10 @@ void check_long_self_attention(std::initializer_list<AttentionKernel> kernels, d
         const Tensor<T> x = random_tensor<T>(batch_first ? Shape{B, L, 16} : Shape{L, B, 16}, rng);
         ForwardOptions<T> o;
         o.need_weights = false;
-        o.is_causal = causal;
+        o.attention.is_causal = causal;
         const auto book = mha.forward_textbook(x, x, x, o);
         for (AttentionKernel kernel : kernels) {
-          o.kernel = kernel;
+          o.attention.kernel = kernel;
           const auto fused = mha.forward(x, x, x, o);
           EXPECT_LT(rel_error(fused.output, book.output), bound)
               << "batch_first " << batch_first << " B " << B << " causal " << causal << " kernel "
@@ -269,7 +300,7 @@ TEST(FusedForm, HeadMajorSelfAttentionWithExtraKeysMatchesTextbook) {
   for (bool need_weights : {false, true}) {
     ForwardOptions<float> o;
     o.need_weights = need_weights;
-    o.is_causal = true;
+    o.attention.is_causal = true;
     const auto fused = mha.forward(x, x, x, o);
     const auto book = mha.forward_textbook(x, x, x, o);
     EXPECT_LT(rel_error(fused.output, book.output), 1e-5) << "need_weights " << need_weights;
@@ -344,7 +375,7 @@ TEST(Edge, ScoresAround1e4StayFinite) {
   for (auto& e : x.vec()) e *= 3.0f;
   for (AttentionKernel kernel : {AttentionKernel::Auto, AttentionKernel::Materialized, AttentionKernel::Reference}) {
     ForwardOptions<float> o;
-    o.kernel = kernel;
+    o.attention.kernel = kernel;
     const auto r = big.forward(x, x, x, o);
     for (float y : r.output.vec()) ASSERT_TRUE(std::isfinite(y)) << to_string(kernel);
     for (float y : r.attn_weights->vec()) ASSERT_TRUE(std::isfinite(y)) << to_string(kernel);
@@ -365,7 +396,7 @@ TEST(Edge, FullyMaskedRowPolicies_Zeros_And_NaN) {
   o.key_padding_mask = &mask;
   o.average_attn_weights = false;
   for (int form = 0; form < 2; ++form) {
-    o.masked_rows = MaskedRowPolicy::Zeros;
+    o.attention.masked_rows = MaskedRowPolicy::Zeros;
     auto r = form ? mha.forward_textbook(x, x, x, o) : mha.forward(x, x, x, o);
     for (int64_t l = 0; l < 4; ++l)
       for (int64_t e = 0; e < 6; ++e) {
@@ -374,7 +405,7 @@ TEST(Edge, FullyMaskedRowPolicies_Zeros_And_NaN) {
         EXPECT_TRUE(std::isfinite(r.output[(l * 2 + 0) * 6 + e]));
       }
     for (int64_t x2 = 0; x2 < 3 * 4 * 4; ++x2) EXPECT_EQ((*r.attn_weights)[3 * 4 * 4 + x2], 0.0);
-    o.masked_rows = MaskedRowPolicy::NaN;
+    o.attention.masked_rows = MaskedRowPolicy::NaN;
     r = form ? mha.forward_textbook(x, x, x, o) : mha.forward(x, x, x, o);
     for (int64_t l = 0; l < 4; ++l)
       for (int64_t e = 0; e < 6; ++e) {
@@ -413,7 +444,7 @@ TEST(Dropout, RateAndScaling_p0_3) {
   ForwardOptions<double> eval, train;
   eval.average_attn_weights = train.average_attn_weights = false;
   train.training = true;
-  train.dropout_seed = 99;
+  train.attention.dropout_seed = 99;
   const auto a = mha.forward(x, x, x, eval);
   const auto d = mha.forward(x, x, x, train);
   int64_t dropped = 0, n = a.attn_weights->numel();
@@ -431,7 +462,7 @@ TEST(Dropout, RateAndScaling_p0_3) {
   // The same seed drops the same elements in both forms and every kernel.
   const auto book = mha.forward_textbook(x, x, x, train);
   EXPECT_LT(rel_error(d.output, book.output), 1e-12);
-  train.kernel = AttentionKernel::Reference;
+  train.attention.kernel = AttentionKernel::Reference;
   EXPECT_LT(rel_error(d.output, mha.forward(x, x, x, train).output), 1e-12);
   // Eval mode ignores dropout.
   EXPECT_LT(rel_error(a.output, mha.forward(x, x, x, ForwardOptions<double>{}).output), 1e-15);
@@ -497,7 +528,7 @@ TEST(BadInput, ShapesAreNamedWithExpectedAndActual) {
   Tensor<float> nan_q({5, 2, 8}, 0.0f);
   nan_q[17] = std::numeric_limits<float>::quiet_NaN();
   ForwardOptions<float> o3;
-  o3.check_finite = true;
+  o3.attention.check_finite = true;
   expect_error([&] { mha.forward(nan_q, k, k, o3); }, Error::Kind::Value, {"query", "nan", "(1, 0, 1)"});
   MultiheadAttentionConfig bad = cfg;
   bad.num_heads = 3;
@@ -524,8 +555,15 @@ TEST(BadInput, EnvironmentSwitchesAreNamed) {
     expect_error([&] { (void)mha.forward(x, x, x); }, Error::Kind::Value,
                  {"MULTIHEAD_KERNEL: kernel: expected one of auto, reference, materialized, flash; got 'fast'"});
   }
-  expect_error([] { detail::simd_target_force("AVX9"); }, Error::Kind::Value,
-               {"AVX9", detail::simd_targets_available().back()});
+  {
+    struct PathsVariable {
+      PathsVariable() { setenv("MULTIHEAD_FUSED_PATHS", "fastest", 1); }
+      ~PathsVariable() { unsetenv("MULTIHEAD_FUSED_PATHS"); }
+    } scoped;
+    expect_error([&] { (void)mha.forward(x, x, x); }, Error::Kind::Value,
+                 {"MULTIHEAD_FUSED_PATHS: expected one of auto, plain; got 'fastest'"});
+  }
+  expect_error([] { simd_target_force("AVX9"); }, Error::Kind::Value, {"AVX9", simd_targets_available().back()});
 }
 
 // NaN in the inputs propagates (PyTorch's behaviour) unless check_finite.
@@ -555,11 +593,11 @@ TEST(BadInput, OptionsAndParametersAreNamed) {
   const BasicMultiheadAttention<double> mha(cfg, 0);
   const Tensor<double> x({3, 1, 4}, 0.5);
   ForwardOptions<double> o;
-  o.num_threads = -1;
+  o.attention.num_threads = -1;
   expect_error([&] { mha.forward(x, x, x, o); }, Error::Kind::Value,
                {"num_threads: expected 0 (default) or more, got -1"});
   ForwardOptions<double> flash;
-  flash.kernel = AttentionKernel::Flash;
+  flash.attention.kernel = AttentionKernel::Flash;
   flash.need_weights = false;
   expect_error([&] { mha.forward(x, x, x, flash); }, Error::Kind::Value,
                {"kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)"});

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
@@ -23,15 +25,39 @@ namespace {
 namespace fs = std::filesystem;
 using Tensors = std::map<std::string, Tensor<float>>;
 
+using IntegerTensors = std::map<std::string, Shape>;  // name -> shape, written as I64 zeros
+
+// Our writer's bytes with I64 tensors appended after its data, as a PyTorch
+// export holding integer buffers lays them out. The header is re-padded to
+// 8 bytes, as the writer pads it.
+std::string with_int64_tensors(const std::string& bytes, const IntegerTensors& ints) {
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  std::string buffer = bytes.substr(8 + n);
+  for (const auto& [name, shape] : ints) {
+    const uint64_t begin = buffer.size(), size = 8 * static_cast<uint64_t>(shape_numel(shape));
+    header[name] = {{"dtype", "I64"}, {"shape", shape}, {"data_offsets", {begin, begin + size}}};
+    buffer.append(size, '\0');
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t len = text.size();
+  std::memcpy(out.data(), &len, 8);
+  return out + text + buffer;
+}
+
 // A safetensors file in a fresh folder, removed afterwards.
 class WeightsFile {
  public:
-  WeightsFile(const Tensors& tensors, const std::map<std::string, std::string>& metadata) {
+  WeightsFile(const Tensors& tensors, const std::map<std::string, std::string>& metadata,
+              const IntegerTensors& ints = {}) {
     std::string pattern = (fs::temp_directory_path() / "multihead-weights-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
     dir_ = pattern;
     path_ = dir_ + "/w.safetensors";
-    write_safetensors(path_, tensors, metadata);
+    write_file_atomic(path_, with_int64_tensors(serialize_safetensors(tensors, metadata), ints));
   }
   ~WeightsFile() {
     std::error_code ec;
@@ -109,6 +135,55 @@ TEST(LoadWeights, ErrorsListThePrefixesThatWouldWork) {
   o.prefix = "enc.layers.0.";
   const std::string msg = message_of([&] { load_weights(f.path(), o); });
   EXPECT_EQ(msg.rfind("enc.layers.0.linear1.weight: unexpected tensor", 0), 0u) << msg;
+}
+
+// ---- integer tensors: a whole model's buffers ------------------------------------
+
+const std::string kExpectedNames =
+    "(expected names: in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, q_proj_weight, "
+    "k_proj_weight, v_proj_weight, bias_k, bias_v)";
+
+TEST(LoadWeights, IntegerBuffersOutsideThePrefixAreIgnored) {
+  const Tensors model = two_layer_model();
+  const WeightsFile f(model, {{"num_heads", "2"}},
+                      {{"enc.layers.0.norm1.num_batches_tracked", {}}, {"embeddings.position_ids", {1, 512}}});
+  LoadOptions o;
+  o.prefix = "enc.layers.0.self_attn.";
+  const LoadedWeights w = load_weights(f.path(), o);
+  EXPECT_EQ(w.config.embed_dim, 8);
+  EXPECT_EQ(w.parameters.in_proj_weight[3], model.at("enc.layers.0.self_attn.in_proj_weight")[3]);
+  const std::vector<FoundModule> m = find_attention_modules(f.path());
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0].problem, "");
+  EXPECT_EQ(m[1].problem, "");
+}
+
+TEST(LoadWeights, IntegerBufferWithoutPrefixIsAnUnexpectedTensor) {
+  std::mt19937_64 rng(3);
+  Tensors t;
+  add_module(t, "enc.self_attn.", 4, 4, rng);
+  const WeightsFile f(t, {{"num_heads", "2"}}, {{"bn.num_batches_tracked", {}}});
+  EXPECT_EQ(message_of([&] { load_weights(f.path()); }),
+            "bn.num_batches_tracked: unexpected tensor in a MultiheadAttention state_dict " + kExpectedNames +
+                " (in " + f.path() + "); this file holds MultiheadAttention modules at prefixes enc.self_attn. "
+                "(pass one with --prefix)");
+}
+
+TEST(LoadWeights, IntegerTensorUnderAParameterNameIsAnError) {
+  std::mt19937_64 rng(5);
+  Tensors t;
+  add_module(t, "enc.self_attn.", 4, 4, rng);
+  t.erase("enc.self_attn.in_proj_weight");
+  const WeightsFile f(t, {{"num_heads", "2"}}, {{"enc.self_attn.in_proj_weight", {12, 4}}});
+  const std::string want = "enc.self_attn.in_proj_weight: expected dtype float16, bfloat16, float32 or float64, "
+                           "got int64 (in " + f.path() + ")";
+  LoadOptions o;
+  o.prefix = "enc.self_attn.";
+  EXPECT_EQ(message_of([&] { load_weights(f.path(), o); }), want);
+  const std::vector<FoundModule> m = find_attention_modules(f.path());
+  ASSERT_EQ(m.size(), 1u) << "the module is still found, and shown with its problem";
+  EXPECT_EQ(m[0].prefix, "enc.self_attn.");
+  EXPECT_EQ(m[0].problem, want);
 }
 
 TEST(LoadWeights, ReportsWhatItAssumed) {

@@ -9,14 +9,12 @@
 #include <random>
 #include <vector>
 
-#include <omp.h>
-
 #include "cli_manners.hpp"
 #include "commands.hpp"
 #include "validators.hpp"
-#include "core/gemm.hpp"
-#include "simd/targets.hpp"
+#include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 
 namespace multihead::cli {
 
@@ -46,8 +44,15 @@ Runner add_bench_command(CLI::App& app) {
   return [a] {
     apply_threads(a->threads);
     if (!a->simd_target.empty()) {
-      (void)detail::simd_target_parse(a->simd_target, "--simd-target");  // names the flag if unknown
-      detail::simd_target_force(a->simd_target);
+      try {
+        simd_target_force(a->simd_target);
+      } catch (const Error& e) {
+        // The flag, not the library function, is what the user typed.
+        std::string why = e.what();
+        const std::string function = "simd_target_force: ";
+        if (why.rfind(function, 0) == 0) why.erase(0, function.size());
+        throw Error(e.kind(), "--simd-target: " + why);
+      }
     }
     MultiheadAttentionConfig config;
     config.embed_dim = a->embed_dim;
@@ -62,9 +67,9 @@ Runner add_bench_command(CLI::App& app) {
     for (float& v : x.vec()) v = n(rng);
     ForwardOptions<float> o;
     o.need_weights = false;
-    o.is_causal = a->causal;
-    o.kernel = parse_attention_kernel(a->kernel);
-    o.num_threads = a->threads;
+    o.attention.is_causal = a->causal;
+    o.attention.kernel = parse_attention_kernel(a->kernel);
+    o.attention.num_threads = a->threads;
     for (int i = 0; i < a->warmup; ++i) (void)mha.forward(x, x, x, o);
     std::vector<double> ms;
     for (int i = 0; i < a->repeat; ++i) {
@@ -81,8 +86,8 @@ Runner add_bench_command(CLI::App& app) {
     std::printf("bench B=%lld L=%lld E=%lld H=%lld causal=%d threads=%d blas_threads=%d kernel=%s simd=%s\n",
                 static_cast<long long>(a->batch), static_cast<long long>(a->seq_len),
                 static_cast<long long>(a->embed_dim), static_cast<long long>(a->num_heads),
-                a->causal ? 1 : 0, a->threads > 0 ? a->threads : omp_get_max_threads(),
-                detail::blas_threads(), a->kernel.c_str(), detail::simd_target_current().c_str());
+                a->causal ? 1 : 0, a->threads > 0 ? a->threads : multihead::threads(),
+                blas_threads(), a->kernel.c_str(), simd_target_current().c_str());
     std::printf("median_ms=%.4f gflops=%.2f min_ms=%.4f max_ms=%.4f runs=%d\n", median,
                 flops / (median * 1e6), ms.front(), ms.back(), a->repeat);
   };

@@ -95,13 +95,13 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   o.attn_mask = attn_mask.get();
   o.need_weights = !args.attn_weights_out.empty();
   o.average_attn_weights = !args.no_average;
-  o.is_causal = args.is_causal;
+  o.attention.is_causal = args.is_causal;
   o.training = args.training;
-  o.dropout_seed = args.dropout_seed;
-  o.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
-  o.kernel = parse_attention_kernel(args.kernel);
-  o.num_threads = args.threads;
-  o.check_finite = args.check_finite;
+  o.attention.dropout_seed = args.dropout_seed;
+  o.attention.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
+  o.attention.kernel = parse_attention_kernel(args.kernel);
+  o.attention.num_threads = args.threads;
+  o.attention.check_finite = args.check_finite;
 
   ForwardResult<T> result;
   const auto t0 = std::chrono::steady_clock::now();

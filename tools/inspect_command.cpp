@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "commands.hpp"
 #include "multihead/error.hpp"
@@ -26,13 +27,30 @@ std::pair<std::string, std::string> from_metadata(const std::optional<V>& v, F&&
   return {"unknown", "(not in metadata)"};
 }
 
+struct TensorRow {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+
+// The decoded tensors and the integer ones, in one list in name order: to a
+// reader of the table they are all the file's tensors.
+std::vector<TensorRow> tensor_rows(const SafetensorsFile& file) {
+  std::vector<TensorRow> rows;
+  for (const auto& [name, t] : file.tensors) rows.push_back({name, t.dtype, t.values.shape()});
+  for (const auto& [name, t] : file.integer_tensors) rows.push_back({name, t.dtype, t.shape});
+  std::sort(rows.begin(), rows.end(), [](const TensorRow& a, const TensorRow& b) { return a.name < b.name; });
+  return rows;
+}
+
 void print_tensors(const SafetensorsFile& file) {
+  const std::vector<TensorRow> rows = tensor_rows(file);
   std::size_t width = 4;
-  for (const auto& [name, t] : file.tensors) width = std::max(width, name.size());
-  std::printf("tensors (%zu):\n", file.tensors.size());
-  for (const auto& [name, t] : file.tensors)
-    std::printf("  %-*s  %-8s  %s\n", static_cast<int>(width), name.c_str(), to_string(t.dtype).c_str(),
-                shape_to_string(t.values.shape()).c_str());
+  for (const TensorRow& r : rows) width = std::max(width, r.name.size());
+  std::printf("tensors (%zu):\n", rows.size());
+  for (const TensorRow& r : rows)
+    std::printf("  %-*s  %-8s  %s\n", static_cast<int>(width), r.name.c_str(), to_string(r.dtype).c_str(),
+                shape_to_string(r.shape).c_str());
 }
 
 void print_metadata(const SafetensorsFile& file) {

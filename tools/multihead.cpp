@@ -19,21 +19,16 @@
 #include <iostream>
 #include <new>
 
-#include <omp.h>
-
 #include "cli_manners.hpp"
 #include "commands.hpp"
-#include "core/gemm.hpp"
 #include "multihead/error.hpp"
 #include "multihead/version.hpp"
+#include "multihead/runtime.hpp"
 
 namespace multihead::cli {
 
 void apply_threads(int threads) {
-  if (threads > 0) {
-    omp_set_num_threads(threads);
-    detail::set_blas_threads(threads);
-  }
+  set_threads(threads);
 }
 
 }  // namespace multihead::cli

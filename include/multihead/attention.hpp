@@ -26,6 +26,12 @@ namespace multihead {
 //    need_weights path (torch.nn.MultiheadAttention in 1.13 always).
 enum class MaskedRowPolicy { Zeros, NaN };
 
+// Where the causal diagonal sits when L != S (see AttentionOptions).
+//  - TopLeft: query i sees keys j <= i, as PyTorch's is_causal.
+//  - BottomRight: the last query sees every key, j <= i + (S − L), as
+//    FlashAttention and KV-cache decoding need.
+enum class CausalAlignment { TopLeft, BottomRight };
+
 // Which implementation computes softmax(QKᵀ·scale + mask)V. All of them share
 // one internal interface (src/attention/kernel.hpp) and agree within the
 // tolerances documented in docs/semantics.md.
@@ -80,6 +86,11 @@ struct AttentionOptions {
   // Query i may attend only to keys j <= i (top-left aligned when L != S,
   // like torch's is_causal). Combined with attn_mask when both are given.
   bool is_causal = false;
+  // With is_causal: where the diagonal sits, and the position of query 0 in
+  // a longer sequence. Query i may see key j iff
+  //   j <= i + causal_query_offset + (BottomRight ? S − L : 0).
+  CausalAlignment causal_alignment = CausalAlignment::TopLeft;
+  int64_t causal_query_offset = 0;
   // Dropout on the attention weights, scaled by 1/(1-p) (PyTorch's rule).
   // Applied only when p > 0; the keep/drop decision for element
   // (slice, i, j) is a pure function of dropout_seed, so every kernel and

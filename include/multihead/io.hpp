@@ -23,11 +23,21 @@
 
 namespace multihead {
 
-enum class DType { Bool, F16, BF16, F32, F64 };
-std::string to_string(DType dtype);  // "bool", "float16", "bfloat16", "float32", "float64"
+// The element types a file may hold. Bool and the floating-point types are
+// decoded to double, which holds each of their values exactly. The integer
+// types (safetensors only) are described but never decoded: int64 and
+// uint64 do not fit a double exactly, and a checkpoint's integer tensors
+// (BatchNorm's num_batches_tracked, BERT's position_ids) are buffers that
+// no MultiheadAttention parameter can be.
+enum class DType { Bool, F16, BF16, F32, F64, U8, I8, U16, I16, U32, I32, U64, I64 };
+// NumPy's names: "bool", "float16", "bfloat16", "float32", "float64",
+// "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64".
+std::string to_string(DType dtype);
+// U8 … I64; not Bool, which is decoded.
+bool is_integer(DType dtype);
 
-// A tensor read from a file, converted to double (exact for every DType
-// above), with the dtype it had on disk. Bool elements become 0.0 / 1.0.
+// A tensor read from a file, converted to double (exact for every decoded
+// DType), with the dtype it had on disk. Bool elements become 0.0 / 1.0.
 struct LoadedTensor {
   DType dtype = DType::F64;
   Tensor<double> values;
@@ -53,13 +63,28 @@ std::string serialize_npy(const Tensor<T>& tensor);
 //  "__metadata__": {"key": "value", …}}, then the data buffer. Offsets are
 // relative to the buffer; tensors must lie inside it, must not overlap, and
 // must have exactly numel × itemsize bytes.
+//
+// Every dtype of the format is accepted: BOOL, U8, I8, U16, I16, U32, I32,
+// U64, I64, F16, BF16, F32, F64 (others, such as F8_E4M3, are an error that
+// lists these). Every tensor is validated by the rules above, whatever its
+// dtype; then it goes to one of two maps, so each name is in exactly one:
+//  - `tensors`: BOOL, F16, BF16, F32, F64, decoded to double (exact);
+//  - `integer_tensors`: U8 … I64, described and not decoded. Decoding would
+//    be lossy (int64 to double) and, for a whole model's file, spend memory
+//    on buffers that multihead has no use for.
+struct IntegerTensorInfo {
+  DType dtype = DType::I64;
+  Shape shape;
+  uint64_t byte_size = 0;  // numel × itemsize: what its data_offsets span
+};
+
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
   std::map<std::string, LoadedTensor> tensors;
+  std::map<std::string, IntegerTensorInfo> integer_tensors;
 };
 
-// Reads F32, F64, F16 and BF16 tensors (and BOOL). `name` is what error
-// messages call the file (e.g. its path).
+// `name` is what error messages call the file (e.g. its path).
 SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name);
 SafetensorsFile read_safetensors(const std::string& path);
 

@@ -8,7 +8,9 @@
 //  - forward_textbook(): the lesson's four steps, literally. For each head i
 //    it slices W_i^Q, W_i^K, W_i^V out of the packed weights and runs three
 //    small projections, then scaled dot-product attention, then concatenates
-//    the h outputs and applies W^O. Easy to read; used as a test oracle.
+//    the h outputs and applies W^O, all as plain loops (the attention step is
+//    always the reference kernel: no BLAS, no SIMD). Easy to read; the
+//    oracle the fused form is tested against.
 //  - forward(): what frameworks do. One projection product for all heads
 //    (in_projection), a reshape into heads (split_heads), attention for every
 //    head at once, merge_heads, out_projection.
@@ -79,6 +81,30 @@ struct MultiheadAttentionParameters {
   Tensor<T> bias_v;          // (1, 1, E)        when add_bias_kv
 };
 
+// The fused form's fast paths, each with a switch to its plain alternative.
+// Every setting computes the same function (the tests run the form-agreement
+// table under each); they differ in speed and rounding only. The environment
+// variable MULTIHEAD_FUSED_PATHS=plain forces every plain alternative for
+// the process ("auto" or unset: as the call says).
+struct FusedPaths {
+  // How split_heads hands the heads to the kernel.
+  //  - Auto: strided views into the projection for S < 2048, else
+  //    head-major copies (views of long rows thrash the cache: see
+  //    multihead_attention_forward.cpp).
+  //  - Views: always views, except with bias_k or the zero-attention key,
+  //    which need the extra key rows that only a copy has.
+  //  - HeadMajor: always copies, projected block by block.
+  enum class Heads { Auto, Views, HeadMajor };
+  Heads heads = Heads::Auto;
+  // Self-attention (query, key and value are one tensor) with packed weights:
+  // one (tokens × E)·(E × 3E) product, PyTorch's _in_projection_packed fast
+  // case. false: three products, one per input.
+  bool packed_self_projection = true;
+  // Multiply by the transposed copies of the projection weights that the
+  // module keeps (faster for short inputs); false: by the weights as stored.
+  bool transposed_weights = true;
+};
+
 // Arguments of MultiheadAttention.forward, same names and defaults (plus the
 // options PyTorch keeps elsewhere: training mode, policy, kernel, threads).
 template <class T>
@@ -87,15 +113,16 @@ struct ForwardOptions {
   bool need_weights = true;
   const Mask<T>* attn_mask = nullptr;
   bool average_attn_weights = true;
-  bool is_causal = false;
   // PyTorch modules start in training mode; we default to inference, since
-  // training-mode dropout is random. Dropout applies only when training.
+  // training-mode dropout is random. Dropout applies only when training, at
+  // the rate MultiheadAttentionConfig::dropout.
   bool training = false;
-  uint64_t dropout_seed = 0;
-  MaskedRowPolicy masked_rows = MaskedRowPolicy::Zeros;
-  AttentionKernel kernel = AttentionKernel::Auto;
-  int num_threads = 0;
-  bool check_finite = false;
+  // The attention step's options: is_causal (and its alignment),
+  // dropout_seed, masked_rows, kernel, num_threads, check_finite, scale
+  // (unset = 1/√D, as PyTorch). attention.dropout_p must stay 0: the rate
+  // is the module's.
+  AttentionOptions attention;
+  FusedPaths paths;
 };
 
 template <class T>
@@ -134,7 +161,9 @@ class BasicMultiheadAttention {
                const ForwardOptions<T>& options, ForwardResult<T>& result) const;
   // Frees the pooled scratch buffers (they are rebuilt on demand).
   void release_workspaces() const;
-  // The lesson's four steps, one head at a time. Same contract as forward().
+  // The lesson's four steps, one head at a time, in plain loops. Same
+  // contract as forward(), except that options.attention.kernel and
+  // options.paths are ignored: it always runs the reference kernel.
   ForwardResult<T> forward_textbook(const Tensor<T>& query, const Tensor<T>& key,
                                     const Tensor<T>& value,
                                     const ForwardOptions<T>& options = {}) const;

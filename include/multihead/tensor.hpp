@@ -23,7 +23,7 @@ namespace multihead {
 // and a full AVX-512 vector), and for blocks of 4 MiB or more aligned to 2 MiB
 // and advised as transparent huge pages. On the machines we measured, a
 // first-touched 4 KiB page costs ~13 µs, so a large fresh buffer fills at
-// 0.3 GB/s; with huge pages it fills at ~16 GB/s (issue "Fast").
+// 0.3 GB/s; with huge pages it fills at ~16 GB/s.
 void* allocate_storage(std::size_t bytes);
 void free_storage(void* p) noexcept;
 

@@ -61,7 +61,10 @@ struct LoadedWeights {
 // multihead::Error naming the tensor or metadata key (and the file) with the
 // expected and the actual value. Unknown tensor names under the prefix are
 // rejected, as load_state_dict(strict=True) does; the message then lists the
-// prefixes of the MultiheadAttention modules the file does hold.
+// prefixes of the MultiheadAttention modules the file does hold. Tensors
+// outside the prefix are ignored whatever their dtype, so a whole model's
+// integer buffers (num_batches_tracked, position_ids) do not matter; an
+// integer tensor under a parameter's name is an error naming its dtype.
 LoadedWeights load_weights(const std::string& path, const LoadOptions& options = {});
 inline LoadedWeights load_weights(const std::string& path, const WeightOverrides& overrides) {
   return load_weights(path, LoadOptions{"", overrides});
@@ -78,7 +81,8 @@ struct FoundModule {
   std::optional<int64_t> num_heads;
   std::optional<bool> batch_first, add_zero_attn;
   std::optional<double> dropout;
-  // Why load_weights would refuse these tensors or metadata; empty if it would not.
+  // Why load_weights would refuse these tensors (an integer dtype, a shape)
+  // or metadata; empty if it would not.
   std::string problem;
 };
 

@@ -10,6 +10,8 @@ The C++ library `multihead` through pybind11 (the extension `_multihead`):
   state_dict() and load_state_dict().
 - scaled_dot_product_attention: torch.nn.functional's (PyTorch 2.x).
 - load_weights / save_weights: safetensors files under PyTorch's names.
+- set_threads, simd_target_force, kernel_force, ...: process-wide switches
+  (multihead/runtime.hpp).
 
 C-contiguous float32/float64 arrays are read in place; other layouts and
 dtypes are converted once. Errors are ValueError (shapes, values: the
@@ -19,9 +21,17 @@ from ._multihead import (  # noqa: F401
     MultiheadAttention,
     __version__,
     _debug_last_call,
+    blas_threads,
+    kernel_force,
+    kernel_forced,
     load_weights,
     save_weights,
     scaled_dot_product_attention,
+    set_threads,
+    simd_target_current,
+    simd_target_force,
+    simd_targets_available,
+    threads,
 )
 
 __all__ = [
@@ -29,5 +39,13 @@ __all__ = [
     "scaled_dot_product_attention",
     "load_weights",
     "save_weights",
+    "set_threads",
+    "threads",
+    "blas_threads",
+    "simd_targets_available",
+    "simd_target_current",
+    "simd_target_force",
+    "kernel_force",
+    "kernel_forced",
     "__version__",
 ]

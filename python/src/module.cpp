@@ -29,6 +29,7 @@
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "multihead/version.hpp"
 #include "multihead/weights.hpp"
 #include "options.hpp"
@@ -238,14 +239,6 @@ class PyMultiheadAttention {
     HeldTensor<T> q = float_tensor<T>(query, "query");
     HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
     HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
-    // forward() takes three tensors at one address as one tensor (its packed
-    // self-attention product). Arrays at one address but of other shapes
-    // (x[:2] and x) are not one tensor: give key and value their own copies.
-    if (q.tensor.data() == k.tensor.data() && k.tensor.data() == v.tensor.data() &&
-        (q.tensor.shape() != k.tensor.shape() || k.tensor.shape() != v.tensor.shape())) {
-      k.tensor = Tensor<T>(k.tensor);
-      v.tensor = Tensor<T>(v.tensor);
-    }
     const HeldMask<T> kpm = mask_arg<T>(key_padding_mask, "key_padding_mask");
     const HeldMask<T> am = mask_arg<T>(attn_mask, "attn_mask");
     const ForwardOptions<T> fo = forward_options<T>(o, kpm.get(), am.get());
@@ -562,6 +555,28 @@ PYBIND11_MODULE(_multihead, m) {
       "path"_a, "module"_a,
       "save_weights(path, module)\n\nWrites the module's state_dict as F32 safetensors, with its configuration in\n"
       "__metadata__ (what load_weights reads). Atomic: a failure leaves no partial file.");
+
+  // multihead/runtime.hpp: process-wide switches, as the CLI's --threads,
+  // --simd-target and MULTIHEAD_KERNEL.
+  m.def("set_threads", &multihead::set_threads, "threads"_a,
+        "set_threads(threads)\n\nThreads of the library's parallel loops and of its BLAS, for every later call;\n"
+        "threads <= 0 leaves both as they are. A call's num_threads > 0 still wins for its own loops.");
+  m.def("threads", &multihead::threads, "threads() -> int\n\nThreads the library's loops use for num_threads=0.");
+  m.def("blas_threads", &multihead::blas_threads, "blas_threads() -> int\n\nThreads the BLAS uses now.");
+  m.def("simd_targets_available", &multihead::simd_targets_available,
+        "simd_targets_available() -> list[str]\n\nSIMD targets compiled in that this CPU runs, best first.");
+  m.def("simd_target_current", &multihead::simd_target_current,
+        "simd_target_current() -> str\n\nThe target the SIMD kernels dispatch to now.");
+  m.def("simd_target_force", &multihead::simd_target_force, "name"_a,
+        "simd_target_force(name)\n\nForces a SIMD target (e.g. 'AVX2') for every later call; '' lifts it.");
+  m.def(
+      "kernel_force", [](const std::string& name) { multihead::kernel_force(parse_attention_kernel(name)); },
+      "name"_a,
+      "kernel_force(name)\n\nForces 'reference', 'materialized' or 'flash' for every later call, whatever the\n"
+      "call asks for; 'auto' lifts it.");
+  m.def(
+      "kernel_forced", [] { return to_string(multihead::kernel_forced()); },
+      "kernel_forced() -> str\n\nThe forced kernel, or 'auto'.");
 
   m.def(
       "_debug_last_call",

@@ -36,24 +36,6 @@ inline MaskedRowPolicy parse_masked_rows(const std::string& s) {
   throw Error(Error::Kind::Value, "masked_rows: expected 'zeros' or 'nan', got '" + s + "'");
 }
 
-template <class T>
-ForwardOptions<T> forward_options(const CallOptions& o, const Mask<T>* key_padding_mask,
-                                  const Mask<T>* attn_mask) {
-  ForwardOptions<T> f;
-  f.key_padding_mask = key_padding_mask;
-  f.attn_mask = attn_mask;
-  f.need_weights = o.need_weights;
-  f.average_attn_weights = o.average_attn_weights;
-  f.is_causal = o.is_causal;
-  f.training = o.training;
-  f.dropout_seed = o.dropout_seed;
-  f.masked_rows = parse_masked_rows(o.masked_rows);
-  f.kernel = parse_attention_kernel(o.kernel);
-  f.num_threads = o.num_threads;
-  f.check_finite = o.check_finite;
-  return f;
-}
-
 inline AttentionOptions attention_options(const CallOptions& o) {
   AttentionOptions a;
   a.scale = o.scale;
@@ -65,6 +47,22 @@ inline AttentionOptions attention_options(const CallOptions& o) {
   a.num_threads = o.num_threads;
   a.check_finite = o.check_finite;
   return a;
+}
+
+template <class T>
+ForwardOptions<T> forward_options(const CallOptions& o, const Mask<T>* key_padding_mask,
+                                  const Mask<T>* attn_mask) {
+  ForwardOptions<T> f;
+  f.key_padding_mask = key_padding_mask;
+  f.attn_mask = attn_mask;
+  f.need_weights = o.need_weights;
+  f.average_attn_weights = o.average_attn_weights;
+  f.training = o.training;
+  // The attention step's options; its dropout rate is the module's, so
+  // attention.dropout_p stays 0.
+  f.attention = attention_options(o);
+  f.attention.dropout_p = 0.0;
+  return f;
 }
 
 }  // namespace multihead::python

@@ -220,3 +220,36 @@ def test_stubs_name_every_public_function():
             assert f"def {name}" in text or f"class {name}" in text, name
     for method in ("forward", "__call__", "state_dict", "load_state_dict", "train", "eval"):
         assert f"def {method}(" in text and hasattr(multihead.MultiheadAttention, method), method
+
+
+def test_runtime_switches():
+    """multihead/runtime.hpp from Python: a forced kernel or SIMD target gives
+    the same answer (to rounding), and the switches lift again."""
+    mha = multihead.MultiheadAttention(16, 4, seed=3)
+    x = np.random.default_rng(0).standard_normal((9, 2, 16)).astype(np.float32)
+    expected, _ = mha(x, x, x, need_weights=False)
+    try:
+        multihead.kernel_force("reference")
+        assert multihead.kernel_forced() == "reference"
+        out, _ = mha(x, x, x, need_weights=False)
+        assert np.linalg.norm(out - expected) / np.linalg.norm(expected) < 1e-5
+        multihead.kernel_force("auto")
+        assert multihead.kernel_forced() == "auto"
+        targets = multihead.simd_targets_available()
+        assert targets and multihead.simd_target_current() in targets
+        multihead.simd_target_force(targets[-1])
+        assert multihead.simd_target_current() == targets[-1]
+        out, _ = mha(x, x, x, need_weights=False, kernel="flash")
+        assert np.linalg.norm(out - expected) / np.linalg.norm(expected) < 1e-5
+    finally:
+        multihead.kernel_force("auto")
+        multihead.simd_target_force("")
+    with pytest.raises(ValueError, match="bogus"):
+        multihead.simd_target_force("bogus")
+    with pytest.raises(ValueError, match="bogus"):
+        multihead.kernel_force("bogus")
+    before = multihead.threads()
+    multihead.set_threads(1)
+    assert multihead.threads() == 1
+    multihead.set_threads(before)
+    assert multihead.blas_threads() >= 1

@@ -3,15 +3,19 @@
 #include <string>
 
 #include "attention/kernel.hpp"
+#include "attention/kernel_force.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead::detail {
 namespace {
 
-// MULTIHEAD_KERNEL forces a kernel for the whole process, so one binary can
-// check its fast path against its reference ("reference", "materialized",
-// "flash", "auto"). Read on every call: cheap, and tests may change it.
-AttentionKernel kernel_from_environment(AttentionKernel requested) {
+// kernel_force() (multihead/runtime.hpp), else MULTIHEAD_KERNEL, forces a
+// kernel for the whole process, so one binary can check its fast path
+// against its reference ("reference", "materialized", "flash", "auto").
+// Read on every call: cheap, and tests may change it.
+AttentionKernel forced_or(AttentionKernel requested) {
+  const AttentionKernel forced = forced_kernel().load(std::memory_order_relaxed);
+  if (forced != AttentionKernel::Auto) return forced;
   const char* env = std::getenv("MULTIHEAD_KERNEL");
   if (env == nullptr || *env == '\0') return requested;
   try {
@@ -26,7 +30,7 @@ bool flash_can_serve(const AttentionArgs<T>& a) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    return flash_available() && a.weights == nullptr;
+    return a.weights == nullptr;
   }
 }
 
@@ -34,7 +38,7 @@ bool flash_can_serve(const AttentionArgs<T>& a) {
 
 template <class T>
 void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) {
-  AttentionKernel kernel = kernel_from_environment(requested);
+  AttentionKernel kernel = forced_or(requested);
   if (kernel == AttentionKernel::Flash && !flash_can_serve(args)) {
     // Forcing flash where it cannot run is a usage error, not a silent swap.
     if (args.weights != nullptr)
@@ -44,7 +48,6 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) 
     if constexpr (!std::is_same_v<T, float>)
       throw Error(Error::Kind::Value,
                   "kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)");
-    throw Error(Error::Kind::Value, "kernel: flash is not available in this build");
   }
   if (kernel == AttentionKernel::Auto)
     kernel = flash_can_serve(args) ? AttentionKernel::Flash : AttentionKernel::Materialized;

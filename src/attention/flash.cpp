@@ -1,6 +1,6 @@
 // src/attention/flash.cpp: the fused (flash) attention forward, float32.
 //
-// Legend (kernel.hpp): N slices (B·H), L queries, S keys, D head width,
+// Legend (src/kernel/attention_args.hpp): N slices (B·H), L queries, S keys, D head width,
 // Dv value width.
 //
 // This file validates the call, splits it into work items of
@@ -16,7 +16,7 @@
 // BLAS threads. Memory beyond the inputs and the output: one grow-only
 // scratch of O(tile·(D + Dv + key tile)) floats per thread, kept across calls.
 //
-// Inputs and output may be strided views (SliceLayout in kernel.hpp), e.g.
+// Inputs and output may be strided views (SliceLayout in src/kernel/attention_args.hpp), e.g.
 // the heads of a (L, B, E) projection read in place: K and V rows are read
 // where they are, Q rows are packed per query tile anyway, and output rows
 // are written where the layout puts them.
@@ -49,16 +49,14 @@ void validate(const AttentionArgs<float>& a) {
          " kv_len=" + std::to_string(a.kv_len) + " head_dim=" + std::to_string(a.head_dim) +
          " value_dim=" + std::to_string(a.value_dim));
   }
-  // The kernel compares query and key indices in int32 lanes.
-  constexpr int64_t kMaxLen = std::numeric_limits<int32_t>::max() - 1024;
+  // The kernel compares query positions (i + shift, shift clamped to
+  // [-L, S]) and key indices in int32 lanes.
+  constexpr int64_t kMaxLen = std::numeric_limits<int32_t>::max() / 2 - 1024;
   if (a.q_len > kMaxLen || a.kv_len > kMaxLen) {
     fail("q_len " + std::to_string(a.q_len) + " / kv_len " + std::to_string(a.kv_len) +
          " exceed the supported maximum " + std::to_string(kMaxLen));
   }
   if (a.heads < 1) fail("heads must be >= 1, got " + std::to_string(a.heads));
-  if (!(a.dropout_p >= 0.0 && a.dropout_p <= 1.0)) {
-    fail("dropout_p must be in [0, 1], got " + std::to_string(a.dropout_p));
-  }
   // Each output row is written by one thread: rows must not overlap.
   if (!a.out_layout.contiguous() && a.out_layout.row < a.value_dim) {
     fail("out_layout.row " + std::to_string(a.out_layout.row) + " < value_dim " +
@@ -71,8 +69,6 @@ void validate(const AttentionArgs<float>& a) {
 }
 
 }  // namespace
-
-bool flash_available() { return true; }
 
 void attention_forward_flash(const AttentionArgs<float>& args) {
   validate(args);
@@ -97,7 +93,7 @@ void attention_forward_flash(const AttentionArgs<float>& args) {
     thread_local FlashScratch scratch;
     const int64_t slice = it / tiles_per_slice;
     int64_t tile = it % tiles_per_slice;
-    if (args.is_causal) tile = tiles_per_slice - 1 - tile;
+    if (args.modifiers.causal.enabled) tile = tiles_per_slice - 1 - tile;
     const int64_t row_begin = tile * kernel.row_tile;
     const int64_t row_end = std::min(args.q_len, row_begin + kernel.row_tile);
     try {

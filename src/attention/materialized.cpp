@@ -13,8 +13,9 @@
 
 #include "attention/kernel.hpp"
 #include "core/gemm.hpp"
+#include "kernel/score_rule.hpp"
 #include "multihead/tensor.hpp"
-#include "simd/flash_attention.hpp"
+#include "simd/softmax_row.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead::detail {
@@ -34,47 +35,41 @@ T exp_row_scalar(T* row, std::size_t count, T row_max) {
   return sum;
 }
 
-// float: the SIMD exp of the flash kernel for the current target
-// (src/simd/flash_attention-inl.h, ExpRowF32; <= 2 ulp, -inf gives 0);
-// double: std::exp.
+// float: the SIMD softmax row of the current target (src/simd/softmax_row.hpp;
+// <= 2 ulp, -inf gives 0); double: std::exp.
 template <class T>
 ExpRow<T> exp_row_for_current_target() {
   if constexpr (std::is_same_v<T, float>) {
-    return flash_attention_kernel_for(simd_target_bit()).exp_row;
+    return softmax_exp_row_for(simd_target_bit());
   } else {
     return exp_row_scalar<T>;
   }
 }
 
-// In place on one row of scores: add masks, then softmax, then dropout.
+// In place on one row of scaled scores: the score rule, then softmax, then
+// dropout (all three from score_rule.hpp).
 template <class T>
-void mask_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, T* row, ExpRow<T> exp_row) {
+void score_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, T* row, ExpRow<T> exp_row) {
   const int64_t S = a.kv_len;
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  const T* mask = a.attn_mask ? a.attn_mask + n * a.attn_mask_slice_stride + i * S : nullptr;
-  const T* pad = a.key_padding ? a.key_padding + (n / a.heads) * S : nullptr;
+  const SliceModifiers<T> mods = slice_modifiers(a.modifiers, n, a.heads, a.q_len, S);
   T row_max = neg_inf;
   bool all_masked = true;
   for (int64_t j = 0; j < S; ++j) {
-    T s = row[j];
-    if (mask) s += mask[j];
-    if (pad) s += pad[j];
-    if (a.is_causal && j < a.causal_cols && j > i) s = neg_inf;
+    const T s = modified_score(mods, S, i, j, row[j]);
     row[j] = s;
     row_max = s > row_max ? s : row_max;
     all_masked = all_masked && s == neg_inf;
   }
   if (all_masked) {
-    const T fill = a.masked_rows == MaskedRowPolicy::NaN ? std::numeric_limits<T>::quiet_NaN() : T(0);
+    const T fill = masked_row_fill<T>(a.masked_rows);
     for (int64_t j = 0; j < S; ++j) row[j] = fill;
     return;
   }
-  const T sum = exp_row(row, static_cast<std::size_t>(S), row_max);
-  const T inv_sum = T(1) / sum;
-  if (a.dropout_p > 0.0) {
-    const T keep_scale = inv_sum / static_cast<T>(1.0 - a.dropout_p);
-    for (int64_t j = 0; j < S; ++j)
-      row[j] = dropout_keep(a.dropout_seed, n + a.dropout_slice_offset, i, j, a.dropout_p) ? row[j] * keep_scale : T(0);
+  const T inv_sum = T(1) / exp_row(row, static_cast<std::size_t>(S), row_max);
+  if (a.dropout.p > 0.0) {
+    const T keep_scale = inv_sum / static_cast<T>(1.0 - a.dropout.p);
+    for (int64_t j = 0; j < S; ++j) row[j] = dropout_weight(a.dropout, n, i, j, row[j], keep_scale);
   } else {
     for (int64_t j = 0; j < S; ++j) row[j] *= inv_sum;
   }
@@ -99,7 +94,7 @@ void attention_forward_materialized(const AttentionArgs<T>& a) {
          slice_start(a.k, kl, n, a.heads), kl.row, T(0), scores, S);
     // Rows are independent: one thread writes each row.
 #pragma omp parallel for schedule(static) num_threads(a.num_threads > 0 ? a.num_threads : omp_get_max_threads()) if (L * S > 16384)
-    for (int64_t i = 0; i < L; ++i) mask_softmax_dropout_row(a, n, i, scores + i * S, exp_row);
+    for (int64_t i = 0; i < L; ++i) score_softmax_dropout_row(a, n, i, scores + i * S, exp_row);
     // out = P V   (L×S)·(S×Dv)
     gemm(Trans::No, Trans::No, L, Dv, S, T(1), scores, S, slice_start(a.v, vl, n, a.heads), vl.row,
          T(0), slice_start(a.out, ol, n, a.heads), ol.row);

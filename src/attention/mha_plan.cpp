@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "attention/attention_call.hpp"
 #include "core/check.hpp"
 #include "multihead/error.hpp"
 
@@ -26,32 +27,12 @@ std::string dims(std::initializer_list<const char*> names) {
   return s + ")";
 }
 
-}  // namespace
-
+// query, key and value have the same rank, 3 (batched) or 2 (unbatched).
 template <class T>
-ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>& query,
-                         const Tensor<T>& key, const Tensor<T>& value,
-                         const ForwardOptions<T>& options) {
-  config.validate();
-  if (options.num_threads < 0)
-    throw Error(Error::Kind::Value,
-                "num_threads: expected 0 (default) or more, got " + std::to_string(options.num_threads));
-  ForwardPlan p;
-  p.E = config.embed_dim;
-  p.H = config.num_heads;
-  p.D = config.head_dim();
-  p.Ek = config.key_dim();
-  p.Ev = config.value_dim();
-  const bool bf = config.batch_first;
-
-  if (query.dim() == 3) {
-    p.batched = true;
-  } else if (query.dim() == 2) {
-    p.batched = false;
-  } else {
-    fail_shape("query", bf ? "(B, L, E) or unbatched (L, E)" : "(L, B, E) or unbatched (L, E)",
-               query.shape());
-  }
+void check_ranks(bool batch_first, const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value) {
+  const bool bf = batch_first;
+  if (query.dim() != 3 && query.dim() != 2)
+    fail_shape("query", bf ? "(B, L, E) or unbatched (L, E)" : "(L, B, E) or unbatched (L, E)", query.shape());
   const int64_t rank = query.dim();
   if (key.dim() != rank)
     fail_shape("key", std::to_string(rank) + "-D like query: " +
@@ -61,7 +42,11 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
     fail_shape("value", std::to_string(rank) + "-D like query: " +
                             (rank == 2 ? std::string("(S, Ev)") : bf ? "(B, S, Ev)" : "(S, B, Ev)"),
                value.shape());
+}
 
+// B, L, S and the token strides of the caller's layout; checks the shapes.
+template <class T>
+void plan_tokens(bool bf, const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value, ForwardPlan& p) {
   if (p.batched) {
     p.B = bf ? query.size(0) : query.size(1);
     p.L = bf ? query.size(1) : query.size(0);
@@ -71,33 +56,25 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
     p.q_seq_stride = bf ? 1 : p.B;
     p.kv_batch_stride = bf ? p.S : 1;
     p.kv_seq_stride = bf ? 1 : p.B;
-    const Shape q_expected = bf ? Shape{p.B, p.L, p.E} : Shape{p.L, p.B, p.E};
-    const Shape k_expected = bf ? Shape{p.B, p.S, p.Ek} : Shape{p.S, p.B, p.Ek};
-    const Shape v_expected = bf ? Shape{p.B, p.S, p.Ev} : Shape{p.S, p.B, p.Ev};
-    expect_shape("query", query.shape(), q_expected);
-    expect_shape("key", key.shape(), k_expected);
-    expect_shape("value", value.shape(), v_expected);
-  } else {
-    p.B = 1;
-    p.L = query.size(0);
-    p.S = key.size(0);
-    p.q_batch_stride = p.L;
-    p.q_seq_stride = 1;
-    p.kv_batch_stride = p.S;
-    p.kv_seq_stride = 1;
-    expect_shape("query", query.shape(), Shape{p.L, p.E});
-    expect_shape("key", key.shape(), Shape{p.S, p.Ek});
-    expect_shape("value", value.shape(), Shape{p.S, p.Ev});
+    expect_shape("query", query.shape(), bf ? Shape{p.B, p.L, p.E} : Shape{p.L, p.B, p.E});
+    expect_shape("key", key.shape(), bf ? Shape{p.B, p.S, p.Ek} : Shape{p.S, p.B, p.Ek});
+    expect_shape("value", value.shape(), bf ? Shape{p.B, p.S, p.Ev} : Shape{p.S, p.B, p.Ev});
+    return;
   }
+  p.B = 1;
+  p.L = query.size(0);
+  p.S = key.size(0);
+  p.q_batch_stride = p.L;
+  p.q_seq_stride = 1;
+  p.kv_batch_stride = p.S;
+  p.kv_seq_stride = 1;
+  expect_shape("query", query.shape(), Shape{p.L, p.E});
+  expect_shape("key", key.shape(), Shape{p.S, p.Ek});
+  expect_shape("value", value.shape(), Shape{p.S, p.Ev});
+}
 
-  p.S_total = p.S;
-  if (config.add_bias_kv) p.bias_kv_col = p.S_total++;
-  if (config.add_zero_attn) p.zero_attn_col = p.S_total++;
-  if (p.S_total == 0)
-    throw Error(Error::Kind::Shape,
-                "key: expected at least 1 key (sequence length S >= 1), got S = 0 with no "
-                "bias_k or zero-attention key");
-
+template <class T>
+void check_masks(const ForwardPlan& p, const ForwardOptions<T>& options) {
   if (const Mask<T>* m = options.key_padding_mask) {
     const Shape expected = p.batched ? Shape{p.B, p.S} : Shape{p.S};
     if (m->shape() != expected)
@@ -115,6 +92,37 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
                  s);
     }
   }
+}
+
+}  // namespace
+
+template <class T>
+ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>& query,
+                         const Tensor<T>& key, const Tensor<T>& value,
+                         const ForwardOptions<T>& options) {
+  config.validate();
+  validate_attention_options(options.attention);
+  if (options.attention.dropout_p != 0.0)
+    throw Error(Error::Kind::Value, "attention.dropout_p: expected 0 (multi-head attention drops at "
+                                    "MultiheadAttentionConfig::dropout when training), got " +
+                                        format_number(options.attention.dropout_p));
+  ForwardPlan p;
+  p.E = config.embed_dim;
+  p.H = config.num_heads;
+  p.D = config.head_dim();
+  p.Ek = config.key_dim();
+  p.Ev = config.value_dim();
+  check_ranks(config.batch_first, query, key, value);
+  p.batched = query.dim() == 3;
+  plan_tokens(config.batch_first, query, key, value, p);
+  p.S_total = p.S;
+  if (config.add_bias_kv) p.bias_kv_col = p.S_total++;
+  if (config.add_zero_attn) p.zero_attn_col = p.S_total++;
+  if (p.S_total == 0)
+    throw Error(Error::Kind::Shape,
+                "key: expected at least 1 key (sequence length S >= 1), got S = 0 with no "
+                "bias_k or zero-attention key");
+  check_masks(p, options);
   return p;
 }
 

@@ -32,6 +32,16 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
                          const Tensor<T>& key, const Tensor<T>& value,
                          const ForwardOptions<T>& options);
 
+// The attention step's options for this module: options.attention, with
+// dropout at the module's rate when training.
+template <class T>
+AttentionOptions module_attention_options(const MultiheadAttentionConfig& config,
+                                          const ForwardOptions<T>& options) {
+  AttentionOptions o = options.attention;
+  o.dropout_p = options.training ? config.dropout : 0.0;
+  return o;
+}
+
 // The combined additive masks in kernel layout, padded with zero columns for
 // bias_k and zero attention exactly as PyTorch pads them:
 //  - attn_mask: (L, S') shared, or (B·H, L, S'); empty when absent

@@ -14,99 +14,123 @@
 // ((L, B, E) or (B, L, E)); the plan's strides locate token (b, l).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include <omp.h>
 
+#include "attention/attention_call.hpp"
 #include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
 #include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
 #include "core/gemm.hpp"
+#include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead {
 namespace detail {
 namespace {
 
-// A projection's weight as the products read it: Wᵀ, (in × out) row-major
-// with row stride ld (projection_weights.hpp says why transposed).
+// A projection's weight as a product reads it: either Wᵀ, (in × out)
+// row-major (projection_weights.hpp says why), or W as nn.Linear stores it,
+// (out × in); ld is the row stride either way.
 template <class T>
-struct WeightT {
+struct Weight {
   const T* data;
   int64_t ld;
+  bool transposed;
+  int64_t in, out;
 };
 
-// y (rows × out) = x (rows × in) · W + b, for nn.Linear's y = x Wᵀ + b.
+// y (rows × out) = x (rows × in) · Wᵀ + b, nn.Linear's y = x Wᵀ + b; y's
+// rows are ldy apart.
 template <class T>
-void linear(int64_t rows, int64_t in, int64_t out, const T* x, WeightT<T> wt, const T* b, T* y,
-            int64_t ldy) {
-  gemm(Trans::No, Trans::No, rows, out, in, T(1), x, in, wt.data, wt.ld, T(0), y, ldy);
+void linear(int64_t rows, const T* x, const Weight<T>& w, const T* b, T* y, int64_t ldy) {
+  gemm(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, T(1), x, w.in, w.data, w.ld, T(0), y,
+       ldy);
   if (b != nullptr)
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < out; ++c) y[r * ldy + c] += b[c];
+      for (int64_t c = 0; c < w.out; ++c) y[r * ldy + c] += b[c];
 }
 
-// W_qᵀ, W_kᵀ, W_vᵀ: column blocks of the transposed in_proj_weight, or the
-// three separate transposed weights.
+// W_q, W_k, W_v (and, packed, all three as one (3E × E) weight), as the
+// products read them; the in-projection biases.
 template <class T>
-struct InWeightsT {
-  WeightT<T> q, k, v;
-};
-template <class T>
-InWeightsT<T> in_weights_t(const ProjectionWeights<T>& w, bool packed, int64_t E) {
-  if (packed) {
-    const T* base = w.in_proj_t.data();
-    return {{base, 3 * E}, {base + E, 3 * E}, {base + 2 * E, 3 * E}};
-  }
-  return {{w.q_proj_t.data(), E}, {w.k_proj_t.data(), E}, {w.v_proj_t.data(), E}};
-}
-
-template <class T>
-struct Projections {
-  const T* q_ptr = nullptr;
-  const T* k_ptr = nullptr;
-  const T* v_ptr = nullptr;
-  int64_t q_ld = 0, k_ld = 0, v_ld = 0;  // row strides
+struct InWeights {
+  Weight<T> q, k, v, qkv;
+  const T *bq, *bk, *bv;
 };
 
-// Step 1. For self-attention (query, key and value are one tensor) and packed
-// weights this is a single (tokens × E)·(E × 3E) product, PyTorch's
-// _in_projection_packed fast case; otherwise one product per input.
 template <class T>
-Projections<T> in_projection(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
-                             const ProjectionWeights<T>& weights_t, const ForwardPlan& plan, const Tensor<T>& query, const Tensor<T>& key,
-                             const Tensor<T>& value, ForwardWorkspace<T>& ws) {
-  Projections<T> r;
-  const int64_t E = plan.E;
-  const int64_t q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
+InWeights<T> in_weights(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
+                        const ProjectionWeights<T>& wt, bool transposed) {
+  const int64_t E = c.embed_dim;
+  InWeights<T> w{};
   const T* bias = c.bias ? p.in_proj_bias.data() : nullptr;
-  const bool packed = c.same_embed_dim();
-  const bool self = packed && query.data() == key.data() && key.data() == value.data();
-  if (self) {
-    T* qkv = ws.take(ws.proj_q, static_cast<std::size_t>(q_rows * 3 * E));
-    linear(q_rows, E, 3 * E, query.data(), WeightT<T>{weights_t.in_proj_t.data(), 3 * E}, bias, qkv, 3 * E);
-    r.q_ptr = qkv;
-    r.k_ptr = qkv + E;
-    r.v_ptr = qkv + 2 * E;
-    r.q_ld = r.k_ld = r.v_ld = 3 * E;
-    return r;
+  w.bq = bias;
+  w.bk = bias ? bias + E : nullptr;
+  w.bv = bias ? bias + 2 * E : nullptr;
+  if (c.same_embed_dim() && transposed) {  // (E, 3E): column blocks
+    const T* base = wt.in_proj_t.data();
+    w = {{base, 3 * E, true, E, E}, {base + E, 3 * E, true, E, E}, {base + 2 * E, 3 * E, true, E, E},
+         {base, 3 * E, true, E, 3 * E}, w.bq, w.bk, w.bv};
+  } else if (c.same_embed_dim()) {  // (3E, E): row blocks
+    const T* base = p.in_proj_weight.data();
+    w = {{base, E, false, E, E}, {base + E * E, E, false, E, E}, {base + 2 * E * E, E, false, E, E},
+         {base, E, false, E, 3 * E}, w.bq, w.bk, w.bv};
+  } else if (transposed) {
+    w.q = {wt.q_proj_t.data(), E, true, E, E};
+    w.k = {wt.k_proj_t.data(), E, true, c.key_dim(), E};
+    w.v = {wt.v_proj_t.data(), E, true, c.value_dim(), E};
+  } else {
+    w.q = {p.q_proj_weight.data(), E, false, E, E};
+    w.k = {p.k_proj_weight.data(), c.key_dim(), false, c.key_dim(), E};
+    w.v = {p.v_proj_weight.data(), c.value_dim(), false, c.value_dim(), E};
   }
-  const InWeightsT<T> w = in_weights_t(weights_t, packed, E);
-  T* q = ws.take(ws.proj_q, static_cast<std::size_t>(q_rows * E));
-  T* k = ws.take(ws.proj_k, static_cast<std::size_t>(kv_rows * E));
-  T* v = ws.take(ws.proj_v, static_cast<std::size_t>(kv_rows * E));
-  linear(q_rows, E, E, query.data(), w.q, bias, q, E);
-  linear(kv_rows, plan.Ek, E, key.data(), w.k, bias ? bias + E : nullptr, k, E);
-  linear(kv_rows, plan.Ev, E, value.data(), w.v, bias ? bias + 2 * E : nullptr, v, E);
-  r.q_ptr = q;
-  r.k_ptr = k;
-  r.v_ptr = v;
-  r.q_ld = r.k_ld = r.v_ld = E;
+  return w;
+}
+
+// Which fast paths this call takes (FusedPaths in multihead_attention.hpp).
+struct PathChoice {
+  bool head_major;  // head-major copies, else strided views
+  bool packed_self; // one product for q, k and v
+  bool transposed;  // Wᵀ copies, else W
+};
+
+// Auto copies heads from this many keys on (in_projection_head_major says
+// why). Heads must be copied whatever the setting when bias_k / bias_v or
+// the zero-attention key add key positions (PyTorch: torch.cat, then pad the
+// masks).
+constexpr int64_t kHeadMajorFromKeys = 2048;
+
+// MULTIHEAD_FUSED_PATHS=plain forces every plain alternative (head-major
+// copies, separate products, the weights as stored) for the whole process,
+// so that a program such as the CLI can be checked both ways; "auto" or
+// unset leaves the call's FusedPaths. Read on every call, as MULTIHEAD_KERNEL.
+FusedPaths paths_from_environment(const FusedPaths& requested) {
+  const char* env = std::getenv("MULTIHEAD_FUSED_PATHS");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return requested;
+  if (std::strcmp(env, "plain") == 0) return FusedPaths{FusedPaths::Heads::HeadMajor, false, false};
+  throw Error(Error::Kind::Value, std::string("MULTIHEAD_FUSED_PATHS: expected one of auto, plain; got '") + env + "'");
+}
+
+template <class T>
+PathChoice choose_paths(const MultiheadAttentionConfig& c, const ForwardPlan& plan, const FusedPaths& requested,
+                        const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value) {
+  const FusedPaths paths = paths_from_environment(requested);
+  PathChoice r;
+  const bool extra_keys = plan.S_total != plan.S;
+  r.head_major = extra_keys || paths.heads == FusedPaths::Heads::HeadMajor ||
+                 (paths.heads == FusedPaths::Heads::Auto && plan.S >= kHeadMajorFromKeys);
+  r.packed_self = paths.packed_self_projection && c.same_embed_dim() && query.data() == key.data() &&
+                  key.data() == value.data() && plan.L == plan.S;
+  r.transposed = paths.transposed_weights;
   return r;
 }
 
-// A tensor seen as [B][H][len][D] through a slice layout (kernel.hpp).
+// A tensor seen as [B][H][len][D] through a slice layout (attention_args.hpp).
 template <class P>
 struct HeadsView {
   P* data;
@@ -127,13 +151,60 @@ HeadsView<P> merge_heads(P* dst, int64_t E, int64_t batch_stride, int64_t seq_st
   return {dst, SliceLayout{batch_stride * E, D, seq_stride * E}};
 }
 
+template <class T>
+struct Heads {
+  HeadsView<const T> q, k, v;
+};
+
+// One fused forward call: what every step reads.
+template <class T>
+struct FusedCall {
+  const MultiheadAttentionConfig& config;
+  const MultiheadAttentionParameters<T>& params;
+  const ForwardPlan& plan;
+  const ForwardOptions<T>& options;
+  const Tensor<T>& query;
+  const Tensor<T>& key;
+  const Tensor<T>& value;
+  InWeights<T> w;
+  PathChoice paths;
+  ForwardWorkspace<T>& ws;
+};
+
+// Steps 1 and 2 for short key sequences: in_projection into token rows, and
+// split_heads as strided views of them (no copy).
+template <class T>
+Heads<T> in_projection_views(const FusedCall<T>& f) {
+  const ForwardPlan& plan = f.plan;
+  const int64_t E = plan.E, D = plan.D, q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
+  Heads<T> h;
+  if (f.paths.packed_self) {  // one (tokens × E)·(E × 3E) product
+    T* qkv = f.ws.take(f.ws.proj_q, static_cast<std::size_t>(q_rows * 3 * E));
+    linear(q_rows, f.query.data(), f.w.qkv, f.w.bq, qkv, 3 * E);
+    h.q = split_heads<const T>(qkv, 3 * E, plan.q_batch_stride, plan.q_seq_stride, D);
+    h.k = split_heads<const T>(qkv + E, 3 * E, plan.kv_batch_stride, plan.kv_seq_stride, D);
+    h.v = split_heads<const T>(qkv + 2 * E, 3 * E, plan.kv_batch_stride, plan.kv_seq_stride, D);
+    return h;
+  }
+  T* q = f.ws.take(f.ws.proj_q, static_cast<std::size_t>(q_rows * E));
+  T* k = f.ws.take(f.ws.proj_k, static_cast<std::size_t>(kv_rows * E));
+  T* v = f.ws.take(f.ws.proj_v, static_cast<std::size_t>(kv_rows * E));
+  linear(q_rows, f.query.data(), f.w.q, f.w.bq, q, E);
+  linear(kv_rows, f.key.data(), f.w.k, f.w.bk, k, E);
+  linear(kv_rows, f.value.data(), f.w.v, f.w.bv, v, E);
+  h.q = split_heads<const T>(q, E, plan.q_batch_stride, plan.q_seq_stride, D);
+  h.k = split_heads<const T>(k, E, plan.kv_batch_stride, plan.kv_seq_stride, D);
+  h.v = split_heads<const T>(v, E, plan.kv_batch_stride, plan.kv_seq_stride, D);
+  return h;
+}
+
 // Steps 1 and 2 together, for long key sequences: in_projection one block
 // of token rows at a time into a small scratch, then split_heads as a copy of
 // each block's rows into head-major [b][h][0, total_len)[d] buffers, one per
 // part (W's row blocks: q, k, v for the packed self-attention product; one
 // part otherwise).
 //
-// Why not always the view above: with views, the keys of one slice sit a
+// Why not always views (in_projection_views): with views, the keys of one slice sit a
 // whole projection row apart (3E floats for self-attention). At E = 1024
 // that is 12 KiB, a multiple of 4 KiB, so the rows the kernel reads together
 // fall into the same cache sets and evict each other. Measured, the flash
@@ -143,7 +214,6 @@ HeadsView<P> merge_heads(P* dst, int64_t E, int64_t batch_stride, int64_t seq_st
 // E = 768 views cost 9%.
 // Projecting block by block keeps the extra memory to one block, instead of a
 // second copy of Q, K and V.
-constexpr int64_t kHeadMajorFromKeys = 2048;
 
 // Rows per block: about projection_block_bytes() of projected rows (8 MiB by
 // default: 682 rows at 3E = 3072), at least kMinBlockRows. The block's
@@ -158,12 +228,39 @@ struct HeadsDestination {
   int64_t total_len;  // rows per slice (len, plus appended key columns)
 };
 
+// One input projected into head-major buffers: x (tokens, w.in) through w,
+// `parts` blocks of E output columns, tokens (b, l) for l < len, with
+// seq_stride locating them in the caller's layout.
 template <class T>
-void in_projection_split_heads(const T* x, int64_t in, WeightT<T> wt, const T* bias, int64_t parts,
-                               const HeadsDestination<T>* dst, const ForwardPlan& plan, int64_t len,
-                               int64_t seq_stride, int num_threads, Storage<T>& scratch) {
-  const int64_t E = plan.E, H = plan.H, D = plan.D, B = plan.B;
-  const int64_t out = parts * E, tokens = B * len;
+struct HeadMajorProjection {
+  const T* x;
+  Weight<T> w;
+  const T* bias;
+  int64_t parts;
+  const HeadsDestination<T>* dst;
+  int64_t len, seq_stride;
+};
+
+// Copies block row i (token r0 + i) of y into the head-major destinations.
+template <class T>
+void scatter_heads(const HeadMajorProjection<T>& p, const ForwardPlan& plan, int64_t r, const T* y_row) {
+  const int64_t E = plan.E, H = plan.H, D = plan.D;
+  // Token row r is (b, l) in the caller's layout: (B, len, ·) has
+  // seq_stride 1, so r = b·len + l; (len, B, ·) has seq_stride B, so
+  // r = l·B + b. (With B = 1 or len = 1 the two coincide, and so do the
+  // formulas.)
+  const int64_t b = p.seq_stride == 1 ? r / p.len : r % plan.B;
+  const int64_t l = p.seq_stride == 1 ? r % p.len : r / plan.B;
+  for (int64_t part = 0; part < p.parts; ++part)
+    for (int64_t h = 0; h < H; ++h)
+      std::memcpy(p.dst[part].data + ((b * H + h) * p.dst[part].total_len + l) * D, y_row + part * E + h * D,
+                  static_cast<std::size_t>(D) * sizeof(T));
+}
+
+template <class T>
+void in_projection_split_heads(const HeadMajorProjection<T>& p, const ForwardPlan& plan, int num_threads,
+                               Storage<T>& scratch) {
+  const int64_t out = p.parts * plan.E, tokens = plan.B * p.len;
   if (tokens == 0) return;
   const int64_t block = std::min(
       tokens, std::max<int64_t>(kMinBlockRows, projection_block_bytes().load() / static_cast<int64_t>(sizeof(T) * out)));
@@ -171,30 +268,95 @@ void in_projection_split_heads(const T* x, int64_t in, WeightT<T> wt, const T* b
   const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   for (int64_t r0 = 0; r0 < tokens; r0 += block) {
     const int64_t rows = std::min(block, tokens - r0);
-    linear(rows, in, out, x + r0 * in, wt, bias, y, out);
-    // Token row r is (b, l) in the caller's layout: (B, len, ·) has
-    // seq_stride 1, so r = b·len + l; (len, B, ·) has seq_stride B, so
-    // r = l·B + b. (With B = 1 or len = 1 the two coincide, and so do the
-    // formulas.)
+    linear(rows, p.x + r0 * p.w.in, p.w, p.bias, y, out);
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * out >= (int64_t{1} << 16))
-    for (int64_t i = 0; i < rows; ++i) {
-      const int64_t r = r0 + i;
-      const int64_t b = seq_stride == 1 ? r / len : r % B;
-      const int64_t l = seq_stride == 1 ? r % len : r / B;
-      for (int64_t part = 0; part < parts; ++part)
-        for (int64_t h = 0; h < H; ++h)
-          std::memcpy(dst[part].data + ((b * H + h) * dst[part].total_len + l) * D,
-                      y + i * out + part * E + h * D, static_cast<std::size_t>(D) * sizeof(T));
-    }
+    for (int64_t i = 0; i < rows; ++i) scatter_heads(p, plan, r0 + i, y + i * out);
   }
+}
+
+// The appended key positions: bias_k / bias_v, and the zero-attention key.
+template <class T>
+void append_extra_keys(const FusedCall<T>& f, T* k, T* v) {
+  const ForwardPlan& plan = f.plan;
+  const int64_t D = plan.D, St = plan.S_total;
+  for (int64_t b = 0; b < plan.B; ++b)
+    for (int64_t h = 0; h < plan.H; ++h) {
+      const int64_t slice = (b * plan.H + h) * St;
+      if (plan.bias_kv_col >= 0) {
+        std::copy_n(f.params.bias_k.data() + h * D, D, k + (slice + plan.bias_kv_col) * D);
+        std::copy_n(f.params.bias_v.data() + h * D, D, v + (slice + plan.bias_kv_col) * D);
+      }
+      if (plan.zero_attn_col >= 0) {
+        std::fill_n(k + (slice + plan.zero_attn_col) * D, D, T(0));
+        std::fill_n(v + (slice + plan.zero_attn_col) * D, D, T(0));
+      }
+    }
+}
+
+// Steps 1 and 2 for long key sequences, or with extra key positions.
+template <class T>
+Heads<T> in_projection_head_major(const FusedCall<T>& f) {
+  const ForwardPlan& plan = f.plan;
+  const int64_t B = plan.B, H = plan.H, L = plan.L, S = plan.S, St = plan.S_total, D = plan.D;
+  T* q = f.ws.take(f.ws.q, static_cast<std::size_t>(B * H * L * D));
+  T* k = f.ws.take(f.ws.k, static_cast<std::size_t>(B * H * St * D));
+  T* v = f.ws.take(f.ws.v, static_cast<std::size_t>(B * H * St * D));
+  const int threads = f.options.attention.num_threads;
+  if (f.paths.packed_self) {  // one product with W_in = [W_q; W_k; W_v]
+    const HeadsDestination<T> dst[3] = {{q, L}, {k, St}, {v, St}};
+    in_projection_split_heads<T>({f.query.data(), f.w.qkv, f.w.bq, 3, dst, L, plan.q_seq_stride}, plan,
+                                 threads, f.ws.proj_q);
+  } else {
+    const HeadsDestination<T> dq{q, L}, dk{k, St}, dv{v, St};
+    in_projection_split_heads<T>({f.query.data(), f.w.q, f.w.bq, 1, &dq, L, plan.q_seq_stride}, plan,
+                                 threads, f.ws.proj_q);
+    in_projection_split_heads<T>({f.key.data(), f.w.k, f.w.bk, 1, &dk, S, plan.kv_seq_stride}, plan,
+                                 threads, f.ws.proj_q);
+    in_projection_split_heads<T>({f.value.data(), f.w.v, f.w.bv, 1, &dv, S, plan.kv_seq_stride}, plan,
+                                 threads, f.ws.proj_q);
+  }
+  append_extra_keys(f, k, v);
+  return {{q, SliceLayout{}}, {k, SliceLayout{}}, {v, SliceLayout{}}};
+}
+
+// Step 3. scaled_dot_product_attention for all B·H slices, writing merged
+// heads into `concat` (4a: merge_heads is the kernel's output view).
+template <class T>
+void attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* weights) {
+  const ForwardPlan& plan = f.plan;
+  const KernelMasks<T> masks = build_kernel_masks(plan, f.options);
+  const HeadsView<T> out = merge_heads(concat, plan.E, plan.q_batch_stride, plan.q_seq_stride, plan.D);
+  AttentionShape shape;
+  shape.slices = plan.B * plan.H;
+  shape.heads = plan.H;
+  shape.q_len = plan.L;
+  shape.kv_len = plan.S_total;
+  shape.head_dim = shape.value_dim = plan.D;
+  shape.causal_cols = plan.S;
+  AttentionTensors<T> t;
+  t.q = heads.q.data;
+  t.k = heads.k.data;
+  t.v = heads.v.data;
+  t.q_layout = heads.q.layout;
+  t.k_layout = heads.k.layout;
+  t.v_layout = heads.v.layout;
+  t.attn_mask = masks.attn_mask.empty() ? nullptr : masks.attn_mask.data();
+  t.attn_mask_slice_stride = masks.attn_mask_slice_stride;
+  t.key_padding = masks.key_padding.empty() ? nullptr : masks.key_padding.data();
+  t.out = out.data;
+  t.out_layout = out.layout;
+  t.weights = weights;
+  const AttentionOptions o = module_attention_options(f.config, f.options);
+  attention_forward(make_attention_args(shape, t, o), o.kernel);
 }
 
 // Step 4b. out_projection: output = concat · W^Oᵀ + b^O.
 template <class T>
-void out_projection(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
-                    const ProjectionWeights<T>& weights_t, int64_t rows, const T* concat, T* out) {
-  linear(rows, c.embed_dim, c.embed_dim, concat, WeightT<T>{weights_t.out_proj_t.data(), c.embed_dim},
-         c.bias ? p.out_proj_bias.data() : nullptr, out, c.embed_dim);
+void out_projection(const FusedCall<T>& f, const ProjectionWeights<T>& wt, const T* concat, T* out) {
+  const int64_t E = f.config.embed_dim;
+  const Weight<T> w = f.paths.transposed ? Weight<T>{wt.out_proj_t.data(), E, true, E, E}
+                                         : Weight<T>{f.params.out_proj_weight.data(), E, false, E, E};
+  linear(f.plan.B * f.plan.L, concat, w, f.config.bias ? f.params.out_proj_bias.data() : nullptr, out, E);
 }
 
 // Mean over heads: (B, H, L, S') -> (B, L, S'), PyTorch's sum(dim=1) / H.
@@ -237,106 +399,29 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
                                          ForwardResult<T>& result) const {
   using namespace detail;
   const ForwardPlan plan = plan_forward(config_, query, key, value, options);
-  if (options.check_finite) check_forward_finite(query, key, value, params_);
-  const int64_t B = plan.B, H = plan.H, L = plan.L, S = plan.S, St = plan.S_total, D = plan.D;
-  if (B == 0 || L == 0) {  // nothing to attend from: empty outputs, no work
+  if (options.attention.check_finite) check_forward_finite(query, key, value, params_);
+  if (plan.B == 0 || plan.L == 0) {  // nothing to attend from: empty outputs, no work
     result = empty_result<T>(plan, query.shape(), options);
     return;
   }
-  if (options.need_weights || options.kernel == AttentionKernel::Materialized) check_weights_fit(plan, sizeof(T));
+  if (options.need_weights || options.attention.kernel == AttentionKernel::Materialized)
+    check_weights_fit(plan, sizeof(T));
   WorkspaceLease<T> ws(*workspaces_);
+  const PathChoice paths = choose_paths(config_, plan, options.paths, query, key, value);
+  const FusedCall<T> f{config_, params_, plan, options, query, key, value,
+                       in_weights(config_, params_, *weights_t_, paths.transposed), paths, *ws};
 
-  // 1. in_projection and 2. split_heads. Short key sequences: one product
-  //    into token rows, and the heads as strided views of it (no copy).
-  //    Long ones, or with bias_k / bias_v or the zero-attention key appended
-  //    as extra key positions (PyTorch: torch.cat, then pad the masks):
-  //    head-major copies, projected block by block.
-  const bool extra_keys = St != S;
-  const bool head_major = extra_keys || S >= kHeadMajorFromKeys;
-  HeadsView<const T> q_heads, k_heads, v_heads;
-  if (!head_major) {
-    const Projections<T> proj = in_projection(config_, params_, *weights_t_, plan, query, key, value, *ws);
-    q_heads = split_heads(proj.q_ptr, proj.q_ld, plan.q_batch_stride, plan.q_seq_stride, D);
-    k_heads = split_heads(proj.k_ptr, proj.k_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
-    v_heads = split_heads(proj.v_ptr, proj.v_ld, plan.kv_batch_stride, plan.kv_seq_stride, D);
-  } else {
-    T* q = ws->take(ws->q, static_cast<std::size_t>(B * H * L * D));
-    T* k = ws->take(ws->k, static_cast<std::size_t>(B * H * St * D));
-    T* v = ws->take(ws->v, static_cast<std::size_t>(B * H * St * D));
-    const T* bias = config_.bias ? params_.in_proj_bias.data() : nullptr;
-    const bool packed = config_.same_embed_dim();
-    const bool self = packed && query.data() == key.data() && key.data() == value.data() && L == S;
-    if (self) {  // one product with W_in = [W_q; W_k; W_v], as in_projection does
-      const HeadsDestination<T> dst[3] = {{q, L}, {k, St}, {v, St}};
-      in_projection_split_heads(query.data(), plan.E, WeightT<T>{weights_t_->in_proj_t.data(), 3 * plan.E},
-                                bias, 3, dst, plan,
-                                L, plan.q_seq_stride, options.num_threads, ws->proj_q);
-    } else {
-      const InWeightsT<T> w = in_weights_t(*weights_t_, packed, plan.E);
-      const HeadsDestination<T> dq{q, L}, dk{k, St}, dv{v, St};
-      in_projection_split_heads(query.data(), plan.E, w.q, bias, 1, &dq, plan, L, plan.q_seq_stride,
-                                options.num_threads, ws->proj_q);
-      in_projection_split_heads(key.data(), plan.Ek, w.k, bias ? bias + plan.E : nullptr, 1, &dk, plan, S,
-                                plan.kv_seq_stride, options.num_threads, ws->proj_q);
-      in_projection_split_heads(value.data(), plan.Ev, w.v, bias ? bias + 2 * plan.E : nullptr, 1, &dv, plan,
-                                S, plan.kv_seq_stride, options.num_threads, ws->proj_q);
-    }
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t slice = (b * H + h) * St;
-        if (plan.bias_kv_col >= 0) {
-          std::copy_n(params_.bias_k.data() + h * D, D, k + (slice + plan.bias_kv_col) * D);
-          std::copy_n(params_.bias_v.data() + h * D, D, v + (slice + plan.bias_kv_col) * D);
-        }
-        if (plan.zero_attn_col >= 0) {
-          std::fill_n(k + (slice + plan.zero_attn_col) * D, D, T(0));
-          std::fill_n(v + (slice + plan.zero_attn_col) * D, D, T(0));
-        }
-      }
-    q_heads = {q, SliceLayout{}};
-    k_heads = {k, SliceLayout{}};
-    v_heads = {v, SliceLayout{}};
-  }
-
-  // 3. scaled_dot_product_attention for all B·H slices, writing merged heads
-  //    (4a: merge_heads is the kernel's output view into the concat buffer).
-  const KernelMasks<T> masks = build_kernel_masks(plan, options);
-  T* concat = ws->take(ws->concat, static_cast<std::size_t>(B * L * plan.E));
-  const HeadsView<T> out_heads = merge_heads(concat, plan.E, plan.q_batch_stride, plan.q_seq_stride, D);
+  // 1. in_projection and 2. split_heads.
+  const Heads<T> heads = paths.head_major ? in_projection_head_major(f) : in_projection_views(f);
+  // 3. attention and 4a. merge_heads.
+  T* concat = ws->take(ws->concat, static_cast<std::size_t>(plan.B * plan.L * plan.E));
   Tensor<T> weights;
-  if (options.need_weights) weights = Tensor<T>(Shape{B, H, L, St});
-  AttentionArgs<T> a;
-  a.slices = B * H;
-  a.heads = H;
-  a.q_len = L;
-  a.kv_len = St;
-  a.head_dim = D;
-  a.value_dim = D;
-  a.q = q_heads.data;
-  a.k = k_heads.data;
-  a.v = v_heads.data;
-  a.q_layout = q_heads.layout;
-  a.k_layout = k_heads.layout;
-  a.v_layout = v_heads.layout;
-  a.attn_mask = masks.attn_mask.empty() ? nullptr : masks.attn_mask.data();
-  a.attn_mask_slice_stride = masks.attn_mask_slice_stride;
-  a.key_padding = masks.key_padding.empty() ? nullptr : masks.key_padding.data();
-  a.is_causal = options.is_causal;
-  a.causal_cols = S;
-  a.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
-  a.dropout_p = options.training ? config_.dropout : 0.0;
-  a.dropout_seed = options.dropout_seed;
-  a.masked_rows = options.masked_rows;
-  a.num_threads = options.num_threads;
-  a.out = out_heads.data;
-  a.out_layout = out_heads.layout;
-  a.weights = options.need_weights ? weights.data() : nullptr;
-  attention_forward(a, options.kernel);
-
+  if (options.need_weights) weights = Tensor<T>(Shape{plan.B, plan.H, plan.L, plan.S_total});
+  attend(f, heads, concat, options.need_weights ? weights.data() : nullptr);
   // 4b. out_projection into the result.
   const Shape out_shape = output_shape(plan, query.shape());
   if (result.output.shape() != out_shape) result.output = Tensor<T>(out_shape);
-  out_projection(config_, params_, *weights_t_, B * L, concat, result.output.data());
+  out_projection(f, *weights_t_, concat, result.output.data());
 
   result.attn_weights.reset();
   if (options.need_weights) {

@@ -9,13 +9,21 @@
 // Step 2: scaled dot-product attention for each head, independently.
 // Step 3: concatenate the head outputs.
 // Step 4: the final linear projection W^O.
-// It shares no arithmetic with the fused form (no BLAS, no split_heads), so
-// the tests that make the two agree check one against the other.
+// It shares no arithmetic with the fused form: the projections are plain
+// loops here, and step 2 runs the reference kernel's plain loops
+// (attention_forward_reference) whatever options.attention.kernel asks; no
+// BLAS, no SIMD, no split_heads. The tests that make the two forms agree
+// therefore check every kernel of the fused form against an independent
+// computation, and tests/CMakeLists.txt builds this form into a test binary
+// that links neither BLAS nor the SIMD code, to keep it so.
 //
 // Legend: B batch, L query length, S key length, S' = S (+1 bias_k)
 // (+1 zero attention), E embed_dim, H heads, D head width, Ek kdim, Ev vdim.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
+#include "attention/attention_call.hpp"
 #include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -40,6 +48,95 @@ void project_one_head(int64_t rows, int64_t in, const T* x, RowOf row_of, const 
   }
 }
 
+// One head's inputs and outputs: Q_i (L × D), K_i and V_i (S' × D), the
+// head's output (L × D) and attention weights (L × S').
+template <class T>
+struct HeadBuffers {
+  std::vector<T> q, k, v, out, weights;
+};
+
+// Step 1 for slice n = b·H + i (head i of batch entry b): Q_i = Q W_i^Q,
+// K_i = K W_i^K, V_i = V W_i^V (rows i·D … i·D+D−1), then the extra key
+// positions.
+template <class T>
+void project_head(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
+                  const ForwardPlan& plan, const Tensor<T>* qkv[3], int64_t n, HeadBuffers<T>& h) {
+  const int64_t E = plan.E, D = plan.D, b = n / plan.H, i = n % plan.H;
+  const bool packed = c.same_embed_dim();
+  const T* Wq = packed ? p.in_proj_weight.data() : p.q_proj_weight.data();
+  const T* Wk = packed ? p.in_proj_weight.data() + E * E : p.k_proj_weight.data();
+  const T* Wv = packed ? p.in_proj_weight.data() + 2 * E * E : p.v_proj_weight.data();
+  const T* bias = c.bias ? p.in_proj_bias.data() : nullptr;
+  auto q_row = [&](int64_t l) { return b * plan.q_batch_stride + l * plan.q_seq_stride; };
+  auto kv_row = [&](int64_t s) { return b * plan.kv_batch_stride + s * plan.kv_seq_stride; };
+  project_one_head(plan.L, E, qkv[0]->data(), q_row, Wq, bias, i * D, D, h.q.data());
+  project_one_head(plan.S, plan.Ek, qkv[1]->data(), kv_row, Wk, bias ? bias + E : nullptr, i * D, D, h.k.data());
+  project_one_head(plan.S, plan.Ev, qkv[2]->data(), kv_row, Wv, bias ? bias + 2 * E : nullptr, i * D, D,
+                   h.v.data());
+  if (plan.bias_kv_col >= 0)
+    for (int64_t d = 0; d < D; ++d) {
+      h.k[plan.bias_kv_col * D + d] = p.bias_k[i * D + d];
+      h.v[plan.bias_kv_col * D + d] = p.bias_v[i * D + d];
+    }
+  if (plan.zero_attn_col >= 0)
+    for (int64_t d = 0; d < D; ++d) h.k[plan.zero_attn_col * D + d] = h.v[plan.zero_attn_col * D + d] = 0;
+}
+
+// Step 2 for slice n = b·H + i: head_i = softmax(Q_i K_iᵀ / √D + masks) V_i,
+// by the reference kernel.
+template <class T>
+void attend_one_head(const ForwardPlan& plan, const KernelMasks<T>& masks, const AttentionOptions& o, int64_t n,
+                     HeadBuffers<T>& h) {
+  const int64_t b = n / plan.H;
+  AttentionShape shape;
+  shape.slices = 1;
+  shape.q_len = plan.L;
+  shape.kv_len = plan.S_total;
+  shape.head_dim = shape.value_dim = plan.D;
+  shape.causal_cols = plan.S;
+  shape.first_slice = n;  // drop what the fused form drops
+  AttentionTensors<T> t;
+  t.q = h.q.data();
+  t.k = h.k.data();
+  t.v = h.v.data();
+  if (!masks.attn_mask.empty()) t.attn_mask = masks.attn_mask.data() + n * masks.attn_mask_slice_stride;
+  if (!masks.key_padding.empty()) t.key_padding = masks.key_padding.data() + b * plan.S_total;
+  t.out = h.out.data();
+  t.weights = h.weights.data();
+  attention_forward_reference(make_attention_args(shape, t, o));
+}
+
+// Step 4: output = Concat(…) W^O + b^O, written back in the caller's layout.
+template <class T>
+void out_project(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p,
+                 const ForwardPlan& plan, const Tensor<T>& concat, T* output) {
+  const int64_t E = plan.E;
+  for (int64_t b = 0; b < plan.B; ++b)
+    for (int64_t l = 0; l < plan.L; ++l) {
+      const T* row = concat.data() + (b * plan.L + l) * E;
+      T* o = output + (b * plan.q_batch_stride + l * plan.q_seq_stride) * E;
+      for (int64_t e = 0; e < E; ++e) {
+        T acc = c.bias ? p.out_proj_bias[e] : T(0);
+        for (int64_t x = 0; x < E; ++x) acc += row[x] * p.out_proj_weight[e * E + x];
+        o[e] = acc;
+      }
+    }
+}
+
+// Mean over heads, (B, H, L, S') -> (B, L, S').
+template <class T>
+Tensor<T> mean_over_heads(const ForwardPlan& plan, const Tensor<T>& weights_all, Shape shape) {
+  const int64_t H = plan.H, plane = plan.L * plan.S_total;
+  Tensor<T> avg(std::move(shape), T(0));
+  for (int64_t b = 0; b < plan.B; ++b)
+    for (int64_t x = 0; x < plane; ++x) {
+      T sum = 0;
+      for (int64_t i = 0; i < H; ++i) sum += weights_all[(b * H + i) * plane + x];
+      avg[b * plane + x] = sum / static_cast<T>(H);
+    }
+  return avg;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -50,109 +147,35 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward_textbook(const Tensor<T>& q
                                                               const ForwardOptions<T>& options) const {
   using namespace detail;
   const ForwardPlan plan = plan_forward(config_, query, key, value, options);
-  if (options.check_finite) check_forward_finite(query, key, value, params_);
-  const int64_t B = plan.B, H = plan.H, L = plan.L, S = plan.S, St = plan.S_total, D = plan.D,
-                E = plan.E;
+  if (options.attention.check_finite) check_forward_finite(query, key, value, params_);
+  const int64_t B = plan.B, H = plan.H, L = plan.L, St = plan.S_total, D = plan.D, E = plan.E;
   if (B == 0 || L == 0) return empty_result<T>(plan, query.shape(), options);
   check_weights_fit(plan, sizeof(T));  // the textbook form keeps every head's weights
   const KernelMasks<T> masks = build_kernel_masks(plan, options);
-  const bool packed = config_.same_embed_dim();
-  const T* Wq = packed ? params_.in_proj_weight.data() : params_.q_proj_weight.data();
-  const T* Wk = packed ? params_.in_proj_weight.data() + E * E : params_.k_proj_weight.data();
-  const T* Wv = packed ? params_.in_proj_weight.data() + 2 * E * E : params_.v_proj_weight.data();
-  const T* bq = config_.bias ? params_.in_proj_bias.data() : nullptr;
-  const T* bk = config_.bias ? params_.in_proj_bias.data() + E : nullptr;
-  const T* bv = config_.bias ? params_.in_proj_bias.data() + 2 * E : nullptr;
+  const AttentionOptions o = module_attention_options(config_, options);
+  const Tensor<T>* qkv[3] = {&query, &key, &value};
 
   Tensor<T> concat({B * L, E});  // row b·L + l
   Tensor<T> weights_all({B, H, L, St}, T(0));
-  std::vector<T> Qi(L * D), Ki(St * D), Vi(St * D), head(L * D), mask_i(L * St), w_i(L * St);
-
-  for (int64_t b = 0; b < B; ++b) {
-    auto q_row = [&](int64_t l) { return b * plan.q_batch_stride + l * plan.q_seq_stride; };
-    auto kv_row = [&](int64_t s) { return b * plan.kv_batch_stride + s * plan.kv_seq_stride; };
+  HeadBuffers<T> h{std::vector<T>(L * D), std::vector<T>(St * D), std::vector<T>(St * D),
+                   std::vector<T>(L * D), std::vector<T>(L * St)};
+  for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < H; ++i) {
-      // Step 1: Q_i = Q W_i^Q, K_i = K W_i^K, V_i = V W_i^V (rows i·D … i·D+D−1).
-      project_one_head(L, E, query.data(), q_row, Wq, bq, i * D, D, Qi.data());
-      project_one_head(S, plan.Ek, key.data(), kv_row, Wk, bk, i * D, D, Ki.data());
-      project_one_head(S, plan.Ev, value.data(), kv_row, Wv, bv, i * D, D, Vi.data());
-      if (plan.bias_kv_col >= 0)
-        for (int64_t d = 0; d < D; ++d) {
-          Ki[plan.bias_kv_col * D + d] = params_.bias_k[i * D + d];
-          Vi[plan.bias_kv_col * D + d] = params_.bias_v[i * D + d];
-        }
-      if (plan.zero_attn_col >= 0)
-        for (int64_t d = 0; d < D; ++d) Ki[plan.zero_attn_col * D + d] = Vi[plan.zero_attn_col * D + d] = 0;
-
-      // This head's mask: attn_mask (its own slice if 3-D) + key padding of batch b.
-      for (int64_t l = 0; l < L; ++l)
-        for (int64_t s = 0; s < St; ++s) {
-          T m = 0;
-          if (!masks.attn_mask.empty())
-            m += masks.attn_mask[(b * H + i) * masks.attn_mask_slice_stride + l * St + s];
-          if (!masks.key_padding.empty()) m += masks.key_padding[b * St + s];
-          mask_i[l * St + s] = m;
-        }
-
-      // Step 2: head_i = softmax(Q_i K_iᵀ / √D + mask_i) V_i.
-      AttentionArgs<T> a;
-      a.slices = 1;
-      a.q_len = L;
-      a.kv_len = St;
-      a.head_dim = D;
-      a.value_dim = D;
-      a.q = Qi.data();
-      a.k = Ki.data();
-      a.v = Vi.data();
-      a.attn_mask = mask_i.data();
-      a.is_causal = options.is_causal;
-      a.causal_cols = S;
-      a.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(D)));
-      a.dropout_p = options.training ? config_.dropout : 0.0;
-      a.dropout_seed = options.dropout_seed;
-      a.dropout_slice_offset = b * H + i;  // drop what the fused form drops
-      a.masked_rows = options.masked_rows;
-      a.num_threads = options.num_threads;
-      a.out = head.data();
-      a.weights = w_i.data();
-      attention_forward(a, options.kernel == AttentionKernel::Flash ? AttentionKernel::Materialized
-                                                                     : options.kernel);
-
+      project_head(config_, params_, plan, qkv, b * H + i, h);  // step 1
+      attend_one_head(plan, masks, o, b * H + i, h);               // step 2
       // Step 3: Concat(head_1, …, head_h): head i fills columns i·D … i·D+D−1.
       for (int64_t l = 0; l < L; ++l)
-        for (int64_t d = 0; d < D; ++d) concat[(b * L + l) * E + i * D + d] = head[l * D + d];
-      for (int64_t x = 0; x < L * St; ++x) weights_all[((b * H + i) * L) * St + x] = w_i[x];
+        for (int64_t d = 0; d < D; ++d) concat[(b * L + l) * E + i * D + d] = h.out[l * D + d];
+      std::copy(h.weights.begin(), h.weights.end(), weights_all.data() + (b * H + i) * L * St);
     }
-  }
 
-  // Step 4: output = Concat(…) W^O + b^O, written back in the caller's layout.
   ForwardResult<T> result;
   result.output = Tensor<T>(output_shape(plan, query.shape()));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t l = 0; l < L; ++l) {
-      const T* c = concat.data() + (b * L + l) * E;
-      T* o = result.output.data() + (b * plan.q_batch_stride + l * plan.q_seq_stride) * E;
-      for (int64_t e = 0; e < E; ++e) {
-        T acc = config_.bias ? params_.out_proj_bias[e] : T(0);
-        for (int64_t x = 0; x < E; ++x) acc += c[x] * params_.out_proj_weight[e * E + x];
-        o[e] = acc;
-      }
-    }
-
+  out_project(config_, params_, plan, concat, result.output.data());  // step 4
   if (options.need_weights) {
     Shape shape = attn_weights_shape(plan, options.average_attn_weights);
-    if (options.average_attn_weights) {
-      Tensor<T> avg(std::move(shape), T(0));
-      for (int64_t b = 0; b < B; ++b)
-        for (int64_t x = 0; x < L * St; ++x) {
-          T sum = 0;
-          for (int64_t i = 0; i < H; ++i) sum += weights_all[((b * H + i) * L) * St + x];
-          avg[b * L * St + x] = sum / static_cast<T>(H);
-        }
-      result.attn_weights = std::move(avg);
-    } else {
-      result.attn_weights = std::move(weights_all).reshaped(std::move(shape));
-    }
+    result.attn_weights = options.average_attn_weights ? mean_over_heads(plan, weights_all, std::move(shape))
+                                                       : std::move(weights_all).reshaped(std::move(shape));
   }
   return result;
 }

@@ -2,7 +2,7 @@
 //
 // Every dense product (projections, the materialised QKᵀ and PV) goes through
 // gemm(), so a later kernel can replace it in one place.
-//  - float: oneDNN's sgemm. Measured on the 2-core Zen 5 machine, full
+//  - float: oneDNN's sgemm. Measured on a 2-core Zen 5 machine, full
 //    forward (1, 2048, 768, 12), 2 threads: 95 ms with oneDNN vs 228 ms with
 //    OpenBLAS. oneDNN dispatches on CPUID (OpenBLAS here obeys
 //    OPENBLAS_CORETYPE=Haswell and runs AVX2 kernels) and threads with the

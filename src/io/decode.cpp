@@ -6,16 +6,25 @@
 
 #include "io/bytes.hpp"
 #include "io/half.hpp"
+#include "multihead/error.hpp"
 
 namespace multihead::detail {
 
 std::size_t itemsize(DType dtype) {
   switch (dtype) {
-    case DType::Bool: return 1;
+    case DType::Bool:
+    case DType::U8:
+    case DType::I8: return 1;
     case DType::F16:
-    case DType::BF16: return 2;
-    case DType::F32: return 4;
-    case DType::F64: return 8;
+    case DType::BF16:
+    case DType::U16:
+    case DType::I16: return 2;
+    case DType::F32:
+    case DType::U32:
+    case DType::I32: return 4;
+    case DType::F64:
+    case DType::U64:
+    case DType::I64: return 8;
   }
   return 0;
 }
@@ -52,6 +61,17 @@ void decode_to_double(const uint8_t* src, std::size_t count, DType dtype, bool b
     case DType::F64:
       decode_loop<uint64_t>(src, count, big_endian, dst, [](uint64_t b) { return std::bit_cast<double>(b); });
       return;
+    case DType::U8:
+    case DType::I8:
+    case DType::U16:
+    case DType::I16:
+    case DType::U32:
+    case DType::I32:
+    case DType::U64:
+    case DType::I64:
+      // The readers never decode integer tensors (decode.hpp); reaching
+      // here is a bug in a reader, reported rather than filling garbage.
+      throw Error(Error::Kind::Value, "decode_to_double: " + to_string(dtype) + " tensors are not decoded");
   }
 }
 

@@ -1,5 +1,6 @@
 // src/io/decode.hpp: on-disk element bytes to double, shared by the .npy and
-// safetensors readers. Every supported dtype converts exactly.
+// safetensors readers. Every decoded dtype (bool and the floating-point
+// types) converts exactly.
 #pragma once
 
 #include <cstddef>
@@ -14,7 +15,8 @@ std::size_t itemsize(DType dtype);
 
 // Converts `count` elements starting at `src` (packed, itemsize(dtype) bytes
 // each, in the given byte order). Bool: any nonzero byte becomes 1.0, as
-// NumPy's bool(x) and PyTorch's .bool() read a byte.
+// NumPy's bool(x) and PyTorch's .bool() read a byte. Integer dtypes
+// (is_integer) are not decoded: they throw Error(Value), as a reader's bug.
 void decode_to_double(const uint8_t* src, std::size_t count, DType dtype, bool big_endian, double* dst);
 
 }  // namespace multihead::detail

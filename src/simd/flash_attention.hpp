@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "attention/kernel.hpp"
+#include "kernel/attention_args.hpp"
 
 namespace multihead::detail {
 
@@ -22,7 +22,6 @@ class FlashScratch {
   ~FlashScratch();
   // At least `count` floats; contents unspecified. Grows, never shrinks.
   float* floats(std::size_t count);
-  std::size_t capacity() const { return capacity_; }
 
  private:
   float* data_ = nullptr;
@@ -32,29 +31,17 @@ class FlashScratch {
 // One Highway target's flash kernel.
 struct FlashAttentionKernel {
   // Writes out rows [row_begin, row_end) of slice `slice`, as kernel.hpp's
-  // formula says. Reads args.q/k/v/masks, never args.weights. Rows are
+  // contract (src/kernel/attention_args.hpp) says. Reads args.q/k/v/masks, never args.weights. Rows are
   // independent: the result of a row does not depend on which other rows
   // share the call, so any partition gives bit-identical outputs.
   void (*rows)(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin, int64_t row_end,
                FlashScratch& scratch);
-  // The kernel's exp applied to one stored row of scores, for the
-  // materialized kernel's softmax (so both kernels share one exp):
-  // row[j] = exp(row[j] - row_max) in place, returns the sum of the new
-  // row[j]. row_max must be finite and >= every row[j]; -inf gives 0.
-  float (*exp_row)(float* row, std::size_t count, float row_max);
   // Rows per call this target handles best (its widest query tile).
   int64_t row_tile;
-  // Highway target bit and name.
-  int64_t target;
-  const char* target_name;
 };
 
 // The kernel compiled for Highway target `target_bit` (see targets.hpp);
 // throws multihead::Error if it was not compiled in.
 FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit);
-
-// The kernel's vectorised 2^x for x <= 0 (exported for its unit test):
-// out[i] = 2^in[i], with in[i] = -inf giving exactly 0.
-void flash_exp2_for_test(int64_t target_bit, const float* in, float* out, std::size_t count);
 
 }  // namespace multihead::detail

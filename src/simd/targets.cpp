@@ -100,4 +100,9 @@ void simd_target_force(const std::string& name) {
   g_forced_target.store(bit, std::memory_order_relaxed);
 }
 
+void fail_target_not_compiled(int64_t target_bit, const char* kernel) {
+  throw Error(Error::Kind::Value,
+              std::string(kernel) + ": no kernel compiled for SIMD target " + hwy::TargetName(target_bit));
+}
+
 }  // namespace multihead::detail

@@ -11,6 +11,7 @@
 // and "EMU128" both name the portable fallback, whichever this build has.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -39,5 +40,21 @@ void simd_target_force(const std::string& name);
 // Parses a target name into its Highway bit; throws multihead::Error naming
 // `what` (e.g. "MULTIHEAD_SIMD_TARGET"), the value and the available targets.
 int64_t simd_target_parse(const std::string& name, const std::string& what);
+
+[[noreturn]] void fail_target_not_compiled(int64_t target_bit, const char* kernel);
+
+// Index of `target_bit` in the HWY_EXPORT tables of a src/simd file, given
+// the table of a function of that file that returns HWY_TARGET. Rather than
+// rely on how Highway orders its tables, ask each entry which target it was
+// compiled for. With several targets, entry 0 is Highway's own "choose and
+// call" trampoline (it dispatches on Highway's global choice, not ours):
+// skip it. Throws multihead::Error naming `kernel` if the target is absent.
+template <std::size_t N>
+std::size_t dispatch_table_index(int64_t (*const (&target_of)[N])(), int64_t target_bit, const char* kernel) {
+  for (std::size_t i = N > 1 ? 1 : 0; i < N; ++i) {
+    if (target_of[i] != nullptr && target_of[i]() == target_bit) return i;
+  }
+  fail_target_not_compiled(target_bit, kernel);
+}
 
 }  // namespace multihead::detail

@@ -197,6 +197,31 @@ std::string normalize_prefix(const std::string& prefix) {
   return prefix.empty() || prefix.back() == '.' ? prefix : prefix + ".";
 }
 
+// Every tensor name of the file, decoded or integer, in name order: the
+// order in which they are checked, so the first error is the same whichever
+// map a tensor is in.
+std::vector<std::string> tensor_names(const SafetensorsFile& file) {
+  std::vector<std::string> names;
+  for (const auto& [name, tensor] : file.tensors) names.push_back(name);
+  for (const auto& [name, info] : file.integer_tensors) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool has_tensor(const SafetensorsFile& file, const std::string& name) {
+  return file.tensors.count(name) != 0 || file.integer_tensors.count(name) != 0;
+}
+
+// A parameter is real-valued; an integer tensor under a parameter's name is
+// a broken export, named rather than skipped. (Bool is decoded to 0 / 1 and
+// accepted, as it always was.)
+void check_parameter_dtype(const SafetensorsFile& file, const std::string& name, const Source& src) {
+  const auto it = file.integer_tensors.find(name);
+  if (it == file.integer_tensors.end()) return;
+  throw Error(Error::Kind::Format, name + ": expected dtype float16, bfloat16, float32 or float64, got " +
+                                       to_string(it->second.dtype) + src.in_file());
+}
+
 // "; this file holds MultiheadAttention modules at prefixes a., b. (pass one
 // with --prefix)", or "" when the file holds no module besides the one at
 // src.prefix.
@@ -209,12 +234,13 @@ std::string module_prefixes_hint(const SafetensorsFile& file, const Source& src)
 }
 
 // Moves the tensors under the prefix out of the file, under their local
-// names. Anything else under the prefix is an error, as in strict loading.
+// names. Anything else under the prefix is an error, as in strict loading,
+// whatever its dtype; tensors outside the prefix are never looked at.
 // Names are checked before anything moves, since the error message lists the
 // file's modules from their shapes.
 std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const Source& src) {
   std::vector<std::string> names;
-  for (const auto& [name, tensor] : file.tensors) {
+  for (const std::string& name : tensor_names(file)) {
     if (!name.starts_with(src.prefix)) continue;
     if (!kStateDictNames.count(name.substr(src.prefix.size())))
       throw Error(Error::Kind::Format,
@@ -222,6 +248,7 @@ std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const S
                          "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, "
                          "q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v)" + src.in_file() +
                       module_prefixes_hint(file, src));
+    check_parameter_dtype(file, name, src);
     names.push_back(name);
   }
   if (names.empty() && !src.prefix.empty())
@@ -309,10 +336,10 @@ LoadedWeights load_weights(const std::string& path, const LoadOptions& options) 
 std::vector<FoundModule> find_attention_modules(const SafetensorsFile& file, const std::string& name) {
   static const std::string kAnchor = "out_proj.weight";
   std::vector<FoundModule> out;
-  for (const auto& [tensor_name, tensor] : file.tensors) {
+  for (const std::string& tensor_name : tensor_names(file)) {
     if (!tensor_name.ends_with(kAnchor)) continue;
     const Source src{name, tensor_name.substr(0, tensor_name.size() - kAnchor.size())};
-    if (!file.tensors.count(src.tensor("in_proj_weight")) && !file.tensors.count(src.tensor("q_proj_weight")))
+    if (!has_tensor(file, src.tensor("in_proj_weight")) && !has_tensor(file, src.tensor("q_proj_weight")))
       continue;
     ShapeMap shapes;
     for (const std::string& local : kStateDictNames)
@@ -321,6 +348,7 @@ std::vector<FoundModule> find_attention_modules(const SafetensorsFile& file, con
     FoundModule m;
     m.prefix = src.prefix;
     try {
+      for (const std::string& local : kStateDictNames) check_parameter_dtype(file, src.tensor(local), src);
       const MultiheadAttentionConfig c = config_from_shapes(shapes, src);
       m.embed_dim = c.embed_dim, m.kdim = c.key_dim(), m.vdim = c.value_dim();
       m.bias = c.bias, m.add_bias_kv = c.add_bias_kv;

@@ -296,12 +296,21 @@ def _(ctx):
     return ctx.args(weights=ctx.raw("W_past.safetensors", st_custom(entries, buf, {"num_heads": "2"})))
 
 
-@case("safetensors unsupported dtype I32", "in_proj_bias", "I32")
+@case("safetensors unsupported dtype F8_E4M3", "in_proj_bias", "F8_E4M3", "I64, F16")
 def _(ctx):
     entries, buf = st_valid_entries(ctx)
     for e in entries:
         if e[0] == "in_proj_bias":
-            e[1] = "I32"
+            e[1] = "F8_E4M3"
+    return ctx.args(weights=ctx.raw("W_f8.safetensors", st_custom(entries, buf, {"num_heads": "2"})))
+
+
+@case("safetensors parameter of integer dtype I32", "in_proj_bias", "got int32", "float32")
+def _(ctx):
+    entries, buf = st_valid_entries(ctx)
+    for e in entries:
+        if e[0] == "in_proj_bias":
+            e[1] = "I32"  # 4 bytes an element, as F32: a valid file, a wrong parameter
     return ctx.args(weights=ctx.raw("W_i32.safetensors", st_custom(entries, buf, {"num_heads": "2"})))
 
 

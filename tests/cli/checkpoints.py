@@ -9,8 +9,9 @@ script and the documented commands are the ones tested:
     `multihead forward --prefix …` line runs to parity with PyTorch;
   - a small model holding two nn.MultiheadAttention of different
     configurations, one batch_first, one with kdim/vdim and bias_k/v, in
-    float64: `inspect` shows each, `--prefix` runs each to parity (1e-12, as
-    tests/parity for float64 queries: docs/parity.md);
+    float64, and int64 and uint8 buffers: `inspect` shows each module and
+    lists the buffers with their dtypes, `--prefix` runs each module to
+    parity (1e-12, as tests/parity for float64 queries: docs/parity.md);
   - without --prefix the file is refused with the prefixes that would work;
   - a batch_first state_dict without metadata: the stderr note (exact text),
     and none for a field given by a flag;
@@ -116,7 +117,8 @@ class TwoAttentions(torch.nn.Module):
         self.a = torch.nn.MultiheadAttention(16, 4, batch_first=True)
         self.b = torch.nn.MultiheadAttention(12, 3, kdim=5, vdim=7, add_bias_kv=True)
         self.head = torch.nn.Linear(16, 2)
-        self.register_buffer("steps", torch.tensor(3))  # int64: the script leaves it out
+        self.register_buffer("steps", torch.tensor(3))  # int64, as BatchNorm's num_batches_tracked
+        self.register_buffer("keep", torch.ones(2, 3, dtype=torch.uint8))  # a uint8 mask buffer
 
 
 def two_attentions(env):
@@ -208,6 +210,11 @@ def two_modules_inspect(env):
                 problems.append(f"{prefix}: {key} {rows.get(key)}, expected {value}")
     if "MultiheadAttention modules (2):" not in out:
         problems.append(f"expected 2 modules:\n{out}")
+    # The README's script writes the integer buffers with their own dtypes,
+    # and inspect lists them in the one table of tensors.
+    for name, dtype, shape in (("steps", "int64", "()"), ("keep", "uint8", "(2, 3)")):
+        if not re.search(rf"^  {name} +{dtype} +{re.escape(shape)}$", out, flags=re.M):
+            problems.append(f"tensor list lacks `{name}  {dtype}  {shape}`:\n{out}")
     return problems
 
 

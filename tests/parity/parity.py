@@ -13,6 +13,9 @@ finite entries < 1e-5 for the output and the attention weights when the CLI
 computes in float32 (float32 query), < 1e-12 when it computes in float64.
 Why these bounds hold: docs/parity.md.
 
+Odd configurations run with MULTIHEAD_FUSED_PATHS=plain, so the table
+covers the fused form's fast paths both ways.
+
 Then: `multihead init` files load into torch (init_check.py), and the checker
 is shown to catch a single perturbed element.
 
@@ -56,11 +59,19 @@ def parse_args():
     return ap.parse_args()
 
 
-def run_cli(case):
+def fused_paths(c):
+    """The fused form's fast paths, both ways: odd configurations run with
+    every plain alternative forced (MULTIHEAD_FUSED_PATHS=plain: head-major
+    copies, separate projections, untransposed weights)."""
+    return "plain" if c.idx % 2 else "auto"
+
+
+def run_cli(case, paths):
     for p in (case.out_path, case.weights_path):
         if p and os.path.exists(p):
             os.remove(p)
-    r = subprocess.run(case.cmd, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, MULTIHEAD_FUSED_PATHS=paths)
+    r = subprocess.run(case.cmd, capture_output=True, text=True, timeout=300, env=env)
     if r.returncode != 0:
         return None, None, f"exit {r.returncode}: {r.stderr.strip()}"
     if not os.path.exists(case.out_path):
@@ -118,7 +129,7 @@ def main():
             full_row_configs[policy] = full_row_configs.get(policy, 0) + 1
         problems = [f"reference self-check: {e}" for e in cs.self_check_errors]
         if not args.reference_only and not problems:
-            out, weights, err = run_cli(cs)
+            out, weights, err = run_cli(cs, fused_paths(c))
             if err:
                 problems.append(err)
             else:
@@ -142,7 +153,7 @@ def main():
             failed += 1
             for p in problems:
                 log(f"FAIL {c.name()} [{c.scenario}]: {p}")
-            log(f"  cli:   {shlex.join(cs.cmd)}")
+            log(f"  cli:   MULTIHEAD_FUSED_PATHS={fused_paths(c)} {shlex.join(cs.cmd)}")
             log(f"  rerun: {rerun}")
         else:
             passed += 1
@@ -197,6 +208,8 @@ def main():
 
     log(f"parity: {len(selected)} configurations, worst output rel error {fmt('output')}, "
         f"worst weights rel error {fmt('weights')}  [{time.time() - t0:.1f} s]")
+    plain = sum(1 for c in selected if fused_paths(c) == "plain")
+    log(f"fused paths: {len(selected) - plain} configurations auto, {plain} plain (MULTIHEAD_FUSED_PATHS)")
     log(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

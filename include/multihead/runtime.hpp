@@ -1,0 +1,39 @@
+// multihead/runtime.hpp: process-wide run-time switches. They let one
+// binary check itself (force the reference kernel, or any SIMD target this
+// CPU runs) and set the threads of both the library's own parallel loops and
+// the BLAS it calls. Everything here is also reachable from the environment:
+// MULTIHEAD_KERNEL and MULTIHEAD_SIMD_TARGET.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "multihead/attention.hpp"
+
+namespace multihead {
+
+// Threads for OpenMP regions (omp_set_num_threads) and for BLAS. threads <= 0
+// leaves both as they are. A call's options.num_threads, when > 0, still
+// wins for that call's own loops.
+void set_threads(int threads);
+// Threads the library's own parallel loops use when a call asks for 0.
+int threads();
+// Threads BLAS uses now (OpenBLAS's or oneDNN's setting).
+int blas_threads();
+
+// SIMD targets compiled into this library that this CPU runs, best first,
+// e.g. {"AVX3", "AVX2", "SSE4", "SSSE3", "SCALAR"} (Highway's names).
+std::vector<std::string> simd_targets_available();
+// The target the SIMD kernels dispatch to now.
+std::string simd_target_current();
+// Forces `name` (case-insensitive) for every later call in this process; ""
+// returns to MULTIHEAD_SIMD_TARGET or, when that is unset, the best target.
+// Throws multihead::Error naming the available targets for a bad name.
+void simd_target_force(const std::string& name);
+
+// Forces a kernel for every later call in this process, whatever the call
+// asks for; Auto lifts the force (then MULTIHEAD_KERNEL, if set, applies).
+void kernel_force(AttentionKernel kernel);
+AttentionKernel kernel_forced();
+
+}  // namespace multihead

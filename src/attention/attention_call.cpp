@@ -1,0 +1,63 @@
+// src/attention/attention_call.cpp: options -> kernel arguments (attention_call.hpp).
+#include "attention/attention_call.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "core/check.hpp"
+#include "multihead/error.hpp"
+
+namespace multihead::detail {
+
+void validate_attention_options(const AttentionOptions& o) {
+  if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0))
+    throw Error(Error::Kind::Value,
+                "dropout_p: expected a probability in [0, 1], got " + format_number(o.dropout_p));
+  if (o.scale && !std::isfinite(*o.scale))
+    throw Error(Error::Kind::Value, "scale: expected a finite number, got " + format_number(*o.scale));
+  if (o.num_threads < 0)
+    throw Error(Error::Kind::Value,
+                "num_threads: expected 0 (default) or more, got " + std::to_string(o.num_threads));
+  constexpr int64_t kMaxOffset = int64_t{1} << 40;
+  if (o.causal_query_offset < -kMaxOffset || o.causal_query_offset > kMaxOffset)
+    throw Error(Error::Kind::Value, "causal_query_offset: expected a value in [-2^40, 2^40], got " +
+                                        std::to_string(o.causal_query_offset));
+}
+
+template <class T>
+AttentionArgs<T> make_attention_args(const AttentionShape& shape, const AttentionTensors<T>& t,
+                                     const AttentionOptions& o) {
+  AttentionArgs<T> a;
+  a.slices = shape.slices;
+  a.heads = shape.heads;
+  a.q_len = shape.q_len;
+  a.kv_len = shape.kv_len;
+  a.head_dim = shape.head_dim;
+  a.value_dim = shape.value_dim;
+  a.q = t.q;
+  a.k = t.k;
+  a.v = t.v;
+  a.q_layout = t.q_layout;
+  a.k_layout = t.k_layout;
+  a.v_layout = t.v_layout;
+  a.out_layout = t.out_layout;
+  a.scale = static_cast<T>(o.scale ? *o.scale : 1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
+  a.modifiers.attn_mask = t.attn_mask;
+  a.modifiers.attn_mask_slice_stride = t.attn_mask_slice_stride;
+  a.modifiers.key_padding = t.key_padding;
+  a.modifiers.causal = CausalRule{o.is_causal, o.causal_alignment, o.causal_query_offset, shape.causal_cols};
+  a.dropout = DropoutRule{o.dropout_p, o.dropout_seed, shape.first_slice};
+  a.masked_rows = o.masked_rows;
+  a.num_threads = o.num_threads;
+  a.out = t.out;
+  a.weights = t.weights;
+  return a;
+}
+
+template AttentionArgs<float> make_attention_args<float>(const AttentionShape&, const AttentionTensors<float>&,
+                                                         const AttentionOptions&);
+template AttentionArgs<double> make_attention_args<double>(const AttentionShape&,
+                                                           const AttentionTensors<double>&,
+                                                           const AttentionOptions&);
+
+}  // namespace multihead::detail

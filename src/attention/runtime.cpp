@@ -1,0 +1,39 @@
+// src/attention/runtime.cpp: the public run-time switches (multihead/runtime.hpp).
+#include "multihead/runtime.hpp"
+
+#include <atomic>
+
+#include <omp.h>
+
+#include "attention/kernel_force.hpp"
+#include "core/gemm.hpp"
+#include "simd/targets.hpp"
+
+namespace multihead {
+namespace detail {
+
+std::atomic<AttentionKernel>& forced_kernel() {
+  static std::atomic<AttentionKernel> kernel{AttentionKernel::Auto};
+  return kernel;
+}
+
+}  // namespace detail
+
+void set_threads(int threads) {
+  if (threads <= 0) return;
+  omp_set_num_threads(threads);
+  detail::set_blas_threads(threads);
+}
+
+int threads() { return omp_get_max_threads(); }
+
+int blas_threads() { return detail::blas_threads(); }
+
+std::vector<std::string> simd_targets_available() { return detail::simd_targets_available(); }
+std::string simd_target_current() { return detail::simd_target_current(); }
+void simd_target_force(const std::string& name) { detail::simd_target_force(name); }
+
+void kernel_force(AttentionKernel kernel) { detail::forced_kernel().store(kernel, std::memory_order_relaxed); }
+AttentionKernel kernel_forced() { return detail::forced_kernel().load(std::memory_order_relaxed); }
+
+}  // namespace multihead

@@ -1,0 +1,115 @@
+// src/kernel/attention_args.hpp: the one contract every attention kernel
+// implements (reference loops, BLAS materialised, SIMD flash). This layer
+// sits below src/simd/ and src/attention/: it includes only the public
+// headers and the standard library, and everything above includes it.
+//
+// Legend: N slices (= B·H for multi-head, or the flattened leading dims of
+// scaled_dot_product_attention), L queries, S keys, D query/key width,
+// Dv value width.
+//
+// For slice n = b·heads + h and query row i, every kernel computes
+//   s_ij  = score_rule(scale · <q[n,i,:], k[n,j,:]>)     (score_rule.hpp)
+//   p_ij  = softmax_j(s_ij)          (fully masked row: masked_row_fill)
+//   p'_ij = dropout_weight(p_ij)     (when dropout.p > 0)
+//   out[n,i,:] = Σ_j p'_ij v[n,j,:]
+// and, when weights != nullptr, stores p'_ij in weights[n,i,j].
+#pragma once
+
+#include <cstdint>
+
+#include "multihead/attention.hpp"
+
+namespace multihead::detail {
+
+// Where slice n = b·heads + h of a tensor starts and how far apart its rows
+// are, in elements: row i of slice n is at
+//   base + b·batch + h·head + i·row.
+// All zero means contiguous [N][len][width]. A strided layout lets the fused
+// form hand the kernels views into its projection buffer (split_heads as a
+// reshape, not a copy) and let them write merged heads directly.
+struct SliceLayout {
+  int64_t batch = 0, head = 0, row = 0;
+  bool contiguous() const { return batch == 0 && head == 0 && row == 0; }
+};
+
+// The effective layout: `layout`, or contiguous [N][len][width] when unset.
+inline SliceLayout resolve_layout(const SliceLayout& layout, int64_t heads, int64_t len, int64_t width) {
+  if (!layout.contiguous()) return layout;
+  return SliceLayout{heads * len * width, len * width, width};
+}
+// Start of slice n under a resolved layout.
+template <class P>
+P* slice_start(P* base, const SliceLayout& l, int64_t n, int64_t heads) {
+  return base + (n / heads) * l.batch + (n % heads) * l.head;
+}
+
+// Causal masking, with its alignment made explicit. Keys j < cols take part
+// (the columns after them, bias_k and the zero-attention key, stay visible,
+// as PyTorch pads its masks). With
+//   shift = query_offset + (alignment == BottomRight ? cols − L : 0)
+// query i may see key j < cols iff j ≤ i + shift.
+//  - TopLeft, offset 0: j ≤ i, PyTorch's is_causal (torch.triu(ones, 1)).
+//  - BottomRight, offset 0: the last query sees every key, FlashAttention's
+//    convention; with L > cols the first L − cols queries see no causal key.
+//  - query_offset p: the queries are positions p, p + 1, … of a longer
+//    sequence, e.g. TopLeft with p = cols − L decodes L new tokens against a
+//    KV cache of cols keys (the same as BottomRight with p = 0).
+// The rule itself is causal_visible() in score_rule.hpp.
+struct CausalRule {
+  bool enabled = false;
+  CausalAlignment alignment = CausalAlignment::TopLeft;
+  int64_t query_offset = 0;
+  int64_t cols = 0;
+};
+
+// Every rule that shapes the scores before the softmax, applied by
+// score_rule.hpp (scalar) and its vector twin in src/simd/. The issue about
+// variants adds here: a sliding window, ALiBi slopes, a logit soft-cap and a
+// K/V-head mapping (grouped-query attention).
+template <class T>
+struct ScoreModifiers {
+  // Additive mask [L][S] for slice n at attn_mask + n·attn_mask_slice_stride
+  // (stride 0 broadcasts one (L, S) mask to every slice). nullptr = none.
+  const T* attn_mask = nullptr;
+  int64_t attn_mask_slice_stride = 0;
+  // Additive key padding [B][S], row n / heads. nullptr = none.
+  const T* key_padding = nullptr;
+  CausalRule causal;
+};
+
+// Dropout on the softmax weights, PyTorch's rule: keep with probability
+// 1 − p, scale the kept by 1/(1 − p). The decision is dropout_keep() in
+// score_rule.hpp, a hash of (seed, n + slice_offset, i, j).
+struct DropoutRule {
+  double p = 0.0;
+  uint64_t seed = 0;
+  // Added to the slice index: lets a caller that runs one head per call
+  // drop exactly the elements a call over all heads drops.
+  int64_t slice_offset = 0;
+};
+
+template <class T>
+struct AttentionArgs {
+  int64_t slices = 0;    // N
+  int64_t heads = 1;     // slices per batch entry (for key_padding indexing)
+  int64_t q_len = 0;     // L
+  int64_t kv_len = 0;    // S (all keys, including bias_k / zero-attention columns)
+  int64_t head_dim = 0;  // D
+  int64_t value_dim = 0; // Dv
+
+  const T* q = nullptr;  // [N][L][D]  (or as q_layout says)
+  const T* k = nullptr;  // [N][S][D]  (or as k_layout says)
+  const T* v = nullptr;  // [N][S][Dv] (or as v_layout says)
+  SliceLayout q_layout, k_layout, v_layout, out_layout;
+
+  T scale = T(1);
+  ScoreModifiers<T> modifiers;
+  DropoutRule dropout;
+  MaskedRowPolicy masked_rows = MaskedRowPolicy::Zeros;
+  int num_threads = 0;
+
+  T* out = nullptr;      // [N][L][Dv] (or as out_layout says)
+  T* weights = nullptr;  // [N][L][S] or nullptr
+};
+
+}  // namespace multihead::detail

@@ -1,0 +1,91 @@
+// src/kernel/score_rule.hpp: the single scalar definition of every rule that
+// shapes attention scores and weights. The reference and materialized
+// kernels call these functions element by element; the flash kernel carries
+// their vector twins (src/simd/flash_attention-inl.h, ApplyScoreModifiers and
+// the fill in QueryTile), tested against these on every SIMD target by
+// tests/test_score_rule.cpp.
+//
+// Legend (attention_args.hpp): N slices, L queries, S keys; n slice, i query
+// row, j key column.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "kernel/attention_args.hpp"
+
+namespace multihead::detail {
+
+// The diagonal offset of the causal rule: query i may see key j < cols iff
+// j <= i + causal_shift (attention_args.hpp, CausalRule, says why).
+inline int64_t causal_shift(const CausalRule& c, int64_t q_len) {
+  return c.query_offset + (c.alignment == CausalAlignment::BottomRight ? c.cols - q_len : 0);
+}
+
+// Rule: causal. May query i see key j?
+inline bool causal_visible(const CausalRule& c, int64_t shift, int64_t i, int64_t j) {
+  return !c.enabled || j >= c.cols || j <= i + shift;
+}
+
+// A slice's view of the modifiers, hoisted out of the loops over i and j.
+template <class T>
+struct SliceModifiers {
+  const T* attn_mask;    // [L][S] of slice n, or nullptr
+  const T* key_padding;  // [S] of batch entry n / heads, or nullptr
+  CausalRule causal;
+  int64_t shift;         // causal_shift(causal, L)
+};
+
+template <class T>
+SliceModifiers<T> slice_modifiers(const ScoreModifiers<T>& m, int64_t n, int64_t heads, int64_t q_len,
+                                  int64_t kv_len) {
+  return {m.attn_mask ? m.attn_mask + n * m.attn_mask_slice_stride : nullptr,
+          m.key_padding ? m.key_padding + (n / heads) * kv_len : nullptr, m.causal,
+          causal_shift(m.causal, q_len)};
+}
+
+// Rule: the score of (i, j) from its scaled dot product,
+//   s_ij = scale·<q_i, k_j> + attn_mask[i, j] + key_padding[j],
+// or -inf where the causal rule hides key j from query i.
+template <class T>
+T modified_score(const SliceModifiers<T>& m, int64_t kv_len, int64_t i, int64_t j, T scaled_dot) {
+  if (!causal_visible(m.causal, m.shift, i, j)) return -std::numeric_limits<T>::infinity();
+  T s = scaled_dot;
+  if (m.attn_mask) s += m.attn_mask[i * kv_len + j];
+  if (m.key_padding) s += m.key_padding[j];
+  return s;
+}
+
+// Rule: a row whose scores are all -inf (softmax would be 0/0) gets this
+// value for every weight and every output feature. NaN scores do not count
+// as masked: they propagate, as in PyTorch.
+template <class T>
+T masked_row_fill(MaskedRowPolicy policy) {
+  return policy == MaskedRowPolicy::NaN ? std::numeric_limits<T>::quiet_NaN() : T(0);
+}
+
+// Rule: dropout's keep/drop decision for element (n, i, j). A counter-based
+// hash (SplitMix64 finaliser) of (seed, n, i, j), so that the decision does
+// not depend on kernel, form, tile order or thread count.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline bool dropout_keep(const DropoutRule& d, int64_t n, int64_t i, int64_t j) {
+  const uint64_t h = mix64(d.seed ^ mix64(static_cast<uint64_t>(n + d.slice_offset) ^
+                                          mix64(static_cast<uint64_t>(i) ^ mix64(static_cast<uint64_t>(j)))));
+  // 53 random bits -> uniform double in [0, 1).
+  const double u = static_cast<double>(h >> 11) * 0x1.0p-53;
+  return u >= d.p;
+}
+
+// Rule: dropout applied to the softmax weight p of (n, i, j), PyTorch's
+// p·keep/(1 − p). keep_scale = 1/(1 − p) (the caller may fold 1/Σ into it).
+template <class T>
+T dropout_weight(const DropoutRule& d, int64_t n, int64_t i, int64_t j, T p, T keep_scale) {
+  return dropout_keep(d, n, i, j) ? p * keep_scale : T(0);
+}
+
+}  // namespace multihead::detail

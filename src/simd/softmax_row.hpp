@@ -1,0 +1,24 @@
+// src/simd/softmax_row.hpp: the SIMD softmax numerators of one stored row of
+// scores, for the materialized kernel. It uses the same exp as the flash
+// kernel (src/simd/exp2-inl.h), so the two kernels round alike, and neither
+// borrows from the other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace multihead::detail {
+
+// row[j] = exp(row[j] − row_max) in place, returns Σ_j row[j]. row_max must
+// be finite and >= every row[j]; -inf gives exactly 0. <= 2 ulp.
+using ExpRowF32Fn = float (*)(float* row, std::size_t count, float row_max);
+
+// The function compiled for Highway target `target_bit` (targets.hpp);
+// throws multihead::Error if it was not compiled in.
+ExpRowF32Fn softmax_exp_row_for(int64_t target_bit);
+
+// The vectorised 2^x for x <= 0 (exported for its unit test):
+// out[i] = 2^in[i], with in[i] = -inf giving exactly 0.
+void exp2_nonpositive_for_test(int64_t target_bit, const float* in, float* out, std::size_t count);
+
+}  // namespace multihead::detail

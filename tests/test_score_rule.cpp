@@ -1,0 +1,386 @@
+// tests/test_score_rule.cpp: every kernel against one independent float64
+// computation of the score rules, over the whole table
+//   mask kind × key padding × causal alignment × query offset ×
+//   masked-row policy × dropout × shape,
+// on every SIMD target this CPU runs (the flash kernel's vector twins of
+// src/kernel/score_rule.hpp) and at 1 and 2 threads.
+//
+// The float64 oracle here (expected()) is written from the definitions, not
+// from score_rule.hpp: causal visibility counts the query's position from the
+// end of the keys for BottomRight, rather than using causal_shift(). Only
+// dropout's keep/drop hash is shared, since it is the definition itself.
+//
+// Names carry every parameter, e.g.
+//   Table/ScoreRule.AllKernelsMatch/L9_S6_mask_slice_pad_causal_bottomright_off-3_nan_drop
+//
+// ---- Tolerance (u = the kernel's unit roundoff: 2^-24 float, 2^-53 double)
+// As in tests/test_flash.cpp: with A_ij = scale·Σ_d |q_id·k_jd| and
+// M_ij = |mask_ij| + |pad_j|, a score carries δ_ij <= u·((D + 3)·A_ij +
+// 2·(A_ij + M_ij)); a normalised weight is off by <= 2·max_j δ_ij + 4u plus
+// the sum's (S + S/64 + 2)·u, relative; an output feature by that times
+// W_ic = Σ_j p_ij·|v_jc|. Hence
+//   |out_ic − ref_ic| <= u·W_ic·(2·max_j δ_ij/u + 2·(S + S/64) + 16)
+//   |w_ij − ref_ij|   <= u·ref_ij·(the same factor)
+// A fully masked row is the policy's fill exactly (0 or NaN), and NaN must
+// appear exactly where the oracle has NaN.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/kernel.hpp"
+#include "kernel/score_rule.hpp"
+#include "multihead/runtime.hpp"
+
+namespace multihead {
+namespace {
+
+using detail::AttentionArgs;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+enum class MaskKind { None, Shared, PerSlice };
+enum class Causal { None, TopLeft, BottomRight };
+
+struct RuleCase {
+  int64_t L, S;
+  MaskKind mask;
+  bool pad;
+  Causal causal;
+  int64_t offset;
+  MaskedRowPolicy policy;
+  double dropout;
+  std::string name() const {
+    static const char* masks[] = {"nomask", "mask_shared", "mask_slice"};
+    static const char* causals[] = {"nocausal", "causal_topleft", "causal_bottomright"};
+    std::string n = "L" + std::to_string(L) + "_S" + std::to_string(S) + "_" + masks[static_cast<int>(mask)] +
+                    (pad ? "_pad_" : "_nopad_") + causals[static_cast<int>(causal)] + "_off" +
+                    (offset < 0 ? "m" + std::to_string(-offset) : std::to_string(offset)) +
+                    (policy == MaskedRowPolicy::NaN ? "_nan" : "_zeros") + (dropout > 0 ? "_drop" : "_nodrop");
+    return n;
+  }
+};
+
+std::vector<RuleCase> all_cases() {
+  std::vector<RuleCase> cases;
+  // L > S (bottom-right hides every causal key from the first rows), L < S,
+  // and a shape of several query and key tiles.
+  const int64_t shapes[][2] = {{9, 6}, {6, 9}, {70, 300}};
+  for (const auto& shape : shapes)
+    for (MaskKind mask : {MaskKind::None, MaskKind::Shared, MaskKind::PerSlice})
+      for (bool pad : {false, true})
+        for (Causal causal : {Causal::None, Causal::TopLeft, Causal::BottomRight})
+          for (int64_t offset : {int64_t{0}, int64_t{-3}, int64_t{2}}) {
+            if (causal == Causal::None && offset != 0) continue;  // the offset only moves the diagonal
+            for (MaskedRowPolicy policy : {MaskedRowPolicy::Zeros, MaskedRowPolicy::NaN})
+              for (double dropout : {0.0, 0.3})
+                cases.push_back({shape[0], shape[1], mask, pad, causal, offset, policy, dropout});
+          }
+  return cases;
+}
+
+constexpr int64_t kB = 2, kH = 2, kN = kB * kH, kD = 8, kDv = 5;
+
+// Inputs in float (so that every kernel, float or double, sees the same
+// numbers). Masks hold -inf in places, and whole rows of -inf: row 2 of the
+// mask (every slice, or slice 1 only when per slice), and key padding hides
+// every key of batch entry 1 but its last.
+struct Inputs {
+  RuleCase c;
+  std::vector<float> q, k, v, mask, pad;
+};
+
+Inputs make_inputs(const RuleCase& c) {
+  std::mt19937_64 rng(1234 + static_cast<uint64_t>(c.L * 1000 + c.S));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::bernoulli_distribution hide(0.2);
+  Inputs in{c, {}, {}, {}, {}, {}};
+  auto fill = [&](std::vector<float>& x, int64_t n) {
+    x.resize(static_cast<std::size_t>(n));
+    for (float& e : x) e = normal(rng);
+  };
+  fill(in.q, kN * c.L * kD);
+  fill(in.k, kN * c.S * kD);
+  fill(in.v, kN * c.S * kDv);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  if (c.mask != MaskKind::None) {
+    const int64_t slices = c.mask == MaskKind::Shared ? 1 : kN;
+    fill(in.mask, slices * c.L * c.S);
+    for (float& e : in.mask)
+      if (hide(rng)) e = neg_inf;
+    const int64_t n = slices - 1;
+    for (int64_t j = 0; j < c.S; ++j) in.mask[static_cast<std::size_t>((n * c.L + 2) * c.S + j)] = neg_inf;
+  }
+  if (c.pad) {
+    fill(in.pad, kB * c.S);
+    in.pad[1] = neg_inf;
+    for (int64_t j = 0; j + 1 < c.S; ++j) in.pad[static_cast<std::size_t>(c.S + j)] = neg_inf;
+  }
+  return in;
+}
+
+// ---- the independent float64 oracle ----------------------------------------
+
+// Causal visibility from the definition in src/kernel/attention_args.hpp:
+// TopLeft puts query i at position i + offset and lets it see keys at or
+// before it; BottomRight aligns the last query with the last key, so query i
+// is L − 1 − i rows from the end and sees every key at least that many (less
+// the offset) before the last.
+bool sees(const RuleCase& c, int64_t i, int64_t j) {
+  switch (c.causal) {
+    case Causal::None: return true;
+    case Causal::TopLeft: return j <= i + c.offset;
+    case Causal::BottomRight: return (c.S - 1 - j) >= (c.L - 1 - i) - c.offset;
+  }
+  return true;
+}
+
+struct Expected {
+  std::vector<double> out, weights, out_bound, weights_factor;
+};
+
+Expected expected(const Inputs& in, double u) {
+  const RuleCase& c = in.c;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(kD));
+  const detail::DropoutRule dropout{c.dropout, 0x5EED, 0};
+  Expected e;
+  e.out.assign(static_cast<std::size_t>(kN * c.L * kDv), 0.0);
+  e.out_bound.assign(e.out.size(), 0.0);
+  e.weights.assign(static_cast<std::size_t>(kN * c.L * c.S), 0.0);
+  e.weights_factor.assign(static_cast<std::size_t>(kN * c.L), 0.0);
+  std::vector<double> s(static_cast<std::size_t>(c.S)), p(s.size());
+  for (int64_t n = 0; n < kN; ++n)
+    for (int64_t i = 0; i < c.L; ++i) {
+      double max = -kInf, worst_delta = 0;
+      for (int64_t j = 0; j < c.S; ++j) {
+        double dot = 0, cond = 0;
+        for (int64_t d = 0; d < kD; ++d) {
+          const double x = in.q[static_cast<std::size_t>((n * c.L + i) * kD + d)] *
+                           static_cast<double>(in.k[static_cast<std::size_t>((n * c.S + j) * kD + d)]);
+          dot += x;
+          cond += std::abs(x);
+        }
+        double add = 0;
+        if (c.mask != MaskKind::None)
+          add += in.mask[static_cast<std::size_t>(((c.mask == MaskKind::Shared ? 0 : n) * c.L + i) * c.S + j)];
+        if (c.pad) add += in.pad[static_cast<std::size_t>((n / kH) * c.S + j)];
+        s[j] = sees(c, i, j) ? dot * scale + add : -kInf;
+        max = std::max(max, s[j]);
+        if (s[j] != -kInf) worst_delta = std::max(worst_delta, (kD + 5) * cond * scale + 2 * std::abs(add));
+      }
+      const std::size_t row = static_cast<std::size_t>(n * c.L + i);
+      const double factor = 2 * worst_delta + 2 * (c.S + c.S / 64.0) + 16;
+      e.weights_factor[row] = factor;
+      if (max == -kInf) {  // fully masked row: the policy's fill
+        const double fill = c.policy == MaskedRowPolicy::NaN ? std::nan("") : 0.0;
+        for (int64_t j = 0; j < c.S; ++j) e.weights[row * c.S + j] = fill;
+        for (int64_t d = 0; d < kDv; ++d) e.out[row * kDv + d] = fill;
+        continue;
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < c.S; ++j) sum += p[j] = std::exp(s[j] - max);
+      for (int64_t j = 0; j < c.S; ++j) {
+        p[j] /= sum;
+        if (c.dropout > 0) p[j] = detail::dropout_keep(dropout, n, i, j) ? p[j] / (1 - c.dropout) : 0.0;
+        e.weights[row * c.S + j] = p[j];
+      }
+      for (int64_t d = 0; d < kDv; ++d) {
+        double acc = 0, w = 0;
+        for (int64_t j = 0; j < c.S; ++j) {
+          const double vj = in.v[static_cast<std::size_t>((n * c.S + j) * kDv + d)];
+          acc += p[j] * vj;
+          w += p[j] * std::abs(vj);
+        }
+        e.out[row * kDv + d] = acc;
+        e.out_bound[row * kDv + d] = u * w * factor + 1e-300;
+      }
+    }
+  return e;
+}
+
+// ---- the checker -----------------------------------------------------------
+
+// "" when every element of got is within its bound of want (NaN exactly
+// where want is NaN); else the first failure: index, both values, error,
+// bound, and how many failed.
+template <class T>
+std::string compare(const char* what, const std::vector<T>& got, const std::vector<double>& want,
+                    const std::vector<double>& bound) {
+  int64_t failures = 0;
+  std::string first;
+  for (std::size_t x = 0; x < want.size(); ++x) {
+    const double g = static_cast<double>(got[x]), w = want[x];
+    const double err = std::abs(g - w);
+    const bool ok = std::isnan(w) ? std::isnan(g) : (!std::isnan(g) && err <= bound[x]);
+    if (ok) continue;
+    if (failures++ == 0) {
+      std::ostringstream os;
+      os.precision(10);
+      os << what << "[" << x << "]: got " << g << ", want " << w << ", |error| " << err << " > bound " << bound[x];
+      first = os.str();
+    }
+  }
+  if (failures == 0) return "";
+  return first + " (" + std::to_string(failures) + " elements fail)";
+}
+
+// ---- running a kernel ------------------------------------------------------
+
+template <class T>
+struct KernelRun {
+  std::vector<T> q, k, v, mask, pad, out, weights;
+};
+
+template <class T>
+AttentionArgs<T> args_for(const Inputs& in, KernelRun<T>& r, bool weights, int threads) {
+  const RuleCase& c = in.c;
+  r.q.assign(in.q.begin(), in.q.end());
+  r.k.assign(in.k.begin(), in.k.end());
+  r.v.assign(in.v.begin(), in.v.end());
+  r.mask.assign(in.mask.begin(), in.mask.end());
+  r.pad.assign(in.pad.begin(), in.pad.end());
+  r.out.assign(static_cast<std::size_t>(kN * c.L * kDv), T(-777));
+  r.weights.assign(weights ? static_cast<std::size_t>(kN * c.L * c.S) : 0, T(-777));
+  AttentionArgs<T> a;
+  a.slices = kN;
+  a.heads = kH;
+  a.q_len = c.L;
+  a.kv_len = c.S;
+  a.head_dim = kD;
+  a.value_dim = kDv;
+  a.q = r.q.data();
+  a.k = r.k.data();
+  a.v = r.v.data();
+  a.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(kD)));
+  if (c.mask != MaskKind::None) {
+    a.modifiers.attn_mask = r.mask.data();
+    a.modifiers.attn_mask_slice_stride = c.mask == MaskKind::Shared ? 0 : c.L * c.S;
+  }
+  if (c.pad) a.modifiers.key_padding = r.pad.data();
+  a.modifiers.causal = {c.causal != Causal::None,
+                        c.causal == Causal::BottomRight ? CausalAlignment::BottomRight : CausalAlignment::TopLeft,
+                        c.offset, c.S};
+  a.dropout = {c.dropout, 0x5EED, 0};
+  a.masked_rows = c.policy;
+  a.num_threads = threads;
+  a.out = r.out.data();
+  a.weights = weights ? r.weights.data() : nullptr;
+  return a;
+}
+
+template <class T>
+double unit_roundoff() {
+  return std::is_same_v<T, float> ? 0x1.0p-24 : 0x1.0p-53;
+}
+
+// Runs `kernel` in T on the case; "" or what failed.
+template <class T>
+std::string check_kernel(const Inputs& in, const Expected& e, AttentionKernel kernel, int threads) {
+  const bool weights = kernel != AttentionKernel::Flash;
+  KernelRun<T> r;
+  const AttentionArgs<T> a = args_for<T>(in, r, weights, threads);
+  detail::attention_forward(a, kernel);
+  std::string failure = compare("out", r.out, e.out, e.out_bound);
+  if (failure.empty() && weights) {
+    std::vector<double> bound(e.weights.size());
+    for (std::size_t x = 0; x < bound.size(); ++x)
+      bound[x] = unit_roundoff<T>() * std::abs(e.weights[x]) * e.weights_factor[x / static_cast<std::size_t>(in.c.S)] + 1e-300;
+    failure = compare("weights", r.weights, e.weights, bound);
+  }
+  return failure;
+}
+
+class ScoreRule : public ::testing::TestWithParam<RuleCase> {};
+
+TEST_P(ScoreRule, AllKernelsMatch) {
+  const Inputs in = make_inputs(GetParam());
+  const Expected e64 = expected(in, unit_roundoff<double>()), e32 = expected(in, unit_roundoff<float>());
+  // The plain loops have no threads.
+  EXPECT_EQ(check_kernel<double>(in, e64, AttentionKernel::Reference, 1), "") << "reference float64";
+  EXPECT_EQ(check_kernel<float>(in, e32, AttentionKernel::Reference, 1), "") << "reference float32";
+  for (int threads : {1, 2}) {
+    const std::string t = " threads=" + std::to_string(threads);
+    EXPECT_EQ(check_kernel<double>(in, e64, AttentionKernel::Materialized, threads), "")
+        << "materialized float64" << t;
+    for (const std::string& target : simd_targets_available()) {
+      simd_target_force(target);
+      EXPECT_EQ(check_kernel<float>(in, e32, AttentionKernel::Materialized, threads), "")
+          << "materialized float32" << t << " target=" << target;
+      EXPECT_EQ(check_kernel<float>(in, e32, AttentionKernel::Flash, threads), "")
+          << "flash" << t << " target=" << target;
+    }
+    simd_target_force("");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, ScoreRule, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// The checker catches a planted one-element change: in a finite output, in
+// a weight, and a NaN fill turned into 0.
+TEST(ScoreRuleChecker, CatchesOneChangedElement) {
+  const RuleCase c{9, 6, MaskKind::PerSlice, true, Causal::BottomRight, 0, MaskedRowPolicy::NaN, 0.3};
+  const Inputs in = make_inputs(c);
+  KernelRun<float> r;
+  detail::attention_forward(args_for<float>(in, r, true, 1), AttentionKernel::Materialized);
+  const Expected e = expected(in, unit_roundoff<float>());
+  ASSERT_EQ(compare("out", r.out, e.out, e.out_bound), "");
+  // A finite element, changed by 1e-4 of its magnitude (about 100 times
+  // the actual float error, below the bound's worst case it is not).
+  std::size_t x = 0;
+  while (x < e.out.size() && (std::isnan(e.out[x]) || e.out[x] == 0.0)) ++x;
+  ASSERT_LT(x, e.out.size());
+  std::vector<float> planted = r.out;
+  planted[x] += static_cast<float>(4 * e.out_bound[x]);
+  EXPECT_NE(compare("out", planted, e.out, e.out_bound), "");
+  // A NaN fill (the first L − S rows see no key: bottom-right) set to 0.
+  std::size_t y = 0;
+  while (y < e.out.size() && !std::isnan(e.out[y])) ++y;
+  ASSERT_LT(y, e.out.size());
+  planted = r.out;
+  planted[y] = 0.0f;
+  EXPECT_NE(compare("out", planted, e.out, e.out_bound), "");
+  // A weight of a kept element.
+  std::vector<double> bound(e.weights.size(), 1e-6);
+  std::size_t z = 0;
+  while (z < e.weights.size() && !(e.weights[z] > 0.0)) ++z;
+  ASSERT_LT(z, e.weights.size());
+  std::vector<float> w = r.weights;
+  w[z] *= 1.001f;
+  EXPECT_NE(compare("weights", w, e.weights, bound), "");
+}
+
+// Bottom-right, exactly: with L = 3 queries and S = 5 keys, query i sees
+// keys j <= i + 2; with L = 5, S = 3 and offset 0, queries 0 and 1 see no
+// key and query 4 sees all three; an offset of 1 moves the diagonal right.
+TEST(ScoreRuleCausal, BottomRightDiagonal) {
+  using detail::causal_shift;
+  using detail::causal_visible;
+  const detail::CausalRule br{true, CausalAlignment::BottomRight, 0, 5};
+  EXPECT_EQ(causal_shift(br, 3), 2);
+  EXPECT_TRUE(causal_visible(br, 2, 0, 2));
+  EXPECT_FALSE(causal_visible(br, 2, 0, 3));
+  EXPECT_TRUE(causal_visible(br, 2, 2, 4));
+  const detail::CausalRule tall{true, CausalAlignment::BottomRight, 0, 3};
+  const int64_t shift = causal_shift(tall, 5);
+  for (int64_t j = 0; j < 3; ++j) {
+    EXPECT_FALSE(causal_visible(tall, shift, 0, j));
+    EXPECT_FALSE(causal_visible(tall, shift, 1, j));
+    EXPECT_TRUE(causal_visible(tall, shift, 4, j));
+  }
+  const detail::CausalRule moved{true, CausalAlignment::BottomRight, 1, 3};
+  EXPECT_TRUE(causal_visible(moved, causal_shift(moved, 5), 1, 0));
+  // Keys from cols on (bias_k, the zero-attention key) stay visible.
+  EXPECT_TRUE(causal_visible(tall, shift, 0, 3));
+  // TopLeft with offset S − L is BottomRight.
+  const detail::CausalRule tl{true, CausalAlignment::TopLeft, 2, 5};
+  EXPECT_EQ(causal_shift(tl, 3), causal_shift(br, 3));
+}
+
+}  // namespace
+}  // namespace multihead
