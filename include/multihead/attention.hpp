@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "multihead/tensor.hpp"
 
@@ -91,6 +92,25 @@ struct AttentionOptions {
   //   j <= i + causal_query_offset + (BottomRight ? S − L : 0).
   CausalAlignment causal_alignment = CausalAlignment::TopLeft;
   int64_t causal_query_offset = 0;
+  // The score variants (docs/semantics.md: the order of operations). Query i
+  // sits at position p_i = i + causal_query_offset + (BottomRight ? S − L : 0)
+  // whether or not is_causal is set; key j < S at position j. Keys PyTorch
+  // appends (bias_k, the zero-attention key) have no position: no window
+  // hides them and ALiBi adds nothing to them.
+  //  - window w >= 1 (sliding-window / local attention): with is_causal,
+  //    query i sees keys p_i − w < j <= p_i, w keys including its own
+  //    position (Mistral's convention); without, keys |p_i − j| < w
+  //    (2w − 1 positions centred on p_i). Unset = no window. At most 2^40.
+  std::optional<int64_t> window;
+  // Logit soft-capping (Gemma 2): s <- softcap·tanh(s / softcap) on the
+  // scaled dot product, before any mask or bias is added. softcap > 0;
+  // unset = off.
+  std::optional<double> softcap;
+  // ALiBi (Press et al. 2022): −m_n·|p_i − j| added to the score of slice n.
+  // Empty = off; otherwise one finite slope per slice (N values, slice n =
+  // the flattened leading index). alibi_slopes(H) gives the paper's slopes
+  // per head; MultiheadAttention applies them itself (ForwardOptions::alibi).
+  std::vector<double> alibi_slopes;
   // Dropout on the attention weights, scaled by 1/(1-p) (PyTorch's rule).
   // Applied only when p > 0; the keep/drop decision for element
   // (slice, i, j) is a pure function of dropout_seed, so every kernel and
@@ -117,6 +137,14 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& 
                                        const std::type_identity_t<Mask<T>>* attn_mask = nullptr,
                                        const AttentionOptions& options = {},
                                        Tensor<T>* attn_weights = nullptr);
+
+// ALiBi's head slopes m_1 … m_H (Press et al. 2022). For H a power of two,
+// m_h = 2^(−8h/H), h = 1..H. Otherwise, as the authors' code
+// (ofirpress/attention_with_linear_biases, get_slopes): n = the largest
+// power of two below H gives its n slopes, then the odd-numbered slopes
+// m_1, m_3, … of the 2n-head sequence fill the remaining H − n.
+// Throws multihead::Error if H < 1.
+std::vector<double> alibi_slopes(int64_t heads);
 
 // Name of a kernel ("reference", "materialized", "flash", "auto").
 std::string to_string(AttentionKernel kernel);

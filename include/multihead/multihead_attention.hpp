@@ -117,11 +117,15 @@ struct ForwardOptions {
   // training-mode dropout is random. Dropout applies only when training, at
   // the rate MultiheadAttentionConfig::dropout.
   bool training = false;
-  // The attention step's options: is_causal (and its alignment),
-  // dropout_seed, masked_rows, kernel, num_threads, check_finite, scale
-  // (unset = 1/√D, as PyTorch). attention.dropout_p must stay 0: the rate
-  // is the module's.
+  // The attention step's options: is_causal (and its alignment), window,
+  // softcap, dropout_seed, masked_rows, kernel, num_threads, check_finite,
+  // scale (unset = 1/√D, as PyTorch). attention.dropout_p must stay 0: the
+  // rate is the module's; attention.alibi_slopes must stay empty: use alibi.
   AttentionOptions attention;
+  // ALiBi with the paper's slopes per head (alibi_slopes(num_heads) in
+  // multihead/attention.hpp): slice n = b·H + h of the attention step, head
+  // h of batch entry b, gets slope m_(h+1), the same for every b.
+  bool alibi = false;
   FusedPaths paths;
 };
 

@@ -22,6 +22,15 @@ void validate_attention_options(const AttentionOptions& o) {
   if (o.causal_query_offset < -kMaxOffset || o.causal_query_offset > kMaxOffset)
     throw Error(Error::Kind::Value, "causal_query_offset: expected a value in [-2^40, 2^40], got " +
                                         std::to_string(o.causal_query_offset));
+  if (o.window && (*o.window < 1 || *o.window > kMaxOffset))
+    throw Error(Error::Kind::Value,
+                "window: expected a window of 1 to 2^40 keys, got " + std::to_string(*o.window));
+  if (o.softcap && !(*o.softcap > 0.0 && std::isfinite(*o.softcap)))
+    throw Error(Error::Kind::Value, "softcap: expected a finite cap > 0, got " + format_number(*o.softcap));
+  for (std::size_t n = 0; n < o.alibi_slopes.size(); ++n)
+    if (!std::isfinite(o.alibi_slopes[n]))
+      throw Error(Error::Kind::Value, "alibi_slopes[" + std::to_string(n) + "]: expected a finite slope, got " +
+                                          format_number(o.alibi_slopes[n]));
 }
 
 template <class T>
@@ -46,6 +55,9 @@ AttentionArgs<T> make_attention_args(const AttentionShape& shape, const Attentio
   a.modifiers.attn_mask_slice_stride = t.attn_mask_slice_stride;
   a.modifiers.key_padding = t.key_padding;
   a.modifiers.causal = CausalRule{o.is_causal, o.causal_alignment, o.causal_query_offset, shape.causal_cols};
+  a.modifiers.window = o.window.value_or(0);
+  a.modifiers.softcap = static_cast<T>(o.softcap.value_or(0.0));
+  a.modifiers.alibi_slopes = t.alibi_slopes;
   a.dropout = DropoutRule{o.dropout_p, o.dropout_seed, shape.first_slice};
   a.masked_rows = o.masked_rows;
   a.num_threads = o.num_threads;

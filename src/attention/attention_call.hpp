@@ -29,12 +29,17 @@ struct AttentionTensors {
   const T* attn_mask = nullptr;
   int64_t attn_mask_slice_stride = 0;
   const T* key_padding = nullptr;
+  // ALiBi: [slices] one slope per slice of this call, or nullptr. The caller
+  // converts AttentionOptions::alibi_slopes (or the module's head slopes).
+  const T* alibi_slopes = nullptr;
   T* out = nullptr;
   T* weights = nullptr;
 };
 
 // Throws multihead::Error naming the field: dropout_p outside [0, 1], a
-// non-finite scale, num_threads < 0, |causal_query_offset| > 2^40.
+// non-finite scale, num_threads < 0, |causal_query_offset| > 2^40, a window
+// outside [1, 2^40], a softcap not > 0 and finite, a non-finite ALiBi slope.
+// (The number of slopes is the caller's to check: it knows N.)
 void validate_attention_options(const AttentionOptions& options);
 
 // The arguments for `options` (validated): scale defaults to 1/√D.

@@ -106,6 +106,10 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
     throw Error(Error::Kind::Value, "attention.dropout_p: expected 0 (multi-head attention drops at "
                                     "MultiheadAttentionConfig::dropout when training), got " +
                                         format_number(options.attention.dropout_p));
+  if (!options.attention.alibi_slopes.empty())
+    throw Error(Error::Kind::Value, "attention.alibi_slopes: expected none (multi-head attention takes "
+                                    "ForwardOptions::alibi, the paper's slopes per head), got " +
+                                        std::to_string(options.attention.alibi_slopes.size()));
   ForwardPlan p;
   p.E = config.embed_dim;
   p.H = config.num_heads;
@@ -130,6 +134,10 @@ template <class T>
 KernelMasks<T> build_kernel_masks(const ForwardPlan& p, const ForwardOptions<T>& options) {
   KernelMasks<T> out;
   const int64_t S = p.S, St = p.S_total;
+  if (options.alibi) {
+    const std::vector<double> heads = alibi_slopes(p.H);
+    for (int64_t n = 0; n < p.B * p.H; ++n) out.alibi_slopes.push_back(static_cast<T>(heads[static_cast<std::size_t>(n % p.H)]));
+  }
   if (const Mask<T>* m = options.attn_mask) {
     const Tensor<T> add = m->to_additive();
     const int64_t slices = add.dim() == 3 ? add.size(0) : 1;

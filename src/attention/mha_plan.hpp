@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "multihead/multihead_attention.hpp"
 
@@ -46,11 +47,14 @@ AttentionOptions module_attention_options(const MultiheadAttentionConfig& config
 // bias_k and zero attention exactly as PyTorch pads them:
 //  - attn_mask: (L, S') shared, or (B·H, L, S'); empty when absent
 //  - key_padding: (B, S'); empty when absent
+//  - alibi_slopes: (B·H), slice n = b·H + h gets head h's slope
+//    alibi_slopes(H)[h]; empty unless ForwardOptions::alibi
 template <class T>
 struct KernelMasks {
   Tensor<T> attn_mask;
   int64_t attn_mask_slice_stride = 0;
   Tensor<T> key_padding;
+  std::vector<T> alibi_slopes;
 };
 
 template <class T>

@@ -343,6 +343,7 @@ void attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* weights)
   t.attn_mask = masks.attn_mask.empty() ? nullptr : masks.attn_mask.data();
   t.attn_mask_slice_stride = masks.attn_mask_slice_stride;
   t.key_padding = masks.key_padding.empty() ? nullptr : masks.key_padding.data();
+  t.alibi_slopes = masks.alibi_slopes.empty() ? nullptr : masks.alibi_slopes.data();
   t.out = out.data;
   t.out_layout = out.layout;
   t.weights = weights;

@@ -101,6 +101,7 @@ void attend_one_head(const ForwardPlan& plan, const KernelMasks<T>& masks, const
   t.v = h.v.data();
   if (!masks.attn_mask.empty()) t.attn_mask = masks.attn_mask.data() + n * masks.attn_mask_slice_stride;
   if (!masks.key_padding.empty()) t.key_padding = masks.key_padding.data() + b * plan.S_total;
+  if (!masks.alibi_slopes.empty()) t.alibi_slopes = masks.alibi_slopes.data() + n;
   t.out = h.out.data();
   t.weights = h.weights.data();
   attention_forward_reference(make_attention_args(shape, t, o));

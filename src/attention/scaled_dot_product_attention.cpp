@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attention/attention_call.hpp"
 #include "attention/kernel.hpp"
@@ -89,6 +90,14 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& 
   shape.kv_len = shape.causal_cols = d.S;
   shape.head_dim = d.D;
   shape.value_dim = d.Dv;
+  std::vector<T> slopes(options.alibi_slopes.begin(), options.alibi_slopes.end());
+  if (!slopes.empty()) {
+    if (static_cast<int64_t>(slopes.size()) != shape.slices)
+      throw Error(Error::Kind::Shape, "alibi_slopes: expected one slope per slice, " +
+                                          std::to_string(shape.slices) + " (the product of the leading dims), got " +
+                                          std::to_string(slopes.size()));
+    tensors.alibi_slopes = slopes.data();
+  }
   tensors.q = query.data();
   tensors.k = key.data();
   tensors.v = value.data();

@@ -8,7 +8,8 @@
 // Dv value width.
 //
 // For slice n = b·heads + h and query row i, every kernel computes
-//   s_ij  = score_rule(scale · <q[n,i,:], k[n,j,:]>)     (score_rule.hpp)
+//   s_ij  = score_rule(scale · <q[n,i,:], k[n,j,:]>)     (score_rule.hpp,
+//           in the order ScoreModifiers lists)
 //   p_ij  = softmax_j(s_ij)          (fully masked row: masked_row_fill)
 //   p'_ij = dropout_weight(p_ij)     (when dropout.p > 0)
 //   out[n,i,:] = Σ_j p'_ij v[n,j,:]
@@ -62,10 +63,21 @@ struct CausalRule {
   int64_t cols = 0;
 };
 
+// Positions, for the sliding window and ALiBi. Query i is at position
+//   p_i = i + shift   (shift = causal_shift(), as CausalRule defines it,
+// whether or not causal masking is enabled) and key j < causal.cols at
+// position j. Keys j >= cols (bias_k, the zero-attention key) have no
+// position: the window never hides them and ALiBi adds nothing to them.
+//
 // Every rule that shapes the scores before the softmax, applied by
-// score_rule.hpp (scalar) and its vector twin in src/simd/. The issue about
-// variants adds here: a sliding window, ALiBi slopes, a logit soft-cap and a
-// K/V-head mapping (grouped-query attention).
+// score_rule.hpp (scalar) and its vector twin in src/simd/, in this order:
+//   s = scale·<q_i, k_j>
+//   s = softcap·tanh(s / softcap)              when softcap > 0
+//   s = s − alibi_slopes[n]·|p_i − j|          when alibi_slopes, j < cols
+//       + attn_mask[i][j] + key_padding[j]
+//   s = −inf where causal or window hides key j from query i
+// Still to come (the issue about variants): a K/V-head mapping
+// (grouped-query attention).
 template <class T>
 struct ScoreModifiers {
   // Additive mask [L][S] for slice n at attn_mask + n·attn_mask_slice_stride
@@ -75,6 +87,15 @@ struct ScoreModifiers {
   // Additive key padding [B][S], row n / heads. nullptr = none.
   const T* key_padding = nullptr;
   CausalRule causal;
+  // Sliding window w >= 1, 0 = none. Key j < cols is visible to query i iff
+  //   causal:     p_i − w < j <= p_i     (w keys, its own position included)
+  //   not causal: |p_i − j| < w
+  // window_visible() in score_rule.hpp.
+  int64_t window = 0;
+  // Logit soft-cap > 0, 0 = none: soft_cap() in score_rule.hpp.
+  T softcap = T(0);
+  // ALiBi: [N] the slope of slice n, nullptr = none: alibi_bias().
+  const T* alibi_slopes = nullptr;
 };
 
 // Dropout on the softmax weights, PyTorch's rule: keep with probability

@@ -9,6 +9,7 @@
 // row, j key column.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -27,30 +28,65 @@ inline bool causal_visible(const CausalRule& c, int64_t shift, int64_t i, int64_
   return !c.enabled || j >= c.cols || j <= i + shift;
 }
 
+// Rule: sliding window. May query i (position i + shift) see key j? Keys
+// j >= cols have no position and stay visible (ScoreModifiers says more).
+inline bool window_visible(const CausalRule& c, int64_t window, int64_t shift, int64_t i, int64_t j) {
+  if (window <= 0 || j >= c.cols) return true;
+  const int64_t p = i + shift;
+  return j > p - window && (c.enabled || j < p + window);
+}
+
+// Rule: logit soft-capping (Gemma 2), cap·tanh(s / cap); cap 0 = off.
+template <class T>
+T soft_cap(T cap, T s) {
+  return cap > T(0) ? cap * std::tanh(s / cap) : s;
+}
+
+// Rule: ALiBi's bias (Press et al. 2022), −slope·|p_i − j| for key j < cols,
+// 0 for the keys without a position.
+template <class T>
+T alibi_bias(const CausalRule& c, T slope, int64_t shift, int64_t i, int64_t j) {
+  if (j >= c.cols) return T(0);
+  const int64_t distance = i + shift - j;
+  return -slope * static_cast<T>(distance < 0 ? -distance : distance);
+}
+
 // A slice's view of the modifiers, hoisted out of the loops over i and j.
 template <class T>
 struct SliceModifiers {
   const T* attn_mask;    // [L][S] of slice n, or nullptr
   const T* key_padding;  // [S] of batch entry n / heads, or nullptr
   CausalRule causal;
-  int64_t shift;         // causal_shift(causal, L)
+  int64_t shift;         // causal_shift(causal, L): query i is at position i + shift
+  int64_t window;        // 0 = none
+  T softcap;             // 0 = none
+  bool alibi;
+  T alibi_slope;         // of slice n
 };
 
 template <class T>
 SliceModifiers<T> slice_modifiers(const ScoreModifiers<T>& m, int64_t n, int64_t heads, int64_t q_len,
                                   int64_t kv_len) {
   return {m.attn_mask ? m.attn_mask + n * m.attn_mask_slice_stride : nullptr,
-          m.key_padding ? m.key_padding + (n / heads) * kv_len : nullptr, m.causal,
-          causal_shift(m.causal, q_len)};
+          m.key_padding ? m.key_padding + (n / heads) * kv_len : nullptr,
+          m.causal,
+          causal_shift(m.causal, q_len),
+          m.window,
+          m.softcap,
+          m.alibi_slopes != nullptr,
+          m.alibi_slopes ? m.alibi_slopes[n] : T(0)};
 }
 
-// Rule: the score of (i, j) from its scaled dot product,
-//   s_ij = scale·<q_i, k_j> + attn_mask[i, j] + key_padding[j],
-// or -inf where the causal rule hides key j from query i.
+// Rule: the score of (i, j) from its scaled dot product, in the order of
+// ScoreModifiers (attention_args.hpp):
+//   s_ij = soft_cap(scale·<q_i, k_j>) + alibi_bias + attn_mask[i, j] + key_padding[j],
+// or -inf where the causal rule or the window hides key j from query i.
 template <class T>
 T modified_score(const SliceModifiers<T>& m, int64_t kv_len, int64_t i, int64_t j, T scaled_dot) {
-  if (!causal_visible(m.causal, m.shift, i, j)) return -std::numeric_limits<T>::infinity();
-  T s = scaled_dot;
+  if (!causal_visible(m.causal, m.shift, i, j) || !window_visible(m.causal, m.window, m.shift, i, j))
+    return -std::numeric_limits<T>::infinity();
+  T s = soft_cap(m.softcap, scaled_dot);
+  if (m.alibi) s += alibi_bias(m.causal, m.alibi_slope, m.shift, i, j);
   if (m.attn_mask) s += m.attn_mask[i * kv_len + j];
   if (m.key_padding) s += m.key_padding[j];
   return s;

@@ -6,7 +6,8 @@
 // D query/key width, Dv value width; `lanes` floats per vector (16 on AVX3).
 //
 // What it computes (attention_args.hpp, for slice n and query row i):
-//   s_ij  = scale·<q_i, k_j> + attn_mask[i,j] + key_padding[b,j]  (+ causal -inf)
+//   s_ij  = softcap(scale·<q_i, k_j>) + alibi_ij + attn_mask[i,j] + key_padding[b,j]
+//           (+ causal and window -inf)
 //   out_i = Σ_j softmax_j(s_ij)·keep_ij/(1-p) · v_j
 // without ever storing the L×S scores: a tile of queries walks over tiles of
 // keys and keeps, per query, the running max m, the running sum
@@ -40,8 +41,10 @@
 // Exp is computed as 2^x on (s - m)·log2(e) with our own polynomial
 // (Exp2NonPositive, src/simd/exp2-inl.h).
 //
-// The score rules (masks, causal, fully masked rows) are the vector twins of
-// src/kernel/score_rule.hpp; dropout calls its scalar dropout_keep per
+// The score rules (masks, causal, window, soft-cap, ALiBi, fully masked rows)
+// are the vector twins of src/kernel/score_rule.hpp, each behind a branch
+// taken once per key tile, so that a call without them runs the loops it
+// ran before they existed; dropout calls its scalar dropout_keep per
 // element, so every kernel drops the same elements.
 
 // Per-target include guard (Highway's pattern for -inl.h files).
@@ -57,6 +60,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 #include "kernel/score_rule.hpp"
 #include "simd/exp2-inl.h"
@@ -219,6 +223,7 @@ struct QueryTileInputs {
   SliceModifiers<float> mods;  // score_rule.hpp: masks of slice n, causal rule
   int64_t causal_cols;         // keys j < causal_cols take part in causal masking (0 = none)
   int64_t causal_shift;        // mods.shift clamped to [-L, S]: same visibility, fits int32
+  int64_t position_cols;       // keys j < position_cols have a position (window, ALiBi)
 };
 
 // The query tile's scratch (QueryTile carves it out of FlashScratch):
@@ -285,15 +290,86 @@ HWY_INLINE bool CausalMaskTile(const QueryTileInputs& in, const TileState& t, in
   return true;
 }
 
-// Vector twin of modified_score (score_rule.hpp) on the tile's scores:
-// + attn_mask[i][j], + key_padding[j], then causal -inf. Returns whether
-// any modifier touched the tile (then tmax no longer holds its max).
+// Vector twin of window_visible (score_rule.hpp): -inf where key j <
+// position_cols is outside query i's window. Query lane r sits at position
+// p = i0 + shift + r; key j is hidden from the lanes r >= j + w − (i0 +
+// shift) (j <= p − w) and, without causal, from r <= j − w − (i0 + shift)
+// (j >= p + w). Those lane bounds are found in int64 and clamped to the
+// tile, so only small numbers reach the int32 lanes. The caller skips the
+// key tiles wholly outside every window of the query tile.
+template <size_t NVQ>
+HWY_INLINE void WindowMaskTile(const QueryTileInputs& in, const TileState& t, int64_t j0, size_t keys) {
+  const DF32 df;
+  const hn::RebindToSigned<DF32> di;
+  const size_t lanes = hn::Lanes(df);
+  const int64_t bq = static_cast<int64_t>(NVQ * lanes);
+  const int64_t w = in.mods.window, p0 = t.i0 + in.mods.shift;
+  const int64_t end = std::min<int64_t>(j0 + static_cast<int64_t>(keys), in.position_cols);
+  const VF32 neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+  for (int64_t j = j0; j < end; ++j) {
+    const int64_t from = std::clamp<int64_t>(j + w - p0, 0, bq);  // lanes >= from: too far behind
+    const int64_t upto = in.mods.causal.enabled ? -1 : std::clamp<int64_t>(j - w - p0, -1, bq - 1);
+    if (from >= bq && upto < 0) continue;
+    float* HWY_RESTRICT row = t.st + static_cast<size_t>(j - j0) * static_cast<size_t>(bq);
+    // lane >= from and lane <= upto, as Gt and Lt (x86 has no signed Ge).
+    const auto below_from = hn::Set(di, static_cast<int32_t>(from - 1));
+    const auto past_upto = hn::Set(di, static_cast<int32_t>(upto + 1));
+    for (size_t v = 0; v < NVQ; ++v) {
+      const auto lane = hn::Iota(di, static_cast<int32_t>(v * lanes));
+      const auto hidden = hn::RebindMask(df, hn::Or(hn::Gt(lane, below_from), hn::Lt(lane, past_upto)));
+      hn::Store(hn::IfThenElse(hidden, neg_inf, hn::Load(df, row + v * lanes)), df, row + v * lanes);
+    }
+  }
+}
+
+// Vector twin of soft_cap (score_rule.hpp): s = cap·tanh(s / cap) on every
+// score of the tile (Highway's Tanh, <= 4 ulp).
+template <size_t NVQ>
+HWY_INLINE void SoftCapTile(const AttentionArgs<float>& a, const TileState& t, size_t keys) {
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  const VF32 cap = hn::Set(df, a.modifiers.softcap);
+  const VF32 inv_cap = hn::Set(df, 1.0f / a.modifiers.softcap);
+  for (size_t x = 0; x < keys * NVQ; ++x) {
+    float* HWY_RESTRICT s = t.st + x * lanes;
+    hn::Store(hn::Mul(cap, hn::Tanh(df, hn::Mul(hn::Load(df, s), inv_cap))), df, s);
+  }
+}
+
+// Vector twin of alibi_bias (score_rule.hpp): st[j][r] −= slope·|p_r − j|
+// for keys j < position_cols, p_r = i0 + shift + r. The distance is
+// formed as float((i0 + shift) − j) + r, exact below 2^24 as the scalar's.
+template <size_t NVQ>
+HWY_INLINE void AlibiTile(const QueryTileInputs& in, const TileState& t, int64_t j0, size_t keys) {
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  const size_t bq = NVQ * lanes;
+  const int64_t p0 = t.i0 + in.mods.shift;
+  const VF32 neg_slope = hn::Set(df, -in.mods.alibi_slope);
+  const int64_t end = std::min<int64_t>(j0 + static_cast<int64_t>(keys), in.position_cols);
+  for (int64_t j = j0; j < end; ++j) {
+    float* HWY_RESTRICT row = t.st + static_cast<size_t>(j - j0) * bq;
+    const VF32 base = hn::Set(df, static_cast<float>(p0 - j));
+    for (size_t v = 0; v < NVQ; ++v) {
+      const VF32 distance = hn::Abs(hn::Add(base, hn::Iota(df, static_cast<float>(v * lanes))));
+      hn::Store(hn::Add(hn::Load(df, row + v * lanes), hn::Mul(neg_slope, distance)), df, row + v * lanes);
+    }
+  }
+}
+
+// Vector twin of modified_score (score_rule.hpp) on the tile's scores, in
+// its order: soft-cap, + ALiBi, + attn_mask[i][j], + key_padding[j], then
+// causal and window -inf. Returns whether any modifier touched the tile
+// (then tmax no longer holds its max).
 template <size_t NVQ>
 HWY_INLINE bool ApplyScoreModifiers(const AttentionArgs<float>& a, const QueryTileInputs& in,
                                     const TileState& t, int64_t j0, size_t keys) {
   const DF32 df;
   const size_t lanes = hn::Lanes(df);
   const size_t bq = NVQ * lanes;
+  const bool softcap = a.modifiers.softcap > 0.0f;
+  if (softcap) SoftCapTile<NVQ>(a, t, keys);
+  if (in.mods.alibi) AlibiTile<NVQ>(in, t, j0, keys);
   // attn_mask is stored row-major [L][S], so it is added transposed, by element.
   if (in.mods.attn_mask != nullptr) {
     for (size_t r = 0; r < t.rows; ++r) {
@@ -312,7 +388,10 @@ HWY_INLINE bool ApplyScoreModifiers(const AttentionArgs<float>& a, const QueryTi
     }
   }
   const bool causal = CausalMaskTile<NVQ>(in, t, j0, keys);
-  return causal || in.mods.attn_mask != nullptr || in.mods.key_padding != nullptr;
+  const bool window = in.mods.window > 0;
+  if (window) WindowMaskTile<NVQ>(in, t, j0, keys);
+  return causal || window || softcap || in.mods.alibi || in.mods.attn_mask != nullptr ||
+         in.mods.key_padding != nullptr;
 }
 
 // Online softmax: m_new = max(m, max_j s_j); alpha = exp(m - m_new);
@@ -431,6 +510,7 @@ inline QueryTileInputs TileInputs(const AttentionArgs<float>& a, int64_t slice) 
   in.mods = slice_modifiers(a.modifiers, slice, a.heads, L, S);
   in.causal_cols = in.mods.causal.enabled ? std::min(in.mods.causal.cols, S) : 0;
   in.causal_shift = std::clamp<int64_t>(in.mods.shift, -L, S);
+  in.position_cols = std::clamp<int64_t>(in.mods.causal.cols, 0, S);
   return in;
 }
 
@@ -495,7 +575,19 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
   StartTile<NVQ>(a, t, qt);
 
   const QueryTileInputs in = TileInputs(a, slice);
-  if (in.causal_cols > 0) {
+  if (in.mods.window > 0) {
+    // The tile's queries sit at positions [first, last]; keys j <
+    // position_cols outside every one of their windows are skipped whole,
+    // on both sides: [0, first − w] and, past last, (last, …) with causal
+    // or [last + w, …) without. Keys from position_cols on are always seen.
+    const int64_t first = i0 + in.mods.shift, last = first + static_cast<int64_t>(rows) - 1;
+    const int64_t w = in.mods.window;
+    const int64_t begin = std::clamp<int64_t>(first - w + 1, 0, in.position_cols);
+    const int64_t end =
+        std::clamp<int64_t>(in.mods.causal.enabled ? last + 1 : last + w, begin, in.position_cols);
+    KeyRange<NVQ>(a, in, t, begin, end);
+    KeyRange<NVQ>(a, in, t, in.position_cols, a.kv_len);
+  } else if (in.causal_cols > 0) {
     // Keys j < causal_cols are visible to row i only if j <= i + shift: the
     // tile needs [0, i0 + rows + shift); tiles past it are skipped whole
     // (the causal saving). Keys from causal_cols on are never masked.
