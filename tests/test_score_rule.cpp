@@ -1,26 +1,37 @@
 // tests/test_score_rule.cpp: every kernel against one independent float64
-// computation of the score rules, over the whole table
-//   mask kind × key padding × causal alignment × query offset ×
-//   masked-row policy × dropout × shape,
+// computation of the score rules, over two tables:
+//  - the whole table mask kind × key padding × causal alignment × query
+//    offset × masked-row policy × dropout × shape;
+//  - the variants: sliding window × soft-cap × ALiBi (every combination but
+//    none) × shape × 7 position settings (causal or not, top-left or
+//    bottom-right, query offsets), with mask kind, key padding, masked-row
+//    policy, dropout and an extra position-less key (as bias_k) rotating
+//    through their values from case to case;
 // on every SIMD target this CPU runs (the flash kernel's vector twins of
 // src/kernel/score_rule.hpp) and at 1 and 2 threads.
 //
 // The float64 oracle here (expected()) is written from the definitions, not
-// from score_rule.hpp: causal visibility counts the query's position from the
-// end of the keys for BottomRight, rather than using causal_shift(). Only
-// dropout's keep/drop hash is shared, since it is the definition itself.
+// from score_rule.hpp: it measures the signed distance from query i to key j
+// (from the start for TopLeft, from the end of the positioned keys for
+// BottomRight) rather than using causal_shift(), and states causal, window,
+// soft-cap and ALiBi on that distance itself. Only dropout's keep/drop hash
+// is shared, since it is the definition itself.
 //
 // Names carry every parameter, e.g.
-//   Table/ScoreRule.AllKernelsMatch/L9_S6_mask_slice_pad_causal_bottomright_off-3_nan_drop
+//   Table/ScoreRule.AllKernelsMatch/L9_S6_mask_slice_pad_causal_bottomright_offm3_nan_drop
+//   Variants/ScoreRule.AllKernelsMatch/L70_S300_nomask_pad_nocausal_bottomright_off0_zeros_nodrop_win3_cap2_alibi_extra1
 //
 // ---- Tolerance (u = the kernel's unit roundoff: 2^-24 float, 2^-53 double)
 // As in tests/test_flash.cpp: with A_ij = scale·Σ_d |q_id·k_jd| and
-// M_ij = |mask_ij| + |pad_j|, a score carries δ_ij <= u·((D + 3)·A_ij +
+// M_ij = |mask_ij| + |pad_j| + |alibi_ij|, a score carries δ_ij <= u·((D + 3)·A_ij +
 // 2·(A_ij + M_ij)); a normalised weight is off by <= 2·max_j δ_ij + 4u plus
 // the sum's (S + S/64 + 2)·u, relative; an output feature by that times
 // W_ic = Σ_j p_ij·|v_jc|. Hence
 //   |out_ic − ref_ic| <= u·W_ic·(2·max_j δ_ij/u + 2·(S + S/64) + 16)
 //   |w_ij − ref_ij|   <= u·ref_ij·(the same factor)
+// Soft-capping cap·tanh(x/cap) has slope <= 1, so it passes δ on and adds
+// its own rounding: the division, Highway's Tanh (<= 4 ulp) and the product,
+// under 8·cap·u in all.
 // A fully masked row is the policy's fill exactly (0 or NaN), and NaN must
 // appear exactly where the oracle has NaN.
 #include <gtest/gtest.h>
@@ -28,6 +39,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -55,13 +67,26 @@ struct RuleCase {
   int64_t offset;
   MaskedRowPolicy policy;
   double dropout;
+  // The variants. Without causal masking the positions still have an
+  // alignment: positions_bottomright puts the last query at the last key.
+  bool positions_bottomright = false;
+  int64_t window = 0;   // 0 = none
+  double softcap = 0;   // 0 = none
+  bool alibi = false;
+  int64_t extra = 0;    // the last `extra` keys have no position (as bias_k)
+  bool bottom_right() const { return causal == Causal::BottomRight || positions_bottomright; }
   std::string name() const {
     static const char* masks[] = {"nomask", "mask_shared", "mask_slice"};
     static const char* causals[] = {"nocausal", "causal_topleft", "causal_bottomright"};
     std::string n = "L" + std::to_string(L) + "_S" + std::to_string(S) + "_" + masks[static_cast<int>(mask)] +
-                    (pad ? "_pad_" : "_nopad_") + causals[static_cast<int>(causal)] + "_off" +
+                    (pad ? "_pad_" : "_nopad_") + causals[static_cast<int>(causal)] +
+                    (positions_bottomright ? "_bottomright" : "") + "_off" +
                     (offset < 0 ? "m" + std::to_string(-offset) : std::to_string(offset)) +
                     (policy == MaskedRowPolicy::NaN ? "_nan" : "_zeros") + (dropout > 0 ? "_drop" : "_nodrop");
+    if (window > 0) n += "_win" + std::to_string(window);
+    if (softcap > 0) n += "_cap" + std::to_string(static_cast<int>(softcap));
+    if (alibi) n += "_alibi";
+    if (extra > 0) n += "_extra" + std::to_string(extra);
     return n;
   }
 };
@@ -84,7 +109,50 @@ std::vector<RuleCase> all_cases() {
   return cases;
 }
 
+// The variants: window × soft-cap × ALiBi, all but none, at 7 position
+// settings; mask kind, padding, policy, dropout and the extra key rotate
+// with the case number (periods 3, 2, 2, 2, 2 on successive digits), so
+// each variant meets each of them across the shapes and positions.
+std::vector<RuleCase> variant_cases() {
+  struct Positions {
+    Causal causal;
+    bool bottomright;
+    int64_t offset;
+  };
+  const Positions positions[] = {{Causal::None, false, 0},       {Causal::None, true, 0},
+                                 {Causal::None, false, -3},      {Causal::TopLeft, false, 0},
+                                 {Causal::BottomRight, false, 0}, {Causal::TopLeft, false, 2},
+                                 {Causal::BottomRight, false, -3}};
+  std::vector<RuleCase> cases;
+  const int64_t shapes[][2] = {{9, 6}, {6, 9}, {70, 300}};
+  int64_t k = 0;
+  for (const auto& shape : shapes)
+    for (int64_t window : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{50}})
+      for (double softcap : {0.0, 2.0})
+        for (bool alibi : {false, true}) {
+          if (window == 0 && softcap == 0 && !alibi) continue;  // the first table
+          for (const Positions& pos : positions) {
+            RuleCase c{shape[0], shape[1], static_cast<MaskKind>(k % 3), (k / 3) % 2 == 1, pos.causal,
+                       pos.offset, (k / 6) % 2 == 1 ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros,
+                       (k / 12) % 2 == 1 ? 0.3 : 0.0};
+            c.positions_bottomright = pos.bottomright;
+            c.window = window;
+            c.softcap = softcap;
+            c.alibi = alibi;
+            c.extra = (k / 24) % 2;
+            cases.push_back(c);
+            ++k;
+          }
+        }
+  return cases;
+}
+
 constexpr int64_t kB = 2, kH = 2, kN = kB * kH, kD = 8, kDv = 5;
+// ALiBi slopes per slice, any positive numbers (the formula for them is
+// tested apart, in test_alibi.cpp), small enough that slope·S + the dot
+// products stay below 87: no weight falls under float's normal range, where
+// the relative bounds above would not hold (the SIMD exp flushes to 0).
+constexpr double kSlopes[kN] = {0.2, 0.1, 0.05, 0.02};
 
 // Inputs in float (so that every kernel, float or double, sees the same
 // numbers). Masks hold -inf in places, and whole rows of -inf: row 2 of the
@@ -126,17 +194,25 @@ Inputs make_inputs(const RuleCase& c) {
 
 // ---- the independent float64 oracle ----------------------------------------
 
-// Causal visibility from the definition in src/kernel/attention_args.hpp:
-// TopLeft puts query i at position i + offset and lets it see keys at or
-// before it; BottomRight aligns the last query with the last key, so query i
-// is L − 1 − i rows from the end and sees every key at least that many (less
-// the offset) before the last.
+// Positions from the definitions in src/kernel/attention_args.hpp and
+// multihead/attention.hpp: TopLeft puts query i at position i + offset, key
+// j at j; BottomRight aligns the last query with the last positioned key
+// (cols − 1, cols = S − extra), so query i is L − 1 − i rows from the end
+// and key j is cols − 1 − j. distance = how far key j is behind query i.
+int64_t distance(const RuleCase& c, int64_t i, int64_t j) {
+  const int64_t cols = c.S - c.extra;
+  return c.bottom_right() ? (cols - 1 - j) - (c.L - 1 - i) + c.offset : i + c.offset - j;
+}
+bool positioned(const RuleCase& c, int64_t j) { return j < c.S - c.extra; }
+
+// Causal: a query sees the keys not ahead of it. Window w: with causal the w
+// keys from its own position back (distance 0 … w − 1, Mistral), without
+// the keys less than w away on either side. Keys without a position always.
 bool sees(const RuleCase& c, int64_t i, int64_t j) {
-  switch (c.causal) {
-    case Causal::None: return true;
-    case Causal::TopLeft: return j <= i + c.offset;
-    case Causal::BottomRight: return (c.S - 1 - j) >= (c.L - 1 - i) - c.offset;
-  }
+  if (!positioned(c, j)) return true;
+  const int64_t dist = distance(c, i, j);
+  if (c.causal != Causal::None && dist < 0) return false;
+  if (c.window > 0 && !(std::abs(dist) < c.window)) return false;
   return true;
 }
 
@@ -166,12 +242,16 @@ Expected expected(const Inputs& in, double u) {
           cond += std::abs(x);
         }
         double add = 0;
+        if (c.alibi && positioned(c, j)) add -= kSlopes[n] * static_cast<double>(std::abs(distance(c, i, j)));
         if (c.mask != MaskKind::None)
           add += in.mask[static_cast<std::size_t>(((c.mask == MaskKind::Shared ? 0 : n) * c.L + i) * c.S + j)];
         if (c.pad) add += in.pad[static_cast<std::size_t>((n / kH) * c.S + j)];
-        s[j] = sees(c, i, j) ? dot * scale + add : -kInf;
+        const double x = dot * scale;
+        const double capped = c.softcap > 0 ? c.softcap * std::tanh(x / c.softcap) : x;
+        s[j] = sees(c, i, j) ? capped + add : -kInf;
         max = std::max(max, s[j]);
-        if (s[j] != -kInf) worst_delta = std::max(worst_delta, (kD + 5) * cond * scale + 2 * std::abs(add));
+        if (s[j] != -kInf)
+          worst_delta = std::max(worst_delta, (kD + 5) * cond * scale + 2 * std::abs(add) + 8 * c.softcap);
       }
       const std::size_t row = static_cast<std::size_t>(n * c.L + i);
       const double factor = 2 * worst_delta + 2 * (c.S + c.S / 64.0) + 16;
@@ -233,7 +313,7 @@ std::string compare(const char* what, const std::vector<T>& got, const std::vect
 
 template <class T>
 struct KernelRun {
-  std::vector<T> q, k, v, mask, pad, out, weights;
+  std::vector<T> q, k, v, mask, pad, slopes, out, weights;
 };
 
 template <class T>
@@ -263,8 +343,14 @@ AttentionArgs<T> args_for(const Inputs& in, KernelRun<T>& r, bool weights, int t
   }
   if (c.pad) a.modifiers.key_padding = r.pad.data();
   a.modifiers.causal = {c.causal != Causal::None,
-                        c.causal == Causal::BottomRight ? CausalAlignment::BottomRight : CausalAlignment::TopLeft,
-                        c.offset, c.S};
+                        c.bottom_right() ? CausalAlignment::BottomRight : CausalAlignment::TopLeft, c.offset,
+                        c.S - c.extra};
+  a.modifiers.window = c.window;
+  a.modifiers.softcap = static_cast<T>(c.softcap);
+  if (c.alibi) {
+    r.slopes.assign(std::begin(kSlopes), std::end(kSlopes));
+    a.modifiers.alibi_slopes = r.slopes.data();
+  }
   a.dropout = {c.dropout, 0x5EED, 0};
   a.masked_rows = c.policy;
   a.num_threads = threads;
@@ -319,6 +405,8 @@ TEST_P(ScoreRule, AllKernelsMatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, ScoreRule, ::testing::ValuesIn(all_cases()),
+                         [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Variants, ScoreRule, ::testing::ValuesIn(variant_cases()),
                          [](const auto& info) { return info.param.name(); });
 
 // The checker catches a planted one-element change: in a finite output, in
