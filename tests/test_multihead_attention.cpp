@@ -13,9 +13,13 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <iterator>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "attention/projection_weights.hpp"
 #include "multihead/attention.hpp"
@@ -158,8 +162,18 @@ const PathsCase kPaths[] = {
 // which runs the reference kernel's plain loops and no BLAS: two
 // computations that share no arithmetic. Self-attention (one tensor as
 // query, key and value) where the shapes allow, so the packed product runs.
+// The score variants on top of a case (window, softcap, ALiBi, alignment).
+struct Variant {
+  const char* name;
+  std::optional<int64_t> window;
+  std::optional<double> softcap;
+  bool alibi;
+  CausalAlignment align;
+};
+const Variant kNoVariant{"", std::nullopt, std::nullopt, false, CausalAlignment::TopLeft};
+
 template <class T>
-void check_forms_agree(const Case& c, double bound) {
+void check_forms_agree(const Case& c, double bound, const Variant& variant = kNoVariant) {
   std::mt19937_64 rng(42);
   const auto mha = random_module<T>(config_of(c), rng);
   Inputs<T> in = make_inputs<T>(c, rng);
@@ -168,6 +182,10 @@ void check_forms_agree(const Case& c, double bound) {
   o.attn_mask = in.attn.get();
   o.key_padding_mask = in.kpm.get();
   o.attention.is_causal = c.causal;
+  o.attention.window = variant.window;
+  o.attention.softcap = variant.softcap;
+  o.attention.causal_alignment = variant.align;
+  o.alibi = variant.alibi;
   o.average_attn_weights = c.average;
   for (bool same_tensor : {false, true}) {
     if (same_tensor && !self) continue;
@@ -200,6 +218,74 @@ TEST_P(FormsAgree, Float32) { check_forms_agree<float>(GetParam(), 1e-5); }
 
 INSTANTIATE_TEST_SUITE_P(Table, FormsAgree, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return info.param.name(); });
+
+// The same table with the score variants (each case's causal flag, masks,
+// bias_k and zero-attention keys as they are), forms against each other.
+const Variant kVariants[] = {
+    {"window2", 2, std::nullopt, false, CausalAlignment::TopLeft},
+    {"window3_bottomright", 3, std::nullopt, false, CausalAlignment::BottomRight},
+    {"softcap1p5", std::nullopt, 1.5, false, CausalAlignment::TopLeft},
+    {"alibi", std::nullopt, std::nullopt, true, CausalAlignment::TopLeft},
+    {"window4_softcap2_alibi_bottomright", 4, 2.0, true, CausalAlignment::BottomRight},
+};
+class FormsAgreeVariants : public ::testing::TestWithParam<std::tuple<Case, Variant>> {};
+TEST_P(FormsAgreeVariants, Float64) {
+  check_forms_agree<double>(std::get<0>(GetParam()), 1e-12, std::get<1>(GetParam()));
+}
+TEST_P(FormsAgreeVariants, Float32) {
+  check_forms_agree<float>(std::get<0>(GetParam()), 1e-5, std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Table, FormsAgreeVariants,
+                         ::testing::Combine(::testing::ValuesIn(std::begin(kCases), std::end(kCases) - 3),
+                                            ::testing::ValuesIn(kVariants)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name() + "_" + std::get<1>(info.param).name;
+                         });
+
+// ALiBi per head: slice n = b·H + h gets alibi_slopes(H)[h], whatever b.
+// With H = 2 heads of width 1, queries and keys zero (so every score is
+// the bias alone) and values v_j = j, head h's output is the softmax of
+// −m_h·|i − j| over j, weighted by j: computed here from the slopes.
+TEST(FusedForm, AlibiSlopePerHead_H2_B2) {
+  MultiheadAttentionConfig cfg;
+  cfg.embed_dim = 2;
+  cfg.num_heads = 2;
+  cfg.bias = false;
+  MultiheadAttentionParameters<double> p;
+  p.in_proj_weight = Tensor<double>({6, 2}, 0.0);
+  // q, k projections zero; v projection identity; out projection identity.
+  p.in_proj_weight[4 * 2 + 0] = 1.0;
+  p.in_proj_weight[5 * 2 + 1] = 1.0;
+  p.out_proj_weight = Tensor<double>({2, 2}, 0.0);
+  p.out_proj_weight[0] = p.out_proj_weight[3] = 1.0;
+  const BasicMultiheadAttention<double> mha(cfg, std::move(p));
+  constexpr int64_t L = 4, B = 2;
+  Tensor<double> x({L, B, 2});
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t e = 0; e < 2; ++e) x[(l * B + b) * 2 + e] = static_cast<double>(l);
+  ForwardOptions<double> o;
+  o.alibi = true;
+  o.need_weights = false;
+  const std::vector<double> m = {std::pow(2.0, -4.0), std::pow(2.0, -8.0)};  // 2^(−8h/2), h = 1, 2
+  for (const bool textbook : {false, true}) {
+    const auto out = textbook ? mha.forward_textbook(x, x, x, o) : mha.forward(x, x, x, o);
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t h = 0; h < 2; ++h) {
+          double num = 0, den = 0;
+          for (int64_t j = 0; j < L; ++j) {
+            const double w = std::exp(-m[static_cast<std::size_t>(h)] * std::abs(static_cast<double>(i - j)));
+            num += w * static_cast<double>(j);
+            den += w;
+          }
+          EXPECT_NEAR(out.output[(i * B + b) * 2 + h], num / den, 1e-12)
+              << (textbook ? "textbook" : "fused") << " i=" << i << " b=" << b << " h=" << h;
+        }
+  }
+  o.attention.alibi_slopes = {0.5, 0.5, 0.5, 0.5};
+  EXPECT_THROW(mha.forward(x, x, x, o), Error);
+}
 
 // Self-attention (one tensor as query, key and value) with S >= 2048 takes
 // the packed product block by block into head-major buffers; the textbook
