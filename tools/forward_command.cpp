@@ -29,6 +29,10 @@ namespace {
 struct ForwardArgs {
   std::string weights, prefix, query, key, value, key_padding_mask, attn_mask, out, attn_weights_out;
   bool is_causal = false, need_weights = false, no_average = false, training = false;
+  std::string causal_align;  // "" = top-left (PyTorch's)
+  std::optional<int64_t> window;
+  std::optional<double> softcap;
+  bool alibi = false;
   bool check_finite = false, verbose = false;
   std::optional<int64_t> num_heads;
   bool batch_first_flag = false;
@@ -96,6 +100,11 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   o.need_weights = !args.attn_weights_out.empty();
   o.average_attn_weights = !args.no_average;
   o.attention.is_causal = args.is_causal;
+  o.attention.causal_alignment =
+      args.causal_align == "bottom-right" ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
+  o.attention.window = args.window;
+  o.attention.softcap = args.softcap;
+  o.alibi = args.alibi;
   o.training = args.training;
   o.attention.dropout_seed = args.dropout_seed;
   o.attention.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
@@ -143,6 +152,18 @@ Runner add_forward_command(CLI::App& app) {
   c->add_option("--attn-mask", args->attn_mask,
                 ".npy (L, S) or (B*H, L, S): bool (true = may not attend) or float (added)");
   c->add_flag("--is-causal", args->is_causal, "Mask keys after each query (combined with --attn-mask)");
+  c->add_option("--causal-align", args->causal_align,
+                "Where the queries sit when L != S (docs/semantics.md): top-left (query i at position i, "
+                "PyTorch's is_causal; default) or bottom-right (the last query at the last key). Needs "
+                "--is-causal, --window or --alibi")
+      ->transform(one_of({"top-left", "bottom-right"}));
+  c->add_option("--window", args->window,
+                "Sliding window of W keys: with --is-causal a query sees its own position and the W-1 before "
+                "it; without, keys less than W positions away")
+      ->check(integer_in(1, int64_t{1} << 40, "a window of 1 to 2^40 keys"));
+  c->add_option("--softcap", args->softcap, "Logit soft-cap C: scores become C*tanh(score/C) (Gemma 2)")
+      ->check(positive_number());
+  c->add_flag("--alibi", args->alibi, "ALiBi position biases with the paper's per-head slopes");
   c->add_option("--num-heads", args->num_heads, "Heads (overrides the weights' metadata)")
       ->check(positive_integer());
   // A plain bool plus the option's count: CLI11 2.1 assigns an optional<bool>
@@ -178,6 +199,10 @@ Runner add_forward_command(CLI::App& app) {
       throw Error(Error::Kind::Value, "--need-weights: needs --attn-weights-out to write the weights to");
     if (args->no_average && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--no-average-attn-weights: needs --attn-weights-out");
+    if (!args->causal_align.empty() && !args->is_causal && !args->window && !args->alibi)
+      throw Error(Error::Kind::Value, "--causal-align: expected with --is-causal, --window or --alibi "
+                                      "(it places the queries' positions), got '" +
+                                          args->causal_align + "' alone");
     check_files({{"--weights", args->weights}, {"--query", args->query}, {"--key", args->key},
                  {"--value", args->value}, {"--key-padding-mask", args->key_padding_mask},
                  {"--attn-mask", args->attn_mask}},

@@ -44,4 +44,19 @@ inline CLI::Validator probability() {
       "probability in [0, 1]");
 }
 
+// A finite number > 0 (e.g. --softcap).
+inline CLI::Validator positive_number() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v > 0.0) ||
+            v > std::numeric_limits<double>::max())
+          return "expected a finite number > 0, got '" + text + "'";
+        return "";
+      },
+      "number > 0");
+}
+
 }  // namespace multihead::cli

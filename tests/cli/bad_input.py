@@ -567,6 +567,22 @@ def _(ctx):
     return ctx.args(extra=["--masked-rows", "bogus"])
 
 
+# -- the score variants: the option, what it expects, what it got
+for flag, value, expected in (("--window", "0", "1 to 2^40"), ("--window", "-3", "1 to 2^40"),
+                              ("--window", "abc", "1 to 2^40"), ("--window", str(2**41), "1 to 2^40"),
+                              ("--softcap", "0", "> 0"), ("--softcap", "-1.5", "> 0"),
+                              ("--softcap", "inf", "> 0"), ("--softcap", "nan", "> 0"),
+                              ("--causal-align", "sideways", "bottom-right")):
+    def _variant(ctx, flag=flag, value=value):
+        return ctx.args(extra=[flag, value, "--is-causal"])
+    case(f"{flag} {value}", (flag[2:], flag[2:].replace("-", "_")), value, expected)(_variant)
+
+
+@case("--causal-align without --is-causal, --window or --alibi", "causal-align", "is-causal", "bottom-right")
+def _(ctx):
+    return ctx.args(extra=["--causal-align", "bottom-right"])
+
+
 @case("--kernel bogus", "kernel", "bogus")
 def _(ctx):
     return ctx.args(extra=["--kernel", "bogus"])
