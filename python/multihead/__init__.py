@@ -21,6 +21,7 @@ from ._multihead import (  # noqa: F401
     MultiheadAttention,
     __version__,
     _debug_last_call,
+    alibi_slopes,
     blas_threads,
     kernel_force,
     kernel_forced,
@@ -37,6 +38,7 @@ from ._multihead import (  # noqa: F401
 __all__ = [
     "MultiheadAttention",
     "scaled_dot_product_attention",
+    "alibi_slopes",
     "load_weights",
     "save_weights",
     "set_threads",

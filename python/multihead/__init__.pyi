@@ -12,6 +12,7 @@ DTypeLike = Union[None, str, type, np.dtype]
 MaskedRows = Literal["zeros", "nan"]
 Kernel = Literal["auto", "reference", "materialized", "flash"]
 Form = Literal["fused", "textbook"]
+CausalAlign = Literal["top-left", "bottom-right"]
 
 class MultiheadAttention:
     """torch.nn.MultiheadAttention: same arguments, defaults and state_dict names."""
@@ -49,6 +50,10 @@ class MultiheadAttention:
         check_finite: bool = False,
         form: Form = "fused",
         dropout_seed: int = 0,
+        causal_align: CausalAlign = "top-left",
+        window: Optional[int] = None,
+        softcap: Optional[float] = None,
+        alibi: bool = False,
     ) -> Tuple[np.ndarray, Optional[np.ndarray]]: ...
     def __call__(
         self,
@@ -67,6 +72,10 @@ class MultiheadAttention:
         check_finite: bool = False,
         form: Form = "fused",
         dropout_seed: int = 0,
+        causal_align: CausalAlign = "top-left",
+        window: Optional[int] = None,
+        softcap: Optional[float] = None,
+        alibi: bool = False,
     ) -> Tuple[np.ndarray, Optional[np.ndarray]]: ...
     def state_dict(self) -> Dict[str, np.ndarray]: ...
     def load_state_dict(
@@ -113,6 +122,10 @@ def scaled_dot_product_attention(
     kernel: Kernel = "auto",
     num_threads: int = 0,
     check_finite: bool = False,
+    causal_align: CausalAlign = "top-left",
+    window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: List[float] = ...,
 ) -> np.ndarray: ...
 @overload
 def scaled_dot_product_attention(
@@ -130,7 +143,12 @@ def scaled_dot_product_attention(
     kernel: Kernel = "auto",
     num_threads: int = 0,
     check_finite: bool = False,
+    causal_align: CausalAlign = "top-left",
+    window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: List[float] = ...,
 ) -> Tuple[np.ndarray, np.ndarray]: ...
+def alibi_slopes(heads: int) -> List[float]: ...
 def load_weights(
     path: Union[str, "PathLike[str]"],
     prefix: Optional[str] = None,

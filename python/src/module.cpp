@@ -139,7 +139,8 @@ class PyMultiheadAttention {
                     const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
                     bool average_attn_weights, bool is_causal, const std::string& masked_rows,
                     const std::string& kernel, int num_threads, bool check_finite, const std::string& form,
-                    uint64_t dropout_seed) {
+                    uint64_t dropout_seed, const std::string& causal_align, std::optional<int64_t> window,
+                    std::optional<double> softcap, bool alibi) {
     if (form != "fused" && form != "textbook")
       throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got '" + form + "'");
     CallOptions o;
@@ -152,6 +153,10 @@ class PyMultiheadAttention {
     o.kernel = kernel;
     o.num_threads = num_threads;
     o.check_finite = check_finite;
+    o.causal_align = causal_align;
+    o.window = window;
+    o.softcap = softcap;
+    o.alibi = alibi;
     const py::array q = as_numpy(query);
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;
@@ -358,7 +363,7 @@ Examples::
     >>> attn_output, attn_output_weights = mha(query, key, value)
 )doc";
 
-const char* const kForwardDoc = R"doc(forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, form='fused', dropout_seed=0)
+const char* const kForwardDoc = R"doc(forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, form='fused', dropout_seed=0, causal_align='top-left', window=None, softcap=None, alibi=False)
 
 Args:
     query: Query embeddings of shape (L, E) unbatched, (L, N, E) when
@@ -392,6 +397,14 @@ Keyword-only (not in PyTorch):
     check_finite: Reject NaN or Inf in the inputs (ValueError).
     form: 'fused' (default) or 'textbook' (the lesson's per-head form).
     dropout_seed: Seed of the dropout mask (training mode with dropout > 0).
+    causal_align: Where query i sits when L != S: 'top-left' (position i,
+        PyTorch's is_causal) or 'bottom-right' (i + S - L). Used by
+        is_causal, window and alibi (docs/semantics.md, "Positions").
+    window: Sliding window of w keys: with is_causal a query sees its own
+        position and the w - 1 before it; without, keys less than w away.
+    softcap: Logit soft-cap c > 0: scores become c*tanh(score/c) (Gemma 2).
+    alibi: ALiBi biases -m_h*|p_i - j| with the paper's slopes per head
+        (alibi_slopes(num_heads)).
 
 Returns:
     (attn_output, attn_output_weights): NumPy arrays of the computation's
@@ -407,7 +420,7 @@ The GIL is released while computing: several threads may call one module at
 once. Inputs are read in place, so no thread may write to them during a call.
 )doc";
 
-const char* const kSdpaDoc = R"doc(scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, *, need_weights=False, dropout_seed=0, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False)
+const char* const kSdpaDoc = R"doc(scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, *, need_weights=False, dropout_seed=0, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, causal_align='top-left', window=None, softcap=None, alibi_slopes=[])
 
 softmax(query @ key^T * scale + mask) @ value, as
 torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x).
@@ -426,8 +439,10 @@ Args:
 
 Keyword-only (not in PyTorch):
     need_weights: Also return the weights, (..., L, S). Default: False.
-    dropout_seed, masked_rows, kernel, num_threads, check_finite: as in
-        MultiheadAttention.forward.
+    dropout_seed, masked_rows, kernel, num_threads, check_finite,
+        causal_align, window, softcap: as in MultiheadAttention.forward.
+    alibi_slopes: ALiBi, one slope per slice (the product of the leading
+        dimensions); empty (default) = none.
 
 Returns:
     The output (..., L, Dv), or (output, weights) with need_weights.
@@ -468,13 +483,15 @@ PYBIND11_MODULE(_multihead, m) {
            "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
            "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
            "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
-           "dropout_seed"_a = 0)
+           "dropout_seed"_a = 0, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
+           "alibi"_a = false)
       .def("__call__", &PyMultiheadAttention::forward, "__call__(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, "
            "average_attn_weights=True, is_causal=False, *, ...)\n\nSame as forward().", "query"_a, "key"_a, "value"_a,
            "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
            "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
            "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
-           "dropout_seed"_a = 0)
+           "dropout_seed"_a = 0, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
+           "alibi"_a = false)
       .def("state_dict", &PyMultiheadAttention::state_dict,
            "state_dict(self) -> dict\n\nA new dict of the parameters under PyTorch's names (copies, in the module's dtype).")
       .def("load_state_dict", &PyMultiheadAttention::load_state_dict, "state_dict"_a, "strict"_a = true,
@@ -514,7 +531,9 @@ PYBIND11_MODULE(_multihead, m) {
       "scaled_dot_product_attention",
       [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
          double dropout_p, bool is_causal, std::optional<double> scale, bool need_weights, uint64_t dropout_seed,
-         const std::string& masked_rows, const std::string& kernel, int num_threads, bool check_finite) {
+         const std::string& masked_rows, const std::string& kernel, int num_threads, bool check_finite,
+         const std::string& causal_align, std::optional<int64_t> window, std::optional<double> softcap,
+         std::vector<double> alibi_slopes) {
         CallOptions o;
         o.need_weights = need_weights;
         o.dropout_p = dropout_p;
@@ -525,6 +544,10 @@ PYBIND11_MODULE(_multihead, m) {
         o.kernel = kernel;
         o.num_threads = num_threads;
         o.check_finite = check_finite;
+        o.causal_align = causal_align;
+        o.window = window;
+        o.softcap = softcap;
+        o.alibi_slopes = std::move(alibi_slopes);
         const py::array q = as_numpy(query);
         const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
         if (precision_of(q, "query") == Precision::F64) return sdpa<double>(q, k, v, attn_mask, o);
@@ -533,7 +556,11 @@ PYBIND11_MODULE(_multihead, m) {
       kSdpaDoc, "query"_a, "key"_a, "value"_a, "attn_mask"_a = py::none(), "dropout_p"_a = 0.0,
       "is_causal"_a = false, "scale"_a = py::none(), py::kw_only(), "need_weights"_a = false,
       "dropout_seed"_a = 0, "masked_rows"_a = "zeros", "kernel"_a = "auto", "num_threads"_a = 0,
-      "check_finite"_a = false);
+      "check_finite"_a = false, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
+      "alibi_slopes"_a = std::vector<double>{});
+  m.def("alibi_slopes", &multihead::alibi_slopes, "heads"_a,
+        "alibi_slopes(heads) -> list[float]\n\nALiBi's per-head slopes (Press et al. 2022): 2^(-8h/H) for H a "
+        "power of two,\nelse the authors' interpolation (docs/semantics.md).");
 
   m.def("load_weights", &load,
         "load_weights(path, prefix=None, *, num_heads=None, batch_first=None, add_zero_attn=None, dropout=None, dtype=None)\n\n"

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
@@ -28,7 +29,19 @@ struct CallOptions {
   std::string kernel = "auto";        // "auto" | "reference" | "materialized" | "flash"
   int num_threads = 0;
   bool check_finite = false;
+  // The score variants (docs/semantics.md, "Positions").
+  std::string causal_align = "top-left";  // "top-left" | "bottom-right"
+  std::optional<int64_t> window;
+  std::optional<double> softcap;
+  bool alibi = false;                     // forward only: the paper's slopes per head
+  std::vector<double> alibi_slopes;       // scaled_dot_product_attention only: one per slice
 };
+
+inline CausalAlignment parse_causal_align(const std::string& s) {
+  if (s == "top-left") return CausalAlignment::TopLeft;
+  if (s == "bottom-right") return CausalAlignment::BottomRight;
+  throw Error(Error::Kind::Value, "causal_align: expected 'top-left' or 'bottom-right', got '" + s + "'");
+}
 
 inline MaskedRowPolicy parse_masked_rows(const std::string& s) {
   if (s == "zeros") return MaskedRowPolicy::Zeros;
@@ -40,6 +53,10 @@ inline AttentionOptions attention_options(const CallOptions& o) {
   AttentionOptions a;
   a.scale = o.scale;
   a.is_causal = o.is_causal;
+  a.causal_alignment = parse_causal_align(o.causal_align);
+  a.window = o.window;
+  a.softcap = o.softcap;
+  a.alibi_slopes = o.alibi_slopes;
   a.dropout_p = o.dropout_p;
   a.dropout_seed = o.dropout_seed;
   a.masked_rows = parse_masked_rows(o.masked_rows);
@@ -58,6 +75,7 @@ ForwardOptions<T> forward_options(const CallOptions& o, const Mask<T>* key_paddi
   f.need_weights = o.need_weights;
   f.average_attn_weights = o.average_attn_weights;
   f.training = o.training;
+  f.alibi = o.alibi;
   // The attention step's options; its dropout rate is the module's, so
   // attention.dropout_p stays 0.
   f.attention = attention_options(o);

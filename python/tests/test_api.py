@@ -253,3 +253,49 @@ def test_runtime_switches():
     assert multihead.threads() == 1
     multihead.set_threads(before)
     assert multihead.blas_threads() >= 1
+
+
+def test_score_variants_against_torch_with_an_equivalent_mask():
+    """window, ALiBi and causal_align from Python: torch 1.13 has none of them,
+    but a float (B*H, L, S) attn_mask says the same thing (-inf outside the
+    window, -m_h*|p_i - j| inside), written here from docs/semantics.md."""
+    E, H, B, L, S = 8, 2, 2, 3, 5
+    t = torch_mha(embed_dim=E, num_heads=H)
+    ours = multihead.MultiheadAttention(E, H, dtype=np.float64)
+    ours.load_state_dict({k: v.numpy() for k, v in t.state_dict().items()})
+    rng = np.random.default_rng(1)
+    q, k, v = rng.standard_normal((L, B, E)), rng.standard_normal((S, B, E)), rng.standard_normal((S, B, E))
+    slopes = [2.0 ** (-8.0 * h / H) for h in range(1, H + 1)]
+    assert multihead.alibi_slopes(H) == pytest.approx(slopes, rel=1e-15)
+    for causal, align, window, alibi in [(True, "top-left", 2, False), (False, "bottom-right", 2, True),
+                                         (True, "bottom-right", 3, True), (False, "top-left", None, True)]:
+        shift = S - L if align == "bottom-right" else 0
+        mask = np.zeros((B * H, L, S))
+        for n in range(B * H):
+            for i in range(L):
+                p = i + shift
+                for j in range(S):
+                    hidden = (causal and j > p) or (window and (j <= p - window if causal else abs(p - j) >= window))
+                    mask[n, i, j] = -np.inf if hidden else (-slopes[n % H] * abs(p - j) if alibi else 0.0)
+        want, want_w = t(*(torch.from_numpy(x) for x in (q, k, v)), attn_mask=torch.from_numpy(mask))
+        got, got_w = ours(q, k, v, is_causal=causal, causal_align=align, window=window, alibi=alibi)
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got_w, want_w.detach().numpy(), rtol=0, atol=1e-12)
+
+
+def test_softcap_and_bad_variant_values():
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((2, 4, 6)) * 3 for _ in range(3))
+    out = multihead.scaled_dot_product_attention(q, k, v, softcap=1.5, alibi_slopes=[0.5, 0.25])
+    s = 1.5 * np.tanh(q @ np.swapaxes(k, -1, -2) / np.sqrt(6) / 1.5)
+    s -= np.array([0.5, 0.25])[:, None, None] * np.abs(np.arange(4)[:, None] - np.arange(4)[None, :])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, (p / p.sum(-1, keepdims=True)) @ v, rtol=0, atol=1e-12)
+    mha = multihead.MultiheadAttention(8, 2)
+    x = np.zeros((3, 1, 8), np.float32)
+    for kw, words in [(dict(window=0), "window"), (dict(softcap=-1.0), "softcap"),
+                      (dict(causal_align="middle"), "causal_align")]:
+        with pytest.raises(ValueError, match=words):
+            mha(x, x, x, **kw)
+    with pytest.raises(ValueError, match="alibi_slopes"):
+        multihead.scaled_dot_product_attention(q, k, v, alibi_slopes=[0.5])
