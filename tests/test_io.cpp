@@ -972,6 +972,16 @@ TEST(ReadFile, ErrorsNameTheFileAndTheTensor) {
                {"query (" + path + "): truncated data: header says shape (4, 5) float32 = 80 bytes, file has 12"});
 }
 
+// A path may hold any byte but '\0'; a message naming it stays one line.
+TEST(ReadFile, ANewlineInThePathKeepsTheMessageOneLine) {
+  TempDir dir;
+  const std::string path = dir.file("two\nlines.npy");
+  expect_error([&] { read_npy(path, "query"); }, Kind::Missing, {"two\\x0alines.npy", "No such file or directory"});
+  expect_error([&] { check_input_file(path); }, Kind::Missing, {"two\\x0alines.npy"});
+  expect_error([&] { write_file_atomic(dir.file("no\ndir/o.npy"), "x"); }, Kind::IO, {"folder '", "does not exist"});
+  EXPECT_TRUE(dir.entries().empty());
+}
+
 TEST(AtomicWrite, MissingFolderThrowsAndCreatesNothing) {
   TempDir dir;
   const std::string path = dir.file("nope/out.npy");
