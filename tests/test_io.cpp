@@ -982,6 +982,18 @@ TEST(ReadFile, ANewlineInThePathKeepsTheMessageOneLine) {
   EXPECT_TRUE(dir.entries().empty());
 }
 
+// The temporary is named in the target's folder, not after the target: a
+// name of NAME_MAX bytes is a valid output, and "<name>.tmp.XXXXXX" is not.
+TEST(AtomicWrite, LongestFileNameCanBeWritten) {
+  TempDir dir;
+  const std::string path = dir.file(std::string(250, 'a') + ".npy");
+  write_file_atomic(path, "long");
+  EXPECT_EQ(slurp(path), "long");
+  write_file_atomic(path, "longer");
+  EXPECT_EQ(slurp(path), "longer");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{std::string(250, 'a') + ".npy"});
+}
+
 TEST(AtomicWrite, MissingFolderThrowsAndCreatesNothing) {
   TempDir dir;
   const std::string path = dir.file("nope/out.npy");

@@ -135,7 +135,10 @@ class StagedFile {
 
 StagedFile::StagedFile(const std::string& target, const std::string& bytes, const std::string& what)
     : target_(target), what_(what) {
-  std::string name = target + ".tmp.XXXXXX";
+  // Named after the target, cut so that a target of NAME_MAX bytes still
+  // leaves room for the suffix.
+  const std::string base = target.substr(target.find_last_of('/') + 1);
+  std::string name = folder_of(target) + "/" + base.substr(0, 200) + ".tmp.XXXXXX";
   int fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) throw Error(Error::Kind::IO, what + "creating a temporary file: " + errno_text(errno));
   // A throwing constructor runs no destructor: fail() cleans up itself.
