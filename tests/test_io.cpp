@@ -25,6 +25,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -980,6 +982,35 @@ TEST(ReadFile, ANewlineInThePathKeepsTheMessageOneLine) {
   expect_error([&] { check_input_file(path); }, Kind::Missing, {"two\\x0alines.npy"});
   expect_error([&] { write_file_atomic(dir.file("no\ndir/o.npy"), "x"); }, Kind::IO, {"folder '", "does not exist"});
   EXPECT_TRUE(dir.entries().empty());
+}
+
+// detect_file_format(path) reads a file's first bytes: it names a path it
+// cannot read as every reader does, and never blocks on a FIFO nobody writes.
+TEST(FileFormat, PathThatCannotBeReadIsNamed) {
+  TempDir dir;
+  expect_error([&] { (void)detect_file_format(dir.file("none")); }, Kind::Missing,
+               {"cannot read '" + dir.file("none") + "': No such file or directory"});
+  expect_error([&] { (void)detect_file_format(dir.path()); }, Kind::IO,
+               {"cannot read '" + dir.path() + "': is a directory"});
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto detected = std::async(std::launch::async, [&] {
+    try {
+      (void)detect_file_format(fifo);
+      return std::string("no error");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  });
+  if (detected.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    const int unblock = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // let the blocked open return
+    ADD_FAILURE() << "detect_file_format blocked on a FIFO with no writer";
+    detected.wait();
+    if (unblock >= 0) ::close(unblock);
+    return;
+  }
+  const std::string msg = detected.get();
+  EXPECT_NE(msg.find("cannot read '" + fifo + "': is a FIFO"), std::string::npos) << msg;
 }
 
 // The temporary is named in the target's folder, not after the target: a
