@@ -25,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <chrono>
 #include <nlohmann/json.hpp>
@@ -388,6 +389,54 @@ TEST(Npy, ReadsFromAPipe) {
   const LoadedTensor t = read_npy(fifo, "piped");
   writer.join();
   EXPECT_EQ(shape_to_string(t.values.shape()), "(3, 4)");
+}
+
+// Writes `head`, then `filler` over and over (at most `limit` bytes in all),
+// into a FIFO until its reader closes it; returns how much was written.
+std::size_t feed_fifo(const std::string& fifo, const std::string& head, char filler, std::size_t limit) {
+  const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  std::string chunk = head;
+  std::size_t written = 0;
+  while (written < limit) {
+    if (chunk.empty()) chunk.assign(65536, filler);
+    const ssize_t n = ::write(fd, chunk.data(), chunk.size());
+    if (n <= 0) break;  // EPIPE: the reader has what it wanted
+    written += static_cast<std::size_t>(n);
+    chunk.erase(0, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return written;
+}
+
+// A pipe that does not end (`cat q.npy /dev/zero |`, `yes |`) is read only as
+// far as its header says, not until memory runs out.
+TEST(ReadFile, EndlessPipeIsReadOnlyAsFarAsTheHeaderSays) {
+  TempDir dir;
+  const auto old_handler = std::signal(SIGPIPE, SIG_IGN);
+  const std::size_t limit = std::size_t{256} << 20;
+  const std::string fifo = dir.file("endless");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  struct Case {
+    std::string head;
+    char filler;
+    std::function<void()> read;
+    std::string words;
+  };
+  const std::vector<Case> cases = {
+      {serialize_npy(sample_tensor<float>({3, 4})), '\0', [&] { (void)read_npy(fifo, "query"); }, "trailing data"},
+      {"", 'y', [&] { (void)read_npy(fifo, "query"); }, "not a .npy file"},
+      {"", '\0', [&] { (void)read_safetensors(fifo); }, "not valid JSON"},
+      {"", 'y', [&] { (void)read_safetensors(fifo); }, "header length"},
+  };
+  for (const Case& c : cases) {
+    std::size_t written = 0;
+    std::thread writer([&] { written = feed_fifo(fifo, c.head, c.filler, limit); });
+    expect_error(c.read, Kind::Format, {c.words});
+    writer.join();
+    EXPECT_LT(written, std::size_t{16} << 20) << c.words << ": the reader kept reading";
+  }
+  std::signal(SIGPIPE, old_handler);
 }
 
 // ============================================================================
