@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/weights.hpp"
@@ -132,7 +133,7 @@ Runner add_inspect_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   CLI::App* c = app.add_subcommand(
       "inspect", "List the tensors, metadata and MultiheadAttention modules (with their --prefix) of a file");
-  c->add_option("file", *path, "a safetensors or .npy file")->required();
+  c->add_option("file", *path, "a safetensors or .npy file")->required()->check(multihead::cli::path());
   return [path] {
     const FileFormat format = detect_file_format(*path);
     if (format == FileFormat::Npy) return inspect_npy(*path);
