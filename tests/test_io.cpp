@@ -1074,6 +1074,27 @@ TEST(AtomicWrite, LongestFileNameCanBeWritten) {
   EXPECT_EQ(dir.entries(), std::vector<std::string>{std::string(250, 'a') + ".npy"});
 }
 
+// A path just under PATH_MAX can be written too: the temporary's name is cut
+// to fit the limit as well.
+TEST(AtomicWrite, PathNearPathMaxCanBeWritten) {
+  TempDir dir;
+  // Folders of at most 250 bytes down to PATH_MAX - 102, then a 100-byte name.
+  const std::size_t folder_size = PATH_MAX - 1 - 101;
+  std::string folder = dir.path();
+  while (folder.size() < folder_size) {
+    const std::size_t left = folder_size - folder.size();  // >= 2 here: a '/' and a byte
+    folder += "/" + std::string(left >= 253 ? 250 : left - 1, 'd');
+    ASSERT_EQ(::mkdir(folder.c_str(), 0755), 0) << folder.size();
+  }
+  const std::string path = folder + "/" + std::string(100, 'f');
+  ASSERT_EQ(path.size(), static_cast<std::size_t>(PATH_MAX - 1));
+  write_file_atomic(path, "deep");
+  EXPECT_EQ(slurp(path), "deep");
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(folder)) ++entries;
+  EXPECT_EQ(entries, 1u) << "a temporary was left behind";
+}
+
 TEST(AtomicWrite, MissingFolderThrowsAndCreatesNothing) {
   TempDir dir;
   const std::string path = dir.file("nope/out.npy");

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -156,10 +157,13 @@ class StagedFile {
 
 StagedFile::StagedFile(const std::string& target, const std::string& bytes, const std::string& what)
     : target_(target), what_(what) {
-  // Named after the target, cut so that a target of NAME_MAX bytes still
-  // leaves room for the suffix.
+  // Named after the target, cut so that a target of NAME_MAX bytes, or a
+  // path just under PATH_MAX, still leaves room for the suffix.
+  static constexpr char kSuffix[] = ".tmp.XXXXXX";
+  const std::string folder = folder_of(target) + "/";
   const std::string base = target.substr(target.find_last_of('/') + 1);
-  std::string name = folder_of(target) + "/" + base.substr(0, 200) + ".tmp.XXXXXX";
+  const std::size_t room = PATH_MAX - 1 - std::min<std::size_t>(folder.size() + sizeof kSuffix - 1, PATH_MAX - 1);
+  std::string name = folder + base.substr(0, std::min<std::size_t>(200, room)) + kSuffix;
   int fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) throw Error(Error::Kind::IO, what + "creating a temporary file: " + errno_text(errno));
   // A throwing constructor runs no destructor: fail() cleans up itself.
