@@ -25,6 +25,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -386,6 +389,54 @@ TEST(Npy, ReadsFromAPipe) {
   const LoadedTensor t = read_npy(fifo, "piped");
   writer.join();
   EXPECT_EQ(shape_to_string(t.values.shape()), "(3, 4)");
+}
+
+// Writes `head`, then `filler` over and over (at most `limit` bytes in all),
+// into a FIFO until its reader closes it; returns how much was written.
+std::size_t feed_fifo(const std::string& fifo, const std::string& head, char filler, std::size_t limit) {
+  const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  std::string chunk = head;
+  std::size_t written = 0;
+  while (written < limit) {
+    if (chunk.empty()) chunk.assign(65536, filler);
+    const ssize_t n = ::write(fd, chunk.data(), chunk.size());
+    if (n <= 0) break;  // EPIPE: the reader has what it wanted
+    written += static_cast<std::size_t>(n);
+    chunk.erase(0, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return written;
+}
+
+// A pipe that does not end (`cat q.npy /dev/zero |`, `yes |`) is read only as
+// far as its header says, not until memory runs out.
+TEST(ReadFile, EndlessPipeIsReadOnlyAsFarAsTheHeaderSays) {
+  TempDir dir;
+  const auto old_handler = std::signal(SIGPIPE, SIG_IGN);
+  const std::size_t limit = std::size_t{256} << 20;
+  const std::string fifo = dir.file("endless");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  struct Case {
+    std::string head;
+    char filler;
+    std::function<void()> read;
+    std::string words;
+  };
+  const std::vector<Case> cases = {
+      {serialize_npy(sample_tensor<float>({3, 4})), '\0', [&] { (void)read_npy(fifo, "query"); }, "trailing data"},
+      {"", 'y', [&] { (void)read_npy(fifo, "query"); }, "not a .npy file"},
+      {"", '\0', [&] { (void)read_safetensors(fifo); }, "not valid JSON"},
+      {"", 'y', [&] { (void)read_safetensors(fifo); }, "header length"},
+  };
+  for (const Case& c : cases) {
+    std::size_t written = 0;
+    std::thread writer([&] { written = feed_fifo(fifo, c.head, c.filler, limit); });
+    expect_error(c.read, Kind::Format, {c.words});
+    writer.join();
+    EXPECT_LT(written, std::size_t{16} << 20) << c.words << ": the reader kept reading";
+  }
+  std::signal(SIGPIPE, old_handler);
 }
 
 // ============================================================================
@@ -970,6 +1021,78 @@ TEST(ReadFile, ErrorsNameTheFileAndTheTensor) {
   write_file_atomic(path, file);
   expect_error([&] { read_npy(path, "query"); }, Kind::Format,
                {"query (" + path + "): truncated data: header says shape (4, 5) float32 = 80 bytes, file has 12"});
+}
+
+// A path may hold any byte but '\0'; a message naming it stays one line.
+TEST(ReadFile, ANewlineInThePathKeepsTheMessageOneLine) {
+  TempDir dir;
+  const std::string path = dir.file("two\nlines.npy");
+  expect_error([&] { read_npy(path, "query"); }, Kind::Missing, {"two\\x0alines.npy", "No such file or directory"});
+  expect_error([&] { check_input_file(path); }, Kind::Missing, {"two\\x0alines.npy"});
+  expect_error([&] { write_file_atomic(dir.file("no\ndir/o.npy"), "x"); }, Kind::IO, {"folder '", "does not exist"});
+  EXPECT_TRUE(dir.entries().empty());
+}
+
+// detect_file_format(path) reads a file's first bytes: it names a path it
+// cannot read as every reader does, and never blocks on a FIFO nobody writes.
+TEST(FileFormat, PathThatCannotBeReadIsNamed) {
+  TempDir dir;
+  expect_error([&] { (void)detect_file_format(dir.file("none")); }, Kind::Missing,
+               {"cannot read '" + dir.file("none") + "': No such file or directory"});
+  expect_error([&] { (void)detect_file_format(dir.path()); }, Kind::IO,
+               {"cannot read '" + dir.path() + "': is a directory"});
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto detected = std::async(std::launch::async, [&] {
+    try {
+      (void)detect_file_format(fifo);
+      return std::string("no error");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  });
+  if (detected.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+    const int unblock = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // let the blocked open return
+    ADD_FAILURE() << "detect_file_format blocked on a FIFO with no writer";
+    detected.wait();
+    if (unblock >= 0) ::close(unblock);
+    return;
+  }
+  const std::string msg = detected.get();
+  EXPECT_NE(msg.find("cannot read '" + fifo + "': is a FIFO"), std::string::npos) << msg;
+}
+
+// The temporary is named in the target's folder, not after the target: a
+// name of NAME_MAX bytes is a valid output, and "<name>.tmp.XXXXXX" is not.
+TEST(AtomicWrite, LongestFileNameCanBeWritten) {
+  TempDir dir;
+  const std::string path = dir.file(std::string(250, 'a') + ".npy");
+  write_file_atomic(path, "long");
+  EXPECT_EQ(slurp(path), "long");
+  write_file_atomic(path, "longer");
+  EXPECT_EQ(slurp(path), "longer");
+  EXPECT_EQ(dir.entries(), std::vector<std::string>{std::string(250, 'a') + ".npy"});
+}
+
+// A path just under PATH_MAX can be written too: the temporary's name is cut
+// to fit the limit as well.
+TEST(AtomicWrite, PathNearPathMaxCanBeWritten) {
+  TempDir dir;
+  // Folders of at most 250 bytes down to PATH_MAX - 102, then a 100-byte name.
+  const std::size_t folder_size = PATH_MAX - 1 - 101;
+  std::string folder = dir.path();
+  while (folder.size() < folder_size) {
+    const std::size_t left = folder_size - folder.size();  // >= 2 here: a '/' and a byte
+    folder += "/" + std::string(left >= 253 ? 250 : left - 1, 'd');
+    ASSERT_EQ(::mkdir(folder.c_str(), 0755), 0) << folder.size();
+  }
+  const std::string path = folder + "/" + std::string(100, 'f');
+  ASSERT_EQ(path.size(), static_cast<std::size_t>(PATH_MAX - 1));
+  write_file_atomic(path, "deep");
+  EXPECT_EQ(slurp(path), "deep");
+  std::size_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(folder)) ++entries;
+  EXPECT_EQ(entries, 1u) << "a temporary was left behind";
 }
 
 TEST(AtomicWrite, MissingFolderThrowsAndCreatesNothing) {

@@ -137,6 +137,36 @@ TEST(LoadWeights, ErrorsListThePrefixesThatWouldWork) {
   EXPECT_EQ(msg.rfind("enc.layers.0.linear1.weight: unexpected tensor", 0), 0u) << msg;
 }
 
+// "a." and "a.b." are both modules (inspect lists both): each prefix loads
+// its own module, and "a."'s tensors do not include "a.b."'s. Modules
+// "layer.1." and "layer.11." share the start of their names, not a prefix.
+TEST(LoadWeights, NestedModulesAndSimilarPrefixesEachLoadTheirOwn) {
+  std::mt19937_64 rng(11);
+  Tensors t;
+  add_module(t, "layer.1.", 8, 8, rng);
+  add_module(t, "layer.1.sub.", 6, 4, rng);
+  add_module(t, "layer.11.", 4, 4, rng);
+  const WeightsFile f(t, {{"num_heads", "2"}});
+  const std::vector<FoundModule> found = find_attention_modules(f.path());
+  ASSERT_EQ(found.size(), 3u);
+  for (const FoundModule& m : found) {
+    EXPECT_EQ(m.problem, "") << m.prefix;
+    LoadOptions o;
+    o.prefix = m.prefix;
+    const std::string msg = message_of([&] {
+      const LoadedWeights w = load_weights(f.path(), o);
+      EXPECT_EQ(w.config.embed_dim, m.embed_dim) << m.prefix;
+      EXPECT_EQ(w.config.key_dim(), m.kdim) << m.prefix;
+      EXPECT_EQ(w.parameters.out_proj_bias[1], t.at(m.prefix + "out_proj.bias")[1]) << m.prefix;
+    });
+    EXPECT_EQ(msg, "(no error)") << "--prefix " << m.prefix << " is listed by inspect";
+  }
+  LoadOptions o;
+  o.prefix = "layer.";
+  EXPECT_EQ(message_of([&] { load_weights(f.path(), o); }).rfind("layer.1.in_proj_bias: unexpected tensor", 0), 0u)
+      << "no module at layer.: its tensors stay unexpected";
+}
+
 // ---- integer tensors: a whole model's buffers ------------------------------------
 
 const std::string kExpectedNames =

@@ -140,17 +140,21 @@ Runner add_forward_command(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "forward",
       "Run torch.nn.MultiheadAttention.forward (eval mode unless --training) on .npy inputs");
-  c->add_option("--weights", args->weights, "safetensors state_dict (PyTorch key names)")->required();
+  c->add_option("--weights", args->weights, "safetensors state_dict (PyTorch key names)")
+      ->required()
+      ->check(path());
   c->add_option("--prefix", args->prefix,
                 "Module to read from a whole model's state_dict, e.g. encoder.layers.0.self_attn. "
                 "(`multihead inspect` lists them)");
-  c->add_option("--query", args->query, ".npy query: (L, B, E), (B, L, E) with --batch-first, or (L, E)")->required();
-  c->add_option("--key", args->key, ".npy key (default: the query, i.e. self-attention)");
-  c->add_option("--value", args->value, ".npy value (default: the key)");
+  c->add_option("--query", args->query, ".npy query: (L, B, E), (B, L, E) with --batch-first, or (L, E)")
+      ->required()
+      ->check(path());
+  c->add_option("--key", args->key, ".npy key (default: the query, i.e. self-attention)")->check(path());
+  c->add_option("--value", args->value, ".npy value (default: the key)")->check(path());
   c->add_option("--key-padding-mask", args->key_padding_mask,
-                ".npy (B, S) or (S): bool (true = ignore this key) or float (added)");
+                ".npy (B, S) or (S): bool (true = ignore this key) or float (added)")->check(path());
   c->add_option("--attn-mask", args->attn_mask,
-                ".npy (L, S) or (B*H, L, S): bool (true = may not attend) or float (added)");
+                ".npy (L, S) or (B*H, L, S): bool (true = may not attend) or float (added)")->check(path());
   c->add_flag("--is-causal", args->is_causal, "Mask keys after each query (combined with --attn-mask)");
   c->add_option("--causal-align", args->causal_align,
                 "Where the queries sit when L != S (docs/semantics.md): top-left (query i at position i, "
@@ -187,9 +191,12 @@ Runner add_forward_command(CLI::App& app) {
       ->transform(one_of({"auto", "reference", "materialized", "flash"}));
   c->add_option("--threads", args->threads, "Threads (0 = default)")->check(non_negative_integer());
   c->add_flag("--check-finite", args->check_finite, "Reject NaN or Inf in inputs and weights");
-  c->add_option("--out", args->out, "Output .npy ('-' = standard output; a symlink is written through)")->required();
+  c->add_option("--out", args->out, "Output .npy ('-' = standard output; a symlink is written through)")
+      ->required()
+      ->check(path());
   c->add_option("--attn-weights-out", args->attn_weights_out,
-                "Attention weights .npy (implies --need-weights; '-' = standard output)");
+                "Attention weights .npy (implies --need-weights; '-' = standard output)")
+      ->check(path());
   c->add_option("--repeat", args->repeat, "Run the forward N times (for timing from outside)")
       ->check(positive_integer());
   c->add_flag("--verbose", args->verbose, "Print a one-line summary on stderr (shapes, dtype, kernel, form, time)");

@@ -39,7 +39,8 @@ Runner add_init_command(CLI::App& app) {
   c->add_flag("--batch-first", a->config.batch_first, "batch_first=True");
   c->add_option("--seed", a->seed, "Seed of the initialisation");
   c->add_option("--out", a->out, "Output .safetensors ('-' = standard output; a symlink is written through)")
-      ->required();
+      ->required()
+      ->check(path());
   c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr");
   return [a] {
     check_files({}, {{"--out", a->out}});

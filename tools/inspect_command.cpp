@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/weights.hpp"
@@ -19,6 +20,25 @@ namespace multihead::cli {
 namespace {
 
 std::string yes_no(bool b) { return b ? "true" : "false"; }
+
+// A name, key, value or path from the file (or the command line) as printed:
+// control bytes become \xNN, so a hostile name cannot add lines to the
+// table, clear the terminal or cut the line short with a NUL.
+std::string shown(const std::string& text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+      continue;
+    }
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
 
 // A value only the metadata can give, or why it is not known.
 template <class V, class F>
@@ -37,8 +57,8 @@ struct TensorRow {
 // reader of the table they are all the file's tensors.
 std::vector<TensorRow> tensor_rows(const SafetensorsFile& file) {
   std::vector<TensorRow> rows;
-  for (const auto& [name, t] : file.tensors) rows.push_back({name, t.dtype, t.values.shape()});
-  for (const auto& [name, t] : file.integer_tensors) rows.push_back({name, t.dtype, t.shape});
+  for (const auto& [name, t] : file.tensors) rows.push_back({shown(name), t.dtype, t.values.shape()});
+  for (const auto& [name, t] : file.integer_tensors) rows.push_back({shown(name), t.dtype, t.shape});
   std::sort(rows.begin(), rows.end(), [](const TensorRow& a, const TensorRow& b) { return a.name < b.name; });
   return rows;
 }
@@ -59,11 +79,13 @@ void print_metadata(const SafetensorsFile& file) {
     return;
   }
   std::printf("metadata (%zu):\n", file.metadata.size());
-  for (const auto& [key, value] : file.metadata) std::printf("  %s = %s\n", key.c_str(), value.c_str());
+  for (const auto& [key, value] : file.metadata)
+    std::printf("  %s = %s\n", shown(key).c_str(), shown(value).c_str());
 }
 
 void print_module(const FoundModule& m, const std::string& path) {
-  std::printf("  %s\n", m.prefix.empty() ? "(no prefix: the file is one module's state_dict)" : m.prefix.c_str());
+  const std::string prefix = shown(m.prefix);
+  std::printf("  %s\n", prefix.empty() ? "(no prefix: the file is one module's state_dict)" : prefix.c_str());
   if (!m.problem.empty()) {
     std::printf("    cannot be loaded: %s\n", m.problem.c_str());
     return;
@@ -85,13 +107,13 @@ void print_module(const FoundModule& m, const std::string& path) {
         std::snprintf(buf, sizeof buf, "%g", p);
         return std::string(buf);
       }));
-  std::printf("    run it:        multihead forward --weights %s%s%s --query …\n", path.c_str(),
-              m.prefix.empty() ? "" : " --prefix ", m.prefix.c_str());
+  std::printf("    run it:        multihead forward --weights %s%s%s --query …\n", shown(path).c_str(),
+              prefix.empty() ? "" : " --prefix ", prefix.c_str());
 }
 
 void inspect_safetensors(const std::string& path) {
   const SafetensorsFile file = read_safetensors(path);
-  std::printf("%s: safetensors\n", path.c_str());
+  std::printf("%s: safetensors\n", shown(path).c_str());
   print_tensors(file);
   print_metadata(file);
   const std::vector<FoundModule> modules = find_attention_modules(file, path);
@@ -101,7 +123,7 @@ void inspect_safetensors(const std::string& path) {
 
 void inspect_npy(const std::string& path) {
   const LoadedTensor t = read_npy(path, path);
-  std::printf("%s: .npy array\n  dtype  %s\n  shape  %s\n", path.c_str(), to_string(t.dtype).c_str(),
+  std::printf("%s: .npy array\n  dtype  %s\n  shape  %s\n", shown(path).c_str(), to_string(t.dtype).c_str(),
               shape_to_string(t.values.shape()).c_str());
 }
 
@@ -111,7 +133,7 @@ Runner add_inspect_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   CLI::App* c = app.add_subcommand(
       "inspect", "List the tensors, metadata and MultiheadAttention modules (with their --prefix) of a file");
-  c->add_option("file", *path, "a safetensors or .npy file")->required();
+  c->add_option("file", *path, "a safetensors or .npy file")->required()->check(multihead::cli::path());
   return [path] {
     const FileFormat format = detect_file_format(*path);
     if (format == FileFormat::Npy) return inspect_npy(*path);

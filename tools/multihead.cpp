@@ -14,10 +14,12 @@
 //
 // Exit codes: 0 success, 2 bad usage or bad input (one line on stderr),
 // 1 an unexpected internal failure.
+#include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <iostream>
 #include <new>
+#include <system_error>
 
 #include "cli_manners.hpp"
 #include "commands.hpp"
@@ -30,6 +32,22 @@ namespace multihead::cli {
 void apply_threads(int threads) {
   set_threads(threads);
 }
+
+namespace {
+
+// Whatever was printed on standard output (help, inspect's table, the demo)
+// must have arrived: `multihead inspect w > /dev/full` fails, it does not
+// exit 0 with nothing written. Returns the exit status to use.
+int flushed(int status) {
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout);
+  if (!failed || status != 0) return status;
+  const int err = errno;
+  std::fprintf(stderr, "multihead: error: cannot write standard output: %s\n",
+               err != 0 ? std::generic_category().message(err).c_str() : "write error");
+  return 2;
+}
+
+}  // namespace
 
 }  // namespace multihead::cli
 
@@ -48,16 +66,16 @@ int main(int argc, char** argv) {
   Runner inspect = add_inspect_command(app);
   if (argc <= 1) {
     std::cout << usage(app);
-    return 0;
+    return flushed(0);
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
+    return flushed(app.exit(e));
   } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
+    return flushed(app.exit(e));
   } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
+    return flushed(app.exit(e));
   } catch (const CLI::ParseError& e) {
     std::cerr << "multihead: error: " << describe_parse_error(app, e) << "\n";
     return 2;
@@ -79,5 +97,5 @@ int main(int argc, char** argv) {
     std::cerr << "multihead: internal error: " << e.what() << "\n";
     return 1;
   }
-  return 0;
+  return flushed(0);
 }

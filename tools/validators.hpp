@@ -59,4 +59,11 @@ inline CLI::Validator positive_number() {
       "number > 0");
 }
 
+// A file flag: an empty value is a mistake (an unset shell variable), not
+// "no file", and is named as such before anything else runs.
+inline CLI::Validator path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string { return text.empty() ? "expected a path, got ''" : ""; }, "");
+}
+
 }  // namespace multihead::cli

@@ -21,10 +21,27 @@ class Error : public std::runtime_error {
     Missing,  // a required tensor or file is absent
     IO        // the operating system refused a read or a write
   };
-  Error(Kind kind, const std::string& message) : std::runtime_error(message), kind_(kind) {}
+  Error(Kind kind, const std::string& message) : std::runtime_error(one_line(message)), kind_(kind) {}
   Kind kind() const { return kind_; }
 
  private:
+  // A message quotes paths and names as given, and a path may hold a
+  // newline: control bytes become \xNN, so what() is always one line.
+  static std::string one_line(const std::string& message) {
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string out;
+    for (const char ch : message) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c >= 0x20 && c != 0x7f) {
+        out += ch;
+        continue;
+      }
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+    return out;
+  }
   Kind kind_;
 };
 

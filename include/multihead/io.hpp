@@ -108,7 +108,9 @@ enum class FileFormat {
 // Judged from the bytes alone; `size` is the whole file's.
 FileFormat detect_file_format(const uint8_t* data, std::size_t size);
 // The same from the file's first bytes and its size. Throws Error(Missing /
-// IO) naming the path if it cannot be read.
+// IO) "cannot read 'PATH': REASON" if it cannot be read, or is a directory,
+// a device or a FIFO (whose first bytes would be taken from its reader; the
+// open does not block when nobody writes it).
 FileFormat detect_file_format(const std::string& path);
 // "a .npy array", "a safetensors file", "a PyTorch torch.save zip archive", …
 std::string describe(FileFormat format);

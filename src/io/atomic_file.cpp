@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +77,27 @@ std::string follow_symlinks(const std::string& path) {
   return at;
 }
 
+// The descriptor link `path` goes through, if any: /dev/stdout, /dev/fd/N and
+// /proc/self/fd/N are symlinks in a /proc/<pid>/fd folder, naming a file
+// the process already has open, often a shell's `>> log`. Renaming over it
+// would replace the whole file, not add to it. Returns "" when there is none.
+std::string descriptor_link(const std::string& path) {
+  std::string at = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st {};
+    if (::lstat(at.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return "";
+    std::unique_ptr<char, decltype(&std::free)> folder(::realpath(folder_of(at).c_str(), nullptr), &std::free);
+    const std::string dir = folder ? folder.get() : "";
+    if (dir.rfind("/proc/", 0) == 0 && dir.size() > 9 && dir.compare(dir.size() - 3, 3, "/fd") == 0) return at;
+    std::vector<char> buf(PATH_MAX + 1);
+    const ssize_t n = ::readlink(at.c_str(), buf.data(), buf.size() - 1);
+    if (n < 0) return "";
+    const std::string link(buf.data(), static_cast<std::size_t>(n));
+    at = (!link.empty() && link.front() == '/') ? link : folder_of(at) + "/" + link;
+  }
+  return "";
+}
+
 // Why a file of this st_mode, not regular and not a character device, must
 // not be written.
 std::string special_file_refusal(mode_t mode) {
@@ -135,7 +157,13 @@ class StagedFile {
 
 StagedFile::StagedFile(const std::string& target, const std::string& bytes, const std::string& what)
     : target_(target), what_(what) {
-  std::string name = target + ".tmp.XXXXXX";
+  // Named after the target, cut so that a target of NAME_MAX bytes, or a
+  // path just under PATH_MAX, still leaves room for the suffix.
+  static constexpr char kSuffix[] = ".tmp.XXXXXX";
+  const std::string folder = folder_of(target) + "/";
+  const std::string base = target.substr(target.find_last_of('/') + 1);
+  const std::size_t room = PATH_MAX - 1 - std::min<std::size_t>(folder.size() + sizeof kSuffix - 1, PATH_MAX - 1);
+  std::string name = folder + base.substr(0, std::min<std::size_t>(200, room)) + kSuffix;
   int fd = ::mkostemp(name.data(), O_CLOEXEC);
   if (fd < 0) throw Error(Error::Kind::IO, what + "creating a temporary file: " + errno_text(errno));
   // A throwing constructor runs no destructor: fail() cleans up itself.
@@ -202,6 +230,10 @@ OutputFile resolve_output_file(const std::string& path) {
   }
   out.target = follow_symlinks(path);
   const std::string what = cannot_write(path, out.target);
+  if (const std::string fd = descriptor_link(path); !fd.empty())
+    throw Error(Error::Kind::IO, what + "'" + fd + "' is an open file descriptor of this process; replacing "
+                                     "its file would discard what the file held (a shell's >>); for standard "
+                                     "output, write '-'");
   if (::stat(out.target.c_str(), &st) == 0) out.kind = OutputFile::Kind::Replace;
   else if (errno != ENOENT) throw Error(Error::Kind::IO, what + errno_text(errno));
   if (const std::string refusal = folder_refusal(folder_of(out.target)); !refusal.empty())

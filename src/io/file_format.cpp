@@ -1,10 +1,14 @@
 // src/io/file_format.cpp: telling the formats apart by their first bytes, so
 // that a reader handed the wrong kind of file says which kind it was.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "io/bytes.hpp"
+#include "io/file_util.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 
@@ -39,18 +43,32 @@ FileFormat detect(const uint8_t* data, std::size_t available, uint64_t file_size
 FileFormat detect_file_format(const uint8_t* data, std::size_t size) { return detect(data, size, size); }
 
 FileFormat detect_file_format(const std::string& path) {
-  // Only the first bytes are read: a checkpoint may be gigabytes.
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(path, ec);
-  std::ifstream in(path, std::ios::binary);
-  if (ec || !in) {
-    const bool missing = !std::filesystem::exists(path);
-    throw Error(missing ? Error::Kind::Missing : Error::Kind::IO,
-                path + ": cannot open '" + path + "': " + (missing ? "No such file or directory" : ec.message()));
+  // Only the first bytes are read: a checkpoint may be gigabytes. O_NONBLOCK:
+  // opening a FIFO nobody writes would block forever.
+  const std::string where = "cannot read '" + path + "': ";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    throw Error(err == ENOENT || err == ENOTDIR ? Error::Kind::Missing : Error::Kind::IO,
+                where + detail::errno_text(err));
   }
+  struct stat st {};
+  std::string refusal;
+  if (::fstat(fd, &st) != 0) refusal = detail::errno_text(errno);
+  else if (S_ISFIFO(st.st_mode))
+    refusal = "is a FIFO (named pipe); its first bytes cannot be looked at without taking them from the reader, "
+              "so save it to a file";
+  else refusal = detail::input_refusal(st.st_mode);
   uint8_t head[16] = {};
-  in.read(reinterpret_cast<char*>(head), sizeof head);
-  return detect(head, static_cast<std::size_t>(in.gcount()), size);
+  ssize_t got = 0;
+  if (refusal.empty()) {
+    while ((got = ::read(fd, head, sizeof head)) < 0 && errno == EINTR) {
+    }
+    if (got < 0) refusal = detail::errno_text(errno);
+  }
+  ::close(fd);
+  if (!refusal.empty()) throw Error(Error::Kind::IO, where + refusal);
+  return detect(head, static_cast<std::size_t>(got), static_cast<uint64_t>(st.st_size));
 }
 
 std::string describe(FileFormat format) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <optional>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -135,8 +136,39 @@ LoadedTensor parse_npy(const uint8_t* data, std::size_t size, const std::string&
   return LoadedTensor{type.dtype, Tensor<double>(header.shape, std::move(values))};
 }
 
+namespace {
+
+// A .npy file's whole size from its first bytes (detail::ExpectedSize), for
+// reading a pipe no further than its header claims; 0 when the bytes are
+// already bad, so the read stops and parse_npy says why.
+std::optional<uint64_t> npy_size(const uint8_t* data, std::size_t size) {
+  const std::size_t magic = std::min(size, sizeof kMagic);
+  if (magic > 0 && std::memcmp(data, kMagic, magic) != 0) return 0;
+  if (size < 8) return std::nullopt;
+  if (data[6] < 1 || data[6] > 3 || data[7] != 0) return 0;
+  const std::size_t preamble = data[6] == 1 ? 10 : 12;
+  if (size < preamble) return std::nullopt;
+  const uint64_t header_len =
+      preamble == 10 ? detail::load_le<uint16_t>(data + 8) : detail::load_le<uint32_t>(data + 8);
+  if (size < preamble + header_len) return std::nullopt;
+  try {
+    const detail::NpyHeader header = detail::parse_npy_header(
+        std::string_view(reinterpret_cast<const char*>(data) + preamble, header_len), "");
+    uint64_t bytes = 0, total = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(shape_numel(header.shape)),
+                               detail::itemsize(find_dtype(header.descr, "").dtype), &bytes) ||
+        __builtin_add_overflow(bytes, preamble + header_len, &total))
+      return 0;
+    return total;
+  } catch (const Error&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
 LoadedTensor read_npy(const std::string& path, const std::string& name) {
-  const std::vector<uint8_t> bytes = detail::read_file(path, name);
+  const std::vector<uint8_t> bytes = detail::read_file(path, name, npy_size);
   return parse_npy(bytes.data(), bytes.size(), name + " (" + path + ")");
 }
 

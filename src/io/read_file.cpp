@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 #include <system_error>
 
 #include "io/file_util.hpp"
@@ -43,7 +44,7 @@ Error::Kind kind_of(int err) { return (err == ENOENT || err == ENOTDIR) ? Error:
 
 }  // namespace
 
-std::vector<uint8_t> read_file(const std::string& path, const std::string& name) {
+std::vector<uint8_t> read_file(const std::string& path, const std::string& name, const ExpectedSize& expected) {
   const std::string where = name + ": cannot read '" + path + "': ";
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) {
@@ -68,7 +69,12 @@ std::vector<uint8_t> read_file(const std::string& path, const std::string& name)
   };
   std::vector<uint8_t> bytes(S_ISREG(st.st_mode) ? static_cast<std::size_t>(st.st_size) : 0);
   std::size_t used = 0;
+  std::optional<uint64_t> total;  // a pipe's size, once its first bytes tell
   for (;;) {
+    if (!S_ISREG(st.st_mode) && expected) {
+      if (!total) total = expected(bytes.data(), used);
+      if (total && used > *total) break;
+    }
     if (used < bytes.size()) {
       const std::size_t n = read_some(bytes.data() + used, bytes.size() - used);
       if (n == 0) break;
@@ -78,7 +84,9 @@ std::vector<uint8_t> read_file(const std::string& path, const std::string& name)
     uint8_t probe[4096];
     const std::size_t n = read_some(probe, sizeof probe);
     if (n == 0) break;
-    bytes.resize(std::max({used + n, 2 * used, std::size_t{65536}}));
+    std::size_t grown = std::max({used + n, 2 * used, std::size_t{65536}});
+    if (total) grown = std::max<std::size_t>(used + n, std::min<uint64_t>(grown, *total + 1));
+    bytes.resize(grown);
     std::copy(probe, probe + n, bytes.begin() + static_cast<std::ptrdiff_t>(used));
     used += n;
   }

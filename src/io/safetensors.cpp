@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <vector>
@@ -271,8 +272,36 @@ SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const s
   return out;
 }
 
+namespace {
+
+// A safetensors file's whole size from its first bytes (detail::ExpectedSize):
+// the header's length, then the furthest data_offsets end; 0 when the bytes
+// are already bad, so the read stops and parse_safetensors says why.
+std::optional<uint64_t> safetensors_size(const uint8_t* data, std::size_t size) {
+  if (size < 8) return std::nullopt;
+  const uint64_t header_len = detail::load_le<uint64_t>(data);
+  if (header_len > kMaxHeaderBytes) return 0;
+  if (size < 8 + header_len) return std::nullopt;
+  const char* header = reinterpret_cast<const char*>(data) + 8;
+  const json root = json::parse(header, header + header_len, nullptr, /*allow_exceptions=*/false);
+  if (!root.is_object()) return 0;
+  uint64_t end = 0;
+  for (const auto& [key, value] : root.items()) {
+    if (key == "__metadata__") continue;
+    const auto offsets = value.is_object() ? value.find("data_offsets") : value.end();
+    if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2 || !(*offsets)[1].is_number_unsigned())
+      return 0;
+    end = std::max(end, (*offsets)[1].get<uint64_t>());
+  }
+  uint64_t total = 0;
+  if (__builtin_add_overflow(end, 8 + header_len, &total)) return 0;
+  return total;
+}
+
+}  // namespace
+
 SafetensorsFile read_safetensors(const std::string& path) {
-  const std::vector<uint8_t> bytes = detail::read_file(path, path);
+  const std::vector<uint8_t> bytes = detail::read_file(path, path, safetensors_size);
   return parse_safetensors(bytes.data(), bytes.size(), path);
 }
 

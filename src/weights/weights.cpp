@@ -239,9 +239,21 @@ std::string module_prefixes_hint(const SafetensorsFile& file, const Source& src)
 // Names are checked before anything moves, since the error message lists the
 // file's modules from their shapes.
 std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const Source& src) {
+  // A module nested under the prefix ("a." holding "a.b.", which inspect
+  // lists as a module of its own) keeps its tensors: they are its
+  // parameters, not unexpected ones of this module.
+  std::vector<std::string> nested;
+  if (has_tensor(file, src.tensor("out_proj.weight")))
+    for (const FoundModule& m : find_attention_modules(file, src.path))
+      if (m.prefix.size() > src.prefix.size() && m.prefix.starts_with(src.prefix)) nested.push_back(m.prefix);
+  auto in_nested = [&](const std::string& name) {
+    return std::any_of(nested.begin(), nested.end(), [&](const std::string& p) {
+      return name.starts_with(p) && kStateDictNames.count(name.substr(p.size())) != 0;
+    });
+  };
   std::vector<std::string> names;
   for (const std::string& name : tensor_names(file)) {
-    if (!name.starts_with(src.prefix)) continue;
+    if (!name.starts_with(src.prefix) || in_nested(name)) continue;
     if (!kStateDictNames.count(name.substr(src.prefix.size())))
       throw Error(Error::Kind::Format,
                   name + ": unexpected tensor in a MultiheadAttention state_dict (expected names: "

@@ -542,6 +542,18 @@ def _(ctx):
     return [a for a in ctx.args(need_weights=False) if a not in ("--out", ctx.out)]
 
 
+# An empty path (an unset shell variable) is named with its flag, before any work.
+for _flag, _part in (("--weights", "weights"), ("--query", "query"), ("--key", "key"), ("--out", "out"),
+                     ("--attn-weights-out", "aw")):
+    def _empty(ctx, part=_part):
+        if part in ("weights", "query", "key"):
+            argv = ctx.args()
+            argv[argv.index("--" + part) + 1] = ""
+            return argv
+        return ctx.args(**{part: ""}) if part == "out" else ctx.args(aw="")
+    case(f"empty {_flag} path", _flag, "expected a path, got ''")(_empty)
+
+
 @case("--dropout 1.5", "dropout", "1.5")
 def _(ctx):
     return ctx.args(extra=["--dropout", "1.5"])

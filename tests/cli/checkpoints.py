@@ -24,10 +24,12 @@ Usage: /usr/bin/python3 tests/cli/checkpoints.py --multihead PATH --workdir DIR 
 Prints one line per check and `N passed, M failed`; exit 1 on any failure.
 """
 import argparse
+import json
 import os
 import re
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -385,6 +387,34 @@ def other_formats_named(env):
     code, out, err = env.run("inspect", "arr.npy")
     if code != 0 or out != "arr.npy: .npy array\n  dtype  float32\n  shape  (3, 2, 8)\n":
         problems.append(f"inspect arr.npy: exit {code}, stdout {out!r}, stderr {err!r}")
+    return problems
+
+
+@check
+def inspect_hostile_names(env):
+    """inspect prints control bytes in names, metadata and the path as \\xNN: one table row per tensor."""
+    names = ["clear\x1b[2J", "two\nlines", "nul\x00cut", "plain"]
+    header = {n: {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]} for i, n in enumerate(names)}
+    header["__metadata__"] = {"key\nline": "value\rback"}
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    path = env.path("hostile\nname.safetensors")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"\0" * (4 * len(names)))
+    code, out, err = env.run("inspect", path)
+    problems = []
+    if code != 0:
+        return [f"inspect: exit {code}: {err.strip()}"]
+    controls = sorted({c for c in out if (ord(c) < 0x20 and c != "\n") or ord(c) == 0x7f})
+    if controls:
+        problems.append(f"stdout holds control bytes {controls!r}")
+    for want in ("clear\\x1b[2J", "two\\x0alines", "nul\\x00cut", "key\\x0aline = value\\x0dback",
+                 "hostile\\x0aname.safetensors: safetensors"):
+        if want not in out:
+            problems.append(f"stdout lacks {want!r}")
+    rows = [line for line in out.splitlines() if line.startswith("  ") and "float32" in line]
+    if len(rows) != len(names):
+        problems.append(f"{len(rows)} tensor rows, expected {len(names)}: {out!r}")
     return problems
 
 

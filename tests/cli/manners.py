@@ -195,6 +195,18 @@ def test_verbose(cli, work):
     check("init --verbose: one summary line on stderr", ok, f"exit {code}, stderr {err!r}")
 
 
+def test_full_stdout(cli, work):
+    """Text on a standard output that cannot take it (> /dev/full) is an
+    error, exit 2 with one line, never a silent exit 0."""
+    w, _, _ = make_inputs(cli, work)
+    for args in (["inspect", w], ["--version"], ["forward", "--help"], [], ["demo"]):
+        with open("/dev/full", "wb") as full:
+            r = subprocess.run([cli, *args], stdout=full, stderr=subprocess.PIPE, timeout=120)
+        err = r.stderr.decode("utf-8", "replace")
+        problem = one_error_line(r.returncode, err, "standard output", "No space left on device")
+        check(f"multihead {' '.join(args) or '(no arguments)'} > /dev/full: exit 2", not problem, problem)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--multihead", required=True)
@@ -212,6 +224,7 @@ def main():
     test_enum_case(cli, work)
     test_no_args(cli)
     test_verbose(cli, work)
+    test_full_stdout(cli, work)
     print(f"\n{len(PASSED)} passed, {len(FAILURES)} failed")
     return 1 if FAILURES else 0
 

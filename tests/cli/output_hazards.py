@@ -193,6 +193,21 @@ def _(c):
     return c.forward(c.p("stdout")), refuse("--out", "stdout", "FIFO", "for standard output, write '-'")
 
 
+@row("forward: --out a link to /proc/self/fd/1 while standard output appends to a log (>> log)")
+def _(c):
+    # Renaming over the descriptor's file would replace the log, not add to it.
+    os.symlink("/proc/self/fd/1", c.p("stdout"))
+    log = c.old("log.txt")
+    return (c.forward(c.p("stdout")),
+            ("refuse", ["--out", "stdout", "open file descriptor", "write '-'"], {"stdout_file": log}))
+
+
+@row("init: --out a link to /proc/self/fd/2 while standard error appends to a log (2>> log)")
+def _(c):
+    os.symlink("/proc/self/fd/2", c.p("stderr"))
+    return c.init(c.p("stderr")), ("refuse", ["--out", "stderr", "open file descriptor"], {"stderr_file": c.old("err.txt")})
+
+
 @row("forward: refused before the weights are read (--weights is a FIFO nobody writes)")
 def _(c):
     # Reading the weights would block forever: only a check made before any
@@ -313,11 +328,17 @@ def _(c):
 
 
 # ---- running -------------------------------------------------------------------------
-def run(argv, tty=False, as_nobody=False, stdout_file=None):
+def run(argv, tty=False, as_nobody=False, stdout_file=None, stderr_file=None):
     """(exit code, stdout bytes, stderr text). With tty, stdout is a terminal;
     with stdout_file, stdout appends to that file (a shell's >>)."""
     if as_nobody:
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+    if stderr_file:
+        with open(stderr_file, "ab") as f:
+            r = subprocess.run(argv, stdout=subprocess.PIPE, stderr=f, timeout=TIMEOUT)
+        with open(stderr_file, "rb") as f:
+            err = f.read().decode("utf-8", "replace")
+        return r.returncode, r.stdout, err[len(OLD.decode()):]
     if stdout_file:
         with open(stdout_file, "ab") as f:
             r = subprocess.run(argv, stdout=f, stderr=subprocess.PIPE, timeout=TIMEOUT)
@@ -350,7 +371,14 @@ def check_refusal(case, argv, words, opts):
             os.remove(os.path.join(folder, name))
         os.chmod(folder, 0o555)
     before = snapshot(case.dir)
-    code, out, err = run(argv, tty=opts.get("tty", False), as_nobody=as_nobody, stdout_file=opts.get("stdout_file"))
+    code, out, err = run(argv, tty=opts.get("tty", False), as_nobody=as_nobody, stdout_file=opts.get("stdout_file"),
+                         stderr_file=opts.get("stderr_file"))
+    if "stderr_file" in opts:  # the message itself went into the log: compare the log without it
+        with open(opts["stderr_file"], "rb") as f:
+            if not f.read().startswith(OLD):
+                problems.append("the standard error log lost its old content")
+        with open(opts["stderr_file"], "wb") as f:
+            f.write(OLD)
     after = snapshot(case.dir)
     lines = err.rstrip("\n").split("\n")
     if code != 2:
