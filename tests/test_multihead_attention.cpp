@@ -681,7 +681,16 @@ TEST(BadInput, OptionsAndParametersAreNamed) {
   ForwardOptions<double> o;
   o.attention.num_threads = -1;
   expect_error([&] { mha.forward(x, x, x, o); }, Error::Kind::Value,
-               {"num_threads: expected 0 (default) or more, got -1"});
+               {"num_threads: expected 0 (default) to " + std::to_string(max_threads()) + " (8 per processor), got -1"});
+  // A thread count the system may not be able to start is refused, not
+  // handed to the OpenMP runtime (which stops the process on failure).
+  o.attention.num_threads = max_threads() + 1;
+  expect_error([&] { mha.forward(x, x, x, o); }, Error::Kind::Value,
+               {"num_threads: expected 0 (default) to " + std::to_string(max_threads()) + " (8 per processor), got " +
+                std::to_string(max_threads() + 1)});
+  expect_error([&] { set_threads(max_threads() + 1); }, Error::Kind::Value,
+               {"threads: expected at most " + std::to_string(max_threads()) + " (8 per processor), got " +
+                std::to_string(max_threads() + 1)});
   ForwardOptions<double> flash;
   flash.attention.kernel = AttentionKernel::Flash;
   flash.need_weights = false;

@@ -19,6 +19,7 @@
 #include <exception>
 #include <iostream>
 #include <new>
+#include <string>
 #include <system_error>
 
 #include "cli_manners.hpp"
@@ -30,6 +31,9 @@
 namespace multihead::cli {
 
 void apply_threads(int threads) {
+  if (threads > max_threads())
+    throw Error(Error::Kind::Value, "--threads: expected at most " + std::to_string(max_threads()) +
+                                        " (8 per processor), got " + std::to_string(threads));
   set_threads(threads);
 }
 

@@ -14,8 +14,14 @@ namespace multihead {
 
 // Threads for OpenMP regions (omp_set_num_threads) and for BLAS. threads <= 0
 // leaves both as they are. A call's options.num_threads, when > 0, still
-// wins for that call's own loops.
+// wins for that call's own loops. Throws multihead::Error above max_threads().
 void set_threads(int threads);
+// The most threads set_threads and AttentionOptions::num_threads accept:
+// 8 per processor this process may run on. Far more threads than cores only
+// slows the kernels down, and a thread count the system cannot start makes
+// the OpenMP runtime stop (libgomp: "Thread creation failed") instead of
+// failing cleanly, so such counts are refused up front.
+int max_threads();
 // Threads the library's own parallel loops use when a call asks for 0.
 int threads();
 // Threads BLAS uses now (OpenBLAS's or oneDNN's setting).

@@ -6,6 +6,7 @@
 
 #include "core/check.hpp"
 #include "multihead/error.hpp"
+#include "multihead/runtime.hpp"
 
 namespace multihead::detail {
 
@@ -15,9 +16,9 @@ void validate_attention_options(const AttentionOptions& o) {
                 "dropout_p: expected a probability in [0, 1], got " + format_number(o.dropout_p));
   if (o.scale && !std::isfinite(*o.scale))
     throw Error(Error::Kind::Value, "scale: expected a finite number, got " + format_number(*o.scale));
-  if (o.num_threads < 0)
-    throw Error(Error::Kind::Value,
-                "num_threads: expected 0 (default) or more, got " + std::to_string(o.num_threads));
+  if (o.num_threads < 0 || o.num_threads > max_threads())
+    throw Error(Error::Kind::Value, "num_threads: expected 0 (default) to " + std::to_string(max_threads()) +
+                                        " (8 per processor), got " + std::to_string(o.num_threads));
   constexpr int64_t kMaxOffset = int64_t{1} << 40;
   if (o.causal_query_offset < -kMaxOffset || o.causal_query_offset > kMaxOffset)
     throw Error(Error::Kind::Value, "causal_query_offset: expected a value in [-2^40, 2^40], got " +

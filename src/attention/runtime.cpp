@@ -2,11 +2,13 @@
 #include "multihead/runtime.hpp"
 
 #include <atomic>
+#include <string>
 
 #include <omp.h>
 
 #include "attention/kernel_force.hpp"
 #include "core/gemm.hpp"
+#include "multihead/error.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead {
@@ -21,6 +23,9 @@ std::atomic<AttentionKernel>& forced_kernel() {
 
 void set_threads(int threads) {
   if (threads <= 0) return;
+  if (threads > max_threads())
+    throw Error(Error::Kind::Value, "threads: expected at most " + std::to_string(max_threads()) +
+                                        " (8 per processor), got " + std::to_string(threads));
   omp_set_num_threads(threads);
   detail::set_blas_threads(threads);
 }

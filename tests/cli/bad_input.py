@@ -569,6 +569,13 @@ def _(ctx):
     return ctx.args(extra=["--threads", "-1"])
 
 
+# More threads than the system may start would stop the OpenMP runtime
+# (libgomp: "Thread creation failed") instead of failing cleanly.
+@case("--threads 100000", "--threads: expected at most", "(8 per processor), got 100000")
+def _(ctx):
+    return ctx.args(extra=["--threads", "100000"])
+
+
 @case("--repeat 0", "repeat", "0")
 def _(ctx):
     return ctx.args(extra=["--repeat", "0"])
