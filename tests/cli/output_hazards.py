@@ -22,6 +22,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -445,6 +446,14 @@ def main():
             skipped += 1
             continue
         opts = expect[2] if len(expect) > 2 else {}
+        if "read_only" in opts and os.geteuid() == 0:
+            # Run as uid 65534, which must reach the program and the folder:
+            # the work folder may sit under /root (mode 0700), so such rows
+            # get a world-traversable scratch of their own, with a copy of
+            # the program.
+            shutil.rmtree(case.dir)
+            case = Case(nobody_root(cli), nobody_cli(cli), folder)
+            argv, expect = setup(case)
         try:
             if expect[0] == "refuse":
                 problems, message = check_refusal(case, argv, expect[1], opts)
@@ -464,7 +473,29 @@ def main():
     for name, status, message in report:
         print(f"{name:<{width}}  {status:<6}  {message}")
     print(f"\n{passed} passed, {failed} failed, {skipped} skipped")
+    if _NOBODY["root"] and not failed:
+        shutil.rmtree(_NOBODY["root"])
     return 1 if failed else 0
+
+
+# ---- a scratch folder an unprivileged user can reach ------------------------------
+_NOBODY = {"root": None}
+
+
+def nobody_root(cli):
+    """A folder under the system's temporary folder (world-traversable),
+    made once, mode 0755, holding a copy of the program."""
+    if _NOBODY["root"] is None:
+        root = tempfile.mkdtemp(prefix="multihead-output-hazards-")
+        os.chmod(root, 0o755)
+        shutil.copy2(cli, os.path.join(root, "multihead"))
+        os.chmod(os.path.join(root, "multihead"), 0o755)
+        _NOBODY["root"] = root
+    return _NOBODY["root"]
+
+
+def nobody_cli(cli):
+    return os.path.join(nobody_root(cli), "multihead")
 
 
 if __name__ == "__main__":
