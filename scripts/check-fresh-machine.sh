@@ -97,12 +97,16 @@ for f in /etc/apt/apt.conf.d/*; do
 done
 cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 
-for m in proc sys dev dev/pts; do
+# What a booted machine has: /proc, /sys, /dev, a terminal device tree, and a
+# world-writable /dev/shm (LLVM's OpenMP runtime opens a file there, also for
+# unprivileged users; a plain bind of /dev does not bring the host's).
+for m in proc sys dev dev/pts dev/shm; do
   case $m in
     proc) mount -t proc proc "$root/proc" ;;
     sys) mount -t sysfs sysfs "$root/sys" ;;
     dev) mount --bind /dev "$root/dev" ;;
     dev/pts) mount -t devpts devpts "$root/dev/pts" ;;
+    dev/shm) mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/dev/shm" ;;
   esac
   mounts+=("$root/$m")
 done
