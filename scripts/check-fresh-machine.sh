@@ -104,7 +104,9 @@ for m in proc sys dev dev/pts dev/shm; do
   case $m in
     proc) mount -t proc proc "$root/proc" ;;
     sys) mount -t sysfs sysfs "$root/sys" ;;
-    dev) mount --bind /dev "$root/dev" ;;
+    # Private, so the mounts below stay inside the root even where the
+    # host's /dev propagates mounts (systemd makes it shared).
+    dev) mount --bind /dev "$root/dev" && mount --make-private "$root/dev" ;;
     dev/pts) mount -t devpts devpts "$root/dev/pts" ;;
     dev/shm) mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$root/dev/shm" ;;
   esac
