@@ -8,7 +8,7 @@ In one run, on the same shapes, every measurement in its own subprocess:
   * ours: `multihead bench --batch B --seq-len L --embed-dim E --num-heads H
     [--causal] --threads T`, which warms up and prints the median;
   * PyTorch 1.13 nn.MultiheadAttention, eval, need_weights=False, as shipped
-    (this environment untouched) and tuned (issue "Fast": OPENBLAS_CORETYPE
+    (this environment untouched) and tuned (the best setup we found: OPENBLAS_CORETYPE
     and OPENBLAS_L2_SIZE unset, GLIBC_TUNABLES=glibc.malloc.mmap_max=0:
     glibc.malloc.trim_threshold=68719476736, OMP_WAIT_POLICY=PASSIVE,
     ATEN_CPU_CAPABILITY=avx512), warm-up then the median of the timed calls;
@@ -20,7 +20,7 @@ In one run, on the same shapes, every measurement in its own subprocess:
   * the peak RSS of each subprocess (os.wait4).
 Inputs are (L, B, E) float32 standard-normal in both programs (seeded), so
 both compute the same-sized problem; the timings do not depend on the values.
-FLOPs as the issue counts them: projections 8·B·L·E², attention 4·B·L·L·E
+FLOPs counted as the README does: projections 8·B·L·E², attention 4·B·L·L·E
 (the full square, also when causal).
 
 Prints one Markdown table (times, ratios, our GFLOP/s and % of the FMA peak,
@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-# (B, L, E, H, causal) from issue "Fast".
+# (B, L, E, H, causal): short and long sequences, two widths, and causal.
 ISSUE_SHAPES = [
     (1, 128, 512, 8, False),
     (8, 128, 512, 8, False),

@@ -1,7 +1,7 @@
 // tools/bench_command.cpp: `multihead bench`, the median time of repeated
 // forward passes (eval, need_weights=False, self-attention, float32) after a
-// warm-up. FLOPs counted as issue "Fast" does: projections 8·B·L·E², attention
-// 4·B·L·S·E (the full square, also for causal).
+// warm-up. FLOPs counted as bench/bench_vs_pytorch.py counts them:
+// projections 8·B·L·E², attention 4·B·L·S·E (the full square, also causal).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
