@@ -24,21 +24,7 @@ std::string yes_no(bool b) { return b ? "true" : "false"; }
 // A name, key, value or path from the file (or the command line) as printed:
 // control bytes become \xNN, so a hostile name cannot add lines to the
 // table, clear the terminal or cut the line short with a NUL.
-std::string shown(const std::string& text) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c != 0x7f) {
-      out += ch;
-      continue;
-    }
-    out += "\\x";
-    out += kHex[c >> 4];
-    out += kHex[c & 15];
-  }
-  return out;
-}
+std::string shown(const std::string& text) { return escape_control_bytes(text); }
 
 // A value only the metadata can give, or why it is not known.
 template <class V, class F>

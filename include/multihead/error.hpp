@@ -12,6 +12,25 @@
 
 namespace multihead {
 
+// `text` with every control byte (and DEL) written as \xNN, so a path or a
+// name quoted from a file or the command line can neither add a line nor
+// send a terminal escape. Error messages use it; so does `multihead inspect`.
+inline std::string escape_control_bytes(const std::string& text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c != 0x7f) {
+      out += ch;
+      continue;
+    }
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  }
+  return out;
+}
+
 class Error : public std::runtime_error {
  public:
   enum class Kind {
@@ -21,27 +40,10 @@ class Error : public std::runtime_error {
     Missing,  // a required tensor or file is absent
     IO        // the operating system refused a read or a write
   };
-  Error(Kind kind, const std::string& message) : std::runtime_error(one_line(message)), kind_(kind) {}
+  Error(Kind kind, const std::string& message) : std::runtime_error(escape_control_bytes(message)), kind_(kind) {}
   Kind kind() const { return kind_; }
 
  private:
-  // A message quotes paths and names as given, and a path may hold a
-  // newline: control bytes become \xNN, so what() is always one line.
-  static std::string one_line(const std::string& message) {
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string out;
-    for (const char ch : message) {
-      const auto c = static_cast<unsigned char>(ch);
-      if (c >= 0x20 && c != 0x7f) {
-        out += ch;
-        continue;
-      }
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-    return out;
-  }
   Kind kind_;
 };
 
