@@ -65,4 +65,15 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) 
 template void attention_forward<float>(const AttentionArgs<float>&, AttentionKernel);
 template void attention_forward<double>(const AttentionArgs<double>&, AttentionKernel);
 
+// The reference backward serves every kernel until the materialized and
+// flash backward passes land beside their forwards.
+template <class T>
+void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel requested) {
+  (void)forced_or(requested);
+  attention_backward_reference(args);
+}
+
+template void attention_backward<float>(const AttentionBackwardArgs<float>&, AttentionKernel);
+template void attention_backward<double>(const AttentionBackwardArgs<double>&, AttentionKernel);
+
 }  // namespace multihead::detail

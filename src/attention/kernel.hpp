@@ -29,4 +29,13 @@ void attention_forward_flash(const AttentionArgs<float>& args);
 template <class T>
 void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested);
 
+// The backward passes (the contract: AttentionBackwardArgs in
+// src/kernel/attention_args.hpp), each beside its forward.
+template <class T>
+void attention_backward_reference(const AttentionBackwardArgs<T>& args);
+
+// Picks the backward kernel as attention_forward picks the forward.
+template <class T>
+void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel requested);
+
 }  // namespace multihead::detail

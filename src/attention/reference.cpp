@@ -8,6 +8,10 @@
 //   scores = Q Kᵀ · scale, shaped by score_rule.hpp   (L, S) per slice
 //   P      = softmax(scores, dim=-1)      numerically stable: subtract row max
 //   out    = dropout(P) V                 (L, Dv)
+//   lse    = log Σ_j exp(scores)          (L), when asked for
+//
+// and its backward pass (attention_backward_reference, below), the formulas
+// of the backward contract in src/kernel/attention_args.hpp as loops.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -33,9 +37,11 @@ struct Slice {
   T* out;
   int64_t q_row, k_row, v_row, out_row;
   SliceModifiers<T> mods;
+  const T* d_out = nullptr;  // the backward's dℓ/dout, in out's layout
 };
 
-// Query row i of the slice: out (Dv) and, if a.weights, the weights (S).
+// Query row i of the slice: out (Dv), if a.weights the weights (S), if a.lse
+// the row's log-sum-exp.
 template <class T>
 void reference_row(const AttentionArgs<T>& a, const Slice<T>& sl, int64_t i, T* scores) {
   const int64_t n = sl.n, S = a.kv_len, Dv = a.value_dim;
@@ -56,6 +62,7 @@ void reference_row(const AttentionArgs<T>& a, const Slice<T>& sl, int64_t i, T* 
     for (int64_t d = 0; d < Dv; ++d) out[d] = fill;
     if (w)
       for (int64_t j = 0; j < S; ++j) w[j] = fill;
+    if (a.lse) a.lse[n * a.q_len + i] = neg_inf;
     return;
   }
   // softmax_j = exp(s_j - max) / Σ exp(s_k - max). A NaN score (NaN input)
@@ -65,6 +72,7 @@ void reference_row(const AttentionArgs<T>& a, const Slice<T>& sl, int64_t i, T* 
     scores[j] = std::exp(scores[j] - row_max);
     sum += scores[j];
   }
+  if (a.lse) a.lse[n * a.q_len + i] = row_max + std::log(sum);
   const T keep_scale = a.dropout.p > 0.0 ? T(1) / static_cast<T>(1.0 - a.dropout.p) : T(1);
   for (int64_t j = 0; j < S; ++j) {
     T p = scores[j] / sum;
@@ -105,5 +113,88 @@ void attention_forward_reference(const AttentionArgs<T>& a) {
 
 template void attention_forward_reference<float>(const AttentionArgs<float>&);
 template void attention_forward_reference<double>(const AttentionArgs<double>&);
+
+namespace {
+
+// The gradients of slice n's row i, added into d_k and d_v (S rows each) and
+// written to d_q's row i. `p` and `dp` are S-element scratch rows.
+template <class T>
+void reference_backward_row(const AttentionBackwardArgs<T>& b, const Slice<T>& sl, T* d_q, T* d_k, T* d_v,
+                            int64_t i, T* p, T* dp) {
+  const AttentionArgs<T>& a = b.forward;
+  const int64_t n = sl.n, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  const T* q_row = sl.q + i * sl.q_row;
+  const T* g = sl.d_out + i * sl.out_row;  // dℓ/dout_i
+  const T lse = b.lse[n * a.q_len + i];
+  const bool masked_row = lse == -std::numeric_limits<T>::infinity();
+  const bool dropout = a.dropout.p > 0.0;
+  const T keep_scale = dropout ? T(1) / static_cast<T>(1.0 - a.dropout.p) : T(1);
+  // p_ij = exp(s_ij − lse_i), the forward's softmax recomputed; a fully
+  // masked row gets the forward's fill (0, or NaN that then spreads).
+  // dp_ij = dℓ/dp_ij through dropout: keep_ij/(1 − p) · <dout_i, v_j>.
+  // delta_i = Σ_j p_ij dp_ij (= <dout_i, out_i>, the contract's form).
+  T delta = 0;
+  for (int64_t j = 0; j < S; ++j) {
+    const T x = dot(q_row, sl.k + j * sl.k_row, D) * a.scale;
+    p[j] = masked_row ? masked_row_fill<T>(a.masked_rows) : std::exp(modified_score(sl.mods, S, i, j, x) - lse);
+    T g_v = dot(g, sl.v + j * sl.v_row, Dv);
+    if (dropout) g_v = dropout_keep(a.dropout, n, i, j) ? g_v * keep_scale : T(0);
+    dp[j] = g_v;
+    delta += p[j] * dp[j];
+  }
+  for (int64_t d = 0; d < D; ++d) d_q[d] = 0;
+  for (int64_t j = 0; j < S; ++j) {
+    const T* k_row = sl.k + j * sl.k_row;
+    const T x = dot(q_row, k_row, D) * a.scale;
+    // d_v_j += p'_ij dout_i, p' = dropout(p)
+    const T p_dropped = dropout ? dropout_weight(a.dropout, n, i, j, p[j], keep_scale) : p[j];
+    for (int64_t d = 0; d < Dv; ++d) d_v[j * sl.v_row + d] += p_dropped * g[d];
+    // ds_ij = p_ij (dp_ij − delta_i), through the cap: dx_ij
+    const T dx = p[j] * (dp[j] - delta) * soft_cap_slope(sl.mods.softcap, x);
+    // d_q_i += scale dx_ij k_j;  d_k_j += scale dx_ij q_i
+    for (int64_t d = 0; d < D; ++d) {
+      d_q[d] += a.scale * dx * k_row[d];
+      d_k[j * sl.k_row + d] += a.scale * dx * q_row[d];
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+void attention_backward_reference(const AttentionBackwardArgs<T>& b) {
+  const AttentionArgs<T>& a = b.forward;
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  std::vector<T> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
+  const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
+  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
+  const SliceLayout ol = resolve_layout(a.out_layout, a.heads, L, Dv);
+  for (int64_t n = 0; n < a.slices; ++n) {
+    Slice<T> slice{n,
+                   slice_start(a.q, ql, n, a.heads),
+                   slice_start(a.k, kl, n, a.heads),
+                   slice_start(a.v, vl, n, a.heads),
+                   nullptr,
+                   ql.row,
+                   kl.row,
+                   vl.row,
+                   ol.row,
+                   slice_modifiers(a.modifiers, n, a.heads, L, S)};
+    slice.d_out = slice_start(b.d_out, ol, n, a.heads);
+    T* d_q = slice_start(b.d_q, ql, n, a.heads);
+    T* d_k = slice_start(b.d_k, kl, n, a.heads);
+    T* d_v = slice_start(b.d_v, vl, n, a.heads);
+    for (int64_t j = 0; j < S; ++j) {
+      for (int64_t d = 0; d < D; ++d) d_k[j * kl.row + d] = 0;
+      for (int64_t d = 0; d < Dv; ++d) d_v[j * vl.row + d] = 0;
+    }
+    for (int64_t i = 0; i < L; ++i)
+      reference_backward_row(b, slice, d_q + i * ql.row, d_k, d_v, i, p.data(), dp.data());
+  }
+}
+
+template void attention_backward_reference<float>(const AttentionBackwardArgs<float>&);
+template void attention_backward_reference<double>(const AttentionBackwardArgs<double>&);
 
 }  // namespace multihead::detail

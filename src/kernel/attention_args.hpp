@@ -13,7 +13,13 @@
 //   p_ij  = softmax_j(s_ij)          (fully masked row: masked_row_fill)
 //   p'_ij = dropout_weight(p_ij)     (when dropout.p > 0)
 //   out[n,i,:] = Σ_j p'_ij v[n,j,:]
-// and, when weights != nullptr, stores p'_ij in weights[n,i,j].
+// and, when weights != nullptr, stores p'_ij in weights[n,i,j]; when
+// lse != nullptr, stores lse[n,i] = log Σ_j exp(s_ij) (the row's
+// log-sum-exp, natural log, over the shaped scores, before dropout; −inf for
+// a fully masked row), which is what the backward pass needs to recompute
+// p_ij = exp(s_ij − lse_i) without storing the L×S weights.
+//
+// The backward contract (AttentionBackwardArgs, at the end of this file).
 #pragma once
 
 #include <cstdint>
@@ -131,6 +137,37 @@ struct AttentionArgs {
 
   T* out = nullptr;      // [N][L][Dv] (or as out_layout says)
   T* weights = nullptr;  // [N][L][S] or nullptr
+  T* lse = nullptr;      // [N][L] contiguous, or nullptr: each row's log-sum-exp
+};
+
+// The backward pass of the forward above. Given the forward's own arguments
+// (forward.out holds the output it wrote), the row log-sum-exps it saved and
+// dℓ/dout, every backward kernel computes, for slice n, query i, key j
+// (x_ij = scale·<q_i, k_j>, s_ij its shaped score, as in the forward):
+//   p_ij    = exp(s_ij − lse_i)            the forward's softmax, recomputed
+//   dp'_ij  = <d_out_i, v_j>               (p' = dropout(p), out_i = Σ_j p'_ij v_j)
+//   dp_ij   = dropout_weight(dp'_ij)       the same keep decision and 1/(1 − p)
+//   delta_i = <d_out_i, out_i>             (= Σ_j p_ij dp_ij, also with dropout)
+//   ds_ij   = p_ij (dp_ij − delta_i)       softmax's Jacobian
+//   dx_ij   = ds_ij · soft_cap_slope(x_ij) the cap's derivative (1 without it);
+//                                          masks, ALiBi and padding are constants
+//   d_q_i   = scale Σ_j dx_ij k_j
+//   d_k_j   = scale Σ_i dx_ij q_i
+//   d_v_j   = Σ_i p'_ij d_out_i
+// A fully masked row (lse_i = −inf) contributes nothing under
+// MaskedRowPolicy::Zeros (its output was the constant 0); under NaN its
+// gradient is NaN wherever it reaches, as PyTorch 1.13's autograd gives.
+// The masks themselves get no gradient (they are inputs, not parameters).
+template <class T>
+struct AttentionBackwardArgs {
+  AttentionArgs<T> forward;   // as the forward was called; its weights and lse are not read
+  const T* lse = nullptr;     // [N][L], as the forward wrote it
+  const T* d_out = nullptr;   // forward.out_layout
+  // Written (not accumulated) in the layouts of q, k and v: views into one
+  // packed buffer give the packed gradient of the in-projection's output.
+  T* d_q = nullptr;           // forward.q_layout
+  T* d_k = nullptr;           // forward.k_layout
+  T* d_v = nullptr;           // forward.v_layout
 };
 
 }  // namespace multihead::detail

@@ -42,6 +42,15 @@ T soft_cap(T cap, T s) {
   return cap > T(0) ? cap * std::tanh(s / cap) : s;
 }
 
+// The derivative of soft_cap with respect to s: 1 − tanh²(s / cap), or 1
+// when the cap is off (the backward contract, attention_args.hpp).
+template <class T>
+T soft_cap_slope(T cap, T s) {
+  if (!(cap > T(0))) return T(1);
+  const T t = std::tanh(s / cap);
+  return T(1) - t * t;
+}
+
 // Rule: ALiBi's bias (Press et al. 2022), −slope·|p_i − j| for key j < cols,
 // 0 for the keys without a position.
 template <class T>
