@@ -78,6 +78,7 @@
     state.on = new Array(layer().heads).fill(true);
     state.hover = null;
     buildHeadToggles();
+    buildHeadView();
     buildMaps();
     draw();
   }
@@ -99,22 +100,54 @@
     draw();
   }
 
-  function drawHeadView() {
+  // The SVG's frame and tokens, once per layer. Focus and head changes only
+  // redraw the lines and restyle the tokens (drawHeadView): a token under the
+  // pointer is never replaced, so hovering cannot flicker.
+  const view = {wq: 0, gap: 220, queryTokens: [], keyTokens: [], lines: null};
+  function rowY(n) { return 30 + ROW * n + ROW / 2; }
+
+  function buildHeadView() {
     const svg = document.getElementById("head-view");
     svg.textContent = "";
-    const l = layer(), H = l.heads, L = l.queries, S = l.keys;
-    const wq = labelWidth(data.query_tokens), wk = labelWidth(data.key_tokens), gap = 220;
+    const l = layer(), L = l.queries, S = l.keys;
+    const wq = labelWidth(data.query_tokens), wk = labelWidth(data.key_tokens), gap = view.gap;
     const width = wq + gap + wk, height = ROW * Math.max(L, S) + 30;
+    view.wq = wq;
     svg.setAttribute("width", width);
     svg.setAttribute("height", height);
     svg.setAttribute("viewBox", "0 0 " + width + " " + height);
     el("text", {x: wq - 6, y: 14, "text-anchor": "end", class: "column-title"}, svg).textContent = "queries";
     el("text", {x: wq + gap + 6, y: 14, class: "column-title"}, svg).textContent = "keys";
-    const y = function (n) { return 30 + ROW * n + ROW / 2; };
-    const f = focus();
+    view.lines = el("g", {id: "attn-lines"}, svg);  // first, so the tokens sit on top
+    const tokens = function (side, list, x, anchor) {
+      const g = el("g", {class: side + "-tokens"}, svg), made = [];
+      list.forEach(function (t, n) {
+        const item = el("g", {class: "token-item", "data-side": side, "data-index": n}, g);
+        const w = Math.ceil(Array.from(t).length * FONT_W) + 8;
+        const box = el("rect", {class: "token-box", x: anchor === "end" ? x - w + 3 : x - 4, y: rowY(n) - ROW / 2 + 2,
+                                width: w, height: ROW - 4, rx: 3, "pointer-events": "all"}, item);
+        const text = el("text", {class: "token " + side + "-token", x: x, y: rowY(n) + 4, "text-anchor": anchor,
+                                 "data-index": n, tabindex: 0}, item);
+        text.textContent = t;
+        item.addEventListener("mouseenter", function () { setFocus(side, n, false); });
+        item.addEventListener("mouseleave", function () { setFocus(null, 0, false); });
+        item.addEventListener("click", function () { setFocus(side, n, true); });
+        text.addEventListener("keydown", function (e) {
+          if (e.key === "Enter" || e.key === " ") { e.preventDefault(); setFocus(side, n, true); }
+        });
+        made.push({box: box, text: text});
+      });
+      return made;
+    };
+    view.queryTokens = tokens("query", data.query_tokens, wq - 6, "end");
+    view.keyTokens = tokens("key", data.key_tokens, wq + gap + 6, "start");
+  }
 
-    // Lines first, so the tokens sit on top of them.
-    const lines = el("g", {id: "attn-lines"}, svg);
+  function drawHeadView() {
+    const l = layer(), H = l.heads, L = l.queries, S = l.keys, wq = view.wq, gap = view.gap;
+    const f = focus();
+    const lines = view.lines;
+    lines.textContent = "";
     for (let h = 0; h < H; h++) {
       if (!state.on[h]) continue;
       for (let i = 0; i < L; i++) {
@@ -123,7 +156,7 @@
           if (f && f.side === "key" && f.index !== j) continue;
           const w = l.weights[h][i][j];
           if (w < MIN_DRAWN) continue;
-          el("line", {class: "attn-line", x1: wq + 2, y1: y(i), x2: wq + gap - 2, y2: y(j),
+          el("line", {class: "attn-line", x1: wq + 2, y1: rowY(i), x2: wq + gap - 2, y2: rowY(j),
                       stroke: colour(h, H), "stroke-opacity": w.toFixed(4), "stroke-width": 2.2,
                       "data-head": h, "data-query": i, "data-key": j}, lines);
         }
@@ -141,26 +174,14 @@
       }
       return best;
     };
-    const tokens = function (side, list, x, anchor) {
-      const g = el("g", {class: side + "-tokens"}, svg);
-      list.forEach(function (t, n) {
-        const focused = f && f.side === side && f.index === n;
-        const w = Math.ceil(Array.from(t).length * FONT_W) + 8;
-        el("rect", {class: "token-box" + (focused ? " focused" : ""), x: anchor === "end" ? x - w + 3 : x - 4,
-                    y: y(n) - ROW / 2 + 2, width: w, height: ROW - 4, rx: 3}, g);
-        const text = el("text", {class: "token " + side + "-token" + (weightOn(side, n) < MIN_DRAWN ? " dim" : ""),
-                                 x: x, y: y(n) + 4, "text-anchor": anchor, "data-index": n, tabindex: 0}, g);
-        text.textContent = t;
-        text.addEventListener("mouseenter", function () { setFocus(side, n, false); });
-        text.addEventListener("mouseleave", function () { setFocus(null, 0, false); });
-        text.addEventListener("click", function () { setFocus(side, n, true); });
-        text.addEventListener("keydown", function (e) {
-          if (e.key === "Enter" || e.key === " ") { e.preventDefault(); setFocus(side, n, true); }
-        });
+    const restyle = function (side, made) {
+      made.forEach(function (t, n) {
+        t.box.classList.toggle("focused", Boolean(f && f.side === side && f.index === n));
+        t.text.classList.toggle("dim", weightOn(side, n) < MIN_DRAWN);
       });
     };
-    tokens("query", data.query_tokens, wq - 6, "end");
-    tokens("key", data.key_tokens, wq + gap + 6, "start");
+    restyle("query", view.queryTokens);
+    restyle("key", view.keyTokens);
 
     const status = document.getElementById("focus-status");
     if (!f) {
