@@ -94,6 +94,17 @@ def test_weights(cli, work):
               and set(b) == {"tokens", "attention"} and b["tokens"] == [str(i) for i in range(ref.shape[1])])
     check("bertviz: {tokens, attention: [layer][1][H][L][S]}", code == 0 and layout,
           f"exit {code} {err.strip()!r}, keys {sorted(b)}, shape {np.array(att).shape if att else None}")
+    # What bertviz's head_view does with it (bertviz/util.py format_attention,
+    # then its length checks): one torch tensor per layer, 4-D, batch 1,
+    # stacked over layers; rows and columns as many as the tokens.
+    import torch
+    layers = [torch.tensor(layer) for layer in att]
+    ok = all(t.dim() == 4 and t.shape[0] == 1 for t in layers)
+    stacked = torch.stack([t.squeeze(0) for t in layers]) if ok else None
+    ok = ok and stacked.shape == (1, *ref.shape) and len(stacked.tolist()[0][0]) == len(b["tokens"]) \
+        and len(stacked.tolist()[0][0][0]) == len(b["tokens"])
+    check("bertviz: head_view's own shape checks pass on torch.tensor of each layer", ok,
+          f"{[tuple(t.shape) for t in layers]}")
     eb = worst(np.array(att)[0, 0], ref) if layout else float("inf")
     print(f"     bertviz weights vs forward: worst {eb:.3g} (bound 1e-6)")
     check("bertviz: weights equal forward's to 1e-6", eb <= 1e-6, f"worst {eb}")
