@@ -103,12 +103,12 @@ bool colour_allowed() {
 Runner add_explain_command(CLI::App& app) {
   auto a = std::make_shared<ExplainArgs>();
   CLI::App* c = app.add_subcommand("explain", "What each head attends to: an HTML report, a text view or bertviz JSON");
-  c->add_option("--weights", a->weights, "safetensors state_dict of a torch.nn.MultiheadAttention (needed for now)")
+  c->add_option("--weights", a->weights, "safetensors state_dict of a torch.nn.MultiheadAttention (required)")
       ->check(path());
   c->add_option("--prefix", a->prefix, "Module to read from a whole model's state_dict (`multihead inspect` lists them)");
   c->add_option("--input", a->input,
                 ".npy input, attended to itself: (L, E), or (L, B, E) / (B, L, E) as the weights' batch_first says "
-                "(needed for now)")
+                "(required)")
       ->check(path());
   c->add_option("--batch", a->batch, "Which entry of a batched input to show")->check(non_negative_integer());
   c->add_option("--tokens", a->tokens, "Token labels, separated by spaces (default: the positions 0, 1, ...)");

@@ -15,7 +15,8 @@
     colour); --ascii and NO_COLOR on a terminal;
   - the page is self-contained: no src= or href= to anything, no <link>,
     no URL scheme in markup; tokens cannot break out of the JSON element;
-  - bad usage: one line on stderr, exit 2, no file written.
+  - bad usage: one line on stderr, exit 2, no file written;
+  - README.md's commands ("See what each head attends to"), run from its text.
 
 Usage: /usr/bin/python3 tests/cli/explain.py --multihead PATH --workdir DIR
 """
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -230,10 +232,34 @@ def test_bad_usage(cli, work):
     check("quiet without --verbose", code == 0 and err == "", err)
 
 
+def test_readme_commands(cli, work, readme):
+    text = open(readme, encoding="utf-8").read()
+    start = text.index("### See what each head attends to")
+    section = text[start:text.index("\n### ", start + 1)]
+    block = re.search(r"```sh\n(.*?)```", section, flags=re.S).group(1).replace("\\\n", " ")
+    commands = [shlex.split(line)[1:] for line in block.splitlines() if line.startswith("multihead ")]
+    # The README's paths are relative to the repository; here they are the fixtures.
+    root = os.path.join(work, "readme")
+    shutil.copytree(DATA, os.path.join(root, "tests", "data", "explain"))
+    outputs = []
+    for argv in commands:
+        code, out, err = run(cli, *argv, cwd=root)
+        outputs.append(out)
+        check(f"README: multihead {' '.join(argv[:1])} ... {' '.join(argv[-2:])}", code == 0, f"exit {code} {err.strip()!r}")
+    check("README: the report is written", os.path.exists(os.path.join(root, "report.html")))
+    with open(os.path.join(DATA, "text_it.txt"), "rb") as f:
+        golden = f.read().split(b"\n")
+    got = outputs[1].split(b"\n") if len(outputs) == 2 else []
+    # Line 2 names the files, whose paths differ; the rest is the golden view.
+    check("README: the text command prints the golden view (but for the file names)",
+          len(got) == len(golden) and got[:1] + got[2:] == golden[:1] + golden[2:], outputs[-1].decode())
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--multihead", required=True)
     p.add_argument("--workdir", required=True)
+    p.add_argument("--readme", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md"))
     a = p.parse_args()
     cli = os.path.abspath(a.multihead)
     shutil.rmtree(a.workdir, ignore_errors=True)
@@ -244,6 +270,7 @@ def main():
     test_page_is_self_contained(cli, a.workdir)
     test_text_golden(cli, a.workdir)
     test_bad_usage(cli, a.workdir)
+    test_readme_commands(cli, a.workdir, a.readme)
     print(f"{len(PASSED)} passed, {len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)
 
