@@ -9,8 +9,10 @@
 //    all heads, one head off, one head alone, a focused query, a focused key;
 //  - switching a head off changes the drawing, focusing a token changes
 //    which lines are drawn, a click keeps the focus and a second releases it;
-//  - the layer selector, on a copy of the page given a second layer of two
-//    heads (the page supports several layers; a plain MHA file has one);
+//  - the layer selector, the model's answer and a per-head measure, on a
+//    copy of the page given a second layer of two heads, an answer and a
+//    measure (the page shows them; a plain MHA file has one layer and
+//    neither);
 //  - the page makes no network request: every request but the page itself
 //    fails the test (the listener is itself checked on a page that does
 //    request an image);
@@ -163,6 +165,10 @@ async function main() {
                     weights: [layer.weights[layer.heads - 1], layer.weights[0]], average: layer.average };
     two.layers.push(extra);
     two.focus = -1;
+    // What a trained model's report adds: its answer and a per-head measure.
+    two.answer = { question: "What does \u201cit\u201d refer to?", answer: "animal", confidence: 0.875 };
+    two.measures = [{ name: "it \u2192 referent", description: "attention mass, averaged over the test set.",
+                      layer: 1, per_head: [0.125, 0.75], picked: 1 }];
     const json = JSON.stringify(two).replace(/</g, "\\u003c").replace(/>/g, "\\u003e").replace(/&/g, "\\u0026");
     const twoPath = path.join(work, "two-layers.html");
     fs.writeFileSync(twoPath, html.replace(/(<script type="application\/json" id="report-data">)[\s\S]*?(<\/script>)/,
@@ -180,6 +186,13 @@ async function main() {
     check("layer 2 selected: its lines", same(await drawnLines(page2), expectedLines(extra, () => true)));
     check("layer 2 selected: two head maps and the average",
           same(await page2.$$eval("figure.map", (f) => f.map((x) => x.id)), ["map-head-0", "map-head-1", "map-average"]));
+    check("answer shown", (await page2.$eval("#answer", (p) => p.textContent)) ===
+          "What does \u201cit\u201d refer to? animal (probability 87.5%)");
+    const measure = await page2.$$eval("table.measure td", (tds) => tds.map((t) => [t.textContent, t.className]));
+    check("measure table: a value per head, the picked head marked",
+          JSON.stringify(measure) === JSON.stringify([["0.125", ""], ["0.750", "picked"]]), JSON.stringify(measure));
+    check("no answer or measure sections on the plain report",
+          await page.$eval("#answer-section", (s) => s.hidden) && await page.$eval("#measures-section", (s) => s.hidden));
     await page2.close();
 
     check("no network request", foreign.length === 0, JSON.stringify(foreign));
