@@ -71,7 +71,12 @@ template <class T>
 explain::Report build_report(const ExplainArgs& a, const LoadedWeights& w, const LoadedTensor& input) {
   const BasicMultiheadAttention<T> module(w.config, cast_parameters<T>(w.parameters));
   explain::Report r;
-  r.layers.push_back(explain::attention_weights_per_head(module, tensor_cast<T>(input.values), a.batch));
+  try {
+    r.layers.push_back(explain::attention_weights_per_head(module, tensor_cast<T>(input.values), a.batch));
+  } catch (const Error& e) {
+    if (e.kind() != Error::Kind::Shape) throw;
+    throw Error(e.kind(), "--input (the query, key and value of self-attention): " + std::string(e.what()));
+  }
   const int64_t L = r.layers[0].queries;
   if (a.tokens.empty()) {
     r.query_tokens = explain::position_labels(L);
@@ -136,6 +141,11 @@ Runner add_explain_command(CLI::App& app) {
     LoadOptions load;
     load.prefix = a->prefix;
     const LoadedWeights w = load_weights(a->weights, load);
+    if (!w.config.same_embed_dim())
+      throw Error(Error::Kind::Value, "--weights: explain runs self-attention, which needs kdim = vdim = embed_dim " +
+                                          std::to_string(w.config.embed_dim) + "; this module has kdim " +
+                                          std::to_string(w.config.key_dim()) + ", vdim " +
+                                          std::to_string(w.config.value_dim()));
     LoadedTensor input = read_npy(a->input, "input");
     if (input.dtype == DType::Bool)
       throw Error(Error::Kind::Value, "input: expected dtype float32 or float64, got bool (" + a->input + ")");

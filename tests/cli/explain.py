@@ -201,6 +201,9 @@ def one_error_line(code, out, err, *words):
 
 def test_bad_usage(cli, work):
     base = ["explain", "--weights", "w.safetensors", "--input", "x.npy"]
+    subprocess.run([cli, "init", "--embed-dim", "16", "--num-heads", "2", "--kdim", "4", "--out", "wk.safetensors"],
+                   cwd=work, check=True)
+    subprocess.run([cli, "init", "--embed-dim", "8", "--num-heads", "2", "--out", "w8.safetensors"], cwd=work, check=True)
     cases = [
         (["explain", "--input", "x.npy"], ["--weights", "required", "--input X.npy"]),
         (["explain", "--weights", "w.safetensors"], ["--input", "required"]),
@@ -211,6 +214,10 @@ def test_bad_usage(cli, work):
         (base + ["--format", "pdf"], ["--format", "html, text, bertviz", "pdf"]),
         (base + ["--out", "x.npy"], ["--out", "it is the --input input"]),
         (["explain", "--weights", "x.npy", "--input", "x.npy"], ["x.npy", "not a safetensors file"]),
+        (["explain", "--weights", "wk.safetensors", "--input", "x.npy"], ["--weights", "kdim = vdim = embed_dim 16",
+                                                                           "kdim 4, vdim 16"]),
+        (["explain", "--weights", "w8.safetensors", "--input", "x.npy"],
+         ["--input (the query, key and value of self-attention): query: expected shape (11, 8), got (11, 16)"]),
     ]
     for argv, words in cases:
         before = set(os.listdir(work))
