@@ -183,6 +183,8 @@ INSTANTIATE_TEST_SUITE_P(
     Table, ExplainValidate,
     ::testing::Values(
         BadReport{"NoLayer", [](Report& r) { r.layers.clear(); }, "report.layers: expected at least one layer"},
+        BadReport{"NoToken", [](Report& r) { r.query_tokens.clear(); },
+                  "report: expected at least one query and one key token, got 0 and 3"},
         BadReport{"QueryTokens", [](Report& r) { r.query_tokens.pop_back(); },
                   "report.layers[0].queries: expected 2 (the query tokens), got 3"},
         BadReport{"KeyTokens", [](Report& r) { r.key_tokens.push_back("x"); },

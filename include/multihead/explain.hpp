@@ -83,7 +83,7 @@ struct Report {
 };
 
 // Throws multihead::Error naming the field, with expected and actual values:
-// no layer, token counts that differ from a layer's L or S, a weights vector
+// no layer, no token, token counts that differ from a layer's L or S, a weights vector
 // of the wrong size, a weight that is not finite or outside [0, 1], a
 // measure whose layer or head count does not match.
 void validate(const Report& report);

@@ -47,6 +47,8 @@ void validate(const Report& r) {
   if (r.layers.empty()) fail("report.layers: expected at least one layer, got none");
   const auto L = static_cast<int64_t>(r.query_tokens.size());
   const auto S = static_cast<int64_t>(r.key_tokens.size());
+  if (L < 1 || S < 1)
+    fail("report: expected at least one query and one key token, got " + num(L) + " and " + num(S));
   for (std::size_t n = 0; n < r.layers.size(); ++n) {
     const LayerAttention& layer = r.layers[n];
     const std::string name = "report.layers[" + std::to_string(n) + "]";
