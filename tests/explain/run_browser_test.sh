@@ -15,7 +15,7 @@ set -euo pipefail
 cli=$1
 work=$2
 here=$(cd "$(dirname "$0")" && pwd)
-data=$here/../data/explain
+data=$(cd "$here/../data/explain" && pwd)
 
 for tool in /usr/bin/chromium node npm; do
   command -v "$tool" >/dev/null || { echo "explain_browser: $tool is missing; run scripts/install-deps.sh (as root)" >&2; exit 1; }
