@@ -453,5 +453,46 @@ TEST(UpdateParameters, RebuildsDerivedWeightsAndRefusesReshape) {
   EXPECT_EQ(0, std::memcmp(a.data(), after.data(), sizeof(float) * a.numel()));
 }
 
+// No queries (L = 0), or no keys but the zero-attention key (S = 0,
+// add_zero_attn): the output depends on nothing, or only on out_proj.bias
+// (every query attends to the zero key alone: attention output 0, output
+// b_O). The gradients have the inputs' and parameters' shapes and are zero
+// except dℓ/db_O = Σ_tokens R.
+TEST(Backward, EmptyQueryOrKeyLengths_E4_H2_B2) {
+  std::mt19937_64 rng(3);
+  for (const auto& [L, S] : {std::pair<int64_t, int64_t>{0, 3}, {3, 0}}) {
+    MultiheadAttentionConfig config;
+    config.embed_dim = 4;
+    config.num_heads = 2;
+    config.add_zero_attn = S == 0;
+    BasicMultiheadAttention<double> m(config, 1);
+    m.update_parameters([](const std::string& name, Tensor<double>& t) {
+      if (name == "in_proj_bias") std::fill_n(t.data(), t.numel(), 0.5);  // a query/value bias that must not leak
+    });
+    const Tensor<double> q = random_tensor<double>({L, 2, 4}, rng), kv = random_tensor<double>({S, 2, 4}, rng);
+    ForwardOptions<double> o;
+    o.need_weights = false;
+    ForwardContext<double> ctx;
+    const Tensor<double> out = m.forward(q, kv, kv, o, ctx).output;
+    const Tensor<double> R = random_tensor<double>(out.shape(), rng);
+    const MultiheadAttentionGradients<double> g = m.backward(ctx, R);
+    EXPECT_EQ(g.query.shape(), q.shape());
+    EXPECT_EQ(g.key.shape(), kv.shape());
+    EXPECT_EQ(g.value.shape(), kv.shape());
+    for (const auto& [name, t] : m.state_dict()) {
+      const Tensor<double>& d = g.parameters.at(name);
+      ASSERT_EQ(d.shape(), t.shape()) << name;
+      for (int64_t i = 0; i < d.numel(); ++i) {
+        double expected = 0;
+        if (name == "out_proj.bias")
+          for (int64_t r = 0; r < L * 2; ++r) expected += R[r * 4 + i];
+        EXPECT_NEAR(d[i], expected, 1e-12) << "L=" << L << " S=" << S << " " << name << "[" << i << "]";
+      }
+    }
+    for (const Tensor<double>* t : {&g.query, &g.key, &g.value})
+      for (int64_t i = 0; i < t->numel(); ++i) EXPECT_EQ((*t)[i], 0.0);
+  }
+}
+
 }  // namespace
 }  // namespace multihead
