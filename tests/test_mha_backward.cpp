@@ -30,6 +30,7 @@
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "test_util.hpp"
 
 namespace multihead {
@@ -492,6 +493,43 @@ TEST(Backward, EmptyQueryOrKeyLengths_E4_H2_B2) {
     for (const Tensor<double>* t : {&g.query, &g.key, &g.value})
       for (int64_t i = 0; i < t->numel(); ++i) EXPECT_EQ((*t)[i], 0.0);
   }
+}
+
+// One training step gives the same bits with 1 and 2 threads (our loops and
+// BLAS), for every kernel the float32 module can run, so a seeded trainer's
+// losses do not depend on the thread count. Shapes with enough tokens for
+// BLAS and the kernels to split their work.
+TEST(Backward, SameBitsForOneAndTwoThreads_Float32) {
+  const int before = threads();
+  for (const BackwardCase& base : {kFiniteDifferenceCases[2], kFiniteDifferenceCases[6]}) {
+    BackwardCase c = base;
+    c.E = 32;
+    c.H = 4;
+    c.B = 2;
+    c.L = c.S = 80;
+    c.mask = c.mask <= 2 ? c.mask : 0;
+    for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Flash}) {
+      MultiheadAttentionGradients<float> g[2];
+      Tensor<float> out[2];
+      for (int t = 0; t < 2; ++t) {
+        set_threads(t + 1);
+        std::mt19937_64 rng(9);
+        Problem<float> p = make_problem<float>(c, rng);
+        p.options.attention.kernel = kernel;
+        BasicMultiheadAttention<float> m(p.config, 3);
+        ForwardContext<float> ctx;
+        out[t] = m.forward(p.q, key_of(p), value_of(p), p.options, ctx).output;
+        m.backward(ctx, random_tensor<float>(out[t].shape(), rng), g[t]);
+      }
+      const std::string label = c.name() + " " + to_string(kernel);
+      EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), sizeof(float) * out[0].numel())) << label;
+      EXPECT_EQ(0, std::memcmp(g[0].query.data(), g[1].query.data(), sizeof(float) * g[0].query.numel())) << label;
+      for (const auto& [name, t] : g[0].parameters)
+        EXPECT_EQ(0, std::memcmp(t.data(), g[1].parameters.at(name).data(), sizeof(float) * t.numel()))
+            << label << " " << name;
+    }
+  }
+  set_threads(before);
 }
 
 }  // namespace
