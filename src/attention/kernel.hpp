@@ -41,7 +41,7 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& args);
 
 // FlashAttention-2's backward (Highway SIMD): scores recomputed tile by
 // tile, no L×S storage; deterministic for any thread count. float only.
-// Defined in src/attention/flash_backward.cpp.
+// Defined in src/attention/flash.cpp, beside the forward.
 void attention_backward_flash(const AttentionBackwardArgs<float>& args);
 
 // Picks the backward kernel as attention_forward picks the forward.

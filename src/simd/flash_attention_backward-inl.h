@@ -31,7 +31,7 @@
 // tiles are done; d_k and d_v of the slice accumulate in the output over
 // the query tiles, in a fixed order. One call handles one whole slice, so
 // each d_q/d_k/d_v row has one writer and a fixed summation order, whatever
-// the thread count (src/attention/flash_backward.cpp says why this split).
+// the thread count (src/attention/flash.cpp, attention_backward_flash, says why this split).
 // Memory beyond the inputs and outputs: the scratch of one query tile,
 // O((D + Dv + key tile)·bq) floats (BackwardScratchFloats).
 

@@ -1,5 +1,5 @@
 // src/simd/flash_attention_backward.hpp: the per-target flash attention
-// backward kernel, as seen from src/attention/flash_backward.cpp (which
+// backward kernel, as seen from src/attention/flash.cpp (which
 // validates, threads and calls it).
 //
 // Legend (as in kernel.hpp): N slices, L queries, S keys, D query/key width,
