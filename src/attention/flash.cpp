@@ -1,4 +1,5 @@
-// src/attention/flash.cpp: the fused (flash) attention forward, float32.
+// src/attention/flash.cpp: the fused (flash) attention forward, float32,
+// and its backward (attention_backward_flash, at the end).
 //
 // Legend (src/kernel/attention_args.hpp): N slices (B·H), L queries, S keys, D head width,
 // Dv value width.
@@ -31,19 +32,15 @@
 #include "attention/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_attention.hpp"
+#include "simd/flash_attention_backward.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead::detail {
 namespace {
 
-void validate(const AttentionArgs<float>& a) {
-  const auto fail = [](const std::string& what) {
-    throw Error(Error::Kind::Value, "attention_forward_flash: " + what);
-  };
-  if (a.weights != nullptr) {
-    fail("weights must be nullptr (the flash kernel never materialises the L×S attention weights; "
-         "use the materialized kernel to get them)");
-  }
+// The checks the forward and the backward share; `who` names the caller.
+void validate_sizes(const AttentionArgs<float>& a, const char* who) {
+  const auto fail = [who](const std::string& what) { throw Error(Error::Kind::Value, std::string(who) + ": " + what); };
   if (a.slices < 0 || a.q_len < 0 || a.kv_len < 0 || a.head_dim < 0 || a.value_dim < 0) {
     fail("negative size: slices=" + std::to_string(a.slices) + " q_len=" + std::to_string(a.q_len) +
          " kv_len=" + std::to_string(a.kv_len) + " head_dim=" + std::to_string(a.head_dim) +
@@ -57,6 +54,17 @@ void validate(const AttentionArgs<float>& a) {
          " exceed the supported maximum " + std::to_string(kMaxLen));
   }
   if (a.heads < 1) fail("heads must be >= 1, got " + std::to_string(a.heads));
+}
+
+void validate(const AttentionArgs<float>& a) {
+  const auto fail = [](const std::string& what) {
+    throw Error(Error::Kind::Value, "attention_forward_flash: " + what);
+  };
+  validate_sizes(a, "attention_forward_flash");
+  if (a.weights != nullptr) {
+    fail("weights must be nullptr (the flash kernel never materialises the L×S attention weights; "
+         "use the materialized kernel to get them)");
+  }
   // Each output row is written by one thread: rows must not overlap.
   if (!a.out_layout.contiguous() && a.out_layout.row < a.value_dim) {
     fail("out_layout.row " + std::to_string(a.out_layout.row) + " < value_dim " +
@@ -99,6 +107,74 @@ void attention_forward_flash(const AttentionArgs<float>& args) {
     const int64_t row_end = std::min(args.q_len, row_begin + kernel.row_tile);
     try {
       kernel.rows(args, slice, row_begin, row_end, scratch);
+    } catch (...) {  // only allocation can throw; never let it cross OpenMP
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// ---- backward -----------------------------------------------------------------
+//
+// FlashAttention-2's backward (Dao 2023, Algorithm 2) in
+// src/simd/flash_attention_backward-inl.h; here the checks and the threads.
+//
+// The split, and why: one work item is one whole slice (n = b·heads + h),
+// run by one thread, which writes that slice's d_q, d_k and d_v rows and
+// sums every one of them in a fixed order (query tiles in increasing order,
+// key tiles inside). So each gradient row has exactly one writer, no
+// reduction crosses threads, and the result is bit-identical for any
+// thread count. FlashAttention-2 instead gives each thread a key tile and
+// adds d_q with atomics (not deterministic), or a second pass for d_q that
+// recomputes QKᵀ and dO Vᵀ once more (7 tile products for 5). With
+// N = B·H >= 2 slices the slices alone keep the 2 cores of the target
+// machine busy (N = 16 at B = 1, H = 16), at the 5 products; for N = 1 the
+// call runs on one thread, correct and deterministic, at half the speed a
+// two-pass split would reach there.
+// Memory beyond the inputs and gradients: one grow-only scratch of
+// O((D + Dv + key tile)·query tile) floats per thread, never L×S.
+
+namespace {
+
+void validate_backward(const AttentionBackwardArgs<float>& b) {
+  const char* who = "attention_backward_flash";
+  const auto fail = [who](const std::string& what) { throw Error(Error::Kind::Value, std::string(who) + ": " + what); };
+  const AttentionArgs<float>& a = b.forward;
+  validate_sizes(a, who);
+  // Each gradient row is written by one thread: rows must not overlap.
+  const auto rows_apart = [&](const SliceLayout& l, int64_t width, const char* name) {
+    if (!l.contiguous() && l.row < width)
+      fail(std::string(name) + " row stride " + std::to_string(l.row) + " < its width " + std::to_string(width) +
+           ": gradient rows would overlap");
+  };
+  rows_apart(a.q_layout, a.head_dim, "d_q (q_layout)");
+  rows_apart(a.k_layout, a.head_dim, "d_k (k_layout)");
+  rows_apart(a.v_layout, a.value_dim, "d_v (v_layout)");
+  if (a.slices == 0) return;
+  if (a.q_len > 0 && (a.q == nullptr || b.lse == nullptr || b.d_q == nullptr || b.d_out == nullptr ||
+                      (a.value_dim > 0 && a.out == nullptr)))
+    fail("q, out, lse, d_out and d_q must not be nullptr");
+  if (a.kv_len > 0 && (a.k == nullptr || a.v == nullptr || b.d_k == nullptr || b.d_v == nullptr))
+    fail("k, v, d_k and d_v must not be nullptr");
+}
+
+}  // namespace
+
+void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
+  validate_backward(args);
+  const AttentionArgs<float>& a = args.forward;
+  if (a.slices == 0) return;
+  const FlashBackwardKernel kernel = flash_backward_kernel_for(simd_target_bit());
+  const int threads =
+      static_cast<int>(std::min<int64_t>(a.slices, a.num_threads > 0 ? a.num_threads : omp_get_max_threads()));
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+  for (int64_t n = 0; n < a.slices; ++n) {
+    thread_local FlashScratch scratch;  // grown on demand, kept for the next call
+    try {
+      kernel.slice(args, n, scratch);
     } catch (...) {  // only allocation can throw; never let it cross OpenMP
       const std::lock_guard<std::mutex> lock(error_mutex);
       if (!error) error = std::current_exception();
