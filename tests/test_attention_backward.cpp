@@ -14,7 +14,7 @@
 //    reference has it (MaskedRowPolicy::NaN); strided layouts leave the
 //    elements outside every slice untouched.
 //  - BackwardDeterminism: the flash backward is bit-identical for 1, 2 and
-//    3 threads on every target.
+//    3 threads on every target, across its one-pass and two-pass splits.
 //  - BackwardChecker: the comparisons catch a planted error.
 //
 // Names carry every parameter, e.g.
@@ -119,6 +119,9 @@ struct BwdCase {
   }
 };
 
+// gtest prints a parameter by its name (not its bytes, padding included).
+void PrintTo(const BwdCase& c, std::ostream* os) { *os << c.name(); }
+
 // A profile: which modifiers a case carries (applied to a shape).
 BwdCase with_profile(BwdCase c, int profile) {
   switch (profile) {
@@ -202,6 +205,11 @@ std::vector<BwdCase> modifier_cases() {
   add([](BwdCase& c) { c.dropout = 0.3; });
   add([](BwdCase& c) { c.strided = true; });
   add([](BwdCase& c) { c.B = 1, c.H = 1; });
+  add([](BwdCase& c) { c.B = 1, c.H = 1, c.L = 70, c.S = 300, c.causal = Causal::TopLeft, c.window = 100; });
+  add([](BwdCase& c) {
+    c.B = 1, c.H = 1, c.L = 70, c.S = 300, c.causal = Causal::BottomRight, c.mask = MaskKind::Shared,
+    c.policy = MaskedRowPolicy::NaN, c.dropout = 0.3, c.strided = true;
+  });
   add([](BwdCase& c) { c.B = 3, c.H = 1, c.pad = true; });
   return cases;
 }
@@ -655,13 +663,35 @@ INSTANTIATE_TEST_SUITE_P(Small, BackwardFiniteDifferences, ::testing::ValuesIn(f
 
 // ---- determinism -------------------------------------------------------------------
 
-// Five slices, so that 2 and 3 threads split them unevenly; causal, a mask,
-// dropout and soft-cap, several query and key tiles.
-TEST(BackwardDeterminism, FlashBitIdenticalFor1To3Threads_B5_H1_L70_S300_D17_Dv16_mask_slice_pad_causal_topleft_cap2_drop) {
+// The flash backward runs whole slices per thread when N >= threads and
+// a two-pass split (key tiles for d_k, d_v; query tiles for d_q) when N <
+// threads (src/attention/flash.cpp); both must give the same bits. N = 1
+// runs one pass at 1 thread and two at 2 and 3; N = 2 one pass at 1 and 2,
+// two at 3; N = 5 is split unevenly by 2 and 3 threads.
+std::vector<BwdCase> determinism_cases() {
+  std::vector<BwdCase> cases;
   BwdCase c;
-  c.B = 5, c.H = 1, c.L = 70, c.S = 300, c.D = 17, c.Dv = 16;
-  c.mask = MaskKind::PerSlice, c.pad = true, c.causal = Causal::TopLeft, c.softcap = 2, c.dropout = 0.3;
-  const Inputs in = make_inputs(c);
+  c.L = 70, c.S = 300, c.D = 17, c.Dv = 16;
+  c.B = 5, c.H = 1, c.mask = MaskKind::PerSlice, c.pad = true, c.causal = Causal::TopLeft, c.softcap = 2,
+  c.dropout = 0.3;
+  cases.push_back(c);
+  c = BwdCase{};
+  c.L = 130, c.S = 270, c.D = 64, c.Dv = 64, c.B = 1, c.H = 1;
+  cases.push_back(c);
+  c.causal = Causal::BottomRight, c.mask = MaskKind::Shared, c.policy = MaskedRowPolicy::NaN, c.dropout = 0.3,
+  c.strided = true;
+  cases.push_back(c);
+  c = BwdCase{};
+  c.L = 100, c.S = 260, c.D = 8, c.Dv = 5, c.B = 1, c.H = 2, c.causal = Causal::TopLeft, c.window = 40,
+  c.alibi = true, c.softcap = 2;
+  cases.push_back(c);
+  return cases;
+}
+
+class BackwardDeterminism : public ::testing::TestWithParam<BwdCase> {};
+
+TEST_P(BackwardDeterminism, FlashBitIdenticalFor1To3Threads) {
+  const Inputs in = make_inputs(GetParam());
   for (const std::string& target : simd_targets_available()) {
     simd_target_force(target);
     KernelRun<float> one;
@@ -679,6 +709,9 @@ TEST(BackwardDeterminism, FlashBitIdenticalFor1To3Threads_B5_H1_L70_S300_D17_Dv1
   }
   simd_target_force("");
 }
+
+INSTANTIATE_TEST_SUITE_P(Flash, BackwardDeterminism, ::testing::ValuesIn(determinism_cases()),
+                         [](const auto& info) { return info.param.name(); });
 
 // ---- the checkers can fail -----------------------------------------------------------
 

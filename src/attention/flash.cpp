@@ -120,18 +120,23 @@ void attention_forward_flash(const AttentionArgs<float>& args) {
 // FlashAttention-2's backward (Dao 2023, Algorithm 2) in
 // src/simd/flash_attention_backward-inl.h; here the checks and the threads.
 //
-// The split, and why: one work item is one whole slice (n = b·heads + h),
-// run by one thread, which writes that slice's d_q, d_k and d_v rows and
-// sums every one of them in a fixed order (query tiles in increasing order,
-// key tiles inside). So each gradient row has exactly one writer, no
-// reduction crosses threads, and the result is bit-identical for any
-// thread count. FlashAttention-2 instead gives each thread a key tile and
-// adds d_q with atomics (not deterministic), or a second pass for d_q that
-// recomputes QKᵀ and dO Vᵀ once more (7 tile products for 5). With
-// N = B·H >= 2 slices the slices alone keep the 2 cores of the target
-// machine busy (N = 16 at B = 1, H = 16), at the 5 products; for N = 1 the
-// call runs on one thread, correct and deterministic, at half the speed a
-// two-pass split would reach there.
+// The split, and why. Two ways, chosen by the number of slices N against
+// the thread count, and giving the same bits (so the gradients are
+// bit-identical for any thread count either way):
+//  - N >= threads: one work item is one whole slice (n = b·heads + h), run
+//    by one thread in one pass, which writes that slice's d_q, d_k and d_v
+//    rows: query tiles in increasing order, key tiles inside, 5 tile
+//    products per (query tile, key tile). The slices alone keep the threads
+//    busy (N = 16 at B = 1, H = 16 on the 2-core target machine).
+//  - N < threads (N = 1 on 2 cores): two passes over the same tiles, as
+//    independent work items: (slice, key tile) items write d_k and d_v of
+//    their keys from every query tile in increasing order (4 products), and
+//    (slice, query tile) items write d_q of their rows (3 products: the
+//    scores and dp' are recomputed). 7 products for 5, but all threads work.
+// Every gradient element gets the same operations in the same order in
+// both (flash_attention_backward-inl.h, BackwardKeyTileStep), and each row
+// has exactly one writer. FlashAttention-2 itself gives a thread a key tile
+// and adds d_q with atomics, which is not deterministic.
 // Memory beyond the inputs and gradients: one grow-only scratch of
 // O((D + Dv + key tile)·query tile) floats per thread, never L×S.
 
@@ -166,15 +171,30 @@ void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
   const AttentionArgs<float>& a = args.forward;
   if (a.slices == 0) return;
   const FlashBackwardKernel kernel = flash_backward_kernel_for(simd_target_bit());
-  const int threads =
-      static_cast<int>(std::min<int64_t>(a.slices, a.num_threads > 0 ? a.num_threads : omp_get_max_threads()));
+  const int max_threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
+  // Work items: whole slices, or (N < threads) each slice's key tiles
+  // (d_k, d_v; the heavier items, first) then its query tiles (d_q).
+  const bool two_pass = a.slices < max_threads;
+  const int64_t key_items = two_pass ? (a.kv_len + kernel.key_tile - 1) / kernel.key_tile : 0;
+  const int64_t query_items = two_pass ? (a.q_len + kernel.row_tile - 1) / kernel.row_tile : 0;
+  const int64_t items = two_pass ? a.slices * (key_items + query_items) : a.slices;
+  const int threads = static_cast<int>(std::min<int64_t>(items, max_threads));
   std::exception_ptr error;
   std::mutex error_mutex;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-  for (int64_t n = 0; n < a.slices; ++n) {
+  for (int64_t it = 0; it < items; ++it) {
     thread_local FlashScratch scratch;  // grown on demand, kept for the next call
     try {
-      kernel.slice(args, n, scratch);
+      if (!two_pass) {
+        kernel.slice(args, it, scratch);
+      } else if (it < a.slices * key_items) {
+        const int64_t n = it / key_items, j0 = (it % key_items) * kernel.key_tile;
+        kernel.keys(args, n, j0, std::min(a.kv_len, j0 + kernel.key_tile), scratch);
+      } else {
+        const int64_t q = it - a.slices * key_items;
+        const int64_t n = q / query_items, i0 = (q % query_items) * kernel.row_tile;
+        kernel.queries(args, n, i0, std::min(a.q_len, i0 + kernel.row_tile), scratch);
+      }
     } catch (...) {  // only allocation can throw; never let it cross OpenMP
       const std::lock_guard<std::mutex> lock(error_mutex);
       if (!error) error = std::current_exception();

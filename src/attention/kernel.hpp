@@ -34,7 +34,7 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested);
 template <class T>
 void attention_backward_reference(const AttentionBackwardArgs<T>& args);
 
-// Recomputes P per slice from the saved lse (L×S scratch), products
+// Recomputes P per slice from the saved lse (two L×S buffers), products
 // through BLAS. float and double.
 template <class T>
 void attention_backward_materialized(const AttentionBackwardArgs<T>& args);

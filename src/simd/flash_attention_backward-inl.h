@@ -29,9 +29,13 @@
 // the forward visits, VisitKeyTiles: causal and window skip the same
 // tiles). d_q of a query tile lives in scratch (dqt [D][bq]) until its key
 // tiles are done; d_k and d_v of the slice accumulate in the output over
-// the query tiles, in a fixed order. One call handles one whole slice, so
-// each d_q/d_k/d_v row has one writer and a fixed summation order, whatever
-// the thread count (src/attention/flash.cpp, attention_backward_flash, says why this split).
+// the query tiles, in a fixed order. One call handles one whole slice
+// (FlashAttentionBackwardSliceF32), or, split in two passes, a range of
+// keys (their d_k, d_v) or a range of query rows (their d_q); both ways
+// every element gets the same operations in the same order, so each
+// d_q/d_k/d_v row has one writer and the same bits whatever the thread
+// count (src/attention/flash.cpp, attention_backward_flash, says which
+// split runs when).
 // Memory beyond the inputs and outputs: the scratch of one query tile,
 // O((D + Dv + key tile)·bq) floats (BackwardScratchFloats).
 
@@ -190,11 +194,18 @@ HWY_INLINE void AccumulateQueryGradient(const AttentionArgs<float>& a, const Que
                                    bt.dqt + d * bq);
 }
 
-// One key tile [j0, j0 + keys) of the query tile.
+// Which gradients a pass adds: d_k and d_v (key_grads), d_q (query_grad).
+struct BackwardParts {
+  bool key_grads, query_grad;
+};
+
+// One key tile [j0, j0 + keys) of the query tile. Every value it computes
+// is a function of its own (i, j) alone, whatever the tile's bounds, so a
+// key tile cut in two pieces adds exactly the same numbers in the same order.
 template <size_t NVQ>
 HWY_INLINE void BackwardKeyTileStep(const AttentionBackwardArgs<float>& b, const QueryTileInputs& in,
-                                    const BackwardTile& bt, float* d_k, float* d_v, size_t dk_row, size_t dv_row,
-                                    int64_t j0, size_t keys) {
+                                    const BackwardTile& bt, BackwardParts parts, float* d_k, float* d_v,
+                                    size_t dk_row, size_t dv_row, int64_t j0, size_t keys) {
   const AttentionArgs<float>& a = b.forward;
   const DF32 df;
   const size_t lanes = hn::Lanes(df);
@@ -268,19 +279,23 @@ HWY_INLINE void BackwardKeyTileStep(const AttentionBackwardArgs<float>& b, const
     }
   }
   // d_v_j += Σ_q p'[j][q] d_out_q;  d_k_j += Σ_q ds[j][q] q_q  (rows < t.rows only).
-  OuterAccumulate(p_kept, bq, keys, bt.d_out, bt.out_row, t.rows, d_v + static_cast<size_t>(j0) * dv_row, dv_row,
-                  static_cast<size_t>(a.value_dim));
-  OuterAccumulate(bt.dst, bq, keys, bt.q, bt.q_row, t.rows, d_k + static_cast<size_t>(j0) * dk_row, dk_row,
-                  static_cast<size_t>(a.head_dim));
+  if (parts.key_grads) {
+    OuterAccumulate(p_kept, bq, keys, bt.d_out, bt.out_row, t.rows, d_v + static_cast<size_t>(j0) * dv_row, dv_row,
+                    static_cast<size_t>(a.value_dim));
+    OuterAccumulate(bt.dst, bq, keys, bt.q, bt.q_row, t.rows, d_k + static_cast<size_t>(j0) * dk_row, dk_row,
+                    static_cast<size_t>(a.head_dim));
+  }
   // d_q_q += Σ_j ds[j][q] k_j
-  AccumulateQueryGradient<NVQ>(a, in, bt, j0, keys);
+  if (parts.query_grad) AccumulateQueryGradient<NVQ>(a, in, bt, j0, keys);
 }
 
-// Query rows [i0, i0 + rows) of slice `slice`: their d_q rows, and their
-// contributions added into the slice's d_k and d_v rows.
+// Query rows [i0, i0 + rows) of slice `slice`, over the keys in
+// [key_begin, key_end) that the forward visits for them: with
+// parts.query_grad their d_q rows (then the key range is all keys), with
+// parts.key_grads their contributions added into the d_k and d_v rows.
 template <size_t NVQ>
 HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t i0, size_t rows,
-                                    FlashScratch& scratch) {
+                                    int64_t key_begin, int64_t key_end, BackwardParts parts, FlashScratch& scratch) {
   const AttentionArgs<float>& a = b.forward;
   const size_t bq = NVQ * hn::Lanes(DF32());
   const size_t head_dim = static_cast<size_t>(a.head_dim);
@@ -355,10 +370,13 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   float* d_k = slice_start(b.d_k, kl, slice, a.heads);
   float* d_v = slice_start(b.d_v, vl, slice, a.heads);
   VisitKeyTiles<NVQ>(a, in, i0, rows, [&](int64_t j0, size_t keys) {
-    BackwardKeyTileStep<NVQ>(b, in, bt, d_k, d_v, static_cast<size_t>(kl.row), static_cast<size_t>(vl.row), j0,
-                             keys);
+    const int64_t begin = std::max(j0, key_begin), end = std::min(j0 + static_cast<int64_t>(keys), key_end);
+    if (begin >= end) return;
+    BackwardKeyTileStep<NVQ>(b, in, bt, parts, d_k, d_v, static_cast<size_t>(kl.row), static_cast<size_t>(vl.row),
+                             begin, static_cast<size_t>(end - begin));
   });
 
+  if (!parts.query_grad) return;
   float* d_q = slice_start(b.d_q, ql, slice, a.heads) + i0 * ql.row;
   for (size_t r = 0; r < rows; ++r)
     for (size_t d = 0; d < head_dim; ++d) d_q[r * bt.q_row + d] = bt.dqt[d * bq + r];
@@ -366,64 +384,110 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
 
 template <size_t NVQ>
 HWY_INLINE void BackwardQueryTileDispatch(size_t nvq, const AttentionBackwardArgs<float>& b, int64_t slice,
-                                          int64_t i0, size_t rows, FlashScratch& scratch) {
+                                          int64_t i0, size_t rows, int64_t key_begin, int64_t key_end,
+                                          BackwardParts parts, FlashScratch& scratch) {
   if constexpr (NVQ > 0) {
-    if (nvq == NVQ) return BackwardQueryTile<NVQ>(b, slice, i0, rows, scratch);
-    BackwardQueryTileDispatch<NVQ - 1>(nvq, b, slice, i0, rows, scratch);
+    if (nvq == NVQ) return BackwardQueryTile<NVQ>(b, slice, i0, rows, key_begin, key_end, parts, scratch);
+    BackwardQueryTileDispatch<NVQ - 1>(nvq, b, slice, i0, rows, key_begin, key_end, parts, scratch);
   }
 }
 
-// The whole backward of slice `slice`: d_k and d_v zeroed, then the query
-// tiles in increasing order (the last takes as few vectors as cover it, as
-// in the forward's FlashAttentionRowsF32).
-//
+// Query rows [row_begin, row_end) of a slice in query tiles of up to
+// kMaxQueryVectors vectors, the last taking as few vectors as cover it (as
+// the forward's FlashAttentionRowsF32). row_begin is 0 or a multiple of
+// FlashAttentionBackwardRowTileF32(), so every pass tiles the rows alike.
+inline void BackwardRows(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t row_begin, int64_t row_end,
+                         int64_t key_begin, int64_t key_end, BackwardParts parts, FlashScratch& scratch) {
+  const size_t lanes = hn::Lanes(DF32());
+  for (int64_t i0 = row_begin; i0 < row_end;) {
+    const size_t remaining = static_cast<size_t>(row_end - i0);
+    const size_t nvq = std::min(kMaxQueryVectors, (remaining + lanes - 1) / lanes);
+    const size_t rows = std::min(remaining, nvq * lanes);
+    BackwardQueryTileDispatch<kMaxQueryVectors>(nvq, b, slice, i0, rows, key_begin, key_end, parts, scratch);
+    i0 += static_cast<int64_t>(rows);
+  }
+}
+
 // MaskedRowPolicy::NaN: a fully masked row's p is NaN for every key, also
 // in the key tiles that causal masking or the window let the tile skip;
 // its d_q row, every d_k row and the d_v rows of the keys dropout keeps for
 // it are NaN in the reference (and in PyTorch's autograd). Rather than
-// visit the skipped tiles, those rows are set to NaN at the end.
-inline void FlashAttentionBackwardSliceF32(const AttentionBackwardArgs<float>& b, int64_t slice,
-                                           FlashScratch& scratch) {
+// visit the skipped tiles, those rows are set to NaN after the pass: d_q
+// rows [row_begin, row_end) and d_k, d_v rows [key_begin, key_end).
+inline void BackwardNaNRows(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t row_begin,
+                            int64_t row_end, int64_t key_begin, int64_t key_end) {
   const AttentionArgs<float>& a = b.forward;
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  if (a.masked_rows != MaskedRowPolicy::NaN || S == 0) return;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), neg_inf = -std::numeric_limits<float>::infinity();
+  const float* lse = b.lse + slice * L;
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
+  float* d_q = slice_start(b.d_q, ql, slice, a.heads);
+  for (int64_t i = row_begin; i < row_end; ++i)
+    if (lse[i] == neg_inf) std::fill(d_q + i * ql.row, d_q + i * ql.row + D, nan);
+  if (key_begin >= key_end) return;
+  bool any_masked = false;
+  for (int64_t i = 0; i < L && !any_masked; ++i) any_masked = lse[i] == neg_inf;
+  if (!any_masked) return;
   const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
   const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
-  float* d_q = slice_start(b.d_q, ql, slice, a.heads);
   float* d_k = slice_start(b.d_k, kl, slice, a.heads);
   float* d_v = slice_start(b.d_v, vl, slice, a.heads);
-  for (int64_t j = 0; j < S; ++j) {
-    std::fill(d_k + j * kl.row, d_k + j * kl.row + D, 0.0f);
-    std::fill(d_v + j * vl.row, d_v + j * vl.row + Dv, 0.0f);
-  }
-  const size_t lanes = hn::Lanes(DF32());
-  for (int64_t i0 = 0; i0 < L;) {
-    const size_t remaining = static_cast<size_t>(L - i0);
-    const size_t nvq = std::min(kMaxQueryVectors, (remaining + lanes - 1) / lanes);
-    const size_t rows = std::min(remaining, nvq * lanes);
-    BackwardQueryTileDispatch<kMaxQueryVectors>(nvq, b, slice, i0, rows, scratch);
-    i0 += static_cast<int64_t>(rows);
-  }
-  if (a.masked_rows != MaskedRowPolicy::NaN || S == 0) return;
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  const float* lse = b.lse + slice * L;
-  bool any_masked = false;
-  for (int64_t i = 0; i < L; ++i) {
-    if (lse[i] != -std::numeric_limits<float>::infinity()) continue;
-    any_masked = true;
-    std::fill(d_q + i * ql.row, d_q + i * ql.row + D, nan);
-  }
-  if (!any_masked) return;
   const bool dropout = a.dropout.p > 0.0;
-  for (int64_t j = 0; j < S; ++j) {
+  for (int64_t j = key_begin; j < key_end; ++j) {
     std::fill(d_k + j * kl.row, d_k + j * kl.row + D, nan);
     // d_v_j += p'_ij d_out_i: NaN unless dropout drops (i, j) for every such row i.
     bool reached = !dropout;
-    for (int64_t i = 0; i < L && !reached; ++i)
-      reached = lse[i] == -std::numeric_limits<float>::infinity() && dropout_keep(a.dropout, slice, i, j);
+    for (int64_t i = 0; i < L && !reached; ++i) reached = lse[i] == neg_inf && dropout_keep(a.dropout, slice, i, j);
     if (reached) std::fill(d_v + j * vl.row, d_v + j * vl.row + Dv, nan);
   }
 }
+
+// Zero d_k and d_v rows [key_begin, key_end) of a slice.
+inline void ZeroKeyGradients(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t key_begin,
+                             int64_t key_end) {
+  const AttentionArgs<float>& a = b.forward;
+  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, a.kv_len, a.head_dim);
+  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, a.kv_len, a.value_dim);
+  float* d_k = slice_start(b.d_k, kl, slice, a.heads);
+  float* d_v = slice_start(b.d_v, vl, slice, a.heads);
+  for (int64_t j = key_begin; j < key_end; ++j) {
+    std::fill(d_k + j * kl.row, d_k + j * kl.row + a.head_dim, 0.0f);
+    std::fill(d_v + j * vl.row, d_v + j * vl.row + a.value_dim, 0.0f);
+  }
+}
+
+// The whole backward of slice `slice` in one pass: d_k and d_v zeroed, then
+// the query tiles in increasing order, each adding d_k, d_v and writing d_q.
+inline void FlashAttentionBackwardSliceF32(const AttentionBackwardArgs<float>& b, int64_t slice,
+                                           FlashScratch& scratch) {
+  const AttentionArgs<float>& a = b.forward;
+  ZeroKeyGradients(b, slice, 0, a.kv_len);
+  BackwardRows(b, slice, 0, a.q_len, 0, a.kv_len, BackwardParts{true, true}, scratch);
+  BackwardNaNRows(b, slice, 0, a.q_len, 0, a.kv_len);
+}
+
+// The two-pass split of one slice (src/attention/flash.cpp says when):
+// d_k and d_v rows [key_begin, key_end), from every query tile in
+// increasing order; and d_q rows [row_begin, row_end). Each element gets
+// exactly the operations, in the same order, that the one-pass
+// FlashAttentionBackwardSliceF32 gives it, so both give the same bits.
+inline void FlashAttentionBackwardKeysF32(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t key_begin,
+                                          int64_t key_end, FlashScratch& scratch) {
+  ZeroKeyGradients(b, slice, key_begin, key_end);
+  BackwardRows(b, slice, 0, b.forward.q_len, key_begin, key_end, BackwardParts{true, false}, scratch);
+  BackwardNaNRows(b, slice, 0, 0, key_begin, key_end);
+}
+inline void FlashAttentionBackwardQueriesF32(const AttentionBackwardArgs<float>& b, int64_t slice,
+                                             int64_t row_begin, int64_t row_end, FlashScratch& scratch) {
+  BackwardRows(b, slice, row_begin, row_end, 0, b.forward.kv_len, BackwardParts{false, true}, scratch);
+  BackwardNaNRows(b, slice, row_begin, row_end, 0, 0);
+}
+
+inline int64_t FlashAttentionBackwardRowTileF32() {
+  return static_cast<int64_t>(kMaxQueryVectors * hn::Lanes(DF32()));
+}
+inline int64_t FlashAttentionBackwardKeyTileF32() { return static_cast<int64_t>(KeyTile(kMaxQueryVectors)); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace multihead::detail
