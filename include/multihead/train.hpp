@@ -139,7 +139,9 @@ class TrainerImpl;
 class Trainer {
  public:
   // A fresh run: parameters initialised from options.seed.
-  Trainer(const Task& task, const ModelConfig& model, const TrainOptions& options);
+  // model.vocabulary and model.sequence_length are the task's (0 = take them; any
+  // other value must match).
+  Trainer(std::shared_ptr<const Task> task, const ModelConfig& model, const TrainOptions& options);
   // A run continued from a checkpoint written by save_checkpoint. The model
   // configuration, task, seed and every optimisation setting must equal the
   // checkpoint's (else the losses could not match an uninterrupted run);
@@ -147,7 +149,7 @@ class Trainer {
   // the first field that differs (expected = the checkpoint's), or what is
   // wrong with the file (missing, truncated, not a checkpoint, a tensor
   // missing or of the wrong shape).
-  static Trainer resume(const std::string& path, const Task& task, const ModelConfig& model,
+  static Trainer resume(const std::string& path, std::shared_ptr<const Task> task, const ModelConfig& model,
                         const TrainOptions& options);
   Trainer(Trainer&&) noexcept;
   Trainer& operator=(Trainer&&) noexcept;
