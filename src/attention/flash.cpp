@@ -72,7 +72,8 @@ void validate(const AttentionArgs<float>& a) {
 
 void attention_forward_flash(const AttentionArgs<float>& args) {
   validate(args);
-  if (args.slices == 0 || args.q_len == 0 || args.value_dim == 0) return;
+  // value_dim = 0 still has log-sum-exps to write when they are asked for.
+  if (args.slices == 0 || args.q_len == 0 || (args.value_dim == 0 && args.lse == nullptr)) return;
 
   // Dispatch once per call: the target's kernel, and its query tile height.
   const FlashAttentionKernel kernel = flash_attention_kernel_for(simd_target_bit());

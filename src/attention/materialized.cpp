@@ -47,7 +47,9 @@ ExpRow<T> exp_row_for_current_target() {
 }
 
 // In place on one row of scaled scores: the score rule, then softmax, then
-// dropout (all three from score_rule.hpp).
+// dropout (all three from score_rule.hpp). When a.lse, stores the row's
+// log-sum-exp lse[n][i] = max + log Σ_j exp(s_j − max) (−inf for a fully
+// masked row), what the backward pass recomputes p from.
 template <class T>
 void score_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, T* row, ExpRow<T> exp_row) {
   const int64_t S = a.kv_len;
@@ -64,9 +66,12 @@ void score_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, 
   if (all_masked) {
     const T fill = masked_row_fill<T>(a.masked_rows);
     for (int64_t j = 0; j < S; ++j) row[j] = fill;
+    if (a.lse) a.lse[n * a.q_len + i] = neg_inf;
     return;
   }
-  const T inv_sum = T(1) / exp_row(row, static_cast<std::size_t>(S), row_max);
+  const T sum = exp_row(row, static_cast<std::size_t>(S), row_max);
+  if (a.lse) a.lse[n * a.q_len + i] = row_max + std::log(sum);
+  const T inv_sum = T(1) / sum;
   if (a.dropout.p > 0.0) {
     const T keep_scale = inv_sum / static_cast<T>(1.0 - a.dropout.p);
     for (int64_t j = 0; j < S; ++j) row[j] = dropout_weight(a.dropout, n, i, j, row[j], keep_scale);

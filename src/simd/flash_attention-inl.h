@@ -56,6 +56,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -534,6 +535,9 @@ HWY_INLINE void StartTile(const AttentionArgs<float>& a, const TileState& t, flo
 
 // out_i = acc_i / l_i · 1/(1-p). l_i = 0 means every score was -inf: the
 // vector twin of the fully-masked-row rule (masked_row_fill, score_rule.hpp).
+// When a.lse: lse_i = m_i + log(l_i), the row's log-sum-exp (natural log,
+// as the scores), −inf for a fully masked row; the backward recomputes
+// p_ij = exp(s_ij − lse_i) from it.
 template <size_t NVQ>
 HWY_INLINE void StoreTile(const AttentionArgs<float>& a, const TileState& t) {
   const size_t bq = NVQ * hn::Lanes(DF32());
@@ -541,6 +545,11 @@ HWY_INLINE void StoreTile(const AttentionArgs<float>& a, const TileState& t) {
   const SliceLayout out_layout = resolve_layout(a.out_layout, a.heads, a.q_len, a.value_dim);
   const bool all_dropped = a.dropout.p >= 1.0;
   const float drop_scale = a.dropout.p > 0.0 && !all_dropped ? static_cast<float>(1.0 / (1.0 - a.dropout.p)) : 1.0f;
+  if (a.lse != nullptr) {
+    float* HWY_RESTRICT lse = a.lse + t.slice * a.q_len + t.i0;
+    for (size_t r = 0; r < t.rows; ++r)
+      lse[r] = t.l[r] == 0.0f ? -std::numeric_limits<float>::infinity() : t.m[r] + std::log(t.l[r]);
+  }
   for (size_t r = 0; r < t.rows; ++r) {
     float* HWY_RESTRICT out =
         slice_start(a.out, out_layout, t.slice, a.heads) + (t.i0 + static_cast<int64_t>(r)) * out_layout.row;
