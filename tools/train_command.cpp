@@ -160,6 +160,9 @@ void run_train(TrainArgs& a, const CLI::App& c) {
   check_files({{"--resume", a.resume}}, {{"--checkpoint-out", a.checkpoint_out}, {"--dump-gradients", a.dump_gradients}});
   apply_threads(a.train.threads);
   a.train.schedule = parse_schedule(a.schedule);
+  if (a.resume.empty() && a.model.d_model % a.model.heads != 0)
+    throw Error(Error::Kind::Value, "--heads: expected a divisor of --d-model " + std::to_string(a.model.d_model) +
+                                        ", got " + std::to_string(a.model.heads));
 
   std::unique_ptr<Trainer> trainer;
   if (a.resume.empty()) {
@@ -290,7 +293,8 @@ Runner add_train_command(CLI::App& app) {
   c->add_option("--checkpoint-every", a->checkpoint_every, "Also write --checkpoint-out every N steps; 0 = at the end only")
       ->check(non_negative_integer());
   c->add_option("--resume", a->resume,
-                "Continue the run saved in this checkpoint (its settings; a flag given must agree)")
+                "Continue the run saved in this checkpoint: its settings, and a flag given must agree with them, except "
+                "--steps, which may be larger (with --schedule cosine that reshapes the remaining schedule)")
       ->check(path());
   c->add_option("--dump-gradients", a->dump_gradients,
                 "Before training, write the first batch (tokens, targets, mask), its loss and every parameter's "
