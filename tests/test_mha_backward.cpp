@@ -30,6 +30,7 @@
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "test_util.hpp"
 
 namespace multihead {
@@ -278,8 +279,10 @@ double worst_error(const std::map<std::string, Tensor<double>>& a, const std::ma
 
 class FiniteDifferences : public ::testing::TestWithParam<BackwardCase> {};
 
-TEST_P(FiniteDifferences, Float64) {
-  const BackwardCase& c = GetParam();
+// The differences run the reference forward whichever kernel the backward
+// under test runs (the float64 kernels: reference, materialized), so the
+// oracle is the plain loops' function.
+void check_finite_differences(const BackwardCase& c, AttentionKernel kernel) {
   std::mt19937_64 rng(42);
   Problem<double> p = make_problem<double>(c, rng);
   BasicMultiheadAttention<double> m(p.config, 7);
@@ -290,10 +293,18 @@ TEST_P(FiniteDifferences, Float64) {
   });
   ForwardResult<double> probe = m.forward(p.q, key_of(p), value_of(p), p.options);
   const Tensor<double> R = random_tensor<double>(probe.output.shape(), rng);
-  const double worst = worst_error(analytic(m, p, R), finite_differences(m, p, R), c.name());
-  std::printf("[ fd ] %s: worst relative error %.3g (bound %.0e, step %.0e)\n", c.name().c_str(), worst, kBound,
+  const auto fd = finite_differences(m, p, R);
+  p.options.attention.kernel = kernel;
+  const std::string label = c.name() + "_" + to_string(kernel);
+  const double worst = worst_error(analytic(m, p, R), fd, label);
+  std::printf("[ fd ] %s: worst relative error %.3g (bound %.0e, step %.0e)\n", label.c_str(), worst, kBound,
               kStep);
   EXPECT_LT(worst, kBound);
+}
+
+TEST_P(FiniteDifferences, Float64_Reference) { check_finite_differences(GetParam(), AttentionKernel::Reference); }
+TEST_P(FiniteDifferences, Float64_Materialized) {
+  check_finite_differences(GetParam(), AttentionKernel::Materialized);
 }
 
 INSTANTIATE_TEST_SUITE_P(Table, FiniteDifferences, ::testing::ValuesIn(kFiniteDifferenceCases),
@@ -441,6 +452,84 @@ TEST(UpdateParameters, RebuildsDerivedWeightsAndRefusesReshape) {
   EXPECT_NE(e.find("k_proj_weight"), std::string::npos) << e;
   const Tensor<float> after = m.forward(p.q, key_of(p), value_of(p), p.options).output;
   EXPECT_EQ(0, std::memcmp(a.data(), after.data(), sizeof(float) * a.numel()));
+}
+
+// No queries (L = 0), or no keys but the zero-attention key (S = 0,
+// add_zero_attn): the output depends on nothing, or only on out_proj.bias
+// (every query attends to the zero key alone: attention output 0, output
+// b_O). The gradients have the inputs' and parameters' shapes and are zero
+// except dℓ/db_O = Σ_tokens R.
+TEST(Backward, EmptyQueryOrKeyLengths_E4_H2_B2) {
+  std::mt19937_64 rng(3);
+  for (const auto& [L, S] : {std::pair<int64_t, int64_t>{0, 3}, {3, 0}}) {
+    MultiheadAttentionConfig config;
+    config.embed_dim = 4;
+    config.num_heads = 2;
+    config.add_zero_attn = S == 0;
+    BasicMultiheadAttention<double> m(config, 1);
+    m.update_parameters([](const std::string& name, Tensor<double>& t) {
+      if (name == "in_proj_bias") std::fill_n(t.data(), t.numel(), 0.5);  // a query/value bias that must not leak
+    });
+    const Tensor<double> q = random_tensor<double>({L, 2, 4}, rng), kv = random_tensor<double>({S, 2, 4}, rng);
+    ForwardOptions<double> o;
+    o.need_weights = false;
+    ForwardContext<double> ctx;
+    const Tensor<double> out = m.forward(q, kv, kv, o, ctx).output;
+    const Tensor<double> R = random_tensor<double>(out.shape(), rng);
+    const MultiheadAttentionGradients<double> g = m.backward(ctx, R);
+    EXPECT_EQ(g.query.shape(), q.shape());
+    EXPECT_EQ(g.key.shape(), kv.shape());
+    EXPECT_EQ(g.value.shape(), kv.shape());
+    for (const auto& [name, t] : m.state_dict()) {
+      const Tensor<double>& d = g.parameters.at(name);
+      ASSERT_EQ(d.shape(), t.shape()) << name;
+      for (int64_t i = 0; i < d.numel(); ++i) {
+        double expected = 0;
+        if (name == "out_proj.bias")
+          for (int64_t r = 0; r < L * 2; ++r) expected += R[r * 4 + i];
+        EXPECT_NEAR(d[i], expected, 1e-12) << "L=" << L << " S=" << S << " " << name << "[" << i << "]";
+      }
+    }
+    for (const Tensor<double>* t : {&g.query, &g.key, &g.value})
+      for (int64_t i = 0; i < t->numel(); ++i) EXPECT_EQ((*t)[i], 0.0);
+  }
+}
+
+// One training step gives the same bits with 1 and 2 threads (our loops and
+// BLAS), for every kernel the float32 module can run, so a seeded trainer's
+// losses do not depend on the thread count. Shapes with enough tokens for
+// BLAS and the kernels to split their work.
+TEST(Backward, SameBitsForOneAndTwoThreads_Float32) {
+  const int before = threads();
+  for (const BackwardCase& base : {kFiniteDifferenceCases[2], kFiniteDifferenceCases[6]}) {
+    BackwardCase c = base;
+    c.E = 32;
+    c.H = 4;
+    c.B = 2;
+    c.L = c.S = 80;
+    c.mask = c.mask <= 2 ? c.mask : 0;
+    for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Flash}) {
+      MultiheadAttentionGradients<float> g[2];
+      Tensor<float> out[2];
+      for (int t = 0; t < 2; ++t) {
+        set_threads(t + 1);
+        std::mt19937_64 rng(9);
+        Problem<float> p = make_problem<float>(c, rng);
+        p.options.attention.kernel = kernel;
+        BasicMultiheadAttention<float> m(p.config, 3);
+        ForwardContext<float> ctx;
+        out[t] = m.forward(p.q, key_of(p), value_of(p), p.options, ctx).output;
+        m.backward(ctx, random_tensor<float>(out[t].shape(), rng), g[t]);
+      }
+      const std::string label = c.name() + " " + to_string(kernel);
+      EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), sizeof(float) * out[0].numel())) << label;
+      EXPECT_EQ(0, std::memcmp(g[0].query.data(), g[1].query.data(), sizeof(float) * g[0].query.numel())) << label;
+      for (const auto& [name, t] : g[0].parameters)
+        EXPECT_EQ(0, std::memcmp(t.data(), g[1].parameters.at(name).data(), sizeof(float) * t.numel()))
+            << label << " " << name;
+    }
+  }
+  set_threads(before);
 }
 
 }  // namespace
