@@ -88,8 +88,10 @@ class Progress {
   Progress(bool bar, int64_t first, int64_t last, int64_t interval)
       : bar_(bar), first_(first), last_(last), interval_(interval), start_(std::chrono::steady_clock::now()) {}
 
-  void report(const StepStats& s) {
+  // quiet: count the tokens only (--progress none).
+  void report(const StepStats& s, bool quiet) {
     tokens_ += s.tokens;
+    if (quiet) return;
     const double elapsed = seconds();
     const int64_t done = s.step + 1 - first_, left = last_ - (s.step + 1);
     const double tps = elapsed > 0 ? double(tokens_) / elapsed : 0.0;
@@ -224,7 +226,7 @@ void run_train(TrainArgs& a, const CLI::App& c) {
     if (!std::isfinite(s.loss))
       throw Error(Error::Kind::Value, "training diverged: loss " + std::to_string(s.loss) + " at step " +
                                           std::to_string(s.step + 1) + " (try a smaller --lr)");
-    if (a.progress != "none") progress.report(s);
+    progress.report(s, a.progress == "none");
     if (a.checkpoint_every > 0 && !a.checkpoint_out.empty() && trainer->step() % a.checkpoint_every == 0 &&
         trainer->step() < o.steps)
       write_outputs({{{"--checkpoint-out", a.checkpoint_out}, trainer->serialize_checkpoint()}});

@@ -8,7 +8,9 @@
 //    step reads is stored exactly;
 //  - __metadata__: "format" = kFormat, the model configuration, the task,
 //    seed, steps done ("step") and every optimisation setting, doubles
-//    written with 17 significant digits (exact round trip).
+//    written with 17 significant digits (exact round trip); and
+//    "blocks.i.attn.num_heads" / "batch_first" / "add_zero_attn" for the
+//    weights loader.
 // Nothing else evolves during a run (batches and dropout masks are hashes
 // of seed and step: src/train/seeds.hpp), so a run resumed from it computes
 // what the uninterrupted run computes, bit for bit.
@@ -81,7 +83,7 @@ double meta_double(const SafetensorsFile& f, const std::string& path, const std:
 
 std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOptions& o, const std::string& task,
                                             int64_t step) {
-  return {{"format", kFormat},
+  std::map<std::string, std::string> out = {{"format", kFormat},
           {"task", task},
           {"vocabulary", std::to_string(m.vocabulary)},
           {"sequence_length", std::to_string(m.sequence_length)},
@@ -103,6 +105,15 @@ std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOpt
           {"beta2", exact(o.beta2)},
           {"eps", exact(o.eps)},
           {"clip", exact(o.clip)}};
+  // Each attention module's settings under its prefix, as the weights
+  // loader reads them (src/weights/weights.cpp): `multihead forward
+  // --weights CHECKPOINT --prefix blocks.0.attn` runs a trained block.
+  for (int64_t i = 0; i < m.layers; ++i) {
+    out[train::block_prefix(i) + "num_heads"] = std::to_string(m.heads);
+    out[train::block_prefix(i) + "batch_first"] = "true";
+    out[train::block_prefix(i) + "add_zero_attn"] = "false";
+  }
+  return out;
 }
 
 CheckpointInfo info_of(const SafetensorsFile& f, const std::string& path) {
