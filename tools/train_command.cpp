@@ -300,7 +300,8 @@ Runner add_train_command(CLI::App& app) {
       ->check(path());
   c->add_option("--dump-gradients", a->dump_gradients,
                 "Before training, write the first batch (tokens, targets, mask), its loss and every parameter's "
-                "gradient (grad.NAME) as safetensors; with --steps 0 nothing is trained")
+                "gradient (grad.NAME) as safetensors; with --steps 0 nothing is trained (dropout applies as in "
+                "training: compare with PyTorch at --dropout 0)")
       ->check(path());
   c->add_option("--log-interval", a->log_interval, "Without a terminal: one log line every K steps (and the last)")
       ->check(positive_integer());
