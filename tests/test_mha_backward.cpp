@@ -495,6 +495,41 @@ TEST(Backward, EmptyQueryOrKeyLengths_E4_H2_B2) {
   }
 }
 
+// A fully masked query row (key padding hides every key of batch entry 1):
+// under MaskedRowPolicy::Zeros its output is the constant b_O, so every
+// gradient stays finite and batch entry 1's query gets none; under NaN the
+// gradients are NaN where that row reaches (PyTorch 1.13's autograd).
+TEST(Backward, FullyMaskedRowPolicies_Zeros_Finite_NaN_Spreads) {
+  MultiheadAttentionConfig config;
+  config.embed_dim = 4;
+  config.num_heads = 2;
+  BasicMultiheadAttention<double> m(config, 1);
+  std::mt19937_64 rng(4);
+  const Tensor<double> q = random_tensor<double>({3, 2, 4}, rng), kv = random_tensor<double>({5, 2, 4}, rng);
+  Tensor<uint8_t> pad({2, 5}, 0);
+  for (int64_t j = 0; j < 5; ++j) pad[5 + j] = 1;
+  const Mask<double> mask = Mask<double>::boolean(pad);
+  for (MaskedRowPolicy policy : {MaskedRowPolicy::Zeros, MaskedRowPolicy::NaN}) {
+    ForwardOptions<double> o;
+    o.need_weights = false;
+    o.key_padding_mask = &mask;
+    o.attention.masked_rows = policy;
+    ForwardContext<double> ctx;
+    const Tensor<double> out = m.forward(q, kv, kv, o, ctx).output;
+    const MultiheadAttentionGradients<double> g = m.backward(ctx, Tensor<double>(out.shape(), 1.0));
+    bool any_nan = false;
+    for (const auto& [name, t] : g.parameters)
+      for (int64_t i = 0; i < t.numel(); ++i) any_nan |= std::isnan(t[i]);
+    if (policy == MaskedRowPolicy::Zeros) {
+      EXPECT_FALSE(any_nan);
+      for (int64_t l = 0; l < 3; ++l)  // token (l, b = 1) is row l·B + 1
+        for (int64_t e = 0; e < 4; ++e) EXPECT_EQ(g.query[(l * 2 + 1) * 4 + e], 0.0);
+    } else {
+      EXPECT_TRUE(any_nan);
+    }
+  }
+}
+
 // One training step gives the same bits with 1 and 2 threads (our loops and
 // BLAS), for every kernel the float32 module can run, so a seeded trainer's
 // losses do not depend on the thread count. Shapes with enough tokens for
