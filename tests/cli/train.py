@@ -15,12 +15,14 @@ Good runs (stdout is a pipe here, so never a terminal):
   - 5 steps, checkpoint, --resume to 10 prints the losses of 10 steps in one go
     (constant schedule: with cosine, a longer --steps reshapes the rest);
   - the loss of a 100-step run falls below a quarter of its first value;
-  - --progress bar draws with carriage returns; --help names every option.
+  - on a (pseudo-)terminal, and with --progress bar, a bar drawn with carriage
+    returns; --help names every option.
 
 Usage: /usr/bin/python3 tests/cli/train.py --multihead PATH --workdir DIR
 """
 import argparse
 import os
+import pty
 import re
 import shutil
 import subprocess
@@ -180,6 +182,23 @@ def test_learns_and_bar(cli, work):
     code, out, _ = run(cli, *SMALL, "--steps", "3", "--progress", "bar")
     check("--progress bar redraws with carriage returns", code == 0 and "\r" in out and "tok/s" in out
           and "left" in out, repr(out))
+    # --progress auto on a terminal (a pseudo-terminal here): the bar.
+    master, slave = pty.openpty()
+    r = subprocess.run([cli, "train", *SMALL, "--steps", "3"], stdout=slave, stderr=subprocess.PIPE, timeout=120)
+    os.close(slave)
+    tty = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        tty += chunk
+    os.close(master)
+    text = tty.decode("utf-8", "replace")
+    check("on a terminal the bar is drawn, not log lines", r.returncode == 0 and "\r" in text and "step=" not in text
+          and "done: " in text, repr(text))
     code, out, _ = run(cli, "--help")
     flags = ["--task", "--symbols", "--length", "--layers", "--d-model", "--heads", "--ff", "--dropout", "--causal",
              "--steps", "--batch", "--lr", "--warmup", "--schedule", "--weight-decay", "--beta1", "--beta2",
