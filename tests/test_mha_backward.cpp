@@ -277,7 +277,7 @@ double worst_error(const std::map<std::string, Tensor<double>>& a, const std::ma
   return worst;
 }
 
-class FiniteDifferences : public ::testing::TestWithParam<BackwardCase> {};
+class MhaFiniteDifferences : public ::testing::TestWithParam<BackwardCase> {};
 
 // The differences run the reference forward whichever kernel the backward
 // under test runs (the float64 kernels: reference, materialized), so the
@@ -302,17 +302,17 @@ void check_finite_differences(const BackwardCase& c, AttentionKernel kernel) {
   EXPECT_LT(worst, kBound);
 }
 
-TEST_P(FiniteDifferences, Float64_Reference) { check_finite_differences(GetParam(), AttentionKernel::Reference); }
-TEST_P(FiniteDifferences, Float64_Materialized) {
+TEST_P(MhaFiniteDifferences, Float64_Reference) { check_finite_differences(GetParam(), AttentionKernel::Reference); }
+TEST_P(MhaFiniteDifferences, Float64_Materialized) {
   check_finite_differences(GetParam(), AttentionKernel::Materialized);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, FiniteDifferences, ::testing::ValuesIn(kFiniteDifferenceCases),
+INSTANTIATE_TEST_SUITE_P(Table, MhaFiniteDifferences, ::testing::ValuesIn(kFiniteDifferenceCases),
                          [](const auto& info) { return info.param.name(); });
 
 // The checker itself: one analytic element off by 1e-3 of its tensor's norm
 // must fail the bound.
-TEST(FiniteDifferences, CheckerFailsOnAPerturbedGradient) {
+TEST(MhaFiniteDifferences, CheckerFailsOnAPerturbedGradient) {
   const BackwardCase c = kFiniteDifferenceCases[3];
   std::mt19937_64 rng(42);
   Problem<double> p = make_problem<double>(c, rng);
@@ -354,7 +354,7 @@ void check_training_forward_identical(const BackwardCase& c, AttentionKernel ker
   }
 }
 
-TEST(TrainingForward, BitIdenticalToPlainForward_EveryCase_Kernels) {
+TEST(MhaTrainingForward, BitIdenticalToPlainForward_EveryCase_Kernels) {
   for (const BackwardCase& c : kFiniteDifferenceCases) {
     for (AttentionKernel k : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Auto}) {
       check_training_forward_identical<double>(c, k, k != AttentionKernel::Auto);
@@ -366,7 +366,7 @@ TEST(TrainingForward, BitIdenticalToPlainForward_EveryCase_Kernels) {
 
 // A context and a gradients object reused across steps of different shapes
 // give what fresh ones give.
-TEST(Backward, ReusedContextAndGradientsMatchFresh_Float32) {
+TEST(MhaBackward, ReusedContextAndGradientsMatchFresh_Float32) {
   ForwardContext<float> ctx;
   MultiheadAttentionGradients<float> g;
   for (int step = 0; step < 3; ++step) {
@@ -400,7 +400,7 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-TEST(Backward, RefusesEmptyForeignStaleContextAndBadDOutput) {
+TEST(MhaBackward, RefusesEmptyForeignStaleContextAndBadDOutput) {
   const BackwardCase& c = kFiniteDifferenceCases[0];
   std::mt19937_64 rng(1);
   Problem<float> p = make_problem<float>(c, rng);
@@ -426,7 +426,7 @@ TEST(Backward, RefusesEmptyForeignStaleContextAndBadDOutput) {
 // update_parameters: the module then computes what a module built from the
 // updated parameters computes (the transposed copies were rebuilt), and a
 // reshaping update is refused, naming the parameter, leaving it unchanged.
-TEST(UpdateParameters, RebuildsDerivedWeightsAndRefusesReshape) {
+TEST(MhaUpdateParameters, RebuildsDerivedWeightsAndRefusesReshape) {
   const BackwardCase& c = kFiniteDifferenceCases[3];  // kdim/vdim: q/k/v_proj_weight
   std::mt19937_64 rng(2);
   Problem<float> p = make_problem<float>(c, rng);
@@ -459,7 +459,7 @@ TEST(UpdateParameters, RebuildsDerivedWeightsAndRefusesReshape) {
 // (every query attends to the zero key alone: attention output 0, output
 // b_O). The gradients have the inputs' and parameters' shapes and are zero
 // except dℓ/db_O = Σ_tokens R.
-TEST(Backward, EmptyQueryOrKeyLengths_E4_H2_B2) {
+TEST(MhaBackward, EmptyQueryOrKeyLengths_E4_H2_B2) {
   std::mt19937_64 rng(3);
   for (const auto& [L, S] : {std::pair<int64_t, int64_t>{0, 3}, {3, 0}}) {
     MultiheadAttentionConfig config;
@@ -499,7 +499,7 @@ TEST(Backward, EmptyQueryOrKeyLengths_E4_H2_B2) {
 // under MaskedRowPolicy::Zeros its output is the constant b_O, so every
 // gradient stays finite and batch entry 1's query gets none; under NaN the
 // gradients are NaN where that row reaches (PyTorch 1.13's autograd).
-TEST(Backward, FullyMaskedRowPolicies_Zeros_Finite_NaN_Spreads) {
+TEST(MhaBackward, FullyMaskedRowPolicies_Zeros_Finite_NaN_Spreads) {
   MultiheadAttentionConfig config;
   config.embed_dim = 4;
   config.num_heads = 2;
@@ -534,7 +534,7 @@ TEST(Backward, FullyMaskedRowPolicies_Zeros_Finite_NaN_Spreads) {
 // BLAS), for every kernel the float32 module can run, so a seeded trainer's
 // losses do not depend on the thread count. Shapes with enough tokens for
 // BLAS and the kernels to split their work.
-TEST(Backward, SameBitsForOneAndTwoThreads_Float32) {
+TEST(MhaBackward, SameBitsForOneAndTwoThreads_Float32) {
   const int before = threads();
   for (const BackwardCase& base : {kFiniteDifferenceCases[2], kFiniteDifferenceCases[6]}) {
     BackwardCase c = base;
