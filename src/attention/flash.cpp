@@ -57,6 +57,7 @@ void validate(const AttentionArgs<float>& a) {
          " exceed the supported maximum " + std::to_string(kMaxLen));
   }
   if (a.heads < 1) fail("heads must be >= 1, got " + std::to_string(a.heads));
+  check_kv_heads(a);
   // Each output row is written by one thread: rows must not overlap.
   if (!a.out_layout.contiguous() && a.out_layout.row < a.value_dim) {
     fail("out_layout.row " + std::to_string(a.out_layout.row) + " < value_dim " +
