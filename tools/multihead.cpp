@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   Runner init = add_init_command(app);
   Runner bench = add_bench_command(app);
   Runner inspect = add_inspect_command(app);
+  Runner decode = add_decode_command(app);
   if (argc <= 1) {
     std::cout << usage(app);
     return flushed(0);
@@ -90,6 +91,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("init")) init();
     else if (app.got_subcommand("bench")) bench();
     else if (app.got_subcommand("inspect")) inspect();
+    else if (app.got_subcommand("decode")) decode();
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
     std::cerr << "multihead: error: " << e.what() << "\n";
