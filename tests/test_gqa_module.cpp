@@ -278,7 +278,7 @@ class ScopedTarget {
 // they differ only in how the queries are tiled (the full forward's tiles
 // cross the step boundaries), so the difference is float rounding of
 // ~S·u ≈ 1e-5 at most for S <= 170 and typically ~1e-7.
-// GQA with RoPE and a window, per the combination table.
+// GQA with RoPE, and a window or ALiBi, per the combination table.
 TEST_P(GqaDecode, EqualsFullForwardAtEveryStep) {
   const DecodeParam& p = GetParam();
   const ScopedTarget target(p.target);
@@ -293,9 +293,15 @@ TEST_P(GqaDecode, EqualsFullForwardAtEveryStep) {
   for (int64_t s : steps) total += s;
   std::mt19937_64 rng(static_cast<uint64_t>(p.prompt));
   const Tensor<float> x = test::random_tensor<float>(Shape{2, total, 32}, rng);
-  for (const std::optional<int64_t> window : {std::optional<int64_t>{}, std::optional<int64_t>{5}}) {
+  // Plain; a window of 5; ALiBi with a soft-cap (bottom-right positions
+  // over the cache, the combination table).
+  for (const std::string variant : {"plain", "window5", "alibi_softcap"}) {
     AttentionOptions o;
-    o.window = window;
+    if (variant == "window5") o.window = 5;
+    if (variant == "alibi_softcap") {
+      o.alibi_slopes = alibi_slopes(4);
+      o.softcap = 3.0;
+    }
     o.kernel = AttentionKernel::Flash;
     KVCache<float> cache = m.make_cache(2, total);
     int64_t P = 0;
@@ -315,9 +321,8 @@ TEST_P(GqaDecode, EqualsFullForwardAtEveryStep) {
           worst = std::max(worst, std::abs(got[b * L * 32 + e] - want));
           scale = std::max(scale, std::abs(want));
         }
-      EXPECT_LE(worst, 1e-5 * scale) << "step at P=" << P << " L=" << L << (window ? " window 5" : "");
-      RecordProperty("worst_over_max_P" + std::to_string(P) + (window ? "_w5" : ""),
-                     fmt(worst / scale));
+      EXPECT_LE(worst, 1e-5 * scale) << "step at P=" << P << " L=" << L << " " << variant;
+      RecordProperty("worst_over_max_P" + std::to_string(P) + "_" + variant, fmt(worst / scale));
       P += L;
     }
   }
