@@ -136,9 +136,11 @@ void run_decode(const DecodeArgs& a) {
 Runner add_decode_command(CLI::App& app) {
   auto a = std::make_shared<DecodeArgs>();
   CLI::App* c = app.add_subcommand(
-      "decode",
-      "Generate N tokens from a prompt with a KV cache (grouped-query module) and report tokens/s and cache bytes. "
-      "There is no vocabulary: each step's output vector is fed back as the next input embedding");
+      "decode", "Generate tokens with a KV cache (grouped-query module): tokens/s and cache bytes");
+  c->footer(
+      "There is no vocabulary: the prompt is run once (prefill), then each step feeds its output vector back as "
+      "the next input embedding, one token per step. Tokens/s is batch / the median step; the report goes to "
+      "standard output (standard error with --out -). docs/decoding.md has the cache's rules.");
   c->add_option("--weights", a->weights,
                 "safetensors with q_proj/k_proj/v_proj/o_proj.weight (+ .bias), as `multihead init "
                 "--num-kv-heads` writes; omit for seeded random weights (--embed-dim, --num-heads, --seed)")
