@@ -120,7 +120,7 @@ class GroupedQueryAttention {
   // From `options` the module takes scale, window, softcap, alibi_slopes
   // (H values, one per query head: alibi_slopes(H) for the paper's),
   // dropout_p/dropout_seed, masked_rows, kernel, num_threads and
-  // check_finite. Causal masking and positions are its own (config.causal,
+  // check_finite (x and every weight). Causal masking and positions are its own (config.causal,
   // bottom-right): options.is_causal, causal_alignment and
   // causal_query_offset must be left at their defaults.
   Tensor<T> forward(const Tensor<T>& x, const AttentionOptions& options = {}, KVCache<T>* cache = nullptr) const;

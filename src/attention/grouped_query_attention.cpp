@@ -217,7 +217,13 @@ Tensor<T> GroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionO
            ", " + std::to_string(cache->head_dim()));
     cache->reserve_more(L);  // throws naming max_len before any work
   }
-  if (options.check_finite) detail::check_finite("x", x);
+  if (options.check_finite) {
+    detail::check_finite("x", x);
+    const std::pair<const char*, const Tensor<T>*> weights[] = {
+        {"q_proj.weight", &q_w_}, {"k_proj.weight", &k_w_}, {"v_proj.weight", &v_w_}, {"o_proj.weight", &o_w_},
+        {"q_proj.bias", &q_b_},   {"k_proj.bias", &k_b_},   {"v_proj.bias", &v_b_},   {"o_proj.bias", &o_b_}};
+    for (const auto& [name, t] : weights) detail::check_finite(name, *t);
+  }
   Tensor<T> out(Shape{B, L, E});
   if (B == 0 || L == 0) return out;
   const int64_t P = cache ? cache->length() : 0, S = P + L;

@@ -694,6 +694,15 @@ def _(ctx):
     return gqa_forward(ctx, ["--num-kv-heads", "1", "--is-causal", "--window", "-3"])
 
 
+@case("forward --num-kv-heads --check-finite, NaN in k_proj.weight", "k_proj.weight", ("nan", "NaN"))
+def _(ctx):
+    w = gqa_weights(ctx)
+    t = {k: v[0] for k, v in safetensors_io.read(w)[0].items()}
+    t["k_proj.weight"][1, 2] = np.nan
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--check-finite"],
+                       weights=ctx.weights("gqa_nan.safetensors", tensors=t, metadata={"num_heads": str(H)}))
+
+
 @case("decode cache overflow (--max-len 5 < 3 + 4)", "--max-len", "5", "need 7")
 def _(ctx):
     return decode(ctx, ["--max-len", "5"])
