@@ -22,8 +22,10 @@ float32, no biases, no RoPE, causal), T threads (default 2):
     ship inside the package). The model file (MatMul q/k/v, GroupQueryAttention,
     MatMul o) is built here with the onnx Python package (Debian's
     python3-onnx: `apt-get install python3-onnx`); past K/V go in, present
-    K/V (past + 1) come out and are fed back, as onnxruntime-genai does
-    without a shared buffer.
+    K/V come out: "shared buffer" binds past and present to one max-length
+    buffer per K and V, written in place (onnxruntime-genai's
+    past_present_share_buffer), "past+present" feeds present (past + 1
+    positions, a copy) back as the next past.
 Each program: W warm-up steps, then N timed steps; the median step.
 
 Bytes read per token: the four projection weights, 4·E·(2·H·D + 2·Hkv·D)
@@ -188,26 +190,34 @@ def build_ort_model(path, E, H, Hkv):
 
 ORT_CODE = r"""
 const ort = require('onnxruntime-node');
-const [model, E, H, Hkv, C, N, W, T] = process.argv.slice(2);
+const [model, E, H, Hkv, C, N, W, T, mode] = process.argv.slice(2);
 const e = +E, h = +H, hkv = +Hkv, c = +C, n = +N, w = +W, D = e / h;
 (async () => {
   const s = await ort.InferenceSession.create(model, {intraOpNumThreads: +T, interOpNumThreads: 1,
                                                         graphOptimizationLevel: 'all'});
   const rand = (k) => { const a = new Float32Array(k); for (let i = 0; i < k; ++i) a[i] = Math.random() - 0.5; return a; };
-  let pk = new ort.Tensor('float32', rand(hkv * c * D), [1, hkv, c, D]);
-  let pv = new ort.Tensor('float32', rand(hkv * c * D), [1, hkv, c, D]);
-  let x = new ort.Tensor('float32', rand(e), [1, 1, e]);
+  // shared: past and present are one (1, Hkv, max, D) buffer each, written
+  // in place (onnxruntime-genai's past_present_share_buffer); otherwise the
+  // past has exactly the filled positions and present (past + 1) replaces it.
+  const shared = mode === 'shared', max = c + w + n;
+  let pk = new ort.Tensor('float32', rand(hkv * (shared ? max : c) * D), [1, hkv, shared ? max : c, D]);
+  let pv = new ort.Tensor('float32', rand(hkv * (shared ? max : c) * D), [1, hkv, shared ? max : c, D]);
+  const ys = [new ort.Tensor('float32', rand(e), [1, 1, e]), new ort.Tensor('float32', new Float32Array(e), [1, 1, e])];
   const times = [];
   for (let i = 0; i < w + n; ++i) {
-    const past = pk.dims[2];
-    const feeds = {x, past_key: pk, past_value: pv,
+    const past = c + i;  // filled positions
+    const feeds = {x: ys[i % 2], past_key: pk, past_value: pv,
                    seqlens_k: new ort.Tensor('int32', Int32Array.from([past]), [1]),
                    total_sequence_length: new ort.Tensor('int32', Int32Array.from([past + 1]), [])};
     const t = process.hrtime.bigint();
-    const r = await s.run(feeds);
+    if (shared) {
+      await s.run(feeds, {y: ys[(i + 1) % 2], present_key: pk, present_value: pv});
+    } else {
+      const r = await s.run(feeds);
+      ys[(i + 1) % 2] = r.y; pk = r.present_key; pv = r.present_value;
+    }
     const dt = Number(process.hrtime.bigint() - t) / 1e9;
     if (i >= w) times.push(dt);
-    x = r.y; pk = r.present_key; pv = r.present_value;
   }
   times.sort((a, b) => a - b);
   const m = times.length % 2 ? times[(times.length - 1) / 2] : (times[times.length / 2 - 1] + times[times.length / 2]) / 2;
@@ -228,7 +238,7 @@ def ensure_ort(cache):
     return cache
 
 
-def run_ort(cache, workdir, E, H, Hkv, context, tokens, warmup, threads):
+def run_ort(mode, cache, workdir, E, H, Hkv, context, tokens, warmup, threads):
     model = os.path.join(workdir, f"gqa_E{E}_H{H}_kv{Hkv}.onnx")
     if not os.path.exists(model):
         build_ort_model(model, E, H, Hkv)
@@ -237,7 +247,7 @@ def run_ort(cache, workdir, E, H, Hkv, context, tokens, warmup, threads):
         f.write(ORT_CODE)
     env = dict(os.environ, NODE_PATH=os.path.join(cache, "node_modules"))
     r = subprocess.run(["node", script, model, str(E), str(H), str(Hkv), str(context), str(tokens), str(warmup),
-                        str(threads)], capture_output=True, text=True, env=env)
+                        str(threads), mode], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(r.stderr.strip() or f"exit {r.returncode}")
     res = json.loads(r.stdout)
@@ -282,16 +292,20 @@ def main():
     for Hkv in a.kv_heads:
         wbytes, cbytes = bytes_per_token(E, H, Hkv, D, a.context)
         limit = bw / (wbytes + cbytes)
+        def ort(mode, Hkv=Hkv):
+            if not ort_cache:
+                raise RuntimeError(ort_note or "skipped")
+            return run_ort(mode, ort_cache, workdir, E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)
+
         programs = [
             ("ours", lambda: run_ours(cli, E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
             ("torch prealloc", lambda: run_torch("prealloc", E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
             ("torch cat", lambda: run_torch("cat", E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
-            ("ORT GroupQueryAttention", lambda: run_ort(ort_cache, workdir, E, H, Hkv, a.context, a.tokens,
-                                                        a.warmup, a.threads) if ort_cache else
-             (_ for _ in ()).throw(RuntimeError(ort_note or "skipped"))),
+            ("ORT GQA shared buffer", lambda: ort("shared")),
+            ("ORT GQA past+present", lambda: ort("copy")),
         ]
         for name, run in programs:
-            if name.replace(" ", "-").lower().replace("ort-groupqueryattention", "ort") in a.skip:
+            if ("ort" if name.startswith("ORT") else name.replace(" ", "-")) in a.skip:
                 continue
             try:
                 ms, cache = run()
