@@ -37,6 +37,11 @@ tests=(
   # The Python module (python/) and its pytest suite, run by ctest.
   pybind11-dev python3-pybind11 python3-dev python3-pytest
   time
+  # The explain report in a real browser (ctest explain_browser): Debian's
+  # headless chromium, driven from Node.js by playwright-core, which the test
+  # installs itself with npm ci (tests/explain/package-lock.json). A font,
+  # since chromium only recommends one and the screenshot needs text.
+  chromium nodejs fonts-dejavu-core
 )
 
 case "$group" in
@@ -49,6 +54,12 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# npm: Debian's package, unless the installed nodejs brings its own npm (a
+# NodeSource nodejs provides and conflicts with Debian's npm).
+if [[ $group == all ]] && ! command -v npm >/dev/null &&
+   ! dpkg-query -W -f='${Status}' npm 2>/dev/null | grep -q "install ok installed"; then
+  missing+=(npm)
+fi
 if ((${#missing[@]})); then
   echo "install-deps: installing ${missing[*]}"
   if [[ $(id -u) -ne 0 ]]; then

@@ -3,7 +3,8 @@
 # valgrind's memcheck, on success and on failure.
 #
 # Runs BUILD_DIR/tools/multihead (a Release build) for `demo`, `init`,
-# `forward` (self- and cross-attention, with masks and --attn-weights-out)
+# `forward` (self- and cross-attention, with masks and --attn-weights-out),
+# `explain` (HTML and text)
 # and for inputs that must fail (bad shape, truncated files, missing file,
 # NaN with --check-finite, unwritable output, unknown flag). Each command
 # must exit with its expected status (0, or 2 for bad input) and be clean:
@@ -144,6 +145,11 @@ check forward_cross_masks 0 forward --weights "$work/cross.safetensors" --query 
   --attn-mask "$work/mask_cross.npy" --out "$work/out/cross.npy" --attn-weights-out "$work/out/cross_w.npy"
 check forward_textbook 0 forward --weights "$work/cross.safetensors" --query "$work/q.npy" \
   --key "$work/k.npy" --value "$work/v.npy" --form textbook --out "$work/out/textbook.npy"
+check explain_html 0 explain --weights "$work/self.safetensors" --input "$work/q.npy" --batch 1 \
+  --out "$work/out/explain.html"
+check explain_text 0 explain --weights "$work/self.safetensors" --input "$work/q.npy" --format text --token 3
+check fail_explain_tokens 2 explain --weights "$work/self.safetensors" --input "$work/q.npy" --tokens "a b" \
+  --out "$work/out/fail.npy"
 check fail_bad_shape 2 forward --weights "$work/self.safetensors" --query "$work/q_bad_shape.npy" \
   --out "$work/out/fail.npy"
 check fail_truncated_npy 2 forward --weights "$work/self.safetensors" --query "$work/q_truncated.npy" \
@@ -161,7 +167,7 @@ check fail_unknown_flag 2 forward --weights "$work/self.safetensors" --query "$w
   --out "$work/out/fail.npy"
 
 # Successful runs wrote their outputs; failed ones wrote nothing.
-for f in init.safetensors self.npy self_w.npy cross.npy cross_w.npy textbook.npy; do
+for f in init.safetensors self.npy self_w.npy cross.npy cross_w.npy textbook.npy explain.html; do
   if [[ ! -s $work/out/$f ]]; then
     echo "FAIL  output $f was not written"
     fail=$((fail + 1))

@@ -360,3 +360,26 @@ TEST(GqaKernelValidation, KvHeadsMustDivideHeads) {
 
 }  // namespace
 }  // namespace multihead
+
+namespace multihead {
+namespace {
+
+// The backward kernels take one K/V slice per query slice: a grouped call
+// is refused (naming num_kv_heads) before any pointer is read.
+TEST(GqaKernelValidation, BackwardRefusesGroupedKv) {
+  detail::AttentionBackwardArgs<float> b;
+  b.forward.slices = 4;
+  b.forward.heads = 4;
+  b.forward.kv_heads = 2;
+  for (AttentionKernel k : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Flash}) {
+    try {
+      detail::attention_backward(b, k);
+      ADD_FAILURE() << to_string(k) << " accepted kv_heads 2 with 4 heads";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("num_kv_heads:", 0), 0u) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace multihead

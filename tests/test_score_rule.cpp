@@ -34,6 +34,12 @@
 // under 8·cap·u in all.
 // A fully masked row is the policy's fill exactly (0 or NaN), and NaN must
 // appear exactly where the oracle has NaN.
+// The row log-sum-exp lse_i = m_i + log Σ_j exp(s_ij − m_i) (every kernel
+// stores it when AttentionArgs::lse is set; −inf exactly for a fully masked
+// row): m_i carries the score's δ, log of the sum its relative error (the
+// same factor as a weight's, which also covers the exp's few ulp), and the
+// final log and addition u·|lse_i| each, so
+//   |lse_i − ref_i| <= u·(factor_i + 2·|ref_i| + 2).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -217,7 +223,7 @@ bool sees(const RuleCase& c, int64_t i, int64_t j) {
 }
 
 struct Expected {
-  std::vector<double> out, weights, out_bound, weights_factor;
+  std::vector<double> out, weights, out_bound, weights_factor, lse, lse_bound;
 };
 
 Expected expected(const Inputs& in, double u) {
@@ -229,6 +235,8 @@ Expected expected(const Inputs& in, double u) {
   e.out_bound.assign(e.out.size(), 0.0);
   e.weights.assign(static_cast<std::size_t>(kN * c.L * c.S), 0.0);
   e.weights_factor.assign(static_cast<std::size_t>(kN * c.L), 0.0);
+  e.lse.assign(static_cast<std::size_t>(kN * c.L), -kInf);
+  e.lse_bound.assign(e.lse.size(), 0.0);
   std::vector<double> s(static_cast<std::size_t>(c.S)), p(s.size());
   for (int64_t n = 0; n < kN; ++n)
     for (int64_t i = 0; i < c.L; ++i) {
@@ -264,6 +272,8 @@ Expected expected(const Inputs& in, double u) {
       }
       double sum = 0;
       for (int64_t j = 0; j < c.S; ++j) sum += p[j] = std::exp(s[j] - max);
+      e.lse[row] = max + std::log(sum);
+      e.lse_bound[row] = u * (factor + 2 * std::abs(e.lse[row]) + 2);
       for (int64_t j = 0; j < c.S; ++j) {
         p[j] /= sum;
         if (c.dropout > 0) p[j] = detail::dropout_keep(dropout, n, i, j) ? p[j] / (1 - c.dropout) : 0.0;
@@ -295,7 +305,7 @@ std::string compare(const char* what, const std::vector<T>& got, const std::vect
   std::string first;
   for (std::size_t x = 0; x < want.size(); ++x) {
     const double g = static_cast<double>(got[x]), w = want[x];
-    const double err = std::abs(g - w);
+    const double err = std::isinf(w) ? (g == w ? 0.0 : kInf) : std::abs(g - w);
     const bool ok = std::isnan(w) ? std::isnan(g) : (!std::isnan(g) && err <= bound[x]);
     if (ok) continue;
     if (failures++ == 0) {
@@ -313,7 +323,7 @@ std::string compare(const char* what, const std::vector<T>& got, const std::vect
 
 template <class T>
 struct KernelRun {
-  std::vector<T> q, k, v, mask, pad, slopes, out, weights;
+  std::vector<T> q, k, v, mask, pad, slopes, out, weights, lse;
 };
 
 template <class T>
@@ -326,6 +336,7 @@ AttentionArgs<T> args_for(const Inputs& in, KernelRun<T>& r, bool weights, int t
   r.pad.assign(in.pad.begin(), in.pad.end());
   r.out.assign(static_cast<std::size_t>(kN * c.L * kDv), T(-777));
   r.weights.assign(weights ? static_cast<std::size_t>(kN * c.L * c.S) : 0, T(-777));
+  r.lse.assign(static_cast<std::size_t>(kN * c.L), T(-777));
   AttentionArgs<T> a;
   a.slices = kN;
   a.heads = kH;
@@ -356,6 +367,7 @@ AttentionArgs<T> args_for(const Inputs& in, KernelRun<T>& r, bool weights, int t
   a.num_threads = threads;
   a.out = r.out.data();
   a.weights = weights ? r.weights.data() : nullptr;
+  a.lse = r.lse.data();
   return a;
 }
 
@@ -378,6 +390,7 @@ std::string check_kernel(const Inputs& in, const Expected& e, AttentionKernel ke
       bound[x] = unit_roundoff<T>() * std::abs(e.weights[x]) * e.weights_factor[x / static_cast<std::size_t>(in.c.S)] + 1e-300;
     failure = compare("weights", r.weights, e.weights, bound);
   }
+  if (failure.empty()) failure = compare("lse", r.lse, e.lse, e.lse_bound);
   return failure;
 }
 
@@ -410,7 +423,7 @@ INSTANTIATE_TEST_SUITE_P(Variants, ScoreRule, ::testing::ValuesIn(variant_cases(
                          [](const auto& info) { return info.param.name(); });
 
 // The checker catches a planted one-element change: in a finite output, in
-// a weight, and a NaN fill turned into 0.
+// a weight, a NaN fill turned into 0, and in a log-sum-exp.
 TEST(ScoreRuleChecker, CatchesOneChangedElement) {
   const RuleCase c{9, 6, MaskKind::PerSlice, true, Causal::BottomRight, 0, MaskedRowPolicy::NaN, 0.3};
   const Inputs in = make_inputs(c);
@@ -441,6 +454,20 @@ TEST(ScoreRuleChecker, CatchesOneChangedElement) {
   std::vector<float> w = r.weights;
   w[z] *= 1.001f;
   EXPECT_NE(compare("weights", w, e.weights, bound), "");
+  // A row's log-sum-exp moved by 4 bounds, and a fully masked row's −inf
+  // turned into a finite number.
+  ASSERT_EQ(compare("lse", r.lse, e.lse, e.lse_bound), "");
+  std::size_t finite = 0, masked = 0;
+  while (finite < e.lse.size() && std::isinf(e.lse[finite])) ++finite;
+  while (masked < e.lse.size() && !std::isinf(e.lse[masked])) ++masked;
+  ASSERT_LT(finite, e.lse.size());
+  ASSERT_LT(masked, e.lse.size());
+  std::vector<float> lse = r.lse;
+  lse[finite] += static_cast<float>(4 * e.lse_bound[finite]);
+  EXPECT_NE(compare("lse", lse, e.lse, e.lse_bound), "");
+  lse = r.lse;
+  lse[masked] = -1e30f;
+  EXPECT_NE(compare("lse", lse, e.lse, e.lse_bound), "");
 }
 
 // Bottom-right, exactly: with L = 3 queries and S = 5 keys, query i sees

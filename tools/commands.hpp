@@ -16,6 +16,8 @@ Runner add_demo_command(CLI::App& app);
 Runner add_init_command(CLI::App& app);
 Runner add_bench_command(CLI::App& app);
 Runner add_inspect_command(CLI::App& app);
+Runner add_explain_command(CLI::App& app);
+Runner add_train_command(CLI::App& app);
 Runner add_decode_command(CLI::App& app);
 
 // --threads for both our OpenMP loops and BLAS (the program owns the process,

@@ -15,6 +15,12 @@
 //    (in_projection), a reshape into heads (split_heads), attention for every
 //    head at once, merge_heads, out_projection.
 //
+// Training (src/attention/multihead_attention_backward.cpp):
+//   ForwardContext<float> ctx;                      // reused every step
+//   auto r = mha.forward(q, k, v, options, ctx);    // keeps what backward needs
+//   auto g = mha.backward(ctx, d_output);           // g.query, g.parameters["in_proj_weight"], …
+//   mha.update_parameters([&](const std::string& name, Tensor<float>& p) { /* p -= lr·g.parameters[name] */ });
+//
 // Legend: B batch, L query length, S key length, E embed_dim, H num_heads,
 // D = E / H head width, Ek = kdim, Ev = vdim.
 // Shapes (batch_first = false, PyTorch's default):
@@ -27,7 +33,9 @@
 //   S' = S + add_bias_kv + add_zero_attn; unbatched drops the B.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,6 +51,8 @@ template <class T>
 class WorkspacePool;
 template <class T>
 struct ProjectionWeights;
+template <class T>
+struct SavedForward;
 }
 
 // Constructor arguments of torch.nn.MultiheadAttention, same names and defaults.
@@ -135,6 +145,65 @@ struct ForwardResult {
   std::optional<Tensor<T>> attn_weights; // present iff need_weights
 };
 
+// dℓ/d(everything the forward read), for a given dℓ/d(output).
+template <class T>
+struct MultiheadAttentionGradients {
+  // dℓ/d(input), same shapes (and layout) as the inputs. Self-attention with
+  // one tensor passed as query, key and value gets three separate tensors,
+  // one per argument: the gradient of that one tensor is their sum (the
+  // caller adds them, as autograd would).
+  Tensor<T> query, key, value;
+  // dℓ/dθ under the state_dict names ("in_proj_weight" or q/k/v_proj_weight,
+  // "in_proj_bias", "out_proj.weight", "out_proj.bias", "bias_k", "bias_v"),
+  // exactly the keys state_dict() has, each of its parameter's shape.
+  std::map<std::string, Tensor<T>> parameters;
+};
+
+template <class T>
+class BasicMultiheadAttention;
+
+// What a training forward keeps for the backward pass
+// (BasicMultiheadAttention::forward with a context, then backward):
+//  - the inputs' shapes and the forward's plan (its validation, once);
+//  - copies of the inputs (the in-projection's gradient needs them; one copy
+//    when query, key and value are one tensor);
+//  - the projected Q, K, V as the kernel read them;
+//  - the attention output before out_projection (the merged heads);
+//  - each attention row's log-sum-exp, (B·H, L): never the (L, S) weights,
+//    which the backward recomputes from it (and dropout's keep decisions,
+//    which it regenerates from the same seed);
+//  - the resolved options: the kernel, paths, dropout rate and seed,
+//    is_causal, window, softcap, ALiBi, scale, policy, threads.
+// It does NOT copy the masks: it keeps options.attn_mask and
+// options.key_padding_mask as pointers, so the caller keeps those masks
+// alive (and unchanged) until backward() has returned.
+// Move-only. Reusable across steps: a later forward overwrites it, and its
+// buffers grow when a shape needs more, never shrink (clear() frees them).
+template <class T>
+class ForwardContext {
+ public:
+  ForwardContext();
+  ~ForwardContext();
+  ForwardContext(ForwardContext&&) noexcept;
+  ForwardContext& operator=(ForwardContext&&) noexcept;
+  ForwardContext(const ForwardContext&) = delete;
+  ForwardContext& operator=(const ForwardContext&) = delete;
+
+  // True until a training forward has filled it (and after clear()).
+  bool empty() const;
+  // Bytes of the buffers it holds.
+  std::size_t bytes() const;
+  // Frees every buffer; the context is empty again.
+  void clear();
+
+ private:
+  friend class BasicMultiheadAttention<T>;
+  std::unique_ptr<detail::SavedForward<T>> saved_;
+};
+
+extern template class ForwardContext<float>;
+extern template class ForwardContext<double>;
+
 template <class T>
 class BasicMultiheadAttention {
  public:
@@ -163,6 +232,37 @@ class BasicMultiheadAttention {
   // (so even the output is not reallocated between calls).
   void forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
                const ForwardOptions<T>& options, ForwardResult<T>& result) const;
+  // Training: the same forward (bit-identical output and weights), also
+  // filling `save_for_backward` with what backward() needs (ForwardContext
+  // above). options.training selects dropout at config().dropout, with
+  // options.attention.dropout_seed; the backward regenerates the same keep
+  // decisions from that seed.
+  ForwardResult<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                           const ForwardOptions<T>& options, ForwardContext<T>& save_for_backward) const;
+  // The backward pass of that forward: given d_output = dℓ/d(output), of the
+  // output's shape, the gradients of the inputs and of every parameter
+  // (MultiheadAttentionGradients). The attention weights the forward may
+  // have returned are outputs for inspection: no gradient flows back
+  // through them. Runs the attention kernel the forward's options request
+  // (options.attention.kernel; MULTIHEAD_KERNEL forces it as for the
+  // forward). Throws multihead::Error, naming the argument, if `saved` is
+  // empty, comes from another module, predates update_parameters(), or if
+  // d_output has the wrong shape. The caller's masks must still be alive.
+  // Thread-safe as forward() is (scratch from the same pool).
+  MultiheadAttentionGradients<T> backward(const ForwardContext<T>& saved, const Tensor<T>& d_output) const;
+  // Same, writing into `gradients`, whose tensors are reused when they
+  // already have the right shapes (nothing is reallocated between steps).
+  void backward(const ForwardContext<T>& saved, const Tensor<T>& d_output,
+                MultiheadAttentionGradients<T>& gradients) const;
+  // Calls update(name, tensor) for every parameter under its state_dict name
+  // (in state_dict()'s order), e.g. an optimiser step, then checks every
+  // parameter's shape (validate_parameters) and rebuilds the derived data
+  // (the transposed weight copies). Not thread-safe against concurrent
+  // forward/backward calls on this module. Contexts filled before the update
+  // are refused by backward() (their gradients would mix old and new
+  // weights).
+  void update_parameters(const std::function<void(const std::string& name, Tensor<T>& parameter)>& update);
+
   // Frees the pooled scratch buffers (they are rebuilt on demand).
   void release_workspaces() const;
   // The lesson's four steps, one head at a time, in plain loops. Same
@@ -183,6 +283,12 @@ class BasicMultiheadAttention {
   // them fastest (src/attention/projection_weights.hpp). Built once.
   std::shared_ptr<const detail::ProjectionWeights<T>> weights_t_;
   std::shared_ptr<detail::WorkspacePool<T>> workspaces_;
+  // A process-unique token for this set of parameter values, drawn anew by
+  // the constructors and by update_parameters(). A ForwardContext records
+  // it, so backward() refuses a context from another module or from before
+  // an update (copies of a module share the token until one is updated,
+  // and then their parameters are the same, so the context is valid).
+  uint64_t parameters_token_ = 0;
 };
 
 extern template class BasicMultiheadAttention<float>;

@@ -7,7 +7,8 @@ The C++ library `multihead` through pybind11 (the extension `_multihead`):
     out, weights = mha(query, key, value)          # NumPy arrays in and out
 
 - MultiheadAttention: torch.nn.MultiheadAttention's arguments, forward,
-  state_dict() and load_state_dict().
+  state_dict() and load_state_dict(); training: forward_with_context(),
+  backward(context, d_output) -> gradients, update_parameters(update).
 - scaled_dot_product_attention: torch.nn.functional's (PyTorch 2.x).
 - load_weights / save_weights: safetensors files under PyTorch's names.
 - set_threads, simd_target_force, kernel_force, ...: process-wide switches
@@ -18,6 +19,7 @@ dtypes are converted once. Errors are ValueError (shapes, values: the
 library's message names the tensor) or TypeError (dtypes).
 """
 from ._multihead import (  # noqa: F401
+    ForwardContext,
     MultiheadAttention,
     __version__,
     _debug_last_call,
@@ -37,6 +39,7 @@ from ._multihead import (  # noqa: F401
 
 __all__ = [
     "MultiheadAttention",
+    "ForwardContext",
     "scaled_dot_product_attention",
     "alibi_slopes",
     "load_weights",

@@ -1,6 +1,6 @@
 # Type stubs for the multihead extension module (python/src/module.cpp).
 from os import PathLike
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Tuple, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -77,6 +77,32 @@ class MultiheadAttention:
         softcap: Optional[float] = None,
         alibi: bool = False,
     ) -> Tuple[np.ndarray, Optional[np.ndarray]]: ...
+    def forward_with_context(
+        self,
+        query: ArrayLike,
+        key: ArrayLike,
+        value: ArrayLike,
+        key_padding_mask: Optional[ArrayLike] = None,
+        need_weights: bool = True,
+        attn_mask: Optional[ArrayLike] = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+        *,
+        masked_rows: MaskedRows = "zeros",
+        kernel: Kernel = "auto",
+        num_threads: int = 0,
+        check_finite: bool = False,
+        dropout_seed: int = 0,
+        causal_align: CausalAlign = "top-left",
+        window: Optional[int] = None,
+        softcap: Optional[float] = None,
+        alibi: bool = False,
+        context: Optional["ForwardContext"] = None,
+    ) -> Tuple[np.ndarray, Optional[np.ndarray], "ForwardContext"]: ...
+    def backward(self, context: "ForwardContext", d_output: ArrayLike) -> Dict[str, np.ndarray]: ...
+    def update_parameters(
+        self, update: Callable[[str, np.ndarray], Optional[ArrayLike]]
+    ) -> None: ...
     def state_dict(self) -> Dict[str, np.ndarray]: ...
     def load_state_dict(
         self, state_dict: Mapping[str, ArrayLike], strict: bool = True
@@ -103,6 +129,16 @@ class MultiheadAttention:
     def add_bias_kv(self) -> bool: ...
     @property
     def bias(self) -> bool: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+
+class ForwardContext:
+    """What forward_with_context keeps for backward (no L x S weights)."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def empty(self) -> bool: ...
     @property
     def dtype(self) -> np.dtype: ...
 

@@ -93,6 +93,40 @@ Tensor<double> parameter_tensor(const py::handle& obj, const std::string& name) 
   return Tensor<double>(t.tensor);  // a copy of the view
 }
 
+// What forward_with_context returns as its third element: the library's
+// ForwardContext in the computation's dtype, plus the masks it points to
+// (ForwardContext keeps mask pointers, so they live here until backward).
+class PyForwardContext {
+ public:
+  Precision dtype = Precision::F32;
+  std::unique_ptr<ForwardContext<float>> f32;
+  std::unique_ptr<ForwardContext<double>> f64;
+  HeldMask<float> kpm32, am32;
+  HeldMask<double> kpm64, am64;
+
+  template <class T>
+  ForwardContext<T>& get() {
+    if constexpr (std::is_same_v<T, double>) {
+      if (!f64) f64 = std::make_unique<ForwardContext<double>>();
+      return *f64;
+    } else {
+      if (!f32) f32 = std::make_unique<ForwardContext<float>>();
+      return *f32;
+    }
+  }
+  // The key padding mask (which = 0) or the attention mask (1) in T.
+  template <class T>
+  HeldMask<T>& mask(int which) {
+    if constexpr (std::is_same_v<T, double>) {
+      return which == 0 ? kpm64 : am64;
+    } else {
+      return which == 0 ? kpm32 : am32;
+    }
+  }
+  bool empty() const { return dtype == Precision::F64 ? (!f64 || f64->empty()) : (!f32 || f32->empty()); }
+  std::size_t nbytes() const { return (f32 ? f32->bytes() : 0) + (f64 ? f64->bytes() : 0); }
+};
+
 class PyMultiheadAttention {
  public:
   PyMultiheadAttention(const MultiheadAttentionConfig& config, MultiheadAttentionParameters<double> params,
@@ -143,11 +177,84 @@ class PyMultiheadAttention {
                     std::optional<double> softcap, bool alibi) {
     if (form != "fused" && form != "textbook")
       throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got '" + form + "'");
+    CallOptions o = call_options(need_weights, average_attn_weights, is_causal, masked_rows, kernel, num_threads,
+                                 check_finite, dropout_seed, causal_align, window, softcap, alibi);
+    o.training = training;
+    const py::array q = as_numpy(query);
+    const py::object k = key.is(query) ? q : key;
+    const py::object v = value.is(query) ? q : value;
+    if (precision_of(q, "query") == Precision::F64)
+      return run<double>(q, k, v, key_padding_mask, attn_mask, o, form == "textbook");
+    return run<float>(q, k, v, key_padding_mask, attn_mask, o, form == "textbook");
+  }
+
+  // The training forward: (output, weights, context); `context` (a
+  // ForwardContext from an earlier call, or None) is refilled and returned,
+  // reusing its buffers.
+  py::tuple forward_with_context(const py::object& query, const py::object& key, const py::object& value,
+                                 const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
+                                 bool average_attn_weights, bool is_causal, const std::string& masked_rows,
+                                 const std::string& kernel, int num_threads, bool check_finite, uint64_t dropout_seed,
+                                 const std::string& causal_align, std::optional<int64_t> window,
+                                 std::optional<double> softcap, bool alibi, const py::object& context) {
+    CallOptions o = call_options(need_weights, average_attn_weights, is_causal, masked_rows, kernel, num_threads,
+                                 check_finite, dropout_seed, causal_align, window, softcap, alibi);
+    o.training = training;
+    py::object ctx = context.is_none() ? py::cast(PyForwardContext()) : context;
+    if (!py::isinstance<PyForwardContext>(ctx))
+      throw py::type_error("context: expected a multihead.ForwardContext or None, got " +
+                           py::str(py::type::of(ctx)).cast<std::string>());
+    PyForwardContext& c = ctx.cast<PyForwardContext&>();
+    const py::array q = as_numpy(query);
+    const py::object k = key.is(query) ? q : key;
+    const py::object v = value.is(query) ? q : value;
+    py::tuple r = precision_of(q, "query") == Precision::F64
+                      ? run_with_context<double>(q, k, v, key_padding_mask, attn_mask, o, c)
+                      : run_with_context<float>(q, k, v, key_padding_mask, attn_mask, o, c);
+    return py::make_tuple(r[0], r[1], ctx);
+  }
+
+  // dℓ/d(inputs, parameters) from a context of this module's current
+  // parameters: {"query", "key", "value", state_dict names...}.
+  py::dict backward(PyForwardContext& context, const py::object& d_output) {
+    if (context.empty())
+      throw Error(Error::Kind::Value, "context: empty ForwardContext; get one from forward_with_context()");
+    return context.dtype == Precision::F64 ? run_backward<double>(context, d_output)
+                                           : run_backward<float>(context, d_output);
+  }
+
+  // update(name, array) for every parameter (state_dict's names and order),
+  // on a copy in the module's dtype; it either changes the array in place
+  // and returns None, or returns the new values. Then the module takes them
+  // all, as load_state_dict does (shapes checked, derived data rebuilt);
+  // earlier contexts are refused by backward() from then on.
+  void update_parameters(const py::object& update) {
+    if (!PyCallable_Check(update.ptr()))
+      throw py::type_error("update: expected a callable update(name, array), got " +
+                           py::str(py::type::of(update)).cast<std::string>());
+    MultiheadAttentionParameters<double> p = params_;
+    for (const std::string& n : expected_names(config_)) {
+      Tensor<double>& t = parameter(p, n);
+      py::array a = dtype_ == Precision::F64 ? to_numpy(Tensor<double>(t)) : to_numpy(tensor_cast<float>(t));
+      const py::object r = update(py::str(n), a);
+      t = parameter_tensor(r.is_none() ? py::object(a) : r, n);
+    }
+    if (dtype_ == Precision::F32) round_to_float(p);
+    validate_parameters(config_, p);
+    params_ = std::move(p);
+    f32_.reset();
+    f64_.reset();
+  }
+
+ private:
+  static CallOptions call_options(bool need_weights, bool average_attn_weights, bool is_causal,
+                                  const std::string& masked_rows, const std::string& kernel, int num_threads,
+                                  bool check_finite, uint64_t dropout_seed, const std::string& causal_align,
+                                  std::optional<int64_t> window, std::optional<double> softcap, bool alibi) {
     CallOptions o;
     o.need_weights = need_weights;
     o.average_attn_weights = average_attn_weights;
     o.is_causal = is_causal;
-    o.training = training;
     o.dropout_seed = dropout_seed;
     o.masked_rows = masked_rows;
     o.kernel = kernel;
@@ -157,13 +264,10 @@ class PyMultiheadAttention {
     o.window = window;
     o.softcap = softcap;
     o.alibi = alibi;
-    const py::array q = as_numpy(query);
-    const py::object k = key.is(query) ? q : key;
-    const py::object v = value.is(query) ? q : value;
-    if (precision_of(q, "query") == Precision::F64)
-      return run<double>(q, k, v, key_padding_mask, attn_mask, o, form == "textbook");
-    return run<float>(q, k, v, key_padding_mask, attn_mask, o, form == "textbook");
+    return o;
   }
+
+ public:
 
   py::dict state_dict() const {
     py::dict d;
@@ -266,6 +370,50 @@ class PyMultiheadAttention {
     py::object weights = py::none();
     if (r.attn_weights) weights = to_numpy(std::move(*r.attn_weights));
     return py::make_tuple(to_numpy(std::move(r.output)), weights);
+  }
+
+  template <class T>
+  py::tuple run_with_context(const py::array& query, const py::object& key, const py::object& value,
+                             const py::object& key_padding_mask, const py::object& attn_mask, const CallOptions& o,
+                             PyForwardContext& c) {
+    HeldTensor<T> q = float_tensor<T>(query, "query");
+    HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
+    HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
+    // The context holds the masks first: the library keeps pointers to
+    // these Mask objects until backward.
+    HeldMask<T> kpm = mask_arg<T>(key_padding_mask, "key_padding_mask");  // may throw: nothing changed yet
+    HeldMask<T> am = mask_arg<T>(attn_mask, "attn_mask");
+    c.mask<T>(0) = std::move(kpm);  // the forward below marks ctx unfilled before anything else
+    c.mask<T>(1) = std::move(am);
+    const ForwardOptions<T> fo = forward_options<T>(o, c.mask<T>(0).get(), c.mask<T>(1).get());
+    const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
+    ForwardContext<T>& ctx = c.get<T>();
+    c.dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
+    ForwardResult<T> r;
+    {
+      py::gil_scoped_release nogil;
+      r = m->forward(q.tensor, k.tensor, v.tensor, fo, ctx);
+    }
+    py::object weights = py::none();
+    if (r.attn_weights) weights = to_numpy(std::move(*r.attn_weights));
+    return py::make_tuple(to_numpy(std::move(r.output)), weights);
+  }
+
+  template <class T>
+  py::dict run_backward(PyForwardContext& c, const py::object& d_output) {
+    HeldTensor<T> d = float_tensor<T>(d_output, "d_output");
+    const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
+    MultiheadAttentionGradients<T> g;
+    {
+      py::gil_scoped_release nogil;
+      m->backward(c.get<T>(), d.tensor, g);
+    }
+    py::dict out;
+    out["query"] = to_numpy(std::move(g.query));
+    out["key"] = to_numpy(std::move(g.key));
+    out["value"] = to_numpy(std::move(g.value));
+    for (const std::string& n : expected_names(config_)) out[py::str(n)] = to_numpy(std::move(g.parameters.at(n)));
+    return out;
   }
 
   MultiheadAttentionConfig config_;
@@ -420,6 +568,33 @@ The GIL is released while computing: several threads may call one module at
 once. Inputs are read in place, so no thread may write to them during a call.
 )doc";
 
+const char* const kForwardWithContextDoc = R"doc(forward_with_context(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, dropout_seed=0, causal_align='top-left', window=None, softcap=None, alibi=False, context=None)
+
+The training forward: the same computation as forward() (bit-identical
+output and weights; form is always 'fused'), also keeping what backward()
+needs. Dropout applies in training mode (train()), drawn from dropout_seed;
+backward() regenerates the same mask from it (none is stored).
+
+Returns:
+    (attn_output, attn_output_weights, context): context is a
+    ForwardContext (the one given as context=, refilled, or a new one). It
+    holds references to the masks; no gradient flows through the returned
+    weights.
+)doc";
+
+const char* const kBackwardDoc = R"doc(backward(context, d_output) -> dict
+
+The gradients of a loss l given d_output = dl/d(attn_output), of the output's
+shape, for the forward that filled `context`:
+    "query", "key", "value": dl/d(input), the inputs' shapes. Self-attention
+        (one array passed three times) gets three arrays: the array's
+        gradient is their sum.
+    every state_dict name ("in_proj_weight", "out_proj.bias", ...): dl/dparam.
+Arrays are in the context's dtype. ValueError if the context is empty, or
+the module's parameters changed since that forward (load_state_dict,
+update_parameters), or d_output has the wrong shape.
+)doc";
+
 const char* const kSdpaDoc = R"doc(scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, *, need_weights=False, dropout_seed=0, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, causal_align='top-left', window=None, softcap=None, alibi_slopes=[])
 
 softmax(query @ key^T * scale + mask) @ value, as
@@ -492,6 +667,22 @@ PYBIND11_MODULE(_multihead, m) {
            "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
            "dropout_seed"_a = 0, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
            "alibi"_a = false)
+      .def("forward_with_context", &PyMultiheadAttention::forward_with_context, kForwardWithContextDoc, "query"_a,
+           "key"_a, "value"_a, "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
+           "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
+           "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "dropout_seed"_a = 0,
+           "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(), "alibi"_a = false,
+           "context"_a = py::none())
+      .def("backward", &PyMultiheadAttention::backward, kBackwardDoc, "context"_a, "d_output"_a)
+      .def("update_parameters", &PyMultiheadAttention::update_parameters, "update"_a,
+           "update_parameters(self, update) -> None\n\n"
+           "Calls update(name, array) for every parameter, in state_dict order, with a copy in the module's\n"
+           "dtype. update either changes the array in place and returns None, or returns the new values\n"
+           "(any array-like of the same shape). The module then takes them all, as load_state_dict does\n"
+           "(shapes checked: ValueError naming the parameter; on any error the module is unchanged).\n"
+           "Contexts from before the update are refused by backward().\n\n"
+           "    g = mha.backward(ctx, d_out)\n"
+           "    mha.update_parameters(lambda name, p: p - lr * g[name])")
       .def("state_dict", &PyMultiheadAttention::state_dict,
            "state_dict(self) -> dict\n\nA new dict of the parameters under PyTorch's names (copies, in the module's dtype).")
       .def("load_state_dict", &PyMultiheadAttention::load_state_dict, "state_dict"_a, "strict"_a = true,
@@ -525,6 +716,17 @@ PYBIND11_MODULE(_multihead, m) {
                ", bias=" + b(c.bias) + ", add_bias_kv=" + b(c.add_bias_kv) + ", add_zero_attn=" + b(c.add_zero_attn) +
                ", kdim=" + std::to_string(c.key_dim()) + ", vdim=" + std::to_string(c.value_dim()) +
                ", batch_first=" + b(c.batch_first) + ", dtype=" + (s.dtype() == Precision::F64 ? "float64" : "float32") + ")";
+      });
+
+  py::class_<PyForwardContext>(m, "ForwardContext",
+                               "What MultiheadAttention.forward_with_context keeps for backward(): copies of the\n"
+                               "inputs, the projected Q/K/V, the attention output before out_proj, each attention\n"
+                               "row's log-sum-exp (never the L x S weights), the options, and the masks.\n"
+                               "Pass it back as context= to reuse its buffers.")
+      .def_property_readonly("nbytes", &PyForwardContext::nbytes, "Bytes of the buffers it holds.")
+      .def_property_readonly("empty", &PyForwardContext::empty, "True until a forward has filled it.")
+      .def_property_readonly("dtype", [](const PyForwardContext& c) {
+        return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
       });
 
   m.def(

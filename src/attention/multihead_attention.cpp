@@ -3,6 +3,7 @@
 // __init__ and _reset_parameters).
 #include "multihead/multihead_attention.hpp"
 
+#include <atomic>
 #include <cmath>
 #include <random>
 #include <string>
@@ -14,6 +15,13 @@
 
 namespace multihead {
 namespace {
+
+// A new value of BasicMultiheadAttention::parameters_token_: unique in the
+// process, so a context never matches a module it was not filled by.
+uint64_t new_parameters_token() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 
 [[noreturn]] void fail_config(const std::string& field, const std::string& expected, const std::string& got) {
   throw Error(Error::Kind::Value, field + ": expected " + expected + ", got " + got);
@@ -121,6 +129,7 @@ BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConf
     params_.bias_v = xavier_normal_bias<T>(E, rng);
   }
   weights_t_ = detail::ProjectionWeights<T>::from(config_, params_);
+  parameters_token_ = new_parameters_token();
 }
 
 template <class T>
@@ -131,6 +140,44 @@ BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConf
       workspaces_(std::make_shared<detail::WorkspacePool<T>>()) {
   validate_parameters(config_, params_);
   weights_t_ = detail::ProjectionWeights<T>::from(config_, params_);
+  parameters_token_ = new_parameters_token();
+}
+
+template <class T>
+void BasicMultiheadAttention<T>::update_parameters(
+    const std::function<void(const std::string& name, Tensor<T>& parameter)>& update) {
+  // The update runs on a copy, which replaces the parameters only once every
+  // tensor has passed validate_parameters: an update that throws, or that
+  // reshapes a parameter (refused, naming it), leaves the module as it was.
+  // The copy costs 4·E² numbers per step, small beside the step itself.
+  MultiheadAttentionParameters<T> p = params_;
+  // state_dict()'s names and order (std::map: sorted by name).
+  std::map<std::string, Tensor<T>*> by_name;
+  if (config_.same_embed_dim()) {
+    by_name["in_proj_weight"] = &p.in_proj_weight;
+  } else {
+    by_name["q_proj_weight"] = &p.q_proj_weight;
+    by_name["k_proj_weight"] = &p.k_proj_weight;
+    by_name["v_proj_weight"] = &p.v_proj_weight;
+  }
+  if (config_.bias) {
+    by_name["in_proj_bias"] = &p.in_proj_bias;
+    by_name["out_proj.bias"] = &p.out_proj_bias;
+  }
+  by_name["out_proj.weight"] = &p.out_proj_weight;
+  if (config_.add_bias_kv) {
+    by_name["bias_k"] = &p.bias_k;
+    by_name["bias_v"] = &p.bias_v;
+  }
+  for (auto& [name, tensor] : by_name) {
+    update(name, *tensor);
+    if (tensor->is_view()) *tensor = Tensor<T>(*tensor);  // own the values: a view's buffer may go away
+  }
+  validate_parameters(config_, p);
+  auto weights_t = detail::ProjectionWeights<T>::from(config_, p);
+  params_ = std::move(p);
+  weights_t_ = std::move(weights_t);
+  parameters_token_ = new_parameters_token();  // contexts filled before are stale now
 }
 
 template <class T>

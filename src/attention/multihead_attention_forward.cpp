@@ -23,6 +23,7 @@
 #include "attention/attention_call.hpp"
 #include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
+#include "attention/multihead_attention_fused.hpp"
 #include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
 #include "core/gemm.hpp"
@@ -92,13 +93,6 @@ InWeights<T> in_weights(const MultiheadAttentionConfig& c, const MultiheadAttent
   return w;
 }
 
-// Which fast paths this call takes (FusedPaths in multihead_attention.hpp).
-struct PathChoice {
-  bool head_major;  // head-major copies, else strided views
-  bool packed_self; // one product for q, k and v
-  bool transposed;  // Wᵀ copies, else W
-};
-
 // Auto copies heads from this many keys on (in_projection_head_major says
 // why). Heads must be copied whatever the setting when bias_k / bias_v or
 // the zero-attention key add key positions (PyTorch: torch.cat, then pad the
@@ -130,13 +124,6 @@ PathChoice choose_paths(const MultiheadAttentionConfig& c, const ForwardPlan& pl
   return r;
 }
 
-// A tensor seen as [B][H][len][D] through a slice layout (attention_args.hpp).
-template <class P>
-struct HeadsView {
-  P* data;
-  SliceLayout layout;
-};
-
 // Step 2. split_heads is a reshape: feature h·D + d of token (b, l) in a
 // (tokens, ld) buffer is element [b][h][l][d] of this view. No copy.
 template <class P>
@@ -150,11 +137,6 @@ template <class P>
 HeadsView<P> merge_heads(P* dst, int64_t E, int64_t batch_stride, int64_t seq_stride, int64_t D) {
   return {dst, SliceLayout{batch_stride * E, D, seq_stride * E}};
 }
-
-template <class T>
-struct Heads {
-  HeadsView<const T> q, k, v;
-};
 
 // One fused forward call: what every step reads.
 template <class T>
@@ -320,11 +302,22 @@ Heads<T> in_projection_head_major(const FusedCall<T>& f) {
 }
 
 // Step 3. scaled_dot_product_attention for all B·H slices, writing merged
-// heads into `concat` (4a: merge_heads is the kernel's output view).
+// heads into `concat` (4a: merge_heads is the kernel's output view), and
+// each row's log-sum-exp into `lse` when not null (a training forward).
 template <class T>
-void attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* weights) {
-  const ForwardPlan& plan = f.plan;
-  const KernelMasks<T> masks = build_kernel_masks(plan, f.options);
+void attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* weights, T* lse) {
+  const KernelMasks<T> masks = build_kernel_masks(f.plan, f.options);
+  AttentionArgs<T> args = module_attention_args(f.config, f.plan, f.options, heads, masks, concat, weights);
+  args.lse = lse;
+  attention_forward(args, module_attention_options(f.config, f.options).kernel);
+}
+
+}  // namespace
+
+template <class T>
+AttentionArgs<T> module_attention_args(const MultiheadAttentionConfig& config, const ForwardPlan& plan,
+                                       const ForwardOptions<T>& options, const Heads<T>& heads,
+                                       const KernelMasks<T>& masks, T* concat, T* weights) {
   const HeadsView<T> out = merge_heads(concat, plan.E, plan.q_batch_stride, plan.q_seq_stride, plan.D);
   AttentionShape shape;
   shape.slices = plan.B * plan.H;
@@ -347,9 +340,17 @@ void attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* weights)
   t.out = out.data;
   t.out_layout = out.layout;
   t.weights = weights;
-  const AttentionOptions o = module_attention_options(f.config, f.options);
-  attention_forward(make_attention_args(shape, t, o), o.kernel);
+  return make_attention_args(shape, t, module_attention_options(config, options));
 }
+
+template AttentionArgs<float> module_attention_args<float>(const MultiheadAttentionConfig&, const ForwardPlan&,
+                                                           const ForwardOptions<float>&, const Heads<float>&,
+                                                           const KernelMasks<float>&, float*, float*);
+template AttentionArgs<double> module_attention_args<double>(const MultiheadAttentionConfig&, const ForwardPlan&,
+                                                             const ForwardOptions<double>&, const Heads<double>&,
+                                                             const KernelMasks<double>&, double*, double*);
+
+namespace {
 
 // Step 4b. out_projection: output = concat · W^Oᵀ + b^O.
 template <class T>
@@ -394,6 +395,54 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
   return result;
 }
 
+namespace detail {
+namespace {
+
+// Steps 1 to 4 into `result`, the scratch in f.ws; each attention row's
+// log-sum-exp into `lse` when not null. Returns the heads as the kernel read
+// them (views into f.ws). Both public forwards run exactly this, so the
+// training forward's output is bit-identical to the plain one's.
+template <class T>
+Heads<T> fused_forward(const FusedCall<T>& f, const ProjectionWeights<T>& wt, T* lse, ForwardResult<T>& result) {
+  const ForwardPlan& plan = f.plan;
+  const ForwardOptions<T>& options = f.options;
+  // 1. in_projection and 2. split_heads.
+  const Heads<T> heads = f.paths.head_major ? in_projection_head_major(f) : in_projection_views(f);
+  // 3. attention and 4a. merge_heads.
+  T* concat = f.ws.take(f.ws.concat, static_cast<std::size_t>(plan.B * plan.L * plan.E));
+  Tensor<T> weights;
+  if (options.need_weights) weights = Tensor<T>(Shape{plan.B, plan.H, plan.L, plan.S_total});
+  attend(f, heads, concat, options.need_weights ? weights.data() : nullptr, lse);
+  // 4b. out_projection into the result.
+  const Shape out_shape = output_shape(plan, f.query.shape());
+  if (result.output.shape() != out_shape) result.output = Tensor<T>(out_shape);
+  out_projection(f, wt, concat, result.output.data());
+
+  result.attn_weights.reset();
+  if (options.need_weights) {
+    Shape shape = attn_weights_shape(plan, options.average_attn_weights);
+    if (options.average_attn_weights) {
+      result.attn_weights = average_heads(weights, plan, std::move(shape));
+    } else {
+      result.attn_weights = std::move(weights).reshaped(std::move(shape));
+    }
+  }
+  return heads;
+}
+
+// The copy of an input the backward reads (reusing `dst`'s storage when it
+// has the shape already).
+template <class T>
+void keep_copy(const Tensor<T>& src, Tensor<T>& dst) {
+  if (dst.is_view() || dst.shape() != src.shape()) dst = Tensor<T>(src.shape());
+  std::copy_n(src.data(), src.numel(), dst.data());
+}
+
+bool same_tensor(const void* a, const Shape& sa, const void* b, const Shape& sb) { return a == b && sa == sb; }
+
+}  // namespace
+}  // namespace detail
+
 template <class T>
 void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>& key,
                                          const Tensor<T>& value, const ForwardOptions<T>& options,
@@ -411,28 +460,47 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
   const PathChoice paths = choose_paths(config_, plan, options.paths, query, key, value);
   const FusedCall<T> f{config_, params_, plan, options, query, key, value,
                        in_weights(config_, params_, *weights_t_, paths.transposed), paths, *ws};
+  fused_forward(f, *weights_t_, static_cast<T*>(nullptr), result);
+}
 
-  // 1. in_projection and 2. split_heads.
-  const Heads<T> heads = paths.head_major ? in_projection_head_major(f) : in_projection_views(f);
-  // 3. attention and 4a. merge_heads.
-  T* concat = ws->take(ws->concat, static_cast<std::size_t>(plan.B * plan.L * plan.E));
-  Tensor<T> weights;
-  if (options.need_weights) weights = Tensor<T>(Shape{plan.B, plan.H, plan.L, plan.S_total});
-  attend(f, heads, concat, options.need_weights ? weights.data() : nullptr);
-  // 4b. out_projection into the result.
-  const Shape out_shape = output_shape(plan, query.shape());
-  if (result.output.shape() != out_shape) result.output = Tensor<T>(out_shape);
-  out_projection(f, *weights_t_, concat, result.output.data());
-
-  result.attn_weights.reset();
-  if (options.need_weights) {
-    Shape shape = attn_weights_shape(plan, options.average_attn_weights);
-    if (options.average_attn_weights) {
-      result.attn_weights = average_heads(weights, plan, std::move(shape));
-    } else {
-      result.attn_weights = std::move(weights).reshaped(std::move(shape));
-    }
+template <class T>
+ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>& key,
+                                                     const Tensor<T>& value, const ForwardOptions<T>& options,
+                                                     ForwardContext<T>& save_for_backward) const {
+  using namespace detail;
+  if (!save_for_backward.saved_) save_for_backward.saved_ = std::make_unique<SavedForward<T>>();  // moved from
+  SavedForward<T>& s = *save_for_backward.saved_;
+  s.filled = false;  // until this forward has succeeded (a failed call leaves no stale context)
+  const ForwardPlan plan = plan_forward(config_, query, key, value, options);
+  if (options.attention.check_finite) check_forward_finite(query, key, value, params_);
+  s.parameters_token = parameters_token_;
+  s.plan = plan;
+  s.options = options;
+  s.query_shape = query.shape();
+  s.key_shape = key.shape();
+  s.value_shape = value.shape();
+  ForwardResult<T> result;
+  if (plan.B == 0 || plan.L == 0) {  // nothing to attend from: the backward gives zeros
+    result = empty_result<T>(plan, query.shape(), options);
+    s.heads = {};
+    s.filled = true;
+    return result;
   }
+  if (options.need_weights || options.attention.kernel == AttentionKernel::Materialized)
+    check_weights_fit(plan, sizeof(T));
+  s.paths = choose_paths(config_, plan, options.paths, query, key, value);
+  s.key_is_query = same_tensor(key.data(), key.shape(), query.data(), query.shape());
+  s.value_is_query = same_tensor(value.data(), value.shape(), query.data(), query.shape());
+  s.value_is_key = same_tensor(value.data(), value.shape(), key.data(), key.shape());
+  keep_copy(query, s.query);
+  if (!s.key_is_query) keep_copy(key, s.key);
+  if (!s.value_is_query && !s.value_is_key) keep_copy(value, s.value);
+  T* lse = ForwardWorkspace<T>::take(s.lse, static_cast<std::size_t>(plan.B * plan.H * plan.L));
+  const FusedCall<T> f{config_, params_, plan, options, query, key, value,
+                       in_weights(config_, params_, *weights_t_, s.paths.transposed), s.paths, s.ws};
+  s.heads = fused_forward(f, *weights_t_, lse, result);
+  s.filled = true;
+  return result;
 }
 
 template ForwardResult<float> BasicMultiheadAttention<float>::forward(
@@ -447,5 +515,14 @@ template void BasicMultiheadAttention<float>::forward(const Tensor<float>&, cons
 template void BasicMultiheadAttention<double>::forward(const Tensor<double>&, const Tensor<double>&,
                                                       const Tensor<double>&, const ForwardOptions<double>&,
                                                       ForwardResult<double>&) const;
+template ForwardResult<float> BasicMultiheadAttention<float>::forward(const Tensor<float>&, const Tensor<float>&,
+                                                                     const Tensor<float>&,
+                                                                     const ForwardOptions<float>&,
+                                                                     ForwardContext<float>&) const;
+template ForwardResult<double> BasicMultiheadAttention<double>::forward(const Tensor<double>&,
+                                                                       const Tensor<double>&,
+                                                                       const Tensor<double>&,
+                                                                       const ForwardOptions<double>&,
+                                                                       ForwardContext<double>&) const;
 
 }  // namespace multihead

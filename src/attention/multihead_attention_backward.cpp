@@ -1,0 +1,378 @@
+// src/attention/multihead_attention_backward.cpp: the backward pass of the
+// fused form (multihead_attention_forward.cpp), its steps in reverse:
+//
+//   4b. out_projection backward   output = concat W^Oᵀ + b^O
+//   4a. merge_heads backward      a reshape: d_concat read through the same view
+//   3.  scaled_dot_product_attention backward, through the kernel contract
+//       (AttentionBackwardArgs, src/kernel/attention_args.hpp): masks, causal
+//       and its alignment, window, softcap, ALiBi and dropout (its keep
+//       decisions regenerated from the forward's seed, no mask stored) are
+//       the kernel's, from the same arguments the forward built
+//       (module_attention_args)
+//   2.  split_heads backward      a reshape for views; a gather for head-major
+//       copies, where the extra key columns give d_bias_k / d_bias_v (the
+//       zero-attention column carries no parameter)
+//   1.  in_projection backward    Q = query W_qᵀ + b_q, K = …, V = …
+//
+// PyTorch computes the same gradients by autograd through
+// multi_head_attention_forward (torch/nn/functional.py, 1.13); the tests
+// compare against it (python/tests/test_gradients.py) and against central
+// differences (tests/test_mha_backward.cpp).
+//
+// Legend: B batch, L query length, S key length, S' = S (+1 bias_k)
+// (+1 zero attention), E embed_dim, H heads, D head width, Ek kdim, Ev vdim.
+// "tokens" are rows of the caller's tensors in its own layout; the plan's
+// strides locate token (b, l), as in the forward.
+#include <algorithm>
+#include <string>
+
+#include <omp.h>
+
+#include "attention/kernel.hpp"
+#include "attention/mha_plan.hpp"
+#include "attention/multihead_attention_fused.hpp"
+#include "attention/workspace.hpp"
+#include "core/check.hpp"
+#include "core/gemm.hpp"
+#include "multihead/error.hpp"
+#include "multihead/multihead_attention.hpp"
+
+namespace multihead {
+
+template <class T>
+ForwardContext<T>::ForwardContext() : saved_(std::make_unique<detail::SavedForward<T>>()) {}
+template <class T>
+ForwardContext<T>::~ForwardContext() = default;
+template <class T>
+ForwardContext<T>::ForwardContext(ForwardContext&&) noexcept = default;
+template <class T>
+ForwardContext<T>& ForwardContext<T>::operator=(ForwardContext&&) noexcept = default;
+
+template <class T>
+bool ForwardContext<T>::empty() const {
+  return saved_ == nullptr || !saved_->filled;
+}
+
+template <class T>
+std::size_t ForwardContext<T>::bytes() const {
+  if (!saved_) return 0;
+  const detail::SavedForward<T>& s = *saved_;
+  const std::size_t n = s.ws.proj_q.capacity() + s.ws.proj_k.capacity() + s.ws.proj_v.capacity() +
+                        s.ws.q.capacity() + s.ws.k.capacity() + s.ws.v.capacity() + s.ws.concat.capacity() +
+                        s.lse.capacity() + static_cast<std::size_t>(s.query.numel() + s.key.numel() + s.value.numel());
+  return n * sizeof(T);
+}
+
+template <class T>
+void ForwardContext<T>::clear() {
+  saved_ = std::make_unique<detail::SavedForward<T>>();
+}
+
+template class ForwardContext<float>;
+template class ForwardContext<double>;
+
+namespace detail {
+namespace {
+
+// The gradient of parameter `name`, of `shape`, in `g`'s map: its tensor is
+// reused when it has the shape already.
+template <class T>
+T* gradient_slot(MultiheadAttentionGradients<T>& g, const std::string& name, const Shape& shape) {
+  Tensor<T>& t = g.parameters[name];
+  if (t.is_view() || t.shape() != shape) t = Tensor<T>(shape);
+  return t.data();
+}
+
+template <class T>
+T* input_gradient_slot(Tensor<T>& t, const Shape& shape) {
+  if (t.is_view() || t.shape() != shape) t = Tensor<T>(shape);
+  return t.data();
+}
+
+// Threads for this call's own loops, as the forward counts them.
+int loop_threads(int num_threads) { return num_threads > 0 ? num_threads : omp_get_max_threads(); }
+
+// out[c] = Σ_r x[r·ld + c]: a bias's gradient, the sum over the tokens it
+// was added to. Threads split the columns (blocks of 64), each summing its
+// rows in order, so the bits do not depend on the thread count.
+template <class T>
+void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, int threads) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * cols >= (int64_t{1} << 16))
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+    std::fill(out + c0, out + c1, T(0));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = c0; c < c1; ++c) out[c] += x[r * ld + c];
+  }
+}
+
+// Every gradient tensor of `g` at its shape, and no stale parameter names.
+template <class T>
+void shape_gradients(const MultiheadAttentionConfig& c, const SavedForward<T>& s,
+                     MultiheadAttentionGradients<T>& g) {
+  const int64_t E = c.embed_dim;
+  std::map<std::string, Shape> shapes;
+  if (c.same_embed_dim()) {
+    shapes["in_proj_weight"] = {3 * E, E};
+  } else {
+    shapes["q_proj_weight"] = {E, E};
+    shapes["k_proj_weight"] = {E, c.key_dim()};
+    shapes["v_proj_weight"] = {E, c.value_dim()};
+  }
+  if (c.bias) {
+    shapes["in_proj_bias"] = {3 * E};
+    shapes["out_proj.bias"] = {E};
+  }
+  shapes["out_proj.weight"] = {E, E};
+  if (c.add_bias_kv) {
+    shapes["bias_k"] = {1, 1, E};
+    shapes["bias_v"] = {1, 1, E};
+  }
+  for (auto it = g.parameters.begin(); it != g.parameters.end();)
+    it = shapes.count(it->first) ? std::next(it) : g.parameters.erase(it);
+  for (const auto& [name, shape] : shapes) gradient_slot(g, name, shape);
+  input_gradient_slot(g.query, s.query_shape);
+  input_gradient_slot(g.key, s.key_shape);
+  input_gradient_slot(g.value, s.value_shape);
+}
+
+// The gradients of the in-projection's outputs Q, K, V in token rows (the
+// caller's layout), row stride ld: 3E when they are the column blocks of one
+// packed (tokens × 3E) buffer, else E.
+template <class T>
+struct ProjectionGradients {
+  const T *q, *k, *v;
+  int64_t ld;
+};
+
+// One backward call: what every step reads.
+template <class T>
+struct BackwardCall {
+  const MultiheadAttentionConfig& config;
+  const MultiheadAttentionParameters<T>& params;
+  const SavedForward<T>& saved;
+  ForwardWorkspace<T>& ws;  // scratch, from the module's pool
+  MultiheadAttentionGradients<T>& g;
+  int threads;  // for the loops below (BLAS keeps its own setting)
+};
+
+// Step 4b backward. In the forward pass this was (out_projection):
+//   linear(B·L, concat, W_O, b_O, out, E)       output = concat · W_Oᵀ + b_O
+// so d_concat = d_output · W_O, dW_O = d_outputᵀ · concat, db_O = Σ_tokens d_output.
+template <class T>
+T* out_projection_backward(const BackwardCall<T>& c, const T* d_output) {
+  const int64_t E = c.config.embed_dim, rows = c.saved.plan.B * c.saved.plan.L;
+  T* d_concat = c.ws.take(c.ws.concat, static_cast<std::size_t>(rows * E));
+  const T* W_O = c.params.out_proj_weight.data();  // (E out, E in), as nn.Linear stores it
+  gemm(Trans::No, Trans::No, rows, E, E, T(1), d_output, E, W_O, E, T(0), d_concat, E);
+  T* d_W_O = c.g.parameters["out_proj.weight"].data();
+  gemm(Trans::Yes, Trans::No, E, E, rows, T(1), d_output, E, c.saved.concat(), E, T(0), d_W_O, E);
+  if (c.config.bias)
+    column_sums(rows, E, d_output, E, c.g.parameters["out_proj.bias"].data(), c.threads);
+  return d_concat;
+}
+
+// Step 4a backward. In the forward pass this was (merge_heads):
+//   merge_heads(concat, E, q_batch_stride, q_seq_stride, D)   head h of token (b, l) -> columns h·D …
+// a reshape, so d_concat is read through the same view: module_attention_args
+// builds d_out's layout exactly as it built the forward's out layout.
+//
+// Step 3 backward. In the forward pass this was (attend):
+//   attention_forward(module_attention_args(config, plan, options, heads, masks, concat, weights), kernel)
+// The backward kernel recomputes p_ij = exp(s_ij − lse_i) from the saved
+// row log-sum-exps and writes d_q, d_k, d_v in the heads' layouts. Returns
+// the gradients of Q, K and V in the heads' layouts (views or head-major).
+template <class T>
+Heads<T> attention_backward_step(const BackwardCall<T>& c, T* d_concat) {
+  const SavedForward<T>& s = c.saved;
+  const ForwardPlan& plan = s.plan;
+  const int64_t E = plan.E, q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
+  T *d_q, *d_k, *d_v;
+  if (s.paths.head_major) {  // [B][H][L | S'][D], as the forward's copies
+    d_q = c.ws.take(c.ws.q, static_cast<std::size_t>(plan.B * plan.H * plan.L * plan.D));
+    d_k = c.ws.take(c.ws.k, static_cast<std::size_t>(plan.B * plan.H * plan.S_total * plan.D));
+    d_v = c.ws.take(c.ws.v, static_cast<std::size_t>(plan.B * plan.H * plan.S_total * plan.D));
+  } else if (s.paths.packed_self) {  // column blocks of one (tokens × 3E) buffer, as [Q K V] was
+    d_q = c.ws.take(c.ws.proj_q, static_cast<std::size_t>(q_rows * 3 * E));
+    d_k = d_q + E;
+    d_v = d_q + 2 * E;
+  } else {  // token rows × E each
+    d_q = c.ws.take(c.ws.proj_q, static_cast<std::size_t>(q_rows * E));
+    d_k = c.ws.take(c.ws.proj_k, static_cast<std::size_t>(kv_rows * E));
+    d_v = c.ws.take(c.ws.proj_v, static_cast<std::size_t>(kv_rows * E));
+  }
+  const KernelMasks<T> masks = build_kernel_masks(plan, s.options);
+  AttentionBackwardArgs<T> b;
+  // forward.out is the saved concat: the contract's delta_i = <d_out_i, out_i>.
+  b.forward = module_attention_args(c.config, plan, s.options, s.heads, masks, const_cast<T*>(s.concat()),
+                                    static_cast<T*>(nullptr));
+  b.lse = s.lse.data();
+  b.d_out = d_concat;
+  b.d_q = d_q;
+  b.d_k = d_k;
+  b.d_v = d_v;
+  attention_backward(b, module_attention_options(c.config, s.options).kernel);
+  return {{d_q, s.heads.q.layout}, {d_k, s.heads.k.layout}, {d_v, s.heads.v.layout}};
+}
+
+// Head-major [b][h][0, len)[d] rows back into token rows: token (b, l) is
+// row b·batch_stride + l·seq_stride of `dst` (row stride ld).
+template <class T>
+void gather_heads(const ForwardPlan& plan, const T* src, int64_t total_len, int64_t len, int64_t batch_stride,
+                  int64_t seq_stride, T* dst, int64_t ld, int threads) {
+  const int64_t H = plan.H, D = plan.D, slices = plan.B * H;
+#pragma omp parallel for schedule(static) num_threads(threads) if (slices * len * D >= (int64_t{1} << 16))
+  for (int64_t n = 0; n < slices; ++n) {
+    const int64_t b = n / H, h = n % H;
+    for (int64_t l = 0; l < len; ++l)
+      std::copy_n(src + (n * total_len + l) * D, D, dst + (b * batch_stride + l * seq_stride) * ld + h * D);
+  }
+}
+
+// d_bias[h·D + d] = Σ_b d_heads[b][h][col][d]: bias_k (or bias_v) was the
+// same key row for every batch entry.
+template <class T>
+void extra_key_gradient(const ForwardPlan& plan, const T* d_heads, int64_t col, T* d_bias) {
+  const int64_t H = plan.H, D = plan.D, St = plan.S_total;
+  std::fill_n(d_bias, H * D, T(0));
+  for (int64_t b = 0; b < plan.B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d) d_bias[h * D + d] += d_heads[((b * H + h) * St + col) * D + d];
+}
+
+// Step 2 backward. In the forward pass this was (split_heads):
+//   views:      split_heads(qkv, 3E | E, batch_stride, seq_stride, D)   a reshape
+//   head-major: scatter_heads(...) copies token rows into [b][h][l][d], then
+//               append_extra_keys(...) sets key column S (bias_k / bias_v)
+//               and the zero-attention column
+// so the views' gradients already sit in token rows, and head-major ones are
+// gathered back; the bias_k column's gradient is d_bias_k, the zero column's
+// is dropped (a constant).
+template <class T>
+ProjectionGradients<T> split_heads_backward(const BackwardCall<T>& c, const Heads<T>& d_heads) {
+  const SavedForward<T>& s = c.saved;
+  const ForwardPlan& plan = s.plan;
+  const int64_t E = plan.E, q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
+  if (!s.paths.head_major)
+    return {d_heads.q.data, d_heads.k.data, d_heads.v.data, s.paths.packed_self ? 3 * E : E};
+  if (plan.bias_kv_col >= 0) {
+    extra_key_gradient(plan, d_heads.k.data, plan.bias_kv_col, c.g.parameters["bias_k"].data());
+    extra_key_gradient(plan, d_heads.v.data, plan.bias_kv_col, c.g.parameters["bias_v"].data());
+  }
+  T *q, *k, *v;
+  int64_t ld;
+  if (s.paths.packed_self) {  // one (tokens × 3E) buffer, for the one in_proj product
+    ld = 3 * E;
+    q = c.ws.take(c.ws.proj_q, static_cast<std::size_t>(q_rows * ld));
+    k = q + E;
+    v = q + 2 * E;
+  } else {
+    ld = E;
+    q = c.ws.take(c.ws.proj_q, static_cast<std::size_t>(q_rows * E));
+    k = c.ws.take(c.ws.proj_k, static_cast<std::size_t>(kv_rows * E));
+    v = c.ws.take(c.ws.proj_v, static_cast<std::size_t>(kv_rows * E));
+  }
+  gather_heads(plan, d_heads.q.data, plan.L, plan.L, plan.q_batch_stride, plan.q_seq_stride, q, ld, c.threads);
+  gather_heads(plan, d_heads.k.data, plan.S_total, plan.S, plan.kv_batch_stride, plan.kv_seq_stride, k, ld,
+               c.threads);
+  gather_heads(plan, d_heads.v.data, plan.S_total, plan.S, plan.kv_batch_stride, plan.kv_seq_stride, v, ld,
+               c.threads);
+  return {q, k, v, ld};
+}
+
+// Step 1 backward for one of Q, K, V. In the forward pass this was (in_projection):
+//   linear(rows, x, W, b, y, ld)        y = x · Wᵀ + b,  W (E out, in), x (rows, in)
+// so d_x = d_y · W, dW = d_yᵀ · x, db = Σ_rows d_y.
+template <class T>
+void linear_backward(int64_t rows, int64_t in, const T* x, const T* W, const T* d_y, int64_t ld, int64_t E,
+                     T* d_x, T* d_W, T* d_b, bool weight_gradient, int threads) {
+  gemm(Trans::No, Trans::No, rows, in, E, T(1), d_y, ld, W, in, T(0), d_x, in);
+  if (weight_gradient) gemm(Trans::Yes, Trans::No, E, in, rows, T(1), d_y, ld, x, in, T(0), d_W, in);
+  if (d_b != nullptr) column_sums(rows, E, d_y, ld, d_b, threads);
+}
+
+// Step 1 backward. In the forward pass this was (in_projection_views /
+// in_projection_head_major):
+//   packed self-attention:  linear(tokens, x, W_in, b_in, qkv, 3E)   [Q K V] = x · W_inᵀ + b_in
+//   otherwise:              linear(tokens, query, W_q, b_q, q, E), and so for K (key) and V (value)
+// Each argument gets its own d_input (self-attention: the caller sums them).
+template <class T>
+void in_projection_backward(const BackwardCall<T>& c, const ProjectionGradients<T>& d) {
+  const SavedForward<T>& s = c.saved;
+  const ForwardPlan& plan = s.plan;
+  const MultiheadAttentionConfig& cfg = c.config;
+  const int64_t E = plan.E, Ek = plan.Ek, Ev = plan.Ev, q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
+  const bool packed = cfg.same_embed_dim();
+  const T* W_q = packed ? c.params.in_proj_weight.data() : c.params.q_proj_weight.data();
+  const T* W_k = packed ? W_q + E * E : c.params.k_proj_weight.data();
+  const T* W_v = packed ? W_q + 2 * E * E : c.params.v_proj_weight.data();
+  T* d_W_q = packed ? c.g.parameters["in_proj_weight"].data() : c.g.parameters["q_proj_weight"].data();
+  T* d_W_k = packed ? d_W_q + E * E : c.g.parameters["k_proj_weight"].data();
+  T* d_W_v = packed ? d_W_q + 2 * E * E : c.g.parameters["v_proj_weight"].data();
+  T* d_b = cfg.bias ? c.g.parameters["in_proj_bias"].data() : nullptr;
+  // The packed product's weight gradient is one (3E × tokens)·(tokens × E)
+  // product, as the forward's was one; the per-part products below then
+  // skip theirs.
+  const bool one_weight_product = s.paths.packed_self;
+  if (one_weight_product)
+    gemm(Trans::Yes, Trans::No, 3 * E, E, q_rows, T(1), d.q, 3 * E, s.query.data(), E, T(0), d_W_q, E);
+  linear_backward(q_rows, E, s.query.data(), W_q, d.q, d.ld, E, c.g.query.data(), d_W_q, d_b,
+                  !one_weight_product, c.threads);
+  linear_backward(kv_rows, Ek, s.saved_key().data(), W_k, d.k, d.ld, E, c.g.key.data(), d_W_k,
+                  d_b ? d_b + E : nullptr, !one_weight_product, c.threads);
+  linear_backward(kv_rows, Ev, s.saved_value().data(), W_v, d.v, d.ld, E, c.g.value.data(), d_W_v,
+                  d_b ? d_b + 2 * E : nullptr, !one_weight_product, c.threads);
+}
+
+}  // namespace
+}  // namespace detail
+
+template <class T>
+MultiheadAttentionGradients<T> BasicMultiheadAttention<T>::backward(const ForwardContext<T>& saved,
+                                                                   const Tensor<T>& d_output) const {
+  MultiheadAttentionGradients<T> g;
+  backward(saved, d_output, g);
+  return g;
+}
+
+template <class T>
+void BasicMultiheadAttention<T>::backward(const ForwardContext<T>& saved, const Tensor<T>& d_output,
+                                          MultiheadAttentionGradients<T>& g) const {
+  using namespace detail;
+  if (saved.empty())
+    throw Error(Error::Kind::Value,
+                "saved: empty ForwardContext; fill it with forward(query, key, value, options, context) first");
+  const SavedForward<T>& s = *saved.saved_;
+  if (s.parameters_token != parameters_token_)
+    throw Error(Error::Kind::Value,
+                "saved: this ForwardContext was filled by another module or before update_parameters(); "
+                "run the forward again");
+  const ForwardPlan& plan = s.plan;
+  expect_shape("d_output", d_output.shape(), output_shape(plan, s.query_shape));
+  if (s.options.attention.check_finite) check_finite("d_output", d_output);
+  shape_gradients(config_, s, g);
+  if (plan.B == 0 || plan.L == 0) {  // the forward did no work: nothing depends on anything
+    for (auto& [name, t] : g.parameters) std::fill_n(t.data(), t.numel(), T(0));
+    for (Tensor<T>* t : {&g.query, &g.key, &g.value}) std::fill_n(t->data(), t->numel(), T(0));
+    return;
+  }
+  WorkspaceLease<T> ws(*workspaces_);
+  const BackwardCall<T> c{config_, params_, s, *ws, g, loop_threads(s.options.attention.num_threads)};
+  T* d_concat = out_projection_backward(c, d_output.data());    // 4b
+  const Heads<T> d_heads = attention_backward_step(c, d_concat);  // 4a, 3
+  const ProjectionGradients<T> d_proj = split_heads_backward(c, d_heads);  // 2
+  in_projection_backward(c, d_proj);  // 1
+}
+
+template MultiheadAttentionGradients<float> BasicMultiheadAttention<float>::backward(
+    const ForwardContext<float>&, const Tensor<float>&) const;
+template MultiheadAttentionGradients<double> BasicMultiheadAttention<double>::backward(
+    const ForwardContext<double>&, const Tensor<double>&) const;
+template void BasicMultiheadAttention<float>::backward(const ForwardContext<float>&, const Tensor<float>&,
+                                                      MultiheadAttentionGradients<float>&) const;
+template void BasicMultiheadAttention<double>::backward(const ForwardContext<double>&, const Tensor<double>&,
+                                                       MultiheadAttentionGradients<double>&) const;
+
+}  // namespace multihead

@@ -1,0 +1,47 @@
+// src/explain/attention_weights.cpp: where the reports take their weights
+// from. One function, so that a cheaper source of the same numbers (the
+// fused kernel's weights recomputed from each row's log-sum-exp) replaces
+// its body and nothing else.
+//
+// Legend: B batch, H heads, L queries, S' keys (S plus bias_k and the
+// zero-attention key when the module adds them), E embed_dim.
+#include <string>
+
+#include "multihead/error.hpp"
+#include "multihead/explain.hpp"
+
+namespace multihead::explain {
+
+template <class T>
+LayerAttention attention_weights_per_head(const BasicMultiheadAttention<T>& module, const Tensor<T>& input,
+                                          int64_t batch) {
+  const MultiheadAttentionConfig& config = module.config();
+  ForwardOptions<T> options;
+  options.need_weights = true;
+  options.average_attn_weights = false;  // (B, H, L, S'): every head's own distribution
+  const ForwardResult<T> result = module.forward(input, input, input, options);
+  const Tensor<T>& w = *result.attn_weights;
+
+  const bool batched = w.dim() == 4;
+  const int64_t B = batched ? w.size(0) : 1;
+  if (batch < 0 || batch >= B)
+    throw Error(Error::Kind::Value, "batch: expected an entry 0 to " + std::to_string(B - 1) +
+                                        " of the input's batch of " + std::to_string(B) + ", got " +
+                                        std::to_string(batch));
+  LayerAttention layer;
+  layer.name = "layer 1";
+  layer.heads = config.num_heads;
+  layer.queries = w.size(-2);
+  layer.keys = w.size(-1);
+  const int64_t per_entry = layer.heads * layer.queries * layer.keys;
+  const T* first = w.data() + batch * per_entry;
+  layer.weights.assign(first, first + per_entry);
+  return layer;
+}
+
+template LayerAttention attention_weights_per_head(const BasicMultiheadAttention<float>&, const Tensor<float>&,
+                                                   int64_t);
+template LayerAttention attention_weights_per_head(const BasicMultiheadAttention<double>&, const Tensor<double>&,
+                                                   int64_t);
+
+}  // namespace multihead::explain

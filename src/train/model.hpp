@@ -1,0 +1,73 @@
+// src/train/model.hpp: the encoder of multihead/train.hpp (embedding +
+// positions, pre-LN blocks of self-attention and feed-forward, norm_f,
+// read-out, cross-entropy) as a forward that keeps its activations and the
+// backward beside it. Templated so the tests can run it in double.
+//
+// Legend: B batch, L length, N = B·L tokens, E d_model, F ff width, V vocabulary.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "multihead/multihead_attention.hpp"
+#include "multihead/tensor.hpp"
+#include "multihead/train.hpp"
+#include "train/layers.hpp"
+
+namespace multihead::train {
+
+// How one pass runs.
+struct PassOptions {
+  bool training = false;   // dropout on the attention weights (at ModelConfig::dropout)
+  uint64_t seed = 0;       // the run's seed; with step, gives each layer's dropout seed
+  int64_t step = 0;
+  int threads = 0;         // our loops and the attention kernel; 0 = OpenMP's default
+};
+
+// The loss, and the gradients under the parameter names.
+template <class T>
+struct PassResult {
+  CrossEntropyResult loss;
+  std::map<std::string, Tensor<T>> gradients;  // empty when not asked for
+};
+
+template <class T>
+class Model {
+ public:
+  // Parameters initialised as PyTorch initialises each layer (model.cpp),
+  // each from its own stream of `seed`.
+  Model(const ModelConfig& config, uint64_t seed);
+  // Given parameters (a checkpoint's). Throws multihead::Error naming a
+  // parameter that is missing, unexpected or of the wrong shape.
+  Model(const ModelConfig& config, const std::map<std::string, Tensor<T>>& parameters);
+
+  const ModelConfig& config() const { return config_; }
+  // Every parameter's shape, by name, for this configuration.
+  static std::map<std::string, Shape> parameter_shapes(const ModelConfig& config);
+  std::map<std::string, Tensor<T>> parameters() const;
+
+  // Forward (and, with gradients = true, backward) on one batch.
+  PassResult<T> run(const Batch& batch, const PassOptions& options, bool gradients) const;
+
+  // Calls update(name, parameter) for every parameter, in name order, then
+  // lets each attention module rebuild its derived data.
+  void update_parameters(const std::function<void(const std::string& name, Tensor<T>& parameter)>& update);
+
+ private:
+  ModelConfig config_;
+  std::map<std::string, Tensor<T>> params_;  // everything but the attention modules'
+  std::vector<std::unique_ptr<BasicMultiheadAttention<T>>> attn_;
+  Tensor<T> positions_;  // (L, E) sinusoidal_positions, a constant
+};
+
+extern template class Model<float>;
+extern template class Model<double>;
+
+// "blocks.3.attn." for block 3.
+std::string block_prefix(int64_t block);
+
+}  // namespace multihead::train

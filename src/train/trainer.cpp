@@ -1,0 +1,332 @@
+// src/train/trainer.cpp: the training loop and its checkpoints
+// (multihead/train.hpp: Trainer, read_checkpoint_info).
+//
+// A checkpoint is one safetensors file:
+//  - the parameters under their names ("embedding.weight", "blocks.0.attn.in_proj_weight", …);
+//  - AdamW's moments as "optimizer.exp_avg.NAME" and "optimizer.exp_avg_sq.NAME"
+//    (torch.optim.AdamW's state names), all float32, so every value the next
+//    step reads is stored exactly;
+//  - __metadata__: "format" = kFormat, the model configuration, the task,
+//    seed, steps done ("step") and every optimisation setting, doubles
+//    written with 17 significant digits (exact round trip); and
+//    "blocks.i.attn.num_heads" / "batch_first" / "add_zero_attn" for the
+//    weights loader.
+// Nothing else evolves during a run (batches and dropout masks are hashes
+// of seed and step: src/train/seeds.hpp), so a run resumed from it computes
+// what the uninterrupted run computes, bit for bit.
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "multihead/train.hpp"
+#include "train/adamw.hpp"
+#include "train/model.hpp"
+
+namespace multihead {
+namespace {
+
+constexpr const char* kFormat = "multihead-train-checkpoint-1";
+constexpr const char* kExpAvg = "optimizer.exp_avg.";
+constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
+
+std::string exact(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+[[noreturn]] void bad_file(const std::string& path, Error::Kind kind, const std::string& what) {
+  throw Error(kind, "'" + path + "': " + what);
+}
+
+// Metadata readers: the key must be there and parse completely.
+const std::string& meta(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  const auto it = f.metadata.find(key);
+  if (it == f.metadata.end()) bad_file(path, Error::Kind::Format, "checkpoint metadata lacks '" + key + "'");
+  return it->second;
+}
+
+int64_t meta_int(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  const std::string& s = meta(f, path, key);
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE)
+    bad_file(path, Error::Kind::Format, "checkpoint metadata '" + key + "': expected an integer, got '" + s + "'");
+  return v;
+}
+
+uint64_t meta_uint(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  const std::string& s = meta(f, path, key);
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (s.empty() || s[0] == '-' || end != s.c_str() + s.size() || errno == ERANGE)
+    bad_file(path, Error::Kind::Format,
+             "checkpoint metadata '" + key + "': expected an unsigned integer, got '" + s + "'");
+  return v;
+}
+
+double meta_double(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  const std::string& s = meta(f, path, key);
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE)
+    bad_file(path, Error::Kind::Format, "checkpoint metadata '" + key + "': expected a number, got '" + s + "'");
+  return v;
+}
+
+std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOptions& o, const std::string& task,
+                                            int64_t step) {
+  std::map<std::string, std::string> out = {{"format", kFormat},
+          {"task", task},
+          {"vocabulary", std::to_string(m.vocabulary)},
+          {"sequence_length", std::to_string(m.sequence_length)},
+          {"d_model", std::to_string(m.d_model)},
+          {"heads", std::to_string(m.heads)},
+          {"layers", std::to_string(m.layers)},
+          {"ff", std::to_string(m.ff)},
+          {"dropout", exact(m.dropout)},
+          {"causal", m.causal ? "true" : "false"},
+          {"seed", std::to_string(o.seed)},
+          {"step", std::to_string(step)},
+          {"steps", std::to_string(o.steps)},
+          {"batch", std::to_string(o.batch)},
+          {"lr", exact(o.lr)},
+          {"warmup", std::to_string(o.warmup)},
+          {"schedule", to_string(o.schedule)},
+          {"weight_decay", exact(o.weight_decay)},
+          {"beta1", exact(o.beta1)},
+          {"beta2", exact(o.beta2)},
+          {"eps", exact(o.eps)},
+          {"clip", exact(o.clip)}};
+  // Each attention module's settings under its prefix, as the weights
+  // loader reads them (src/weights/weights.cpp): `multihead forward
+  // --weights CHECKPOINT --prefix blocks.0.attn` runs a trained block.
+  for (int64_t i = 0; i < m.layers; ++i) {
+    out[train::block_prefix(i) + "num_heads"] = std::to_string(m.heads);
+    out[train::block_prefix(i) + "batch_first"] = "true";
+    out[train::block_prefix(i) + "add_zero_attn"] = "false";
+  }
+  return out;
+}
+
+CheckpointInfo info_of(const SafetensorsFile& f, const std::string& path) {
+  const auto format = f.metadata.find("format");
+  if (format == f.metadata.end() || format->second != kFormat)
+    bad_file(path, Error::Kind::Format,
+             "not a multihead train checkpoint (expected __metadata__ format '" + std::string(kFormat) + "', got " +
+                 (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
+  CheckpointInfo c;
+  c.task = meta(f, path, "task");
+  c.model.vocabulary = meta_int(f, path, "vocabulary");
+  c.model.sequence_length = meta_int(f, path, "sequence_length");
+  c.model.d_model = meta_int(f, path, "d_model");
+  c.model.heads = meta_int(f, path, "heads");
+  c.model.layers = meta_int(f, path, "layers");
+  c.model.ff = meta_int(f, path, "ff");
+  c.model.dropout = meta_double(f, path, "dropout");
+  const std::string& causal = meta(f, path, "causal");
+  if (causal != "true" && causal != "false")
+    bad_file(path, Error::Kind::Format, "checkpoint metadata 'causal': expected true or false, got '" + causal + "'");
+  c.model.causal = causal == "true";
+  c.options.seed = meta_uint(f, path, "seed");
+  c.step = meta_int(f, path, "step");
+  c.options.steps = meta_int(f, path, "steps");
+  c.options.batch = meta_int(f, path, "batch");
+  c.options.lr = meta_double(f, path, "lr");
+  c.options.warmup = meta_int(f, path, "warmup");
+  try {
+    c.options.schedule = parse_schedule(meta(f, path, "schedule"));
+  } catch (const Error& e) {
+    bad_file(path, Error::Kind::Format, std::string("checkpoint metadata ") + e.what());
+  }
+  c.options.weight_decay = meta_double(f, path, "weight_decay");
+  c.options.beta1 = meta_double(f, path, "beta1");
+  c.options.beta2 = meta_double(f, path, "beta2");
+  c.options.eps = meta_double(f, path, "eps");
+  c.options.clip = meta_double(f, path, "clip");
+  try {
+    c.model.validate();
+    c.options.validate();
+  } catch (const Error& e) {
+    bad_file(path, Error::Kind::Format, std::string("checkpoint metadata ") + e.what());
+  }
+  if (c.step < 0) bad_file(path, Error::Kind::Format, "checkpoint metadata 'step': expected >= 0, got " +
+                                                          std::to_string(c.step));
+  return c;
+}
+
+// The first setting of `given` that differs from the checkpoint's, as
+// "FIELD is X in the checkpoint, got Y", or "".
+std::string first_difference(const CheckpointInfo& ck, const std::string& task, const ModelConfig& m,
+                             const TrainOptions& o) {
+  auto differs = [](const std::string& field, const std::string& want, const std::string& got) {
+    return want == got ? std::string() : field + " is " + want + " in the checkpoint, got " + got;
+  };
+  const auto mine = metadata(m, o, task, ck.step), theirs = metadata(ck.model, ck.options, ck.task, ck.step);
+  for (const char* key : {"task", "vocabulary", "sequence_length", "d_model", "heads", "layers", "ff", "dropout",
+                          "causal", "seed", "batch", "lr", "warmup", "schedule", "weight_decay", "beta1", "beta2",
+                          "eps", "clip"})
+    if (std::string d = differs(key, theirs.at(key), mine.at(key)); !d.empty()) return d;
+  return "";
+}
+
+}  // namespace
+
+class TrainerImpl {
+ public:
+  std::shared_ptr<const Task> task;
+  ModelConfig model_config;
+  TrainOptions options;
+  std::unique_ptr<train::Model<float>> model;
+  std::map<std::string, train::AdamWMoments<float>> moments;
+  int64_t step = 0;
+
+  TrainerImpl(std::shared_ptr<const Task> t, const ModelConfig& m, const TrainOptions& o)
+      : task(std::move(t)), model_config(m), options(o) {
+    if (!task) throw Error(Error::Kind::Missing, "trainer: no task");
+    auto take = [&](int64_t& field, int64_t value, const char* name) {
+      if (field != 0 && field != value)
+        throw Error(Error::Kind::Value, std::string(name) + ": expected the task's " + std::to_string(value) +
+                                            ", got " + std::to_string(field));
+      field = value;
+    };
+    take(model_config.vocabulary, task->vocabulary(), "vocabulary");
+    take(model_config.sequence_length, task->sequence_length(), "sequence_length");
+    if (task->causal()) model_config.causal = true;
+    model_config.validate();
+    options.validate();
+  }
+
+  train::PassOptions pass(bool training) const {
+    train::PassOptions p;
+    p.training = training;
+    p.seed = options.seed;
+    p.step = step;
+    p.threads = options.threads;
+    return p;
+  }
+
+  Batch batch() const { return task->batch(options.seed, step, options.batch); }
+
+  void zero_moments() {
+    for (const auto& [name, shape] : train::Model<float>::parameter_shapes(model_config))
+      moments[name] = {Tensor<float>(shape, 0.0f), Tensor<float>(shape, 0.0f)};
+  }
+};
+
+Trainer::Trainer(std::unique_ptr<TrainerImpl> impl) : impl_(std::move(impl)) {}
+
+Trainer::Trainer(std::shared_ptr<const Task> task, const ModelConfig& model, const TrainOptions& options)
+    : impl_(std::make_unique<TrainerImpl>(std::move(task), model, options)) {
+  impl_->model = std::make_unique<train::Model<float>>(impl_->model_config, impl_->options.seed);
+  impl_->zero_moments();
+}
+
+Trainer::Trainer(Trainer&&) noexcept = default;
+Trainer& Trainer::operator=(Trainer&&) noexcept = default;
+Trainer::~Trainer() = default;
+
+int64_t Trainer::step() const { return impl_->step; }
+const ModelConfig& Trainer::model_config() const { return impl_->model_config; }
+const TrainOptions& Trainer::options() const { return impl_->options; }
+Batch Trainer::current_batch() const { return impl_->batch(); }
+std::map<std::string, Tensor<float>> Trainer::parameters() const { return impl_->model->parameters(); }
+
+StepStats Trainer::train_step() {
+  TrainerImpl& t = *impl_;
+  const Batch batch = t.batch();
+  train::PassResult<float> r = t.model->run(batch, t.pass(true), true);
+  StepStats s;
+  s.step = t.step;
+  s.loss = r.loss.loss;
+  s.tokens = r.loss.count;
+  s.accuracy = r.loss.count > 0 ? double(r.loss.correct) / double(r.loss.count) : 0.0;
+  s.grad_norm = train::clip_gradients(r.gradients, t.options.clip);
+  s.lr = learning_rate(t.options, t.step);
+  train::AdamWSettings a{s.lr, t.options.beta1, t.options.beta2, t.options.eps, t.options.weight_decay};
+  const int64_t count = t.step + 1;  // AdamW's t, this step included
+  t.model->update_parameters([&](const std::string& name, Tensor<float>& p) {
+    train::adamw_update(p, r.gradients.at(name), t.moments.at(name), a, train::decays(name), count);
+  });
+  t.step += 1;
+  return s;
+}
+
+GradientDump Trainer::gradients() const {
+  const TrainerImpl& t = *impl_;
+  train::PassResult<float> r = t.model->run(t.batch(), t.pass(true), true);
+  GradientDump d;
+  d.loss = r.loss.loss;
+  d.accuracy = r.loss.count > 0 ? double(r.loss.correct) / double(r.loss.count) : 0.0;
+  d.gradients = std::move(r.gradients);
+  return d;
+}
+
+std::string Trainer::serialize_checkpoint() const {
+  const TrainerImpl& t = *impl_;
+  std::map<std::string, Tensor<float>> tensors = t.model->parameters();
+  for (const auto& [name, m] : t.moments) {
+    tensors[kExpAvg + name] = m.m;
+    tensors[kExpAvgSq + name] = m.v;
+  }
+  return serialize_safetensors(tensors, metadata(t.model_config, t.options, t.task->name(), t.step));
+}
+
+void Trainer::save_checkpoint(const std::string& path) const { write_file_atomic(path, serialize_checkpoint()); }
+
+CheckpointInfo read_checkpoint_info(const std::string& path) { return info_of(read_safetensors(path), path); }
+
+Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> task, const ModelConfig& model,
+                        const TrainOptions& options) {
+  const SafetensorsFile file = read_safetensors(path);
+  const CheckpointInfo ck = info_of(file, path);
+  auto impl = std::make_unique<TrainerImpl>(std::move(task), model, options);
+  if (const std::string d = first_difference(ck, impl->task->name(), impl->model_config, impl->options); !d.empty())
+    bad_file(path, Error::Kind::Value, d);
+  if (options.steps < ck.step)
+    bad_file(path, Error::Kind::Value, "steps: expected at least the checkpoint's " + std::to_string(ck.step) +
+                                           " steps done, got " + std::to_string(options.steps));
+  // Every tensor as float32, as save_checkpoint wrote it.
+  const auto shapes = train::Model<float>::parameter_shapes(impl->model_config);
+  std::map<std::string, Tensor<float>> params;
+  auto take = [&](const std::string& name, const Shape& shape) {
+    const auto it = file.tensors.find(name);
+    if (it == file.tensors.end())
+      bad_file(path, Error::Kind::Missing, "tensor '" + name + "' is missing (expected shape " +
+                                               shape_to_string(shape) + ")");
+    if (it->second.dtype != DType::F32)
+      bad_file(path, Error::Kind::Format, "tensor '" + name + "': expected dtype float32, got " +
+                                              to_string(it->second.dtype));
+    if (it->second.values.shape() != shape)
+      bad_file(path, Error::Kind::Shape, "tensor '" + name + "': expected shape " + shape_to_string(shape) +
+                                             ", got " + shape_to_string(it->second.values.shape()));
+    return tensor_cast<float>(it->second.values);
+  };
+  for (const auto& [name, shape] : shapes) {
+    params[name] = take(name, shape);
+    impl->moments[name] = {take(kExpAvg + name, shape), take(kExpAvgSq + name, shape)};
+  }
+  // Nothing else: a tensor this model does not have means another model's file.
+  auto known = [&](const std::string& name) {
+    for (const std::string prefix : {"", kExpAvg, kExpAvgSq})
+      if (name.rfind(prefix, 0) == 0 && shapes.count(name.substr(prefix.size())) != 0) return true;
+    return false;
+  };
+  for (const auto& [name, t] : file.tensors)
+    if (!known(name)) bad_file(path, Error::Kind::Format, "tensor '" + name + "' is not part of this model");
+  for (const auto& [name, t] : file.integer_tensors)
+    bad_file(path, Error::Kind::Format, "tensor '" + name + "' is not part of this model (dtype " +
+                                            to_string(t.dtype) + ")");
+  impl->model = std::make_unique<train::Model<float>>(impl->model_config, params);
+  impl->step = ck.step;
+  return Trainer(std::move(impl));
+}
+
+}  // namespace multihead
