@@ -334,7 +334,13 @@ std::vector<DecodeParam> decode_params() {
     const ScopedTarget t(target);
     const detail::FlashAttentionKernel k = detail::flash_attention_kernel_for(detail::simd_target_bit());
     p.push_back({1, "one", target});
-    for (const auto& [tile, name] : {std::pair{k.row_tile, std::string("querytile")}, {k.key_tile, "keytile"}}) {
+    // The last key tile of a range takes up to a quarter more keys
+    // (MaxKeyTile in src/simd/flash_attention-inl.h), so the first length
+    // split in two key tiles is key_tile + key_tile / 4 + 1; the decoding
+    // steps after such a prompt cross the one-query tiles' bound as well.
+    const int64_t max_key_tile = k.key_tile + k.key_tile / 4;
+    for (const auto& [tile, name] : {std::pair{k.row_tile, std::string("querytile")}, {k.key_tile, "keytile"},
+                                     {max_key_tile, "maxkeytile"}}) {
       p.push_back({tile - 1, name + "minus1", target});
       p.push_back({tile, name, target});
       p.push_back({tile + 1, name + "plus1", target});
