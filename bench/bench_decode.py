@@ -283,6 +283,8 @@ def main():
     try:
         ort_cache = ensure_ort(a.ort_cache) if "ort" not in a.skip else None
         import onnx  # noqa: F401  (python3-onnx builds the model file)
+    except ImportError:
+        ort_cache, ort_note = None, "the onnx Python package is missing (apt-get install python3-onnx)"
     except Exception as e:  # the row says why it is missing
         ort_cache, ort_note = None, str(e)
 
