@@ -17,6 +17,7 @@
 #include "cli_manners.hpp"
 #include "commands.hpp"
 #include "file_flags.hpp"
+#include "gqa_cli.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
@@ -42,6 +43,7 @@ struct ForwardArgs {
   std::string masked_rows = "zeros", form = "fused", kernel = "auto";
   int threads = 0;
   int repeat = 1;
+  GqaFlags gqa;  // --num-kv-heads selects the grouped-query module (run_gqa_forward)
 };
 
 template <class T>
@@ -133,6 +135,65 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   if (args.verbose) print_summary(args, w, result, ms);
 }
 
+// --num-kv-heads: the grouped-query module (multihead/grouped_query_attention.hpp,
+// weights as tools/gqa_cli.hpp reads them) on a batch-first query, self-attention.
+template <class T>
+void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
+  const GroupedQueryAttention<T> m = load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal);
+  Tensor<T> x = as<T>(query_file);
+  const int64_t E = m.config().embed_dim;
+  const bool unbatched = x.dim() == 2;
+  if ((x.dim() != 2 && x.dim() != 3) || x.size(-1) != E)
+    throw Error(Error::Kind::Shape, "query: expected (B, L, " + std::to_string(E) + ") (batch first) or (L, " +
+                                        std::to_string(E) + ") for the grouped-query module, got " +
+                                        shape_to_string(x.shape()));
+  if (unbatched) {
+    const int64_t L = x.size(0);
+    x = std::move(x).reshaped({1, L, E});
+  }
+  AttentionOptions o;
+  o.window = args.window;
+  o.softcap = args.softcap;
+  if (args.alibi) o.alibi_slopes = alibi_slopes(m.config().num_heads);
+  o.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
+  o.kernel = parse_attention_kernel(args.kernel);
+  o.num_threads = args.threads;
+  o.check_finite = args.check_finite;
+  Tensor<T> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < args.repeat; ++r) out = m.forward(x, o);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (unbatched) {
+    const int64_t L = out.size(1);
+    out = std::move(out).reshaped({L, E});
+  }
+  write_outputs({{{"--out", args.out}, serialize_npy(out)}});
+  if (args.verbose)
+    std::fprintf(stderr, "multihead forward: output %s, %s; grouped-query, embed_dim %lld, num_heads %lld, "
+                 "num_kv_heads %lld, head_dim %lld%s; kernel %s; %.3f ms for %d forward pass%s\n",
+                 shape_to_string(out.shape()).c_str(), sizeof(T) == 8 ? "float64" : "float32",
+                 static_cast<long long>(E), static_cast<long long>(m.config().num_heads),
+                 static_cast<long long>(m.kv_heads()), static_cast<long long>(m.head_dim()),
+                 args.gqa.rope.empty() ? "" : (", rope " + args.gqa.rope).c_str(), args.kernel.c_str(), ms,
+                 args.repeat, args.repeat == 1 ? "" : "es");
+}
+
+// Flags of nn.MultiheadAttention that the grouped-query module does not have.
+void refuse_mha_only_flags(const ForwardArgs& a, const CLI::Option* batch_first, const CLI::Option* add_zero_attn) {
+  const std::pair<const char*, bool> flags[] = {
+      {"--key", !a.key.empty()}, {"--value", !a.value.empty()},
+      {"--key-padding-mask", !a.key_padding_mask.empty()}, {"--attn-mask", !a.attn_mask.empty()},
+      {"--need-weights", a.need_weights}, {"--attn-weights-out", !a.attn_weights_out.empty()},
+      {"--no-average-attn-weights", a.no_average}, {"--training", a.training}, {"--dropout", a.dropout.has_value()},
+      {"--form", a.form != "fused"}, {"--causal-align", !a.causal_align.empty()},
+      {"--batch-first", batch_first->count() > 0}, {"--add-zero-attn", add_zero_attn->count() > 0}};
+  for (const auto& [flag, given] : flags)
+    if (given)
+      throw Error(Error::Kind::Value, std::string(flag) +
+                                          ": not used with --num-kv-heads (the grouped-query module runs causal or "
+                                          "full self-attention on a batch-first --query, bottom-right aligned)");
+}
+
 }  // namespace
 
 Runner add_forward_command(CLI::App& app) {
@@ -200,6 +261,11 @@ Runner add_forward_command(CLI::App& app) {
   c->add_option("--repeat", args->repeat, "Run the forward N times (for timing from outside)")
       ->check(positive_integer());
   c->add_flag("--verbose", args->verbose, "Print a one-line summary on stderr (shapes, dtype, kernel, form, time)");
+  add_gqa_flags(*c, args->gqa,
+                "Grouped-query attention with N K/V heads (N divides the heads; 1 = multi-query): the "
+                "weights are then q_proj/k_proj/v_proj/o_proj.weight (+ .bias) as Hugging Face Llama names "
+                "them (`multihead init --num-kv-heads` writes them), the query is (B, L, E) batch first, "
+                "self-attention; --is-causal, --window, --softcap, --alibi, --rope apply");
 
   return [args, batch_first, add_zero_attn] {
     if (args->need_weights && args->attn_weights_out.empty())
@@ -215,6 +281,18 @@ Runner add_forward_command(CLI::App& app) {
                  {"--attn-mask", args->attn_mask}},
                 {{"--out", args->out}, {"--attn-weights-out", args->attn_weights_out}});
     apply_threads(args->threads);
+    if (args->gqa.rope.empty() && args->gqa.rope_theta_option->count() > 0)
+      throw Error(Error::Kind::Value, "--rope-theta: needs --rope (interleaved or half-split)");
+    if (args->gqa.num_kv_heads) {
+      refuse_mha_only_flags(*args, batch_first, add_zero_attn);
+      const LoadedTensor query = read_input(args->query, "query");
+      if (query.dtype == DType::F64) run_gqa_forward<double>(*args, query);
+      else run_gqa_forward<float>(*args, query);
+      return;
+    }
+    if (!args->gqa.rope.empty())
+      throw Error(Error::Kind::Value, "--rope: needs --num-kv-heads (rotary embedding is part of the grouped-query "
+                                      "module; use --num-kv-heads equal to the heads for plain multi-head)");
     LoadOptions load;
     load.prefix = args->prefix;
     WeightOverrides& ov = load.overrides;

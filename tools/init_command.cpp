@@ -11,11 +11,43 @@
 
 #include "commands.hpp"
 #include "file_flags.hpp"
+#include "gqa_cli.hpp"
 #include "validators.hpp"
+#include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/weights.hpp"
 
 namespace multihead::cli {
+
+namespace {
+
+template <class Args>
+void write_gqa(const Args& a) {
+  for (const auto& [flag, given] : {std::pair{"--kdim", a.config.kdim != 0}, {"--vdim", a.config.vdim != 0},
+                                    {"--add-bias-kv", a.config.add_bias_kv}, {"--add-zero-attn", a.config.add_zero_attn},
+                                    {"--batch-first", a.config.batch_first}, {"--rope", !a.gqa.rope.empty()}})
+    if (given)
+      throw multihead::Error(multihead::Error::Kind::Value, std::string(flag) + ": not used with --num-kv-heads (the grouped-query module has "
+                                                          "no such setting; RoPE is chosen when running it)");
+  const int64_t E = a.config.embed_dim, H = a.config.num_heads;
+  if (!a.head_dim && E % H != 0)
+    throw multihead::Error(multihead::Error::Kind::Value, "--num-heads: " + std::to_string(H) + " does not divide --embed-dim " +
+                                        std::to_string(E) + " (or give --head-dim)");
+  GqaFlags flags = a.gqa;
+  flags.rope.clear();
+  const GroupedQueryAttention<float> m(gqa_config(E, H, a.head_dim.value_or(E / H), flags, !a.no_bias, true), a.seed);
+  std::string bytes = serialize_gqa(m);
+  const std::size_t size = bytes.size();
+  write_outputs({{{"--out", a.out}, std::move(bytes)}});
+  if (a.verbose)
+    std::fprintf(stderr, "multihead init: wrote %s: grouped-query, %zu bytes, float32; embed_dim %lld, num_heads %lld, "
+                 "num_kv_heads %lld, head_dim %lld, seed %llu\n",
+                 a.out == "-" ? "standard output" : a.out.c_str(), size, static_cast<long long>(E),
+                 static_cast<long long>(H), static_cast<long long>(m.kv_heads()), static_cast<long long>(m.head_dim()),
+                 static_cast<unsigned long long>(a.seed));
+}
+
+}  // namespace
 
 Runner add_init_command(CLI::App& app) {
   struct Args {
@@ -24,6 +56,8 @@ Runner add_init_command(CLI::App& app) {
     uint64_t seed = 0;
     std::string out;
     bool verbose = false;
+    GqaFlags gqa;  // --num-kv-heads: the grouped-query module's weights instead (write_gqa below)
+    std::optional<int64_t> head_dim;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("init", "Write freshly initialised weights (PyTorch's scheme) as safetensors");
@@ -42,8 +76,15 @@ Runner add_init_command(CLI::App& app) {
       ->required()
       ->check(path());
   c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr");
+  add_gqa_flags(*c, a->gqa,
+                "Write a grouped-query module with N K/V heads instead: q_proj/k_proj/v_proj/o_proj.weight "
+                "(+ .bias unless --no-bias), nn.Linear's initialisation, num_heads/num_kv_heads/head_dim in the "
+                "metadata (for `multihead forward --num-kv-heads` and `multihead decode`)");
+  c->add_option("--head-dim", a->head_dim, "With --num-kv-heads: head width (default embed_dim / num_heads)")
+      ->check(positive_integer());
   return [a] {
     check_files({}, {{"--out", a->out}});
+    if (a->gqa.num_kv_heads) return write_gqa(*a);
     const auto t0 = std::chrono::steady_clock::now();
     MultiheadAttentionConfig config = a->config;
     config.bias = !a->no_bias;

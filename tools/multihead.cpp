@@ -8,6 +8,7 @@
 //   multihead demo …          the lesson's sentence, head by head
 //   multihead explain …       what each head attends to: HTML report, text view, bertviz JSON
 //   multihead train …         train a small Transformer encoder on a built-in task
+//   multihead decode …        generate with a KV cache (grouped-query module): tokens/s, cache bytes
 //   multihead --version       "multihead 0.1.0"
 //
 // Every subcommand gets, from cli_manners: defaults in --help, enum values in
@@ -72,6 +73,7 @@ int main(int argc, char** argv) {
   Runner inspect = add_inspect_command(app);
   Runner explain = add_explain_command(app);
   Runner train = add_train_command(app);
+  Runner decode = add_decode_command(app);
   if (argc <= 1) {
     std::cout << usage(app);
     return flushed(0);
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("inspect")) inspect();
     else if (app.got_subcommand("explain")) explain();
     else if (app.got_subcommand("train")) train();
+    else if (app.got_subcommand("decode")) decode();
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
     std::cerr << "multihead: error: " << e.what() << "\n";

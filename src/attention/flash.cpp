@@ -25,11 +25,13 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <omp.h>
 
 #include "attention/kernel.hpp"
+#include "kernel/score_rule.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_attention.hpp"
 #include "simd/flash_attention_backward.hpp"
@@ -61,6 +63,7 @@ void validate(const AttentionArgs<float>& a) {
     throw Error(Error::Kind::Value, "attention_forward_flash: " + what);
   };
   validate_sizes(a, "attention_forward_flash");
+  check_kv_heads(a);
   if (a.weights != nullptr) {
     fail("weights must be nullptr (the flash kernel never materialises the L×S attention weights; "
          "use the materialized kernel to get them)");
@@ -76,12 +79,62 @@ void validate(const AttentionArgs<float>& a) {
   }
 }
 
+// Decoding one token with grouped-query attention (q_len 1, heads / kv_heads
+// = G > 1): the G query heads of a group read the same K/V rows, so they are
+// handed to the kernel as the G query rows of one slice (slice b·kv_heads + g,
+// row r = query head g·G + r): K and V are then read once per group, not
+// once per query head, and the G queries fill the vector lanes that a lone
+// query would leave empty. Only where every row of the packed slice sees the
+// same keys: no per-slice mask, padding, ALiBi slope or dropout, and the
+// positions of the one query (p = causal_shift) turn causal and window into
+// one key range [lo, hi), the closed form of causal_visible and
+// window_visible (score_rule.hpp) for that query when every key has a
+// position (cols >= S). nullopt when the call does not qualify.
+std::optional<AttentionArgs<float>> grouped_decode_args(const AttentionArgs<float>& a) {
+  const int64_t Hkv = a.kv_heads_or_heads(), S = a.kv_len;
+  const ScoreModifiers<float>& m = a.modifiers;
+  const bool positional = m.causal.enabled || m.window > 0;
+  if (a.q_len != 1 || Hkv == a.heads || a.slices % a.heads != 0 || m.attn_mask || m.key_padding ||
+      m.alibi_slopes || a.dropout.p > 0.0 || a.weights || a.lse || (positional && m.causal.cols < S))
+    return std::nullopt;
+  int64_t lo = 0, hi = S;
+  const int64_t p = causal_shift(m.causal, 1);
+  if (m.causal.enabled) hi = std::clamp<int64_t>(p + 1, 0, S);  // j <= p
+  if (m.window > 0) {
+    lo = std::clamp<int64_t>(p - m.window + 1, 0, S);  // j > p − w
+    if (!m.causal.enabled) hi = std::clamp<int64_t>(p + m.window, 0, S);  // j < p + w
+  }
+  hi = std::max(hi, lo);
+  const int64_t G = a.heads / Hkv;
+  const SliceLayout ql = resolve_layout(a.q_layout, a.heads, 1, a.head_dim);
+  const SliceLayout ol = resolve_layout(a.out_layout, a.heads, 1, a.value_dim);
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, a.head_dim);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, a.value_dim);
+  AttentionArgs<float> g = a;
+  g.slices = a.slices / G;
+  g.heads = g.kv_heads = Hkv;
+  g.q_len = G;
+  g.kv_len = hi - lo;
+  // Row r of packed slice (b, g) is query head g·G + r of batch b.
+  g.q_layout = SliceLayout{ql.batch, G * ql.head, ql.head};
+  g.out_layout = SliceLayout{ol.batch, G * ol.head, ol.head};
+  g.k = a.k ? a.k + lo * kl.row : nullptr;
+  g.v = a.v ? a.v + lo * vl.row : nullptr;
+  g.k_layout = kl;
+  g.v_layout = vl;
+  g.modifiers = ScoreModifiers<float>{};
+  g.modifiers.softcap = m.softcap;  // the same function of the score in every row
+  return g;
+}
+
 }  // namespace
 
-void attention_forward_flash(const AttentionArgs<float>& args) {
-  validate(args);
+void attention_forward_flash(const AttentionArgs<float>& args_in) {
+  validate(args_in);
   // value_dim = 0 still has log-sum-exps to write when they are asked for.
-  if (args.slices == 0 || args.q_len == 0 || (args.value_dim == 0 && args.lse == nullptr)) return;
+  if (args_in.slices == 0 || args_in.q_len == 0 || (args_in.value_dim == 0 && args_in.lse == nullptr)) return;
+  const std::optional<AttentionArgs<float>> grouped = grouped_decode_args(args_in);
+  const AttentionArgs<float>& args = grouped ? *grouped : args_in;
 
   // Dispatch once per call: the target's kernel, and its query tile height.
   const FlashAttentionKernel kernel = flash_attention_kernel_for(simd_target_bit());

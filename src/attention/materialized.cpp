@@ -85,24 +85,25 @@ void score_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, 
 
 template <class T>
 void attention_forward_materialized(const AttentionArgs<T>& a) {
-  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  check_kv_heads(a);
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim, Hkv = a.kv_heads_or_heads();
   // One L×S buffer reused for every slice when weights are not kept.
   Storage<T> scratch(a.weights ? 0 : static_cast<std::size_t>(L * S));
   const ExpRow<T> exp_row = exp_row_for_current_target<T>();
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
-  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
-  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
   const SliceLayout ol = resolve_layout(a.out_layout, a.heads, L, Dv);
   for (int64_t n = 0; n < a.slices; ++n) {
     T* scores = a.weights ? a.weights + n * L * S : scratch.data();
     // scores = scale · Q Kᵀ   (L×D)·(D×S); BLAS runs its own threads here.
     gemm(Trans::No, Trans::Yes, L, S, D, a.scale, slice_start(a.q, ql, n, a.heads), ql.row,
-         slice_start(a.k, kl, n, a.heads), kl.row, T(0), scores, S);
+         kv_slice_start(a.k, kl, n, a.heads, Hkv), kl.row, T(0), scores, S);
     // Rows are independent: one thread writes each row.
 #pragma omp parallel for schedule(static) num_threads(a.num_threads > 0 ? a.num_threads : omp_get_max_threads()) if (L * S > 16384)
     for (int64_t i = 0; i < L; ++i) score_softmax_dropout_row(a, n, i, scores + i * S, exp_row);
     // out = P V   (L×S)·(S×Dv)
-    gemm(Trans::No, Trans::No, L, Dv, S, T(1), scores, S, slice_start(a.v, vl, n, a.heads), vl.row,
+    gemm(Trans::No, Trans::No, L, Dv, S, T(1), scores, S, kv_slice_start(a.v, vl, n, a.heads, Hkv), vl.row,
          T(0), slice_start(a.out, ol, n, a.heads), ol.row);
   }
 }

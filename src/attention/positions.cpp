@@ -1,9 +1,13 @@
 // src/attention/positions.cpp: positional encodings (multihead/positions.hpp).
 #include "multihead/positions.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
+#include "attention/rope.hpp"
+#include "core/check.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {
@@ -28,5 +32,86 @@ Tensor<T> sinusoidal_positions(int64_t length, int64_t width, int64_t offset) {
 
 template Tensor<float> sinusoidal_positions<float>(int64_t, int64_t, int64_t);
 template Tensor<double> sinusoidal_positions<double>(int64_t, int64_t, int64_t);
+
+}  // namespace multihead
+
+namespace multihead {
+
+std::string to_string(RopeConvention convention) {
+  return convention == RopeConvention::Interleaved ? "interleaved" : "half-split";
+}
+
+RopeConvention parse_rope_convention(const std::string& name, const std::string& what) {
+  if (name == "interleaved") return RopeConvention::Interleaved;
+  if (name == "half-split") return RopeConvention::HalfSplit;
+  throw Error(Error::Kind::Value, what + ": expected interleaved or half-split, got '" + name + "'");
+}
+
+void validate_rope(const RopeOptions& o, int64_t head_dim, const std::string& what) {
+  if (head_dim < 2 || head_dim % 2 != 0)
+    throw Error(Error::Kind::Value, what + ": rotary embedding rotates pairs, so the head width must be even and >= 2, got " +
+                                        std::to_string(head_dim));
+  if (!(o.theta > 0.0 && std::isfinite(o.theta)))
+    throw Error(Error::Kind::Value, what + ": theta must be finite and > 0, got " + detail::format_number(o.theta));
+  if (o.position_offset < 0 || o.position_offset > (int64_t{1} << 40))
+    throw Error(Error::Kind::Value, what + ": position offset must be in [0, 2^40], got " +
+                                        std::to_string(o.position_offset));
+}
+
+namespace detail {
+
+template <class T>
+void rope_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& o, const char* what) {
+  validate_rope(o, D, what);
+  const int64_t half = D / 2;
+  // θ_i = θ^(−2i/D), as RoFormer eq. (15); one cos/sin row per position.
+  std::vector<double> inv_freq(static_cast<std::size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = std::pow(o.theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+  std::vector<T> cos_row(static_cast<std::size_t>(half)), sin_row(static_cast<std::size_t>(half));
+  // Pair i is (i·stride_a, i·stride_a + second): interleaved (2i, 2i + 1),
+  // half-split (i, i + D/2).
+  const bool interleaved = o.convention == RopeConvention::Interleaved;
+  const int64_t first_step = interleaved ? 2 : 1, second = interleaved ? 1 : half;
+  for (int64_t l = 0; l < L; ++l) {
+    const double p = static_cast<double>(o.position_offset + l);
+    for (int64_t i = 0; i < half; ++i) {
+      cos_row[i] = static_cast<T>(std::cos(p * inv_freq[i]));
+      sin_row[i] = static_cast<T>(std::sin(p * inv_freq[i]));
+    }
+    for (int64_t b = 0; b < outer; ++b)
+      for (int64_t h = 0; h < inner; ++h) {
+        T* v = x + ((b * L + l) * inner + h) * D;
+        for (int64_t i = 0; i < half; ++i) {
+          T& a = v[i * first_step];
+          T& c = v[i * first_step + second];
+          const T a0 = a, c0 = c;
+          // (a + i·c)·(cos + i·sin)
+          a = a0 * cos_row[i] - c0 * sin_row[i];
+          c = a0 * sin_row[i] + c0 * cos_row[i];
+        }
+      }
+  }
+}
+
+template void rope_in_place<float>(float*, int64_t, int64_t, int64_t, int64_t, const RopeOptions&, const char*);
+template void rope_in_place<double>(double*, int64_t, int64_t, int64_t, int64_t, const RopeOptions&, const char*);
+
+}  // namespace detail
+
+template <class T>
+Tensor<T> rotary_embedding(const Tensor<T>& x, const RopeOptions& options) {
+  if (x.dim() < 2)
+    throw Error(Error::Kind::Value, "rotary_embedding: x must be (..., L, D), got shape " + shape_to_string(x.shape()));
+  const int64_t L = x.size(-2), D = x.size(-1);
+  Tensor<T> y(x.shape());
+  std::copy_n(x.data(), x.numel(), y.data());
+  const int64_t outer = L * D == 0 ? 0 : x.numel() / (L * D);
+  detail::rope_in_place(y.data(), outer, L, int64_t{1}, D, options, "rotary_embedding");
+  return y;
+}
+
+template Tensor<float> rotary_embedding<float>(const Tensor<float>&, const RopeOptions&);
+template Tensor<double> rotary_embedding<double>(const Tensor<double>&, const RopeOptions&);
 
 }  // namespace multihead

@@ -90,17 +90,18 @@ void reference_row(const AttentionArgs<T>& a, const Slice<T>& sl, int64_t i, T* 
 
 template <class T>
 void attention_forward_reference(const AttentionArgs<T>& a) {
-  const int64_t L = a.q_len, S = a.kv_len;
+  check_kv_heads(a);
+  const int64_t L = a.q_len, S = a.kv_len, Hkv = a.kv_heads_or_heads();
   std::vector<T> scores(static_cast<std::size_t>(S));
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, a.head_dim);
-  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, a.head_dim);
-  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, a.value_dim);
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, a.head_dim);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, a.value_dim);
   const SliceLayout ol = resolve_layout(a.out_layout, a.heads, L, a.value_dim);
   for (int64_t n = 0; n < a.slices; ++n) {
     const Slice<T> slice{n,
                          slice_start(a.q, ql, n, a.heads),
-                         slice_start(a.k, kl, n, a.heads),
-                         slice_start(a.v, vl, n, a.heads),
+                         kv_slice_start(a.k, kl, n, a.heads, Hkv),
+                         kv_slice_start(a.v, vl, n, a.heads, Hkv),
                          slice_start(a.out, ol, n, a.heads),
                          ql.row,
                          kl.row,

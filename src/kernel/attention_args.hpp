@@ -7,12 +7,13 @@
 // scaled_dot_product_attention), L queries, S keys, D query/key width,
 // Dv value width.
 //
-// For slice n = b·heads + h and query row i, every kernel computes
-//   s_ij  = score_rule(scale · <q[n,i,:], k[n,j,:]>)     (score_rule.hpp,
+// For slice n = b·heads + h, its K/V slice g = kv_slice(n) (= n unless
+// grouped-query, below) and query row i, every kernel computes
+//   s_ij  = score_rule(scale · <q[n,i,:], k[g,j,:]>)     (score_rule.hpp,
 //           in the order ScoreModifiers lists)
 //   p_ij  = softmax_j(s_ij)          (fully masked row: masked_row_fill)
 //   p'_ij = dropout_weight(p_ij)     (when dropout.p > 0)
-//   out[n,i,:] = Σ_j p'_ij v[n,j,:]
+//   out[n,i,:] = Σ_j p'_ij v[g,j,:]
 // and, when weights != nullptr, stores p'_ij in weights[n,i,j]; when
 // lse != nullptr, stores lse[n,i] = log Σ_j exp(s_ij) (the row's
 // log-sum-exp, natural log, over the shaped scores, before dropout; −inf for
@@ -23,8 +24,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "multihead/attention.hpp"
+#include "multihead/error.hpp"
 
 namespace multihead::detail {
 
@@ -48,6 +51,27 @@ inline SliceLayout resolve_layout(const SliceLayout& layout, int64_t heads, int6
 template <class P>
 P* slice_start(P* base, const SliceLayout& l, int64_t n, int64_t heads) {
   return base + (n / heads) * l.batch + (n % heads) * l.head;
+}
+
+// Grouped-query attention (Ainslie et al. 2023; multi-query, kv_heads = 1:
+// Shazeer 2019): `heads` query heads per batch entry share `kv_heads` K/V
+// heads (heads % kv_heads == 0), each K/V head serving heads / kv_heads
+// consecutive query heads, as Llama's repeat_kv orders them. Query slice
+// n = b·heads + h reads K/V slice
+//   b·kv_heads + h / (heads / kv_heads)
+// in place (K and V are [B·kv_heads][S][·], or as their layouts say, with
+// batch/head strides over K/V heads); no kernel copies a K/V head per query
+// head. kv_heads == heads is ordinary multi-head attention. The one rule:
+// every kernel finds its K/V rows through kv_slice_start.
+inline int64_t kv_slice(int64_t n, int64_t heads, int64_t kv_heads) {
+  if (kv_heads == heads) return n;
+  return (n / heads) * kv_heads + (n % heads) / (heads / kv_heads);
+}
+// Start of the K (or V) rows query slice n reads, under a layout resolved
+// with kv_heads (resolve_layout(layout, kv_heads, S, width)).
+template <class P>
+P* kv_slice_start(P* base, const SliceLayout& l, int64_t n, int64_t heads, int64_t kv_heads) {
+  return slice_start(base, l, kv_slice(n, heads, kv_heads), kv_heads);
 }
 
 // Causal masking, with its alignment made explicit. Keys j < cols take part
@@ -82,8 +106,7 @@ struct CausalRule {
 //   s = s − alibi_slopes[n]·|p_i − j|          when alibi_slopes, j < cols
 //       + attn_mask[i][j] + key_padding[j]
 //   s = −inf where causal or window hides key j from query i
-// Still to come (the issue about variants): a K/V-head mapping
-// (grouped-query attention).
+// Which K/V head a slice reads is not a score rule: kv_slice() above.
 template <class T>
 struct ScoreModifiers {
   // Additive mask [L][S] for slice n at attn_mask + n·attn_mask_slice_stride
@@ -119,14 +142,15 @@ template <class T>
 struct AttentionArgs {
   int64_t slices = 0;    // N
   int64_t heads = 1;     // slices per batch entry (for key_padding indexing)
+  int64_t kv_heads = 0;  // K/V heads per batch entry (kv_slice); 0 = heads
   int64_t q_len = 0;     // L
   int64_t kv_len = 0;    // S (all keys, including bias_k / zero-attention columns)
   int64_t head_dim = 0;  // D
   int64_t value_dim = 0; // Dv
 
   const T* q = nullptr;  // [N][L][D]  (or as q_layout says)
-  const T* k = nullptr;  // [N][S][D]  (or as k_layout says)
-  const T* v = nullptr;  // [N][S][Dv] (or as v_layout says)
+  const T* k = nullptr;  // [B·kv_heads][S][D]  (or as k_layout says)
+  const T* v = nullptr;  // [B·kv_heads][S][Dv] (or as v_layout says)
   SliceLayout q_layout, k_layout, v_layout, out_layout;
 
   T scale = T(1);
@@ -138,11 +162,24 @@ struct AttentionArgs {
   T* out = nullptr;      // [N][L][Dv] (or as out_layout says)
   T* weights = nullptr;  // [N][L][S] or nullptr
   T* lse = nullptr;      // [N][L] contiguous, or nullptr: each row's log-sum-exp
+
+  // K/V heads per batch entry, kv_heads resolved (0 means heads).
+  int64_t kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }
 };
+
+// Throws multihead::Error unless kv_heads is 0 or divides heads (>= 1).
+template <class T>
+void check_kv_heads(const AttentionArgs<T>& a) {
+  if (a.kv_heads == 0) return;
+  if (a.kv_heads < 0 || a.heads < 1 || a.heads % a.kv_heads != 0)
+    throw Error(Error::Kind::Value, "num_kv_heads: expected a divisor of num_heads " + std::to_string(a.heads) +
+                                        " (grouped-query attention), got " + std::to_string(a.kv_heads));
+}
 
 // The backward pass of the forward above. Given the forward's own arguments
 // (forward.out holds the output it wrote), the row log-sum-exps it saved and
-// dℓ/dout, every backward kernel computes, for slice n, query i, key j
+// dℓ/dout (kv_heads == heads: a grouped backward would sum d_k and d_v
+// over each group of query heads; none does yet), every backward kernel computes, for slice n, query i, key j
 // (x_ij = scale·<q_i, k_j>, s_ij its shaped score, as in the forward):
 //   p_ij    = exp(s_ij − lse_i)            the forward's softmax, recomputed
 //   dp'_ij  = <d_out_i, v_j>               (p' = dropout(p), out_i = Σ_j p'_ij v_j)

@@ -542,11 +542,12 @@ HWY_INLINE void VisitKeyTiles(const AttentionArgs<float>& a, const QueryTileInpu
 // Slice n's inputs for a query tile, with the causal rule resolved.
 inline QueryTileInputs TileInputs(const AttentionArgs<float>& a, int64_t slice) {
   const int64_t L = a.q_len, S = a.kv_len;
-  const SliceLayout k_layout = resolve_layout(a.k_layout, a.heads, S, a.head_dim);
-  const SliceLayout v_layout = resolve_layout(a.v_layout, a.heads, S, a.value_dim);
+  const int64_t Hkv = a.kv_heads_or_heads();  // grouped-query: kv_slice (attention_args.hpp)
+  const SliceLayout k_layout = resolve_layout(a.k_layout, Hkv, S, a.head_dim);
+  const SliceLayout v_layout = resolve_layout(a.v_layout, Hkv, S, a.value_dim);
   QueryTileInputs in;
-  in.k = slice_start(a.k, k_layout, slice, a.heads);
-  in.v = slice_start(a.v, v_layout, slice, a.heads);
+  in.k = kv_slice_start(a.k, k_layout, slice, a.heads, Hkv);
+  in.v = kv_slice_start(a.v, v_layout, slice, a.heads, Hkv);
   in.k_row = static_cast<size_t>(k_layout.row);
   in.v_row = static_cast<size_t>(v_layout.row);
   in.mods = slice_modifiers(a.modifiers, slice, a.heads, L, S);

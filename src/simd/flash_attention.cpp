@@ -27,6 +27,7 @@ void FlashAttentionRows(const AttentionArgs<float>& args, int64_t slice, int64_t
   FlashAttentionRowsF32(args, slice, row_begin, row_end, scratch);
 }
 int64_t FlashAttentionRowTile() { return FlashAttentionRowTileF32(); }
+int64_t FlashAttentionKeyTile() { return static_cast<int64_t>(KeyTile(kMaxQueryVectors)); }
 int64_t FlashAttentionTarget() { return HWY_TARGET; }
 
 }  // namespace HWY_NAMESPACE
@@ -38,6 +39,7 @@ namespace multihead::detail {
 
 HWY_EXPORT(FlashAttentionRows);
 HWY_EXPORT(FlashAttentionRowTile);
+HWY_EXPORT(FlashAttentionKeyTile);
 HWY_EXPORT(FlashAttentionTarget);
 
 FlashScratch::~FlashScratch() { free_storage(data_); }
@@ -60,6 +62,7 @@ FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit) {
   FlashAttentionKernel kernel;
   kernel.rows = HWY_DISPATCH_TABLE(FlashAttentionRows)[i];
   kernel.row_tile = HWY_DISPATCH_TABLE(FlashAttentionRowTile)[i]();
+  kernel.key_tile = HWY_DISPATCH_TABLE(FlashAttentionKeyTile)[i]();
   return kernel;
 }
 

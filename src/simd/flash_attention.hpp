@@ -38,6 +38,9 @@ struct FlashAttentionKernel {
                FlashScratch& scratch);
   // Rows per call this target handles best (its widest query tile).
   int64_t row_tile;
+  // Keys per key tile with that query tile (the last may take a quarter
+  // more); tests put lengths on either side of it.
+  int64_t key_tile;
 };
 
 // The kernel compiled for Highway target `target_bit` (see targets.hpp);

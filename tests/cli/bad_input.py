@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Bad input to `multihead forward`: exit code, message, and no partial files.
+"""Bad input to `multihead forward` (and `multihead decode`): exit code, message, and no partial files.
 
 Every case runs the CLI twice: once with no output files present and once
 with old output files present. Each run must:
@@ -634,6 +634,93 @@ def _(ctx):
     w = ctx.randn(E, E)
     w[2, 5] = np.nan
     return ctx.args(weights=ctx.weights(out_proj__weight=w), extra=["--check-finite"])
+
+
+# -- grouped-query attention (forward --num-kv-heads) and `multihead decode`:
+# the module's weights are q_proj/k_proj/v_proj/o_proj.weight (tools/gqa_cli.hpp).
+def gqa_weights(ctx, heads=H, kv_heads=1, head_dim=E // H):
+    t = {"q_proj.weight": ctx.randn(heads * head_dim, E) / 3, "k_proj.weight": ctx.randn(kv_heads * head_dim, E) / 3,
+         "v_proj.weight": ctx.randn(kv_heads * head_dim, E) / 3, "o_proj.weight": ctx.randn(E, heads * head_dim) / 3}
+    return ctx.weights("gqa.safetensors", tensors=t, metadata={"num_heads": str(heads)})
+
+
+def gqa_forward(ctx, extra, weights=None):
+    q = ctx.npy("q.npy", ctx.randn(B, L, E))
+    return [ctx.cli, "forward", "--weights", weights or gqa_weights(ctx), "--query", q, *extra, "--out", ctx.out]
+
+
+def decode(ctx, extra):
+    return [ctx.cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--prompt-len", "3", "--tokens", "4",
+            *extra, "--out", ctx.out]
+
+
+@case("forward --num-kv-heads 3 with 2 heads", "--num-kv-heads", "divisor", "num_heads 2", "got 3")
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "3"])
+
+
+@case("forward --num-kv-heads 2, weights with 1 K/V head", "--num-kv-heads", "k_proj.weight", shape(8, 8), shape(4, 8))
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "2"])
+
+
+@case("forward --rope, odd head width 3", "--rope", "even", "got 3")
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--rope", "half-split"], weights=gqa_weights(ctx, head_dim=3))
+
+
+@case("forward --rope without --num-kv-heads", "--rope", "--num-kv-heads")
+def _(ctx):
+    return ctx.args(extra=["--rope", "interleaved"])
+
+
+@case("forward --rope bogus", "rope", "bogus")
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--rope", "bogus"])
+
+
+@case("forward --rope-theta 0", "rope-theta", "0", "> 0")
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--rope", "interleaved", "--rope-theta", "0"])
+
+
+@case("forward --num-kv-heads with --key", "--key", "--num-kv-heads")
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--key", ctx.npy("k.npy", ctx.randn(B, S, E))])
+
+
+@case("forward --num-kv-heads --window -3", "window", "-3", "1 to 2^40")
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--is-causal", "--window", "-3"])
+
+
+@case("forward --num-kv-heads --check-finite, NaN in k_proj.weight", "k_proj.weight", ("nan", "NaN"))
+def _(ctx):
+    w = gqa_weights(ctx)
+    t = {k: v[0] for k, v in safetensors_io.read(w)[0].items()}
+    t["k_proj.weight"][1, 2] = np.nan
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--check-finite"],
+                       weights=ctx.weights("gqa_nan.safetensors", tensors=t, metadata={"num_heads": str(H)}))
+
+
+@case("decode cache overflow (--max-len 5 < 3 + 4)", "--max-len", "5", "need 7")
+def _(ctx):
+    return decode(ctx, ["--max-len", "5"])
+
+
+@case("decode --num-kv-heads 3 with 2 heads", "--num-kv-heads", "divisor", "got 3")
+def _(ctx):
+    return decode(ctx, ["--num-kv-heads", "3"])
+
+
+@case("decode --rope, odd head width 3", "--rope", "even", "got 3")
+def _(ctx):
+    return decode(ctx, ["--head-dim", "3", "--rope", "interleaved"])
+
+
+@case("decode --window -3", "window", "-3", "1 to 2^40")
+def _(ctx):
+    return decode(ctx, ["--window", "-3"])
 
 
 # ---- running --------------------------------------------------------------------

@@ -103,7 +103,7 @@ def test_did_you_mean(cli):
         (("bench", "--kernal", "flash"), ["did you mean '--kernel'?", "(run 'multihead bench --help')"]),
         (("demo", "--focsu", "it"), ["did you mean '--focus'?", "(run 'multihead demo --help')"]),
         (("train", "--stpes", "3"), ["did you mean '--steps'?", "(run 'multihead train --help')"]),
-        (("--num-heads", "2"), ["'--num-heads'", "it is an option of forward, demo, init, bench: put it after the command",
+        (("--num-heads", "2"), ["'--num-heads'", "it is an option of forward, demo, init, bench, decode: put it after the command",
                                 "(run 'multihead --help')"]),
     ]
     for argv, words in cases:

@@ -1,0 +1,323 @@
+#!/usr/bin/python3
+"""Decoding throughput with a KV cache: multihead vs PyTorch 1.13 vs ONNX Runtime.
+
+One run, every program in its own subprocess, the same shapes (the issue's:
+context 4096, E = 4096, H = 32, D = 128, K/V heads 32, 8 and 1, batch 1,
+float32, no biases, no RoPE, causal), T threads (default 2):
+  * the machine's stream bandwidth, measured first in this run: a STREAM
+    triad c = a + s*b over 3 x 256 MiB arrays with torch on T threads, best
+    of 5 (bytes = 3 x array bytes);
+  * ours: `multihead decode --embed-dim E --num-heads H --num-kv-heads K
+    --prompt-len C --tokens N --threads T` (prefill of C tokens, then N
+    steps of one token; it prints batch / the median step time);
+  * PyTorch 1.13, written as a user would: four nn.Linear(bias=False), the
+    cache a preallocated (B, Hkv, max, D) tensor filled by slice assignment
+    ("torch prealloc"), or grown with torch.cat ("torch cat"), K/V repeated
+    to H heads with repeat_interleave (Hugging Face's repeat_kv copies too),
+    then matmul / softmax / matmul; the cache starts filled with C random
+    positions (the prefill's cost is not what is measured);
+  * ONNX Runtime's com.microsoft GroupQueryAttention (CPU) through the npm
+    package onnxruntime-node, installed by this script into a cache folder
+    (--ort-cache, `npm install` with install scripts off: the CPU binaries
+    ship inside the package). The model file (MatMul q/k/v, GroupQueryAttention,
+    MatMul o) is built here with the onnx Python package (Debian's
+    python3-onnx: `apt-get install python3-onnx`); past K/V go in, present
+    K/V come out: "shared buffer" binds past and present to one max-length
+    buffer per K and V, written in place (onnxruntime-genai's
+    past_present_share_buffer), "past+present" feeds present (past + 1
+    positions, a copy) back as the next past.
+Each program: W warm-up steps, then N timed steps; the median step.
+
+Bytes read per token: the four projection weights, 4·E·(2·H·D + 2·Hkv·D)
+bytes, plus the K/V cache at context C, 2·4·Hkv·C·D bytes. The bandwidth
+limit is bandwidth / those bytes; it is printed beside each row with the
+fraction of it each program reaches.
+
+Usage:
+  /usr/bin/python3 bench/bench_decode.py --multihead build/tools/multihead [--threads 2]
+      [--context 4096] [--tokens 32] [--warmup 4] [--ort-cache ~/.cache/multihead-bench-ort]
+  /usr/bin/python3 bench/bench_decode.py --multihead build/tools/multihead --quick
+      (seconds: context 256, E 512, H 8, K/V heads 8, 2, 1; a smoke run, not a measurement)
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ORT_VERSION = "1.30.0"
+
+
+# ---- the machine ---------------------------------------------------------------
+BANDWIDTH_CODE = r"""
+import sys, time, torch
+torch.set_num_threads(int(sys.argv[1]))
+n = int(sys.argv[2]) // 4
+a, b, c = torch.rand(n), torch.rand(n), torch.empty(n)
+best = 1e30
+for _ in range(6):
+    t = time.perf_counter(); torch.add(a, b, alpha=3.0, out=c); best = min(best, time.perf_counter() - t)
+print(3 * n * 4 / best)
+"""
+
+
+def stream_bandwidth(threads, array_bytes):
+    r = subprocess.run([sys.executable, "-c", BANDWIDTH_CODE, str(threads), str(array_bytes)],
+                       capture_output=True, text=True, check=True)
+    return float(r.stdout.strip())
+
+
+def bytes_per_token(E, H, Hkv, D, context):
+    weights = 4 * E * (2 * H * D + 2 * Hkv * D)
+    cache = 2 * 4 * Hkv * context * D
+    return weights, cache
+
+
+# ---- ours --------------------------------------------------------------------------
+def run_ours(cli, E, H, Hkv, context, tokens, warmup, threads):
+    n = tokens + warmup  # the median over all steps; warm-up steps sit at its far end
+    argv = [cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--num-kv-heads", str(Hkv),
+            "--prompt-len", str(context), "--tokens", str(n), "--threads", str(threads), "--kernel", "auto"]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
+    m = re.search(r"([0-9.]+) tokens/s \(median step ([0-9.]+) ms.*KV cache (\d+) bytes", r.stdout)
+    if not m:
+        raise RuntimeError(f"unexpected report: {r.stdout}")
+    return float(m.group(2)), int(m.group(3))
+
+
+# ---- PyTorch 1.13, as a user writes it ----------------------------------------------
+TORCH_CODE = r"""
+import json, math, statistics, sys, time, torch
+E, H, Hkv, C, N, W, T, mode = sys.argv[1:9]
+E, H, Hkv, C, N, W, T = map(int, (E, H, Hkv, C, N, W, T))
+torch.set_num_threads(T)
+torch.manual_seed(0)
+D, B = E // H, 1
+q_proj = torch.nn.Linear(E, H * D, bias=False)
+k_proj = torch.nn.Linear(E, Hkv * D, bias=False)
+v_proj = torch.nn.Linear(E, Hkv * D, bias=False)
+o_proj = torch.nn.Linear(H * D, E, bias=False)
+max_len = C + N + W
+if mode == "prealloc":
+    cache_k = torch.empty(B, Hkv, max_len, D); cache_v = torch.empty(B, Hkv, max_len, D)
+    cache_k[:, :, :C].normal_(); cache_v[:, :, :C].normal_()
+else:
+    cache_k = torch.randn(B, Hkv, C, D); cache_v = torch.randn(B, Hkv, C, D)
+pos = C
+
+def step(x):
+    global cache_k, cache_v, pos
+    q = q_proj(x).view(B, 1, H, D).transpose(1, 2)
+    k = k_proj(x).view(B, 1, Hkv, D).transpose(1, 2)
+    v = v_proj(x).view(B, 1, Hkv, D).transpose(1, 2)
+    if mode == "prealloc":
+        cache_k[:, :, pos:pos + 1] = k; cache_v[:, :, pos:pos + 1] = v
+        K, V = cache_k[:, :, :pos + 1], cache_v[:, :, :pos + 1]
+    else:
+        cache_k = torch.cat([cache_k, k], dim=2); cache_v = torch.cat([cache_v, v], dim=2)
+        K, V = cache_k, cache_v
+    pos += 1
+    if Hkv != H:
+        K = K.repeat_interleave(H // Hkv, dim=1); V = V.repeat_interleave(H // Hkv, dim=1)
+    s = torch.matmul(q, K.transpose(-1, -2)) / math.sqrt(D)   # the new token sees every cached one
+    o = torch.matmul(torch.softmax(s, dim=-1), V)
+    return o_proj(o.transpose(1, 2).reshape(B, 1, H * D))
+
+x = torch.randn(B, 1, E)
+times = []
+with torch.no_grad():
+    for i in range(W + N):
+        t = time.perf_counter(); x = step(x); dt = time.perf_counter() - t
+        if i >= W: times.append(dt)
+print(json.dumps({"median_s": statistics.median(times),
+                  "cache_bytes": cache_k.element_size() * (cache_k.numel() + cache_v.numel())}))
+"""
+
+
+def run_torch(mode, E, H, Hkv, context, tokens, warmup, threads):
+    r = subprocess.run([sys.executable, "-c", TORCH_CODE, str(E), str(H), str(Hkv), str(context), str(tokens),
+                        str(warmup), str(threads), mode], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr.strip().splitlines()[-1])
+    res = json.loads(r.stdout)
+    return res["median_s"] * 1e3, res["cache_bytes"]
+
+
+# ---- ONNX Runtime's GroupQueryAttention via onnxruntime-node -------------------------
+def build_ort_model(path, E, H, Hkv):
+    """MatMul q/k/v -> com.microsoft GroupQueryAttention -> MatMul o, weights as initializers."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    D = E // H
+    rng = np.random.default_rng(0)
+    bound = 1 / np.sqrt(E)
+
+    def w(name, rows, cols):  # stored (in, out) for x @ W
+        return numpy_helper.from_array(rng.uniform(-bound, bound, (cols, rows)).astype(np.float32), name)
+
+    inits = [w("Wq", H * D, E), w("Wk", Hkv * D, E), w("Wv", Hkv * D, E), w("Wo", E, H * D)]
+    nodes = [
+        helper.make_node("MatMul", ["x", "Wq"], ["q"]),
+        helper.make_node("MatMul", ["x", "Wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "Wv"], ["v"]),
+        helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_key", "past_value", "seqlens_k",
+                                                 "total_sequence_length"],
+                         ["attn", "present_key", "present_value"], domain="com.microsoft",
+                         num_heads=H, kv_num_heads=Hkv),
+        helper.make_node("MatMul", ["attn", "Wo"], ["y"]),
+    ]
+    f = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("x", f, ["B", "L", E]),
+              helper.make_tensor_value_info("past_key", f, ["B", Hkv, "P", D]),
+              helper.make_tensor_value_info("past_value", f, ["B", Hkv, "P", D]),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, [])]
+    outputs = [helper.make_tensor_value_info("y", f, ["B", "L", E]),
+               helper.make_tensor_value_info("present_key", f, ["B", Hkv, "T", D]),
+               helper.make_tensor_value_info("present_value", f, ["B", Hkv, "T", D])]
+    graph = helper.make_graph(nodes, "gqa_decode", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+ORT_CODE = r"""
+const ort = require('onnxruntime-node');
+const [model, E, H, Hkv, C, N, W, T, mode] = process.argv.slice(2);
+const e = +E, h = +H, hkv = +Hkv, c = +C, n = +N, w = +W, D = e / h;
+(async () => {
+  const s = await ort.InferenceSession.create(model, {intraOpNumThreads: +T, interOpNumThreads: 1,
+                                                        graphOptimizationLevel: 'all'});
+  const rand = (k) => { const a = new Float32Array(k); for (let i = 0; i < k; ++i) a[i] = Math.random() - 0.5; return a; };
+  // shared: past and present are one (1, Hkv, max, D) buffer each, written
+  // in place (onnxruntime-genai's past_present_share_buffer); otherwise the
+  // past has exactly the filled positions and present (past + 1) replaces it.
+  const shared = mode === 'shared', max = c + w + n;
+  let pk = new ort.Tensor('float32', rand(hkv * (shared ? max : c) * D), [1, hkv, shared ? max : c, D]);
+  let pv = new ort.Tensor('float32', rand(hkv * (shared ? max : c) * D), [1, hkv, shared ? max : c, D]);
+  const ys = [new ort.Tensor('float32', rand(e), [1, 1, e]), new ort.Tensor('float32', new Float32Array(e), [1, 1, e])];
+  const times = [];
+  for (let i = 0; i < w + n; ++i) {
+    const past = c + i;  // filled positions
+    const feeds = {x: ys[i % 2], past_key: pk, past_value: pv,
+                   seqlens_k: new ort.Tensor('int32', Int32Array.from([past]), [1]),
+                   total_sequence_length: new ort.Tensor('int32', Int32Array.from([past + 1]), [])};
+    const t = process.hrtime.bigint();
+    if (shared) {
+      await s.run(feeds, {y: ys[(i + 1) % 2], present_key: pk, present_value: pv});
+    } else {
+      const r = await s.run(feeds);
+      ys[(i + 1) % 2] = r.y; pk = r.present_key; pv = r.present_value;
+    }
+    const dt = Number(process.hrtime.bigint() - t) / 1e9;
+    if (i >= w) times.push(dt);
+  }
+  times.sort((a, b) => a - b);
+  const m = times.length % 2 ? times[(times.length - 1) / 2] : (times[times.length / 2 - 1] + times[times.length / 2]) / 2;
+  console.log(JSON.stringify({median_s: m, cache_bytes: 2 * 4 * pk.dims.reduce((a, b) => a * b, 1)}));
+})().catch((err) => { console.error(String(err).split('\n')[0]); process.exit(1); });
+"""
+
+
+def ensure_ort(cache):
+    """onnxruntime-node in `cache` (npm install, install scripts off); returns the folder that has node_modules."""
+    marker = os.path.join(cache, "node_modules", "onnxruntime-node", "package.json")
+    if not os.path.exists(marker):
+        os.makedirs(cache, exist_ok=True)
+        r = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix", cache,
+                            f"onnxruntime-node@{ORT_VERSION}"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("npm install onnxruntime-node failed: " + r.stderr.strip().splitlines()[-1])
+    return cache
+
+
+def run_ort(mode, cache, workdir, E, H, Hkv, context, tokens, warmup, threads):
+    model = os.path.join(workdir, f"gqa_E{E}_H{H}_kv{Hkv}.onnx")
+    if not os.path.exists(model):
+        build_ort_model(model, E, H, Hkv)
+    script = os.path.join(workdir, "ort_decode.js")
+    with open(script, "w") as f:
+        f.write(ORT_CODE)
+    env = dict(os.environ, NODE_PATH=os.path.join(cache, "node_modules"))
+    r = subprocess.run(["node", script, model, str(E), str(H), str(Hkv), str(context), str(tokens), str(warmup),
+                        str(threads), mode], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr.strip() or f"exit {r.returncode}")
+    res = json.loads(r.stdout)
+    return res["median_s"] * 1e3, res["cache_bytes"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--multihead", required=True, help="the multihead program")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--embed-dim", type=int, default=4096)
+    ap.add_argument("--num-heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, nargs="+", default=[32, 8, 1])
+    ap.add_argument("--tokens", type=int, default=32, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--ort-cache", default=os.path.expanduser("~/.cache/multihead-bench-ort"))
+    ap.add_argument("--skip", nargs="*", default=[], choices=["ours", "torch-prealloc", "torch-cat", "ort"])
+    ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run on small shapes")
+    a = ap.parse_args()
+    if a.quick:
+        a.context, a.embed_dim, a.num_heads, a.kv_heads, a.tokens, a.warmup = 256, 512, 8, [8, 2, 1], 4, 1
+    E, H = a.embed_dim, a.num_heads
+    D = E // H
+    cli = os.path.abspath(a.multihead)
+    workdir = tempfile.mkdtemp(prefix="bench_decode_")
+
+    bw = stream_bandwidth(a.threads, (64 if a.quick else 256) << 20)
+    print(f"stream triad bandwidth: {bw / 1e9:.1f} GB/s ({a.threads} threads, torch, best of 6)")
+    print(f"context {a.context}, E {E}, H {H}, D {D}, batch 1, float32, {a.threads} threads; "
+          f"{a.warmup} warm-up + {a.tokens} timed steps, median; {'QUICK SMOKE RUN, not a measurement' if a.quick else ''}")
+    ort_note = ""
+    try:
+        ort_cache = ensure_ort(a.ort_cache) if "ort" not in a.skip else None
+        import onnx  # noqa: F401  (python3-onnx builds the model file)
+    except ImportError:
+        ort_cache, ort_note = None, "the onnx Python package is missing (apt-get install python3-onnx)"
+    except Exception as e:  # the row says why it is missing
+        ort_cache, ort_note = None, str(e)
+
+    print()
+    print("| K/V heads | program | ms/token | tokens/s | cache MiB | bytes/token MiB | bandwidth limit tokens/s | % of limit |")
+    print("|---|---|---|---|---|---|---|---|")
+    for Hkv in a.kv_heads:
+        wbytes, cbytes = bytes_per_token(E, H, Hkv, D, a.context)
+        limit = bw / (wbytes + cbytes)
+        def ort(mode, Hkv=Hkv):
+            if not ort_cache:
+                raise RuntimeError(ort_note or "skipped")
+            return run_ort(mode, ort_cache, workdir, E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)
+
+        programs = [
+            ("ours", lambda: run_ours(cli, E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
+            ("torch prealloc", lambda: run_torch("prealloc", E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
+            ("torch cat", lambda: run_torch("cat", E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
+            ("ORT GQA shared buffer", lambda: ort("shared")),
+            ("ORT GQA past+present", lambda: ort("copy")),
+        ]
+        for name, run in programs:
+            if ("ort" if name.startswith("ORT") else name.replace(" ", "-")) in a.skip:
+                continue
+            try:
+                ms, cache = run()
+                tps = 1e3 / ms
+                print(f"| {Hkv} | {name} | {ms:.3f} | {tps:.1f} | {cache / 2**20:.1f} | "
+                      f"{(wbytes + cbytes) / 2**20:.1f} | {limit:.1f} | {100 * tps / limit:.0f}% |")
+            except Exception as e:
+                print(f"| {Hkv} | {name} | failed: {str(e)[:200]} | | | {(wbytes + cbytes) / 2**20:.1f} | {limit:.1f} | |")
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

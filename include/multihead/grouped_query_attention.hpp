@@ -1,0 +1,139 @@
+// multihead/grouped_query_attention.hpp: grouped-query attention (GQA,
+// Ainslie et al. 2023) and its KV cache for incremental decoding, as
+// Llama- and Mistral-style models use it. PyTorch's nn.MultiheadAttention
+// has no K/V-head count, so this module has its own configuration and the
+// weight names of that common layout (Hugging Face LlamaAttention):
+//   q_proj.weight (H·D, E)     q_proj.bias (H·D)     optional
+//   k_proj.weight (Hkv·D, E)   k_proj.bias (Hkv·D)   optional
+//   v_proj.weight (Hkv·D, E)   v_proj.bias (Hkv·D)   optional
+//   o_proj.weight (E, H·D)     o_proj.bias (E)       optional
+// Query head h uses K/V head h / (H / Hkv) (repeat_kv's order). Multi-query
+// attention (Shazeer 2019) is num_kv_heads = 1; num_kv_heads = num_heads is
+// multi-head attention with separate projections.
+//
+// Legend: B batch, L new tokens, P tokens already cached, S = P + L keys,
+// E embed width, H query heads, Hkv K/V heads, D head width.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "multihead/attention.hpp"
+#include "multihead/positions.hpp"
+#include "multihead/tensor.hpp"
+
+namespace multihead {
+
+struct GroupedQueryAttentionConfig {
+  int64_t embed_dim = 0;     // E >= 1
+  int64_t num_heads = 0;     // H >= 1
+  int64_t num_kv_heads = 0;  // Hkv, divides H; 0 = H
+  int64_t head_dim = 0;      // D; 0 = E / H (then H must divide E)
+  bool bias = false;         // all four projections have biases (Llama: none)
+  // Rotary embedding of q and k after their projections (Llama); its
+  // position_offset must be 0: positions come from the cache.
+  std::optional<RopeOptions> rope;
+  // Causal masking, bottom-right aligned: the L new tokens are positions
+  // P … P + L − 1 and see every earlier position (and, with a window, the
+  // last `window` of them). Without a cache P = 0.
+  bool causal = true;
+};
+
+// Throws multihead::Error naming the field: embed_dim/num_heads < 1,
+// num_kv_heads not dividing num_heads (or < 0), head_dim < 0, H not dividing
+// E when head_dim is 0, and RoPE with an odd head width, theta <= 0 or a
+// position offset.
+void validate(const GroupedQueryAttentionConfig& config);
+
+// The K/V of every token seen so far, for a batch of B sequences that
+// advance together: K and V [B][Hkv][capacity][D], positions 0 … length − 1
+// filled. Preallocated to max_len; with grow = true it doubles instead of
+// overflowing (copying what it holds), otherwise appending past max_len
+// throws an Error naming max_len. K is stored after RoPE, as Llama's cache.
+template <class T>
+class KVCache {
+ public:
+  KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t max_len, bool grow = false);
+
+  int64_t batch() const { return batch_; }
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t length() const { return length_; }
+  int64_t capacity() const { return capacity_; }
+  bool grows() const { return grow_; }
+  // Bytes the cache holds (K and V at capacity), which is what it occupies.
+  int64_t bytes() const { return 2 * batch_ * kv_heads_ * capacity_ * head_dim_ * static_cast<int64_t>(sizeof(T)); }
+  // Forget every token (keeps the memory).
+  void clear() { length_ = 0; }
+
+  // Makes room for `count` more tokens (grows or throws), without changing
+  // length(); then k_row/v_row address position p < length() + count.
+  void reserve_more(int64_t count);
+  // Marks `count` reserved positions filled.
+  void commit(int64_t count) { length_ += count; }
+  T* k_row(int64_t b, int64_t g, int64_t p) { return k_.data() + ((b * kv_heads_ + g) * capacity_ + p) * head_dim_; }
+  T* v_row(int64_t b, int64_t g, int64_t p) { return v_.data() + ((b * kv_heads_ + g) * capacity_ + p) * head_dim_; }
+  const T* k_data() const { return k_.data(); }
+  const T* v_data() const { return v_.data(); }
+
+ private:
+  int64_t batch_, kv_heads_, head_dim_, capacity_, length_ = 0;
+  bool grow_;
+  Storage<T> k_, v_;
+};
+
+extern template class KVCache<float>;
+extern template class KVCache<double>;
+
+template <class T>
+class GroupedQueryAttention {
+ public:
+  // Random weights, seeded: each projection as nn.Linear's default
+  // (kaiming_uniform_(a=√5): U(−1/√fan_in, 1/√fan_in)), biases U(same).
+  explicit GroupedQueryAttention(const GroupedQueryAttentionConfig& config, uint64_t seed = 0);
+
+  // Weights by their names above, with `prefix` (e.g. "model.layers.0.self_attn.")
+  // prepended. Throws an Error naming a missing or misshapen tensor, or an
+  // unexpected bias (a bias present when config.bias is false, or absent
+  // when it is true).
+  static GroupedQueryAttention from_tensors(const GroupedQueryAttentionConfig& config,
+                                            const std::map<std::string, Tensor<T>>& tensors,
+                                            const std::string& prefix = "");
+  // The weights under their names (no prefix), to save or inspect.
+  std::map<std::string, Tensor<T>> named_tensors() const;
+
+  const GroupedQueryAttentionConfig& config() const { return config_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t kv_heads() const { return kv_heads_; }
+
+  // A cache for `batch` sequences of up to max_len tokens.
+  KVCache<T> make_cache(int64_t batch, int64_t max_len, bool grow = false) const;
+
+  // x (B, L, E), batch first. Without a cache: self-attention over the L
+  // tokens at positions 0 … L − 1. With one: K/V of x are appended to it
+  // (positions P … P + L − 1, P = cache->length()) and the L queries attend
+  // to all P + L keys; the result equals the rows P … P + L − 1 of the
+  // forward over the whole prefix. Returns (B, L, E).
+  //
+  // From `options` the module takes scale, window, softcap, alibi_slopes
+  // (H values, one per query head: alibi_slopes(H) for the paper's),
+  // dropout_p/dropout_seed, masked_rows, kernel, num_threads and
+  // check_finite (x and every weight). Causal masking and positions are its own (config.causal,
+  // bottom-right): options.is_causal, causal_alignment and
+  // causal_query_offset must be left at their defaults.
+  Tensor<T> forward(const Tensor<T>& x, const AttentionOptions& options = {}, KVCache<T>* cache = nullptr) const;
+
+ private:
+  GroupedQueryAttention() = default;
+  GroupedQueryAttentionConfig config_;
+  int64_t head_dim_ = 0, kv_heads_ = 0;
+  Tensor<T> q_w_, k_w_, v_w_, o_w_;   // (H·D, E), (Hkv·D, E) ×2, (E, H·D)
+  Tensor<T> q_b_, k_b_, v_b_, o_b_;   // empty without bias
+};
+
+extern template class GroupedQueryAttention<float>;
+extern template class GroupedQueryAttention<double>;
+
+}  // namespace multihead

@@ -1,0 +1,385 @@
+// tests/test_gqa_kernels.cpp: grouped-query attention at the kernel level.
+//
+// Every kernel (reference, materialized, flash), on every SIMD target this
+// machine runs, at 1 and 2 threads, called with kv_heads K/V heads
+// (AttentionArgs::kv_heads, the mapping kv_slice() in
+// src/kernel/attention_args.hpp), is checked two ways:
+//  - against an independent float64 loop written here, over K/V with every
+//    head repeated heads / kv_heads times (Llama's repeat_kv, the
+//    "same model with its K/V heads repeated");
+//  - for reference and flash, bit for bit against the same kernel called
+//    on those repeated K/V as ordinary multi-head attention: the arithmetic
+//    is the same, only where the K/V rows are read from differs.
+// Legend: B batch, H query heads, Hkv K/V heads, L queries, S keys,
+// D query/key width, Dv value width.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "attention/kernel.hpp"
+#include "multihead/error.hpp"
+#include "simd/targets.hpp"
+
+namespace multihead {
+namespace {
+
+// For RecordProperty: std::to_string prints 6 decimals (1e-7 as 0.000000).
+std::string fmt(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", x);
+  return b;
+}
+
+using detail::AttentionArgs;
+using detail::SliceLayout;
+
+constexpr double kUnitRoundoff = 0x1.0p-24;
+
+struct GqaCase {
+  int64_t B, H, Hkv, L, S, D, Dv;
+  bool causal = false;   // bottom-right: the last query sees every key (decoding)
+  bool strided = false;  // K/V as views into (B, S, Hkv·width), Q/out into (B, L, H·width)
+  int64_t window = 0;    // sliding window; query i at position i + S − L either way
+};
+
+std::string case_name(const GqaCase& c) {
+  std::string n = "B" + std::to_string(c.B) + "_H" + std::to_string(c.H) + "_Hkv" + std::to_string(c.Hkv) + "_L" +
+                  std::to_string(c.L) + "_S" + std::to_string(c.S) + "_D" + std::to_string(c.D) + "_Dv" +
+                  std::to_string(c.Dv);
+  if (c.causal) n += "_causalBR";
+  if (c.strided) n += "_strided";
+  if (c.window) n += "_window" + std::to_string(c.window);
+  return n;
+}
+
+// The cases: MQA (Hkv 1), groups of 2 and 4, MHA (Hkv = H) as the control;
+// L = 1 (one decoded token), S across the flash key tile (126 keys on AVX3,
+// 120 on 16-register targets, up to a quarter more in the last tile), odd
+// widths for the SIMD remainders.
+const GqaCase kCases[] = {
+    {2, 4, 1, 5, 9, 8, 8},
+    {2, 4, 2, 17, 33, 16, 12, false, true},
+    {1, 8, 2, 1, 130, 16, 16, true},
+    {1, 8, 2, 1, 130, 16, 16, true, true},
+    {2, 6, 3, 20, 20, 7, 9, true},
+    {1, 4, 4, 9, 40, 8, 8, true},
+    {1, 8, 1, 70, 170, 8, 8, true, true},
+    {3, 2, 1, 3, 1, 4, 4},
+    // One decoded token (L = 1) with groups: the flash kernel packs each
+    // group's query heads into one slice (src/attention/flash.cpp,
+    // grouped_decode_args), with the window as a key range.
+    {1, 32, 1, 1, 300, 64, 64, true},
+    {2, 8, 2, 1, 200, 32, 32, true, true, 50},
+    {1, 8, 4, 1, 90, 16, 16, false, false, 30},
+    {1, 4, 2, 1, 40, 8, 8, true, false, 100},
+};
+
+enum class Kernel { Reference, Materialized, Flash };
+const char* kernel_name(Kernel k) {
+  return k == Kernel::Reference ? "reference" : k == Kernel::Materialized ? "materialized" : "flash";
+}
+
+struct Param {
+  GqaCase c;
+  Kernel kernel;
+  int threads;
+  std::string target;
+};
+std::string param_name(const Param& p) {
+  return case_name(p.c) + "_" + kernel_name(p.kernel) + "_t" + std::to_string(p.threads) + "_" + p.target;
+}
+void PrintTo(const Param& p, std::ostream* os) { *os << param_name(p); }
+
+class ScopedTarget {
+ public:
+  explicit ScopedTarget(const std::string& name) { detail::simd_target_force(name); }
+  ~ScopedTarget() { detail::simd_target_force(""); }
+  ScopedTarget(const ScopedTarget&) = delete;
+  ScopedTarget& operator=(const ScopedTarget&) = delete;
+};
+
+// Logical tensors, always stored as q [B][H][L][D], k [B][Hkv][S][D],
+// v [B][Hkv][S][Dv]; the kernels see them contiguous or, for strided cases,
+// packed into (B, len, heads·width) buffers.
+struct Inputs {
+  GqaCase c;
+  std::vector<float> q, k, v;
+  float scale;
+};
+
+Inputs make_inputs(const GqaCase& c) {
+  Inputs in{c, {}, {}, {}, static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.D)))};
+  std::mt19937_64 rng(std::hash<std::string>{}(case_name(c)));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto fill = [&](std::vector<float>& x, int64_t count) {
+    x.resize(static_cast<std::size_t>(count));
+    for (float& e : x) e = normal(rng);
+  };
+  fill(in.q, c.B * c.H * c.L * c.D);
+  fill(in.k, c.B * c.Hkv * c.S * c.D);
+  fill(in.v, c.B * c.Hkv * c.S * c.Dv);
+  return in;
+}
+
+// (B, heads, len, width) -> (B, len, heads·width), the projection layout.
+std::vector<float> pack(const std::vector<float>& x, int64_t B, int64_t heads, int64_t len, int64_t width) {
+  std::vector<float> y(x.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t d = 0; d < width; ++d)
+          y[((b * len + i) * heads + h) * width + d] = x[((b * heads + h) * len + i) * width + d];
+  return y;
+}
+std::vector<float> unpack(const std::vector<float>& y, int64_t B, int64_t heads, int64_t len, int64_t width) {
+  std::vector<float> x(y.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < len; ++i)
+        for (int64_t d = 0; d < width; ++d)
+          x[((b * heads + h) * len + i) * width + d] = y[((b * len + i) * heads + h) * width + d];
+  return x;
+}
+SliceLayout packed_layout(int64_t heads, int64_t len, int64_t width) {
+  return SliceLayout{len * heads * width, width, heads * width};
+}
+
+// K/V with each head repeated: head h of the result is K/V head
+// h / (H / Hkv) (or, for the checker's check, h % Hkv).
+std::vector<float> repeat_kv(const std::vector<float>& x, const GqaCase& c, int64_t width, bool interleaved = false) {
+  std::vector<float> y(static_cast<std::size_t>(c.B * c.H * c.S * width));
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H; ++h) {
+      const int64_t g = interleaved ? h % c.Hkv : h / (c.H / c.Hkv);
+      std::copy_n(x.begin() + (b * c.Hkv + g) * c.S * width, c.S * width, y.begin() + (b * c.H + h) * c.S * width);
+    }
+  return y;
+}
+
+// One kernel call; kv_heads = the heads K/V have (Hkv, or H for repeated).
+std::vector<float> run(Kernel kernel, const GqaCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                       const std::vector<float>& v, int64_t kv_heads, float scale, int threads) {
+  AttentionArgs<float> a;
+  a.slices = c.B * c.H;
+  a.heads = c.H;
+  a.kv_heads = kv_heads;
+  a.q_len = c.L;
+  a.kv_len = c.S;
+  a.head_dim = c.D;
+  a.value_dim = c.Dv;
+  a.scale = scale;
+  a.num_threads = threads;
+  a.modifiers.causal = detail::CausalRule{c.causal, CausalAlignment::BottomRight, 0, c.S};
+  a.modifiers.window = c.window;
+  std::vector<float> qs = q, ks = k, vs = v;
+  if (c.strided) {
+    qs = pack(q, c.B, c.H, c.L, c.D);
+    ks = pack(k, c.B, kv_heads, c.S, c.D);
+    vs = pack(v, c.B, kv_heads, c.S, c.Dv);
+    a.q_layout = packed_layout(c.H, c.L, c.D);
+    a.k_layout = packed_layout(kv_heads, c.S, c.D);
+    a.v_layout = packed_layout(kv_heads, c.S, c.Dv);
+    a.out_layout = packed_layout(c.H, c.L, c.Dv);
+  }
+  a.q = qs.data();
+  a.k = ks.data();
+  a.v = vs.data();
+  std::vector<float> out(static_cast<std::size_t>(c.B * c.H * c.L * c.Dv), -1.0f);
+  a.out = out.data();
+  switch (kernel) {
+    case Kernel::Reference:
+      detail::attention_forward_reference(a);
+      break;
+    case Kernel::Materialized:
+      detail::attention_forward_materialized(a);
+      break;
+    case Kernel::Flash:
+      detail::attention_forward_flash(a);
+      break;
+  }
+  return c.strided ? unpack(out, c.B, c.H, c.L, c.Dv) : out;
+}
+
+// The oracle: float64 loops over the repeated K/V (no kernel code), and
+// per output row the bound below.
+struct Oracle {
+  std::vector<double> out;
+  std::vector<double> bound;  // per row (n, i)
+};
+
+// Bound per row, derived: each score s_ij = scale·<q_i, k_j> is off by at
+// most γ_D·scale·Σ_d|q_d k_d| (γ_D ≈ D·u, float dot product), the softmax
+// and the weighted sum add (S + 8)·u relative (exp within a few ulp, sums of
+// S terms), and |Δout| <= (max_j |Δs_ij| + (S + 8)·u)·max_j ‖v_j‖∞ since a
+// weight change Δs in the exponent changes p by at most a factor e^Δs ≈ 1 + Δs.
+// Doubled for the rounding of the bound's own terms.
+Oracle oracle(const Inputs& in, const std::vector<float>& k_rep, const std::vector<float>& v_rep) {
+  const GqaCase& c = in.c;
+  Oracle o;
+  o.out.assign(static_cast<std::size_t>(c.B * c.H * c.L * c.Dv), 0.0);
+  o.bound.assign(static_cast<std::size_t>(c.B * c.H * c.L), 0.0);
+  const double scale = in.scale;
+  for (int64_t n = 0; n < c.B * c.H; ++n) {
+    const float* K = k_rep.data() + n * c.S * c.D;
+    const float* V = v_rep.data() + n * c.S * c.Dv;
+    for (int64_t i = 0; i < c.L; ++i) {
+      const float* qi = in.q.data() + (n * c.L + i) * c.D;
+      std::vector<double> s(static_cast<std::size_t>(c.S));
+      double m = -INFINITY, max_abs_dot = 0, max_v = 0;
+      for (int64_t j = 0; j < c.S; ++j) {
+        double dot = 0, abs_dot = 0;
+        for (int64_t d = 0; d < c.D; ++d) {
+          dot += static_cast<double>(qi[d]) * K[j * c.D + d];
+          abs_dot += std::abs(static_cast<double>(qi[d]) * K[j * c.D + d]);
+        }
+        const int64_t p = i + (c.S - c.L);  // the query's position
+        const bool visible = (!c.causal || j <= p) &&
+                             (c.window == 0 || (j > p - c.window && (c.causal || j < p + c.window)));
+        s[j] = visible ? dot * scale : -INFINITY;
+        if (visible) {
+          m = std::max(m, s[j]);
+          max_abs_dot = std::max(max_abs_dot, abs_dot * scale);
+          for (int64_t d = 0; d < c.Dv; ++d) max_v = std::max(max_v, std::abs(static_cast<double>(V[j * c.Dv + d])));
+        }
+      }
+      double* out = o.out.data() + (n * c.L + i) * c.Dv;
+      if (m == -INFINITY) continue;  // no visible key: zeros (MaskedRowPolicy::Zeros)
+      double sum = 0;
+      for (int64_t j = 0; j < c.S; ++j) sum += (s[j] = std::exp(s[j] - m));
+      for (int64_t j = 0; j < c.S; ++j)
+        for (int64_t d = 0; d < c.Dv; ++d) out[d] += s[j] / sum * V[j * c.Dv + d];
+      const double u = kUnitRoundoff;
+      o.bound[n * c.L + i] = 2.0 * (c.D * u * max_abs_dot + (c.S + 8) * u) * max_v;
+    }
+  }
+  return o;
+}
+
+// Number of elements outside the bound, and the first one described.
+struct Check {
+  int64_t failures = 0;
+  double worst_ratio = 0;
+  std::string first;
+};
+Check check(const GqaCase& c, const std::vector<float>& got, const Oracle& o) {
+  Check r;
+  for (std::size_t e = 0; e < got.size(); ++e) {
+    const std::size_t row = e / static_cast<std::size_t>(c.Dv);
+    const double err = std::abs(static_cast<double>(got[e]) - o.out[e]);
+    const double bound = o.bound[row];
+    r.worst_ratio = std::max(r.worst_ratio, bound > 0 ? err / bound : (err > 0 ? INFINITY : 0));
+    if (!(err <= bound)) {
+      if (r.failures++ == 0) {
+        std::ostringstream s;
+        s << "element " << e << " (slice " << row / c.L << ", row " << row % c.L << "): got " << got[e]
+          << ", want " << o.out[e] << ", error " << err << " > bound " << bound;
+        r.first = s.str();
+      }
+    }
+  }
+  return r;
+}
+
+std::vector<Param> params() {
+  std::vector<Param> p;
+  for (const std::string& target : detail::simd_targets_available())
+    for (const GqaCase& c : kCases)
+      for (Kernel k : {Kernel::Reference, Kernel::Materialized, Kernel::Flash})
+        for (int threads : {1, 2}) p.push_back({c, k, threads, target});
+  return p;
+}
+
+class GqaKernel : public ::testing::TestWithParam<Param> {};
+
+TEST_P(GqaKernel, EqualsRepeatedKvHeads) {
+  const Param& p = GetParam();
+  const ScopedTarget target(p.target);
+  ASSERT_EQ(detail::simd_target_current(), p.target);
+  const GqaCase& c = p.c;
+  const Inputs in = make_inputs(c);
+  const std::vector<float> k_rep = repeat_kv(in.k, c, c.D), v_rep = repeat_kv(in.v, c, c.Dv);
+  const std::vector<float> got = run(p.kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, p.threads);
+  const Check r = check(c, got, oracle(in, k_rep, v_rep));
+  EXPECT_EQ(r.failures, 0) << r.first;
+  RecordProperty("worst_error_over_bound", fmt(r.worst_ratio));
+  // Flash packs a decoded token's query heads per group (L = 1), which
+  // changes its key tiling: only the bound above holds there.
+  const bool packed = p.kernel == Kernel::Flash && c.L == 1 && c.Hkv != c.H;
+  if (p.kernel != Kernel::Materialized && !packed) {
+    // Same arithmetic on the same values; only the K/V addresses differ.
+    // (Materialized goes through BLAS, whose blocking we do not own.)
+    const std::vector<float> repeated = run(p.kernel, c, in.q, k_rep, v_rep, c.H, in.scale, p.threads);
+    EXPECT_EQ(0, std::memcmp(got.data(), repeated.data(), got.size() * sizeof(float)))
+        << "kv_heads=" << c.Hkv << " differs from the call on repeated K/V heads";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, GqaKernel, ::testing::ValuesIn(params()),
+                         [](const ::testing::TestParamInfo<Param>& info) { return param_name(info.param); });
+
+// The check can fail: one perturbed element, and the wrong grouping
+// (query head h reading K/V head h % Hkv instead of h / (H / Hkv)).
+TEST(GqaKernelChecker, CatchesPerturbationAndWrongGrouping) {
+  const GqaCase c{2, 4, 2, 17, 33, 16, 12};
+  const Inputs in = make_inputs(c);
+  const std::vector<float> got = run(Kernel::Reference, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
+  const Oracle good = oracle(in, repeat_kv(in.k, c, c.D), repeat_kv(in.v, c, c.Dv));
+  ASSERT_EQ(check(c, got, good).failures, 0);
+  std::vector<float> bad = got;
+  bad[got.size() / 2] += 1e-3f;  // ~10x the bound here
+  EXPECT_EQ(check(c, bad, good).failures, 1);
+  const Oracle wrong = oracle(in, repeat_kv(in.k, c, c.D, true), repeat_kv(in.v, c, c.Dv, true));
+  EXPECT_GT(check(c, got, wrong).failures, 0);
+}
+
+// kv_heads must divide heads: one line naming num_kv_heads with both values.
+TEST(GqaKernelValidation, KvHeadsMustDivideHeads) {
+  const GqaCase c{1, 4, 3, 2, 2, 4, 4};
+  std::vector<float> q(32, 0.5f), k(24, 0.5f), v(24, 0.5f);
+  for (Kernel kernel : {Kernel::Reference, Kernel::Materialized, Kernel::Flash}) {
+    try {
+      run(kernel, c, q, k, v, 3, 0.5f, 1);
+      ADD_FAILURE() << kernel_name(kernel) << " accepted kv_heads 3 with 4 heads";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("num_kv_heads"), std::string::npos) << m;
+      EXPECT_NE(m.find("4"), std::string::npos) << m;
+      EXPECT_NE(m.find("got 3"), std::string::npos) << m;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace multihead
+
+namespace multihead {
+namespace {
+
+// The backward kernels take one K/V slice per query slice: a grouped call
+// is refused (naming num_kv_heads) before any pointer is read.
+TEST(GqaKernelValidation, BackwardRefusesGroupedKv) {
+  detail::AttentionBackwardArgs<float> b;
+  b.forward.slices = 4;
+  b.forward.heads = 4;
+  b.forward.kv_heads = 2;
+  for (AttentionKernel k : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Flash}) {
+    try {
+      detail::attention_backward(b, k);
+      ADD_FAILURE() << to_string(k) << " accepted kv_heads 2 with 4 heads";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("num_kv_heads:", 0), 0u) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace multihead

@@ -1,0 +1,185 @@
+// tools/decode_command.cpp: `multihead decode`, incremental decoding with a
+// KV cache through the grouped-query module (multihead/grouped_query_attention.hpp).
+//
+// There is no vocabulary here (this is one attention layer, not a language
+// model), so each step feeds its output vector back as the next input
+// embedding: the prompt is run once (prefill, P positions, filling the
+// cache), then step t = 0 … N − 1 runs one token at position P + t whose
+// input is the previous output (for t = 0, the prompt's last output row).
+// Tokens/s is batch / the median step time; the prefill is timed apart.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_manners.hpp"
+#include "commands.hpp"
+#include "file_flags.hpp"
+#include "gqa_cli.hpp"
+#include "validators.hpp"
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+
+namespace multihead::cli {
+namespace {
+
+struct DecodeArgs {
+  std::string weights, prefix, prompt, out, kernel = "auto";
+  std::optional<int64_t> num_heads, embed_dim, head_dim, prompt_len, max_len, window;
+  std::optional<double> softcap;
+  int64_t batch = 1, tokens = 0;
+  uint64_t seed = 0;
+  bool grow = false, alibi = false, bias = false;
+  int threads = 0;
+  GqaFlags gqa;
+};
+
+[[noreturn]] void fail(const std::string& message) { throw Error(Error::Kind::Value, message); }
+
+GroupedQueryAttention<float> make_module(const DecodeArgs& a) {
+  if (!a.weights.empty()) {
+    for (const auto& [flag, given] : {std::pair{"--embed-dim", a.embed_dim.has_value()},
+                                      {"--head-dim", a.head_dim.has_value()}})
+      if (given) fail(std::string(flag) + ": not used with --weights (the weights' shapes give it)");
+    return load_gqa<float>(a.weights, a.prefix, a.num_heads, a.gqa, true);
+  }
+  if (!a.embed_dim || !a.num_heads)
+    fail("--weights: expected a weights file, or --embed-dim and --num-heads for seeded random weights");
+  if (!a.head_dim && *a.embed_dim % *a.num_heads != 0)
+    fail("--num-heads: " + std::to_string(*a.num_heads) + " does not divide --embed-dim " +
+         std::to_string(*a.embed_dim) + " (or give --head-dim)");
+  const int64_t D = a.head_dim.value_or(*a.embed_dim / *a.num_heads);
+  return GroupedQueryAttention<float>(gqa_config(*a.embed_dim, *a.num_heads, D, a.gqa, a.bias, true), a.seed);
+}
+
+Tensor<float> make_prompt(const DecodeArgs& a, int64_t E) {
+  if (!a.prompt.empty()) {
+    if (a.prompt_len) fail("--prompt-len: not used with --prompt (the file gives the length)");
+    const LoadedTensor t = read_npy(a.prompt, "prompt");
+    if (t.dtype == DType::Bool) fail("prompt: expected dtype float32 or float64, got bool (" + a.prompt + ")");
+    Tensor<float> x = tensor_cast<float>(t.values);
+    if ((x.dim() != 2 && x.dim() != 3) || x.size(-1) != E || x.size(-2) < 1)
+      throw Error(Error::Kind::Shape, "prompt: expected (L, " + std::to_string(E) + ") or (B, L, " +
+                                          std::to_string(E) + ") with L >= 1, got " + shape_to_string(x.shape()));
+    if (x.dim() == 2) {
+      const int64_t L = x.size(0);
+      x = std::move(x).reshaped({1, L, E});
+    }
+    return x;
+  }
+  if (!a.prompt_len) fail("--prompt: expected a prompt file, or --prompt-len for a seeded random prompt");
+  Tensor<float> x(Shape{a.batch, *a.prompt_len, E});
+  std::mt19937_64 rng(a.seed + 1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t e = 0; e < x.numel(); ++e) x[e] = normal(rng);
+  return x;
+}
+
+void run_decode(const DecodeArgs& a) {
+  const GroupedQueryAttention<float> m = make_module(a);
+  const int64_t E = m.config().embed_dim;
+  const Tensor<float> prompt = make_prompt(a, E);
+  const int64_t B = prompt.size(0), P = prompt.size(1), N = a.tokens;
+  const int64_t max_len = a.max_len.value_or(P + N);
+  if (max_len < P + N && !a.grow)
+    fail("--max-len: the cache holds " + std::to_string(max_len) + " tokens, but the prompt (" + std::to_string(P) +
+         ") and --tokens " + std::to_string(N) + " need " + std::to_string(P + N) +
+         " (raise --max-len or add --grow)");
+  AttentionOptions o;
+  o.window = a.window;
+  o.softcap = a.softcap;
+  if (a.alibi) o.alibi_slopes = alibi_slopes(m.config().num_heads);
+  o.kernel = parse_attention_kernel(a.kernel);
+  o.num_threads = a.threads;
+  KVCache<float> cache = m.make_cache(B, max_len, a.grow);
+
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  const Tensor<float> prefill = m.forward(prompt, o, &cache);
+  const auto t1 = clock::now();
+  // Step t's input: the previous output row (B, 1, E).
+  Tensor<float> x(Shape{B, 1, E});
+  for (int64_t b = 0; b < B; ++b) std::copy_n(prefill.data() + (b * P + P - 1) * E, E, x.data() + b * E);
+  Tensor<float> generated(Shape{B, N, E});
+  std::vector<double> step_s(static_cast<std::size_t>(N));
+  for (int64_t t = 0; t < N; ++t) {
+    const auto s0 = clock::now();
+    x = m.forward(x, o, &cache);
+    step_s[static_cast<std::size_t>(t)] = std::chrono::duration<double>(clock::now() - s0).count();
+    for (int64_t b = 0; b < B; ++b) std::copy_n(x.data() + b * E, E, generated.data() + (b * N + t) * E);
+  }
+  const double prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  // The median step: the first steps pay one-time costs (threads, BLAS
+  // setup) that a long generation does not.
+  std::sort(step_s.begin(), step_s.end());
+  const double median_s = N == 0 ? 0.0 : N % 2 ? step_s[N / 2] : 0.5 * (step_s[N / 2 - 1] + step_s[N / 2]);
+
+  if (!a.out.empty()) write_outputs({{{"--out", a.out}, serialize_npy(generated)}});
+  std::FILE* report = a.out == "-" ? stderr : stdout;
+  std::fprintf(report,
+               "multihead decode: %lld tokens x batch %lld after a %lld-token prompt: %.1f tokens/s (median step "
+               "%.3f ms; prefill %.3f ms); KV cache %lld bytes (%lld of %lld positions, %lld K/V heads x head_dim "
+               "%lld, float32); embed_dim %lld, num_heads %lld, kernel %s, threads %d\n",
+               static_cast<long long>(N), static_cast<long long>(B), static_cast<long long>(P),
+               median_s > 0 ? static_cast<double>(B) / median_s : 0.0, median_s * 1e3, prefill_ms, static_cast<long long>(cache.bytes()), static_cast<long long>(cache.length()),
+               static_cast<long long>(cache.capacity()), static_cast<long long>(m.kv_heads()),
+               static_cast<long long>(m.head_dim()), static_cast<long long>(E),
+               static_cast<long long>(m.config().num_heads), a.kernel.c_str(), a.threads);
+}
+
+}  // namespace
+
+Runner add_decode_command(CLI::App& app) {
+  auto a = std::make_shared<DecodeArgs>();
+  CLI::App* c = app.add_subcommand(
+      "decode", "Generate tokens with a KV cache (grouped-query module): tokens/s and cache bytes");
+  c->footer(
+      "There is no vocabulary: the prompt is run once (prefill), then each step feeds its output vector back as "
+      "the next input embedding, one token per step. Tokens/s is batch / the median step; the report goes to "
+      "standard output (standard error with --out -). docs/decoding.md has the cache's rules.");
+  c->add_option("--weights", a->weights,
+                "safetensors with q_proj/k_proj/v_proj/o_proj.weight (+ .bias), as `multihead init "
+                "--num-kv-heads` writes; omit for seeded random weights (--embed-dim, --num-heads, --seed)")
+      ->check(path());
+  c->add_option("--prefix", a->prefix, "Module inside a whole model's file, e.g. model.layers.0.self_attn.");
+  c->add_option("--embed-dim", a->embed_dim, "Random weights: embed_dim")->check(positive_integer());
+  c->add_option("--num-heads", a->num_heads, "Query heads (overrides the weights' metadata)")
+      ->check(positive_integer());
+  c->add_option("--head-dim", a->head_dim, "Random weights: head width (default embed_dim / num_heads)")
+      ->check(positive_integer());
+  c->add_flag("--bias", a->bias, "Random weights: with projection biases (Llama has none)");
+  c->add_option("--seed", a->seed, "Seed of the random weights and the random prompt");
+  add_gqa_flags(*c, a->gqa, "K/V heads (divides the heads; 1 = multi-query; default: the heads)");
+  c->add_option("--prompt", a->prompt, ".npy prompt embeddings (L, E) or (B, L, E)")->check(path());
+  c->add_option("--prompt-len", a->prompt_len, "A seeded random prompt of this many tokens instead of --prompt")
+      ->check(positive_integer());
+  c->add_option("--batch", a->batch, "Sequences decoded together, with --prompt-len (default 1)")
+      ->check(positive_integer());
+  c->add_option("--tokens", a->tokens, "Tokens to generate")->required()->check(non_negative_integer());
+  c->add_option("--max-len", a->max_len, "Cache length, preallocated (default: prompt + tokens)")
+      ->check(integer_in(1, int64_t{1} << 40, "a cache length of 1 to 2^40 tokens"));
+  c->add_flag("--grow", a->grow, "Let the cache double when full instead of failing");
+  c->add_option("--window", a->window, "Sliding window: each token sees its own and the W-1 previous positions")
+      ->check(integer_in(1, int64_t{1} << 40, "a window of 1 to 2^40 keys"));
+  c->add_option("--softcap", a->softcap, "Logit soft-cap C: scores become C*tanh(score/C)")->check(positive_number());
+  c->add_flag("--alibi", a->alibi, "ALiBi position biases with the paper's per-head slopes");
+  c->add_option("--kernel", a->kernel, "auto, reference, materialized or flash")
+      ->transform(one_of({"auto", "reference", "materialized", "flash"}));
+  c->add_option("--threads", a->threads, "Threads (0 = default)")->check(non_negative_integer());
+  c->add_option("--out", a->out, "The N generated vectors as .npy (B, N, E) ('-' = standard output; the report "
+                                 "then goes to stderr)")
+      ->check(path());
+  return [a] {
+    check_files({{"--weights", a->weights}, {"--prompt", a->prompt}}, {{"--out", a->out}});
+    if (a->gqa.rope.empty() && a->gqa.rope_theta_option->count() > 0)
+      fail("--rope-theta: needs --rope (interleaved or half-split)");
+    apply_threads(a->threads);
+    run_decode(*a);
+  };
+}
+
+}  // namespace multihead::cli
