@@ -409,7 +409,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
   // heads / kv_heads query slices: group·L terms (Lg).
   const int64_t Lg = c.L * (c.H / c.KV());
   for (int64_t n = 0; n < c.N(); ++n) {
-    const int64_t g = c.kv(n);
+    const int64_t kvs = c.kv(n);  // the K/V slice n reads
     const detail::SliceModifiers<double> mods = detail::slice_modifiers(a.modifiers, n, c.H, c.L, c.S);
     for (int64_t i = 0; i < c.L; ++i) {
       const double lse = ref.lse[static_cast<std::size_t>(n * c.L + i)];
@@ -418,7 +418,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
       for (int64_t j = 0; j < c.S; ++j) {
         double x = 0, A = 0;
         for (int64_t d = 0; d < c.D; ++d) {
-          const double t = ref.q[in.lq.at(n, i, d)] * ref.k[in.lk.at(g, j, d)];
+          const double t = ref.q[in.lq.at(n, i, d)] * ref.k[in.lk.at(kvs, j, d)];
           x += t, A += std::abs(t);
         }
         x *= scale, A *= scale;
@@ -436,7 +436,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
         double w = 0;
         for (int64_t j = 0; j < c.S; ++j) {
           const bool keep = c.dropout == 0 || detail::dropout_keep(a.dropout, n, i, j);
-          w += (keep ? p[j] * ks : 0.0) * std::abs(ref.v[in.lv.at(g, j, cc)]);
+          w += (keep ? p[j] * ks : 0.0) * std::abs(ref.v[in.lv.at(kvs, j, cc)]);
         }
         delta += g * o;
         e_delta += u * (c.Dv + 2) * std::abs(g * o) + std::abs(g) * u * lambda * w;
@@ -445,7 +445,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
         const bool keep = c.dropout == 0 || detail::dropout_keep(a.dropout, n, i, j);
         double dpv = 0, e_dpv = 0;
         for (int64_t cc = 0; cc < c.Dv; ++cc) {
-          const double t = ref.d_out[in.lo.at(n, i, cc)] * ref.v[in.lv.at(g, j, cc)];
+          const double t = ref.d_out[in.lo.at(n, i, cc)] * ref.v[in.lv.at(kvs, j, cc)];
           dpv += t, e_dpv += std::abs(t);
         }
         dp[j] = keep ? dpv * ks : 0.0;
@@ -453,7 +453,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
         e_p[j] = p[j] * u * (kappa[j] + lambda + 4) + 0x1.0p-126;
         pk[j] = keep ? p[j] * ks : 0.0;
         double x = 0;
-        for (int64_t d = 0; d < c.D; ++d) x += ref.q[in.lq.at(n, i, d)] * ref.k[in.lk.at(g, j, d)];
+        for (int64_t d = 0; d < c.D; ++d) x += ref.q[in.lq.at(n, i, d)] * ref.k[in.lk.at(kvs, j, d)];
         x *= scale;
         const double slope = detail::soft_cap_slope(mods.softcap, x);
         const double e_slope = c.softcap > 0 ? 2 * (u * kappa[j] / c.softcap + 2 * u) + 2 * u : 0.0;
@@ -466,12 +466,12 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
         const bool keep = c.dropout == 0 || detail::dropout_keep(a.dropout, n, i, j);
         for (int64_t d = 0; d < c.D; ++d) {
           bd.d_q[in.lq.at(n, i, d)] +=
-              2 * scale * (e_ds[j] + u * (c.S + 2) * std::abs(ds[j])) * std::abs(ref.k[in.lk.at(g, j, d)]);
-          bd.d_k[in.lk.at(g, j, d)] +=
+              2 * scale * (e_ds[j] + u * (c.S + 2) * std::abs(ds[j])) * std::abs(ref.k[in.lk.at(kvs, j, d)]);
+          bd.d_k[in.lk.at(kvs, j, d)] +=
               2 * scale * (e_ds[j] + u * (Lg + 2) * std::abs(ds[j])) * std::abs(ref.q[in.lq.at(n, i, d)]);
         }
         for (int64_t cc = 0; cc < c.Dv; ++cc)
-          bd.d_v[in.lv.at(g, j, cc)] += 2 * ((keep ? e_p[j] * ks : 0.0) + u * (Lg + 2) * pk[j]) *
+          bd.d_v[in.lv.at(kvs, j, cc)] += 2 * ((keep ? e_p[j] * ks : 0.0) + u * (Lg + 2) * pk[j]) *
                                         std::abs(ref.d_out[in.lo.at(n, i, cc)]);
       }
     }

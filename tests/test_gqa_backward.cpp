@@ -18,6 +18,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -28,6 +30,7 @@
 
 #include "multihead/error.hpp"
 #include "multihead/grouped_query_attention.hpp"
+#include "multihead/io.hpp"
 
 namespace multihead {
 namespace {
@@ -249,6 +252,65 @@ TEST(GqaBackwardValidation, EmptyContextAndWrongShapeNameTheArgument) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("d_output"), std::string::npos) << e.what();
   }
+}
+
+// Against PyTorch autograd in float64: tests/parity/gqa_backward_torch.py
+// writes one safetensors file per case (weights, x, G, ALiBi slopes,
+// torch's gradients "grad.<name>", the configuration in the metadata) into
+// $MULTIHEAD_GQA_BACKWARD_TORCH_DIR and runs this test (ctest
+// gqa_backward_torch); skipped when the variable is unset. Both sides are
+// float64 sums of the same products in other orders, each within
+// u·(E + H·D + L + D)·(magnitudes, O(10) here) ≈ 1e-13 of the exact, so
+// |ours − torch| <= 1e-11·(1 + |torch|) holds with a margin of 100.
+TEST(GqaBackwardTorch, MatchesAutogradFloat64) {
+  const char* dir = std::getenv("MULTIHEAD_GQA_BACKWARD_TORCH_DIR");
+  if (dir == nullptr) GTEST_SKIP() << "MULTIHEAD_GQA_BACKWARD_TORCH_DIR unset (ctest gqa_backward_torch sets it)";
+  int files = 0;
+  for (int n = 0;; ++n) {
+    const std::string path = std::string(dir) + "/case" + std::to_string(n) + ".safetensors";
+    if (!std::ifstream(path)) break;
+    ++files;
+    const SafetensorsFile f = read_safetensors(path);
+    const auto meta = [&](const char* key) { return f.metadata.at(key); };
+    const auto integer = [&](const char* key) { return static_cast<int64_t>(std::stoll(meta(key))); };
+    GroupedQueryAttentionConfig cfg;
+    cfg.embed_dim = integer("E"), cfg.num_heads = integer("H"), cfg.num_kv_heads = integer("Hkv");
+    cfg.head_dim = integer("D"), cfg.bias = meta("bias") == "True", cfg.causal = meta("causal") == "True";
+    if (meta("rope") != "none") {
+      RopeOptions r;
+      r.convention = parse_rope_convention(meta("rope"));
+      r.theta = std::stod(meta("theta"));
+      cfg.rope = r;
+    }
+    AttentionOptions o;
+    if (integer("window") > 0) o.window = integer("window");
+    if (std::stod(meta("softcap")) > 0) o.softcap = std::stod(meta("softcap"));
+    const Tensor<double>& slopes = f.tensors.at("alibi_slopes").values;
+    if (meta("alibi") == "True") o.alibi_slopes.assign(slopes.data(), slopes.data() + slopes.numel());
+    std::map<std::string, Tensor<double>> weights;
+    for (const auto& [name, t] : f.tensors)
+      if (name.find("_proj.") != std::string::npos && name.rfind("grad.", 0) != 0) weights[name] = t.values;
+    const auto m = GroupedQueryAttention<double>::from_tensors(cfg, weights);
+    GroupedQueryForwardContext<double> ctx;
+    m.forward(f.tensors.at("x").values, o, ctx);
+    const GroupedQueryAttentionGradients<double> g = m.backward(ctx, f.tensors.at("G").values);
+    double worst = 0;
+    const auto compare = [&](const std::string& name, const Tensor<double>& got) {
+      const Tensor<double>& want = f.tensors.at("grad." + name).values;
+      ASSERT_EQ(got.shape(), want.shape()) << path << " " << name;
+      for (int64_t e = 0; e < got.numel(); ++e) {
+        const double err = std::abs(got[e] - want[e]);
+        worst = std::max(worst, err);
+        ASSERT_LE(err, 1e-11 * (1 + std::abs(want[e]))) << path << " " << name << "[" << e << "]: ours " << got[e]
+                                                        << ", torch " << want[e];
+      }
+    };
+    compare("x", g.x);
+    EXPECT_EQ(g.parameters.size(), weights.size()) << path;
+    for (const auto& [name, t] : g.parameters) compare(name, t);
+    std::cout << "  " << path << ": worst |ours − torch| " << worst << "\n";
+  }
+  EXPECT_GT(files, 0) << "no case*.safetensors in " << dir;
 }
 
 }  // namespace
