@@ -816,8 +816,14 @@ TEST_P(BackwardGroupedReference, EqualsRepeatedKvSummedPerGroup) {
   std::vector<double> bk(d_k.size(), 0.0), bv(d_v.size(), 0.0);
   for (int64_t g = 0; g < in.lk.slices; ++g)
     for (int64_t j = 0; j < c.S; ++j) {
-      for (int64_t d = 0; d < c.D; ++d) d_k[in.lk.at(g, j, d)] = 0, bk[in.lk.at(g, j, d)] = grouped.f64.d_k[in.lk.at(g, j, d)];
-      for (int64_t d = 0; d < c.Dv; ++d) d_v[in.lv.at(g, j, d)] = 0, bv[in.lv.at(g, j, d)] = grouped.f64.d_v[in.lv.at(g, j, d)];
+      for (int64_t d = 0; d < c.D; ++d) {
+        const int64_t x = in.lk.at(g, j, d);
+        d_k[x] = 0, bk[x] = grouped.f64.d_k[x];
+      }
+      for (int64_t d = 0; d < c.Dv; ++d) {
+        const int64_t x = in.lv.at(g, j, d);
+        d_v[x] = 0, bv[x] = grouped.f64.d_v[x];
+      }
     }
   for (int64_t n = 0; n < c.N(); ++n)
     for (int64_t j = 0; j < c.S; ++j) {

@@ -15,6 +15,9 @@
 // relative to magnitudes of order |out| + 1 with these weights, |x| ~ 1).
 // Bound: |g − fd(h)| <= |fd(2h) − fd(h)| + 3·ε_ℓ/h. A wrong gradient is off
 // by O(|g|) ≫ this (GqaBackwardChecker plants 1e-5).
+//
+// GqaBackwardTorch (at the end): against PyTorch float64 autograd, on files
+// tests/parity/gqa_backward_torch.py writes (ctest gqa_backward_torch).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -18,6 +18,9 @@
 //   out = a W_oᵀ + b_o           (B·L, E)      out_projection
 // split_heads is a strided view (SliceLayout), merge_heads is the kernel
 // writing its output rows where (B, L, H·D) puts them.
+// Its backward (GroupedQueryAttention::backward, after the forward) runs
+// these steps in reverse: o_proj, the kernels' grouped backward (d_k, d_v
+// summed over each K/V head's query heads), RoPE's Rᵀ, the in-projections.
 #include "multihead/grouped_query_attention.hpp"
 
 #include <algorithm>
