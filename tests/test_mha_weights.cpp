@@ -162,6 +162,38 @@ TEST(WeightsSelectionForms, TextbookAndDoubleSelectTheSame) {
   }
 }
 
+// Training with dropout: the recompute drops exactly the weights the
+// materialized kernel drops (the same keep decisions, dropout_keep of the
+// slice b·H + h, the row and the key) and scales the kept by 1/(1 − p): 1e-6;
+// and a training forward with a context (whose lse the recompute reads)
+// returns the same weights bit-for-bit.
+TEST(WeightsSelectionDropout, TrainingWeightsMatchTheMaterializedKernel) {
+  MultiheadAttentionConfig cfg;
+  cfg.embed_dim = 16;
+  cfg.num_heads = 4;
+  cfg.dropout = 0.3;
+  const MultiheadAttention mha(cfg, 9);
+  std::mt19937_64 rng(4);
+  const Tensor<float> x = random_tensor<float>({21, 2, 16}, rng);
+  ForwardOptions<float> o;
+  o.training = true;
+  o.attention.dropout_seed = 77;
+  o.average_attn_weights = false;
+  o.weights_heads = {2, 3};
+  const ForwardResult<float> flash = mha.forward(x, x, x, o);
+  ForwardContext<float> ctx;
+  const ForwardResult<float> with_context = mha.forward(x, x, x, o, ctx);
+  o.attention.kernel = AttentionKernel::Materialized;
+  const ForwardResult<float> mat = mha.forward(x, x, x, o);
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < mat.attn_weights->numel(); ++i) {
+    ASSERT_NEAR((*flash.attn_weights)[i], (*mat.attn_weights)[i], 1e-6) << "weight " << i;
+    ASSERT_EQ((*with_context.attn_weights)[i], (*flash.attn_weights)[i]) << "weight " << i;
+    dropped += (*mat.attn_weights)[i] == 0.0f;
+  }
+  EXPECT_GT(dropped, mat.attn_weights->numel() / 5) << "dropout at 0.3 should zero about 30% of the weights";
+}
+
 // One clear line naming the option, the expected and the actual value.
 TEST(WeightsSelectionErrors, NameTheOptionExpectedAndActual) {
   MultiheadAttentionConfig cfg;
