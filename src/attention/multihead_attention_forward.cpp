@@ -309,14 +309,13 @@ Heads<T> in_projection_head_major(const FusedCall<T>& f) {
 // kernel that stores all of them: when flash is the kernel that serves the
 // call (Auto for float, or forced).
 template <class T>
-bool weights_recomputed(const FusedCall<T>& f) {
+bool weights_recomputed(const ForwardOptions<T>& options) {
   if constexpr (!std::is_same_v<T, float>) {
     return false;
   } else {
-    if (!f.options.need_weights) return false;
-    AttentionArgs<T> probe;  // the choice depends on the kernel requested and on weights == nullptr only
-    return attention_forward_kernel(probe, module_attention_options(f.config, f.options).kernel) ==
-           AttentionKernel::Flash;
+    if (!options.need_weights) return false;
+    const AttentionArgs<T> probe;  // the choice depends on the kernel requested and on weights == nullptr only
+    return attention_forward_kernel(probe, options.attention.kernel) == AttentionKernel::Flash;
   }
 }
 
@@ -340,7 +339,7 @@ std::optional<Tensor<T>> attend(const FusedCall<T>& f, const Heads<T>& heads, T*
     return std::nullopt;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (weights_recomputed(f)) {
+    if (weights_recomputed(f.options)) {
       if (args.lse == nullptr) args.lse = f.ws.take(f.ws.lse, static_cast<std::size_t>(plan.B * plan.H * plan.L));
       attention_forward(args, AttentionKernel::Flash);
       std::vector<int64_t> slices(static_cast<std::size_t>(plan.B * plan.H_weights));
@@ -500,9 +499,7 @@ bool same_tensor(const void* a, const Shape& sa, const void* b, const Shape& sb)
 // holds per slice even without weights).
 template <class T>
 void check_weights_fit(const ForwardPlan& plan, std::size_t element_size, const ForwardOptions<T>& options) {
-  const bool recomputed = std::is_same_v<T, float> && options.need_weights &&
-                          attention_forward_kernel(AttentionArgs<T>{}, options.attention.kernel) == AttentionKernel::Flash;
-  if (recomputed) {
+  if (weights_recomputed(options)) {
     check_weights_fit(plan, plan.H_weights, plan.L_weights, element_size);
   } else if (options.need_weights || options.attention.kernel == AttentionKernel::Materialized) {
     check_weights_fit(plan, plan.H, plan.L, element_size);
