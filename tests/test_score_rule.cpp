@@ -8,7 +8,9 @@
 //    policy, dropout and an extra position-less key (as bias_k) rotating
 //    through their values from case to case;
 // on every SIMD target this CPU runs (the flash kernel's vector twins of
-// src/kernel/score_rule.hpp) and at 1 and 2 threads.
+// src/kernel/score_rule.hpp) and at 1 and 2 threads. The same table checks
+// the flash forward's weights recomputed from its saved lse
+// (FlashWeightsRecompute, below).
 //
 // The float64 oracle here (expected()) is written from the definitions, not
 // from score_rule.hpp: it measures the signed distance from query i to key j
@@ -44,6 +46,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <iterator>
 #include <limits>
@@ -468,6 +471,112 @@ TEST(ScoreRuleChecker, CatchesOneChangedElement) {
   lse = r.lse;
   lse[masked] = -1e30f;
   EXPECT_NE(compare("lse", lse, e.lse, e.lse_bound), "");
+}
+
+// ---- the weights recompute (src/kernel/attention_weights_args.hpp) --------
+//
+// The flash forward runs without weights, saving each row's lse; then
+// attention_weights_flash recomputes p'_ij = dropout(exp(s_ij − lse_i))
+// tile by tile, on every SIMD target and at 1 and 2 threads, for:
+//  - every slice and row: against the float64 oracle, and against the
+//    reference kernel's float32 weights to 1e-6 (absolute; the bar);
+//  - a selection (slices {3, 1}, rows {L−1, 2, 3, 4, 0}, out of order, a
+//    run and singles): bit-for-bit the same elements of the full recompute,
+//    since a row's weights are a function of its own (i, j) alone, whatever
+//    tile or thread computes them (flash_weights.cpp says why).
+// Tolerance against the oracle: the recompute's score carries δ_ij (as the
+// forward's, <= its factor), the lse its own lse_bound, the subtraction
+// u·|s − lse| <= 88u for a weight in float's normal range, the exp and the
+// dropout scale a few ulp, so relative to the weight
+//   |w_ij − ref_ij| <= u·ref_ij·(factor_i + lse_bound_i/u + 100).
+std::vector<float> recompute(const AttentionArgs<float>& forward, const std::vector<float>& lse,
+                             const std::vector<int64_t>* slices, const std::vector<int64_t>* rows) {
+  detail::AttentionWeightsArgs w;
+  w.forward = forward;
+  w.lse = lse.data();
+  if (slices) {
+    w.slices = slices->data();
+    w.slice_count = static_cast<int64_t>(slices->size());
+  }
+  if (rows) {
+    w.rows = rows->data();
+    w.row_count = static_cast<int64_t>(rows->size());
+  }
+  const int64_t n = slices ? w.slice_count : forward.slices, r = rows ? w.row_count : forward.q_len;
+  std::vector<float> out(static_cast<std::size_t>(n * r * forward.kv_len), -777.0f);
+  w.weights = out.data();
+  detail::attention_weights_flash(w);
+  return out;
+}
+
+// "" when the flash recompute on the case passes all three checks.
+// worst: the largest |recomputed − reference kernel| seen so far (finite weights).
+std::string check_recompute(const Inputs& in, const Expected& e, const std::vector<float>& reference_weights,
+                            int threads, double& worst) {
+  const RuleCase& c = in.c;
+  KernelRun<float> r;
+  const AttentionArgs<float> a = args_for<float>(in, r, false, threads);
+  detail::attention_forward(a, AttentionKernel::Flash);
+  const std::vector<float> all = recompute(a, r.lse, nullptr, nullptr);
+  std::vector<double> bound(e.weights.size()), reference(e.weights.size()), tight(e.weights.size(), 1e-6);
+  for (std::size_t x = 0; x < bound.size(); ++x) {
+    const std::size_t row = x / static_cast<std::size_t>(c.S);
+    const double u = unit_roundoff<float>();
+    bound[x] = u * std::abs(e.weights[x]) * (e.weights_factor[row] + e.lse_bound[row] / u + 100) + 1e-300;
+    reference[x] = reference_weights[x];
+    const double diff = std::abs(static_cast<double>(all[x]) - reference[x]);
+    if (std::isfinite(diff)) worst = std::max(worst, diff);
+  }
+  std::string failure = compare("recomputed weights vs oracle", all, e.weights, bound);
+  if (failure.empty()) failure = compare("recomputed weights vs reference kernel", all, reference, tight);
+  if (!failure.empty()) return failure;
+  const std::vector<int64_t> slices = {3, 1}, rows = {c.L - 1, 2, 3, 4, 0};
+  const std::vector<float> some = recompute(a, r.lse, &slices, &rows);
+  for (std::size_t s = 0; s < slices.size(); ++s)
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      for (int64_t j = 0; j < c.S; ++j) {
+        const float got = some[(s * rows.size() + i) * static_cast<std::size_t>(c.S) + static_cast<std::size_t>(j)];
+        const float want = all[static_cast<std::size_t>((slices[s] * c.L + rows[i]) * c.S + j)];
+        if (!(got == want || (std::isnan(got) && std::isnan(want))))
+          return "selected weight (slice " + std::to_string(slices[s]) + ", row " + std::to_string(rows[i]) +
+                 ", key " + std::to_string(j) + "): got " + std::to_string(got) + ", the full recompute has " +
+                 std::to_string(want);
+      }
+  return "";
+}
+
+TEST_P(ScoreRule, FlashWeightsRecompute) {
+  const Inputs in = make_inputs(GetParam());
+  const Expected e32 = expected(in, unit_roundoff<float>());
+  KernelRun<float> ref;
+  detail::attention_forward(args_for<float>(in, ref, true, 1), AttentionKernel::Reference);
+  double worst = 0;
+  for (int threads : {1, 2}) {
+    for (const std::string& target : simd_targets_available()) {
+      simd_target_force(target);
+      EXPECT_EQ(check_recompute(in, e32, ref.weights, threads, worst), "")
+          << "threads=" << threads << " target=" << target;
+    }
+    simd_target_force("");
+  }
+  std::printf("  worst |recomputed - reference kernel weight|: %.3g (bound 1e-6)\n", worst);
+}
+
+// The recompute reads the saved lse (it does not renormalise on its own):
+// one row's lse moved by 1e-2 moves that row's weights by about 1e-2
+// relative, and the checks above catch it.
+TEST(ScoreRuleChecker, RecomputeUsesTheSavedLse) {
+  const RuleCase c{70, 300, MaskKind::None, false, Causal::None, 0, MaskedRowPolicy::Zeros, 0.0};
+  const Inputs in = make_inputs(c);
+  const Expected e = expected(in, unit_roundoff<float>());
+  KernelRun<float> r;
+  const AttentionArgs<float> a = args_for<float>(in, r, false, 1);
+  detail::attention_forward(a, AttentionKernel::Flash);
+  std::vector<double> tight(e.weights.size(), 1e-6);
+  ASSERT_EQ(compare("weights", recompute(a, r.lse, nullptr, nullptr), e.weights, tight), "");
+  std::vector<float> lse = r.lse;
+  lse[5] += 1e-2f;
+  EXPECT_NE(compare("weights", recompute(a, lse, nullptr, nullptr), e.weights, tight), "");
 }
 
 // Bottom-right, exactly: with L = 3 queries and S = 5 keys, query i sees

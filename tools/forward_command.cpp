@@ -44,7 +44,40 @@ struct ForwardArgs {
   int threads = 0;
   int repeat = 1;
   GqaFlags gqa;  // --num-kv-heads selects the grouped-query module (run_gqa_forward)
+  std::string weights_heads, weights_rows;  // "" = all; else "0,3" or "5:9" or both mixed
 };
+
+// --weights-heads / --weights-rows: comma-separated indices and half-open
+// ranges a:b (a, a+1, …, b−1, as Python's slices), e.g. "0,3" or "5:9,12".
+// Whether they are in range is the library's check (it knows H and L).
+std::vector<int64_t> parse_index_list(const std::string& flag, const std::string& text) {
+  const auto fail = [&] {
+    return Error(Error::Kind::Value, flag + ": expected comma-separated indices or ranges a:b (b excluded), e.g. "
+                                            "0,3 or 5:9, got '" + text + "'");
+  };
+  const auto number = [&](const std::string& s) {
+    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) throw fail();
+    return static_cast<int64_t>(std::stoll(s));
+  };
+  std::vector<int64_t> out;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const std::size_t colon = item.find(':');
+    if (colon == std::string::npos) {
+      out.push_back(number(item));
+    } else {
+      const int64_t a = number(item.substr(0, colon)), b = number(item.substr(colon + 1));
+      // At most 2^24 indices in all: more rows than any weights that fit.
+      if (b <= a || b - a > (int64_t{1} << 24) - static_cast<int64_t>(out.size())) throw fail();
+      for (int64_t i = a; i < b; ++i) out.push_back(i);
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
 
 template <class T>
 Tensor<T> as(const LoadedTensor& t) {
@@ -113,6 +146,8 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   o.attention.kernel = parse_attention_kernel(args.kernel);
   o.attention.num_threads = args.threads;
   o.attention.check_finite = args.check_finite;
+  if (!args.weights_heads.empty()) o.weights_heads = parse_index_list("--weights-heads", args.weights_heads);
+  if (!args.weights_rows.empty()) o.weights_rows = parse_index_list("--weights-rows", args.weights_rows);
 
   ForwardResult<T> result;
   const auto t0 = std::chrono::steady_clock::now();
@@ -120,6 +155,10 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
     for (int r = 0; r < args.repeat; ++r)
       result = args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
   } catch (const Error& e) {
+    // The library names its option (weights_rows[0]: …); say which flag set it.
+    const std::string what = e.what();
+    if (what.rfind("weights_heads", 0) == 0) throw Error(e.kind(), "--weights-heads: " + what);
+    if (what.rfind("weights_rows", 0) == 0) throw Error(e.kind(), "--weights-rows: " + what);
     if (e.kind() != Error::Kind::Shape) throw;
     auto shape_of = [](const auto& mask) { return mask ? std::optional(mask->shape()) : std::nullopt; };
     throw Error(e.kind(), e.what() + layout_hint(w.config, {query.shape(), k.shape(), v.shape(),
@@ -243,6 +282,12 @@ Runner add_forward_command(CLI::App& app) {
   c->add_option("--dropout-seed", args->dropout_seed, "Seed of the dropout mask");
   c->add_flag("--need-weights", args->need_weights, "Return attention weights (needs --attn-weights-out)");
   c->add_flag("--no-average-attn-weights", args->no_average, "Per-head weights (B, H, L, S) instead of the mean");
+  c->add_option("--weights-heads", args->weights_heads,
+                "Only these heads' weights, e.g. 0,3 or 0:4 (a:b = a to b-1): (B, H', L, S) per head, or "
+                "their mean with averaging (needs --attn-weights-out; docs/explain.md)");
+  c->add_option("--weights-rows", args->weights_rows,
+                "Only these query rows' weights, e.g. 5:9 or 0,7: (B, H, L', S); with the flash kernel "
+                "only the rows asked for are computed and held (needs --attn-weights-out)");
   c->add_option("--masked-rows", args->masked_rows,
                 "A query whose every key is masked gets: zeros or nan (PyTorch's need_weights path)")
       ->transform(one_of({"zeros", "nan"}));
@@ -272,6 +317,12 @@ Runner add_forward_command(CLI::App& app) {
       throw Error(Error::Kind::Value, "--need-weights: needs --attn-weights-out to write the weights to");
     if (args->no_average && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--no-average-attn-weights: needs --attn-weights-out");
+    if (!args->weights_heads.empty() && args->attn_weights_out.empty())
+      throw Error(Error::Kind::Value, "--weights-heads: needs --attn-weights-out to write the weights to");
+    if (!args->weights_rows.empty() && args->attn_weights_out.empty())
+      throw Error(Error::Kind::Value, "--weights-rows: needs --attn-weights-out to write the weights to");
+    if (!args->weights_heads.empty()) (void)parse_index_list("--weights-heads", args->weights_heads);
+    if (!args->weights_rows.empty()) (void)parse_index_list("--weights-rows", args->weights_rows);
     if (!args->causal_align.empty() && !args->is_causal && !args->window && !args->alibi)
       throw Error(Error::Kind::Value, "--causal-align: expected with --is-causal, --window or --alibi "
                                       "(it places the queries' positions), got '" +

@@ -40,7 +40,9 @@ enum class CausalAlignment { TopLeft, BottomRight };
 //  - Reference: plain loops, never optimised; the oracle for the others.
 //  - Materialized: scores as an L×S matrix per head, products through BLAS.
 //  - Flash: tiled online softmax, never stores the L×S scores (float only;
-//    cannot return attention weights).
+//    scaled_dot_product_attention cannot return weights from it; the module
+//    recomputes the weights it is asked for from each row's log-sum-exp,
+//    ForwardOptions::weights_heads says how).
 // The environment variable MULTIHEAD_KERNEL=reference|materialized|flash
 // overrides Auto, so one binary can check itself.
 enum class AttentionKernel { Auto, Reference, Materialized, Flash };

@@ -13,10 +13,10 @@
 //  - bertviz_json(): bertviz's layout (a list of layers, each (1, H, L, S)).
 //
 // Where the weights come from is one function, attention_weights_per_head():
-// today the module's forward with need_weights=true and
-// average_attn_weights=false. Anything that fills a LayerAttention (a
-// recompute from the fused kernel's log-sum-exp, a trained model's layers)
-// plugs into the same writers.
+// the module's forward with need_weights=true and average_attn_weights=false,
+// on the flash kernel, whose weights are recomputed from each row's
+// log-sum-exp (no materialized fallback). Anything that fills a
+// LayerAttention (a trained model's layers) plugs into the same writers.
 //
 // Legend: H heads, L query tokens, S key tokens (S = L for self-attention,
 // plus one for bias_k and one for the zero-attention key when present).
@@ -95,7 +95,8 @@ std::vector<std::string> position_labels(int64_t n);
 // One batch entry's per-head weights of self-attention over `input`
 // ((L, E), or (L, B, E) / (B, L, E) as the module's batch_first says):
 // forward(input, input, input) with need_weights=true and
-// average_attn_weights=false, batch entry `batch` of the (B, H, L, S') result.
+// average_attn_weights=false (float: kernel = Flash, the weights recomputed
+// from its lse), batch entry `batch` of the (B, H, L, S') result.
 // This is the one place the reports take weights from the module.
 template <class T>
 LayerAttention attention_weights_per_head(const BasicMultiheadAttention<T>& module, const Tensor<T>& input,

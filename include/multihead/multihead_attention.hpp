@@ -30,7 +30,9 @@
 //   key_padding_mask (B, S) or (S) unbatched
 //   attn_mask (L, S) or (B·H, L, S)   [(H, L, S) unbatched]
 //   attention weights (B, L, S') averaged, (B, H, L, S') per head, where
-//   S' = S + add_bias_kv + add_zero_attn; unbatched drops the B.
+//   S' = S + add_bias_kv + add_zero_attn; unbatched drops the B. With a
+//   selection (ForwardOptions::weights_heads, weights_rows) of H' heads and
+//   L' query rows: (B, L', S') averaged, (B, H', L', S') per head.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +42,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "multihead/attention.hpp"
 #include "multihead/tensor.hpp"
@@ -137,6 +140,20 @@ struct ForwardOptions {
   // h of batch entry b, gets slope m_(h+1), the same for every b.
   bool alibi = false;
   FusedPaths paths;
+  // Which attention weights need_weights returns (docs/explain.md, "Weights
+  // from the fused path"): the heads h in [0, H) and the query rows i in
+  // [0, L) listed, each at most once, in the order listed; empty = all, in
+  // order. The weights are then (B, H', L', S') per head (H' = the heads
+  // listed, L' = the rows listed), and averaged (B, L', S'): the mean over
+  // the H' selected heads (over all H it is PyTorch's average). Given
+  // without need_weights: an error. When the flash kernel serves the call
+  // (Auto for float, or kernel = Flash), the weights are recomputed from
+  // its saved row log-sum-exps for the selection only: no (L, S) buffer
+  // beyond the H'·L'·S' asked for. Otherwise (materialized or reference
+  // kernel, or double) the kernel's full weights are computed and the
+  // selection copied out of them.
+  std::vector<int64_t> weights_heads;
+  std::vector<int64_t> weights_rows;
 };
 
 template <class T>

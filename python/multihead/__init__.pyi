@@ -1,6 +1,6 @@
 # Type stubs for the multihead extension module (python/src/module.cpp).
 from os import PathLike
-from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Tuple, Union, overload
+from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +54,8 @@ class MultiheadAttention:
         window: Optional[int] = None,
         softcap: Optional[float] = None,
         alibi: bool = False,
+        weights_heads: Optional[Sequence[int]] = None,
+        weights_rows: Optional[Sequence[int]] = None,
     ) -> Tuple[np.ndarray, Optional[np.ndarray]]: ...
     def __call__(
         self,
@@ -76,6 +78,8 @@ class MultiheadAttention:
         window: Optional[int] = None,
         softcap: Optional[float] = None,
         alibi: bool = False,
+        weights_heads: Optional[Sequence[int]] = None,
+        weights_rows: Optional[Sequence[int]] = None,
     ) -> Tuple[np.ndarray, Optional[np.ndarray]]: ...
     def forward_with_context(
         self,
@@ -97,6 +101,8 @@ class MultiheadAttention:
         window: Optional[int] = None,
         softcap: Optional[float] = None,
         alibi: bool = False,
+        weights_heads: Optional[Sequence[int]] = None,
+        weights_rows: Optional[Sequence[int]] = None,
         context: Optional["ForwardContext"] = None,
     ) -> Tuple[np.ndarray, Optional[np.ndarray], "ForwardContext"]: ...
     def backward(self, context: "ForwardContext", d_output: ArrayLike) -> Dict[str, np.ndarray]: ...

@@ -174,11 +174,14 @@ class PyMultiheadAttention {
                     bool average_attn_weights, bool is_causal, const std::string& masked_rows,
                     const std::string& kernel, int num_threads, bool check_finite, const std::string& form,
                     uint64_t dropout_seed, const std::string& causal_align, std::optional<int64_t> window,
-                    std::optional<double> softcap, bool alibi) {
+                    std::optional<double> softcap, bool alibi, const std::optional<std::vector<int64_t>>& weights_heads,
+                    const std::optional<std::vector<int64_t>>& weights_rows) {
     if (form != "fused" && form != "textbook")
       throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got '" + form + "'");
     CallOptions o = call_options(need_weights, average_attn_weights, is_causal, masked_rows, kernel, num_threads,
                                  check_finite, dropout_seed, causal_align, window, softcap, alibi);
+    o.weights_heads = weights_heads.value_or(std::vector<int64_t>{});
+    o.weights_rows = weights_rows.value_or(std::vector<int64_t>{});
     o.training = training;
     const py::array q = as_numpy(query);
     const py::object k = key.is(query) ? q : key;
@@ -196,9 +199,13 @@ class PyMultiheadAttention {
                                  bool average_attn_weights, bool is_causal, const std::string& masked_rows,
                                  const std::string& kernel, int num_threads, bool check_finite, uint64_t dropout_seed,
                                  const std::string& causal_align, std::optional<int64_t> window,
-                                 std::optional<double> softcap, bool alibi, const py::object& context) {
+                                 std::optional<double> softcap, bool alibi,
+                                 const std::optional<std::vector<int64_t>>& weights_heads,
+                                 const std::optional<std::vector<int64_t>>& weights_rows, const py::object& context) {
     CallOptions o = call_options(need_weights, average_attn_weights, is_causal, masked_rows, kernel, num_threads,
                                  check_finite, dropout_seed, causal_align, window, softcap, alibi);
+    o.weights_heads = weights_heads.value_or(std::vector<int64_t>{});
+    o.weights_rows = weights_rows.value_or(std::vector<int64_t>{});
     o.training = training;
     py::object ctx = context.is_none() ? py::cast(PyForwardContext()) : context;
     if (!py::isinstance<PyForwardContext>(ctx))
@@ -511,7 +518,7 @@ Examples::
     >>> attn_output, attn_output_weights = mha(query, key, value)
 )doc";
 
-const char* const kForwardDoc = R"doc(forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, form='fused', dropout_seed=0, causal_align='top-left', window=None, softcap=None, alibi=False)
+const char* const kForwardDoc = R"doc(forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, form='fused', dropout_seed=0, causal_align='top-left', window=None, softcap=None, alibi=False, weights_heads=None, weights_rows=None)
 
 Args:
     query: Query embeddings of shape (L, E) unbatched, (L, N, E) when
@@ -553,6 +560,14 @@ Keyword-only (not in PyTorch):
     softcap: Logit soft-cap c > 0: scores become c*tanh(score/c) (Gemma 2).
     alibi: ALiBi biases -m_h*|p_i - j| with the paper's slopes per head
         (alibi_slopes(num_heads)).
+    weights_heads: Only these heads' weights (a sequence of head indices,
+        each at most once, in the order given; None = all). Per head the
+        weights are (N, H', L, S); averaged, the mean over the H' selected
+        heads. Needs need_weights=True.
+    weights_rows: Only these query rows' weights (indices, e.g.
+        range(5, 9); None = all): (N, ..., L', S). On the flash kernel
+        (float32, kernel='auto' or 'flash') only the selection is computed
+        and held, recomputed from each row's log-sum-exp (docs/explain.md).
 
 Returns:
     (attn_output, attn_output_weights): NumPy arrays of the computation's
@@ -568,7 +583,7 @@ The GIL is released while computing: several threads may call one module at
 once. Inputs are read in place, so no thread may write to them during a call.
 )doc";
 
-const char* const kForwardWithContextDoc = R"doc(forward_with_context(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, dropout_seed=0, causal_align='top-left', window=None, softcap=None, alibi=False, context=None)
+const char* const kForwardWithContextDoc = R"doc(forward_with_context(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, dropout_seed=0, causal_align='top-left', window=None, softcap=None, alibi=False, weights_heads=None, weights_rows=None, context=None)
 
 The training forward: the same computation as forward() (bit-identical
 output and weights; form is always 'fused'), also keeping what backward()
@@ -659,20 +674,20 @@ PYBIND11_MODULE(_multihead, m) {
            "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
            "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
            "dropout_seed"_a = 0, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
-           "alibi"_a = false)
+           "alibi"_a = false, "weights_heads"_a = py::none(), "weights_rows"_a = py::none())
       .def("__call__", &PyMultiheadAttention::forward, "__call__(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, "
            "average_attn_weights=True, is_causal=False, *, ...)\n\nSame as forward().", "query"_a, "key"_a, "value"_a,
            "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
            "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
            "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
            "dropout_seed"_a = 0, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
-           "alibi"_a = false)
+           "alibi"_a = false, "weights_heads"_a = py::none(), "weights_rows"_a = py::none())
       .def("forward_with_context", &PyMultiheadAttention::forward_with_context, kForwardWithContextDoc, "query"_a,
            "key"_a, "value"_a, "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
            "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
            "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "dropout_seed"_a = 0,
            "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(), "alibi"_a = false,
-           "context"_a = py::none())
+           "weights_heads"_a = py::none(), "weights_rows"_a = py::none(), "context"_a = py::none())
       .def("backward", &PyMultiheadAttention::backward, kBackwardDoc, "context"_a, "d_output"_a)
       .def("update_parameters", &PyMultiheadAttention::update_parameters, "update"_a,
            "update_parameters(self, update) -> None\n\n"

@@ -35,6 +35,9 @@ struct CallOptions {
   std::optional<double> softcap;
   bool alibi = false;                     // forward only: the paper's slopes per head
   std::vector<double> alibi_slopes;       // scaled_dot_product_attention only: one per slice
+  // forward only: which heads' and query rows' weights need_weights returns
+  // (ForwardOptions::weights_heads / weights_rows; empty = all).
+  std::vector<int64_t> weights_heads, weights_rows;
 };
 
 inline CausalAlignment parse_causal_align(const std::string& s) {
@@ -76,6 +79,8 @@ ForwardOptions<T> forward_options(const CallOptions& o, const Mask<T>* key_paddi
   f.average_attn_weights = o.average_attn_weights;
   f.training = o.training;
   f.alibi = o.alibi;
+  f.weights_heads = o.weights_heads;
+  f.weights_rows = o.weights_rows;
   // The attention step's options; its dropout rate is the module's, so
   // attention.dropout_p stays 0.
   f.attention = attention_options(o);

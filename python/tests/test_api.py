@@ -300,3 +300,27 @@ def test_softcap_and_bad_variant_values():
             mha(x, x, x, **kw)
     with pytest.raises(ValueError, match="alibi_slopes"):
         multihead.scaled_dot_product_attention(q, k, v, alibi_slopes=[0.5])
+
+
+def test_selected_weights_heads_and_rows():
+    """weights_heads / weights_rows: the selected slice of the full per-head
+    weights (bit-for-bit: on the flash kernel each weight is recomputed from
+    its own (i, j), whatever else is selected), their mean over the selected
+    heads, and against PyTorch's need_weights=True per-head weights."""
+    mha = multihead.MultiheadAttention(16, 4, seed=5)
+    x = np.random.default_rng(1).standard_normal((11, 2, 16)).astype(np.float32)
+    out, full = mha(x, x, x, average_attn_weights=False)
+    out_s, some = mha(x, x, x, average_attn_weights=False, weights_heads=[3, 1], weights_rows=range(4, 9))
+    np.testing.assert_array_equal(out_s, out)
+    np.testing.assert_array_equal(some, full[:, [3, 1]][:, :, 4:9])
+    _, mean = mha(x, x, x, weights_heads=[3, 1], weights_rows=[0, 10])
+    assert mean.shape == (2, 2, 11)
+    np.testing.assert_allclose(mean, full[:, [3, 1]][:, :, [0, 10]].mean(axis=1), rtol=0, atol=1e-7)
+    t = torch.nn.MultiheadAttention(16, 4)
+    t.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in mha.state_dict().items()})
+    _, tw = t(*(torch.from_numpy(x),) * 3, need_weights=True, average_attn_weights=False)
+    np.testing.assert_allclose(some, tw.detach().numpy()[:, [3, 1]][:, :, 4:9], rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"weights_heads\[0\]: expected a head in \[0, 4\), got 4"):
+        mha(x, x, x, weights_heads=[4])
+    with pytest.raises(ValueError, match=r"weights_rows: expected need_weights=true"):
+        mha(x, x, x, need_weights=False, weights_rows=[1])

@@ -59,7 +59,15 @@ CASES = [
      ["attn_mask", "(3, 3)", "(3, 4)"]),
     ("attn-mask-3d-heads", lambda: MHA(X, X, X, attn_mask=np.zeros((H, L, L), bool)), ValueError,
      ["attn_mask", "(4, 3, 3)", "(2, 3, 3)"]),
-    ("flash-weights", lambda: MHA(X, X, X, kernel="flash"), ValueError, ["flash"]),
+    # The module serves need_weights on flash (the weights recomputed from
+    # its lse); the kernel-level call still refuses to store them.
+    ("sdpa-flash-weights", lambda: multihead.scaled_dot_product_attention(
+        np.ones((2, 3, 4), np.float32), np.ones((2, 5, 4), np.float32), np.ones((2, 5, 4), np.float32),
+        need_weights=True, kernel="flash"), ValueError, ["flash", "weights"]),
+    ("weights-heads-range", lambda: MHA(X, X, X, weights_heads=[0, 2]), ValueError, ["weights_heads[1]", "[0, 2)", "2"]),
+    ("weights-rows-twice", lambda: MHA(X, X, X, weights_rows=[1, 1]), ValueError, ["weights_rows[1]", "at most once"]),
+    ("weights-rows-no-weights", lambda: MHA(X, X, X, need_weights=False, weights_rows=[0]), ValueError,
+     ["weights_rows", "need_weights"]),
     ("flash-float64", lambda: MHA(X.astype(np.float64), X, X, kernel="flash", need_weights=False), ValueError, ["flash"]),
     ("bad-kernel", lambda: MHA(X, X, X, kernel="fast"), ValueError, ["kernel", "fast"]),
     ("bad-masked-rows", lambda: MHA(X, X, X, masked_rows="ones"), ValueError, ["masked_rows", "ones"]),

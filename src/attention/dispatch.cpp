@@ -66,6 +66,17 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) 
 template void attention_forward<float>(const AttentionArgs<float>&, AttentionKernel);
 template void attention_forward<double>(const AttentionArgs<double>&, AttentionKernel);
 
+// The choice attention_forward makes, without the call (kernel.hpp).
+template <class T>
+AttentionKernel attention_forward_kernel(const AttentionArgs<T>& args, AttentionKernel requested) {
+  const AttentionKernel kernel = forced_or(requested);
+  if (kernel != AttentionKernel::Auto) return kernel;
+  return flash_can_serve(args) ? AttentionKernel::Flash : AttentionKernel::Materialized;
+}
+
+template AttentionKernel attention_forward_kernel<float>(const AttentionArgs<float>&, AttentionKernel);
+template AttentionKernel attention_forward_kernel<double>(const AttentionArgs<double>&, AttentionKernel);
+
 // The backward kernel is picked as the forward's: a forced kernel wins;
 // Auto is flash for float and materialized otherwise. Any kernel's backward
 // may follow any kernel's forward: they share the contract (lse, out).

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernel/attention_args.hpp"
+#include "kernel/attention_weights_args.hpp"
 #include "multihead/attention.hpp"
 
 namespace multihead::detail {
@@ -28,6 +29,20 @@ void attention_forward_flash(const AttentionArgs<float>& args);
 // request, else materialised.
 template <class T>
 void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested);
+
+// The kernel attention_forward(args, requested) runs: `requested` unless
+// forced, Auto resolved as above. Lets a caller that wants weights run the
+// flash forward without them and recompute them (attention_weights_flash)
+// exactly when flash is the kernel that would serve the call.
+template <class T>
+AttentionKernel attention_forward_kernel(const AttentionArgs<T>& args, AttentionKernel requested);
+
+// The weights of a flash forward's selected slices and rows, recomputed
+// tile by tile from its saved lse (the contract:
+// src/kernel/attention_weights_args.hpp); no L×S buffer beyond the caller's.
+// Defined in src/attention/flash_weights.cpp; kernel in
+// src/simd/flash_weights-inl.h.
+void attention_weights_flash(const AttentionWeightsArgs& args);
 
 // The backward passes (the contract: AttentionBackwardArgs in
 // src/kernel/attention_args.hpp), each beside its forward.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "attention/attention_call.hpp"
 #include "core/check.hpp"
@@ -94,6 +95,33 @@ void check_masks(const ForwardPlan& p, const ForwardOptions<T>& options) {
   }
 }
 
+// ForwardOptions::weights_heads / weights_rows: indices in range, each at
+// most once, only with need_weights. Sets H' and L'.
+template <class T>
+void check_weights_selection(ForwardPlan& p, const ForwardOptions<T>& options) {
+  const auto check = [&](const std::vector<int64_t>& list, const char* name, const char* what, int64_t limit) {
+    if (!list.empty() && !options.need_weights)
+      throw Error(Error::Kind::Value, std::string(name) + ": expected need_weights=true (it selects which weights "
+                                      "need_weights returns), got need_weights=false");
+    if (list.empty()) return;
+    std::vector<bool> seen(static_cast<std::size_t>(limit), false);
+    for (std::size_t x = 0; x < list.size(); ++x) {
+      const int64_t v = list[x];
+      if (v < 0 || v >= limit)
+        throw Error(Error::Kind::Value, std::string(name) + "[" + std::to_string(x) + "]: expected " + what +
+                                            " in [0, " + std::to_string(limit) + "), got " + std::to_string(v));
+      if (seen[static_cast<std::size_t>(v)])
+        throw Error(Error::Kind::Value, std::string(name) + "[" + std::to_string(x) + "]: expected each " +
+                                            std::string(what).substr(2) + " at most once, got " + std::to_string(v) + " again");
+      seen[static_cast<std::size_t>(v)] = true;
+    }
+  };
+  check(options.weights_heads, "weights_heads", "a head", p.H);
+  check(options.weights_rows, "weights_rows", "a query row", p.L);
+  p.H_weights = options.weights_heads.empty() ? p.H : static_cast<int64_t>(options.weights_heads.size());
+  p.L_weights = options.weights_rows.empty() ? p.L : static_cast<int64_t>(options.weights_rows.size());
+}
+
 }  // namespace
 
 template <class T>
@@ -127,6 +155,7 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>
                 "key: expected at least 1 key (sequence length S >= 1), got S = 0 with no "
                 "bias_k or zero-attention key");
   check_masks(p, options);
+  check_weights_selection(p, options);
   return p;
 }
 
@@ -174,8 +203,8 @@ void check_forward_finite(const Tensor<T>& query, const Tensor<T>& key, const Te
   check_finite("bias_v", params.bias_v);
 }
 
-void check_weights_fit(const ForwardPlan& p, std::size_t element_size) {
-  const double bytes = static_cast<double>(p.B) * static_cast<double>(p.H) * static_cast<double>(p.L) *
+void check_weights_fit(const ForwardPlan& p, int64_t heads, int64_t rows, std::size_t element_size) {
+  const double bytes = static_cast<double>(p.B) * static_cast<double>(heads) * static_cast<double>(rows) *
                        static_cast<double>(p.S_total) * static_cast<double>(element_size);
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
   const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
@@ -184,15 +213,15 @@ void check_weights_fit(const ForwardPlan& p, std::size_t element_size) {
     std::snprintf(msg, sizeof msg,
                   "attn_weights: shape (%lld, %lld, %lld, %lld) would need %.1f GiB, more than this "
                   "machine's %.1f GiB of memory (set need_weights=false)",
-                  static_cast<long long>(p.B), static_cast<long long>(p.H), static_cast<long long>(p.L),
+                  static_cast<long long>(p.B), static_cast<long long>(heads), static_cast<long long>(rows),
                   static_cast<long long>(p.S_total), bytes / 1073741824.0, memory / 1073741824.0);
     throw Error(Error::Kind::Value, msg);
   }
 }
 
 Shape attn_weights_shape(const ForwardPlan& p, bool average) {
-  if (p.batched) return average ? Shape{p.B, p.L, p.S_total} : Shape{p.B, p.H, p.L, p.S_total};
-  return average ? Shape{p.L, p.S_total} : Shape{p.H, p.L, p.S_total};
+  if (p.batched) return average ? Shape{p.B, p.L_weights, p.S_total} : Shape{p.B, p.H_weights, p.L_weights, p.S_total};
+  return average ? Shape{p.L_weights, p.S_total} : Shape{p.H_weights, p.L_weights, p.S_total};
 }
 
 Shape output_shape(const ForwardPlan& p, const Shape& query_shape) {

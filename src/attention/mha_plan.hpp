@@ -6,7 +6,9 @@
 // E embed_dim, H heads, D = E / H, Ek = kdim, Ev = vdim.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "multihead/multihead_attention.hpp"
@@ -24,6 +26,9 @@ struct ForwardPlan {
   int64_t kv_batch_stride = 0, kv_seq_stride = 0;  // rows of key / value
   // Where the extra key columns sit (or -1 when absent).
   int64_t bias_kv_col = -1, zero_attn_col = -1;
+  // How many heads and query rows of weights need_weights returns
+  // (ForwardOptions::weights_heads, weights_rows): H' and L'.
+  int64_t H_weights = 0, L_weights = 0;
 };
 
 // Checks shapes, dtypes of masks and options; throws multihead::Error naming
@@ -65,15 +70,45 @@ template <class T>
 void check_forward_finite(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
                           const MultiheadAttentionParameters<T>& params);
 
-// Shape of the attention weights returned for this plan.
+// Shape of the attention weights returned for this plan (the selected
+// H' heads and L' rows).
 Shape attn_weights_shape(const ForwardPlan& plan, bool average);
+
+// Head h' of the selection: options.weights_heads[h'], or h' when empty;
+// row i' likewise.
+template <class T>
+int64_t selected_head(const ForwardOptions<T>& options, int64_t h) {
+  return options.weights_heads.empty() ? h : options.weights_heads[static_cast<std::size_t>(h)];
+}
+template <class T>
+int64_t selected_row(const ForwardOptions<T>& options, int64_t i) {
+  return options.weights_rows.empty() ? i : options.weights_rows[static_cast<std::size_t>(i)];
+}
+
+// The selected heads and rows of a kernel's full (B, H, L, S') weights:
+// (B, H', L', S'); `full` itself when nothing is selected.
+template <class T>
+Tensor<T> select_weights(Tensor<T>&& full, const ForwardPlan& plan, const ForwardOptions<T>& options) {
+  if (options.weights_heads.empty() && options.weights_rows.empty()) return std::move(full);
+  Tensor<T> out(Shape{plan.B, plan.H_weights, plan.L_weights, plan.S_total});
+  const int64_t St = plan.S_total;
+  for (int64_t b = 0; b < plan.B; ++b)
+    for (int64_t h = 0; h < plan.H_weights; ++h)
+      for (int64_t i = 0; i < plan.L_weights; ++i) {
+        const T* src = full.data() + ((b * plan.H + selected_head(options, h)) * plan.L + selected_row(options, i)) * St;
+        std::copy(src, src + St, out.data() + ((b * plan.H_weights + h) * plan.L_weights + i) * St);
+      }
+  return out;
+}
 // Shape of the output: the query's shape with its last dimension = E.
 Shape output_shape(const ForwardPlan& plan, const Shape& query_shape);
 
-// Throws multihead::Error when the (B, H, L, S') attention weights would not
-// fit in this machine's physical memory: a refusal with numbers, instead of
-// an allocation that fails late or drives the machine into swap.
-void check_weights_fit(const ForwardPlan& plan, std::size_t element_size);
+// Throws multihead::Error when (B, heads, rows, S') attention weights would
+// not fit in this machine's physical memory: a refusal with numbers, instead
+// of an allocation that fails late or drives the machine into swap. The
+// caller says how many heads and rows it will hold: (H, L) for a kernel's
+// full weights, (H', L') for the recomputed selection.
+void check_weights_fit(const ForwardPlan& plan, int64_t heads, int64_t rows, std::size_t element_size);
 
 // The result of a call with B = 0 or L = 0: empty tensors of the right
 // shapes, computed without touching any (L, S)-sized buffer.

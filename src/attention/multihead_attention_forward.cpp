@@ -16,7 +16,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include <omp.h>
 
@@ -301,15 +304,67 @@ Heads<T> in_projection_head_major(const FusedCall<T>& f) {
   return {{q, SliceLayout{}}, {k, SliceLayout{}}, {v, SliceLayout{}}};
 }
 
+// Whether the weights come from the flash kernel's recompute (its lse,
+// then attention_weights_flash for the selection only) rather than from a
+// kernel that stores all of them: when flash is the kernel that serves the
+// call (Auto for float, or forced).
+template <class T>
+bool weights_recomputed(const ForwardOptions<T>& options) {
+  if constexpr (!std::is_same_v<T, float>) {
+    return false;
+  } else {
+    if (!options.need_weights) return false;
+    const AttentionArgs<T> probe;  // the choice depends on the kernel requested and on weights == nullptr only
+    return attention_forward_kernel(probe, options.attention.kernel) == AttentionKernel::Flash;
+  }
+}
+
 // Step 3. scaled_dot_product_attention for all B·H slices, writing merged
 // heads into `concat` (4a: merge_heads is the kernel's output view), and
 // each row's log-sum-exp into `lse` when not null (a training forward).
+// With need_weights, returns the selected weights (B, H', L', S'):
+//  - recomputed (weights_recomputed): flash without weights, saving the lse
+//    (into f.ws when the caller keeps none), then p'_ij = dropout(exp(s_ij −
+//    lse_i)) for the selected slices b·H + h and rows only;
+//  - else the kernel's full (B, H, L, S') weights, and the selection copied.
 template <class T>
-void attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* weights, T* lse) {
-  const KernelMasks<T> masks = build_kernel_masks(f.plan, f.options);
-  AttentionArgs<T> args = module_attention_args(f.config, f.plan, f.options, heads, masks, concat, weights);
+std::optional<Tensor<T>> attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* lse) {
+  const ForwardPlan& plan = f.plan;
+  const KernelMasks<T> masks = build_kernel_masks(plan, f.options);
+  AttentionArgs<T> args = module_attention_args(f.config, plan, f.options, heads, masks, concat, static_cast<T*>(nullptr));
   args.lse = lse;
-  attention_forward(args, module_attention_options(f.config, f.options).kernel);
+  const AttentionKernel kernel = module_attention_options(f.config, f.options).kernel;
+  if (!f.options.need_weights) {
+    attention_forward(args, kernel);
+    return std::nullopt;
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    if (weights_recomputed(f.options)) {
+      if (args.lse == nullptr) args.lse = f.ws.take(f.ws.lse, static_cast<std::size_t>(plan.B * plan.H * plan.L));
+      attention_forward(args, AttentionKernel::Flash);
+      std::vector<int64_t> slices(static_cast<std::size_t>(plan.B * plan.H_weights));
+      for (int64_t b = 0; b < plan.B; ++b)
+        for (int64_t h = 0; h < plan.H_weights; ++h)
+          slices[static_cast<std::size_t>(b * plan.H_weights + h)] = b * plan.H + selected_head(f.options, h);
+      Tensor<T> weights(Shape{plan.B, plan.H_weights, plan.L_weights, plan.S_total});
+      AttentionWeightsArgs w;
+      w.forward = args;
+      w.lse = args.lse;
+      w.slices = slices.data();
+      w.slice_count = static_cast<int64_t>(slices.size());
+      if (!f.options.weights_rows.empty()) {
+        w.rows = f.options.weights_rows.data();
+        w.row_count = static_cast<int64_t>(f.options.weights_rows.size());
+      }
+      w.weights = weights.data();
+      attention_weights_flash(w);
+      return weights;
+    }
+  }
+  Tensor<T> full(Shape{plan.B, plan.H, plan.L, plan.S_total});
+  args.weights = full.data();
+  attention_forward(args, kernel);
+  return select_weights(std::move(full), plan, f.options);
 }
 
 }  // namespace
@@ -361,18 +416,19 @@ void out_projection(const FusedCall<T>& f, const ProjectionWeights<T>& wt, const
   linear(f.plan.B * f.plan.L, concat, w, f.config.bias ? f.params.out_proj_bias.data() : nullptr, out, E);
 }
 
-// Mean over heads: (B, H, L, S') -> (B, L, S'), PyTorch's sum(dim=1) / H.
+// Mean over the selected heads: (B, H', L', S') -> (B, L', S'), PyTorch's
+// sum(dim=1) / H when every head is selected.
 template <class T>
 Tensor<T> average_heads(const Tensor<T>& w, const ForwardPlan& plan, Shape shape) {
   Tensor<T> avg(std::move(shape), T(0));
-  const int64_t plane = plan.L * plan.S_total;
+  const int64_t H = plan.H_weights, plane = plan.L_weights * plan.S_total;
   for (int64_t b = 0; b < plan.B; ++b) {
     T* dst = avg.data() + b * plane;
-    for (int64_t h = 0; h < plan.H; ++h) {
-      const T* src = w.data() + (b * plan.H + h) * plane;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* src = w.data() + (b * H + h) * plane;
       for (int64_t x = 0; x < plane; ++x) dst[x] += src[x];
     }
-    for (int64_t x = 0; x < plane; ++x) dst[x] /= static_cast<T>(plan.H);
+    for (int64_t x = 0; x < plane; ++x) dst[x] /= static_cast<T>(H);
   }
   return avg;
 }
@@ -410,9 +466,7 @@ Heads<T> fused_forward(const FusedCall<T>& f, const ProjectionWeights<T>& wt, T*
   const Heads<T> heads = f.paths.head_major ? in_projection_head_major(f) : in_projection_views(f);
   // 3. attention and 4a. merge_heads.
   T* concat = f.ws.take(f.ws.concat, static_cast<std::size_t>(plan.B * plan.L * plan.E));
-  Tensor<T> weights;
-  if (options.need_weights) weights = Tensor<T>(Shape{plan.B, plan.H, plan.L, plan.S_total});
-  attend(f, heads, concat, options.need_weights ? weights.data() : nullptr, lse);
+  std::optional<Tensor<T>> weights = attend(f, heads, concat, lse);
   // 4b. out_projection into the result.
   const Shape out_shape = output_shape(plan, f.query.shape());
   if (result.output.shape() != out_shape) result.output = Tensor<T>(out_shape);
@@ -422,9 +476,9 @@ Heads<T> fused_forward(const FusedCall<T>& f, const ProjectionWeights<T>& wt, T*
   if (options.need_weights) {
     Shape shape = attn_weights_shape(plan, options.average_attn_weights);
     if (options.average_attn_weights) {
-      result.attn_weights = average_heads(weights, plan, std::move(shape));
+      result.attn_weights = average_heads(*weights, plan, std::move(shape));
     } else {
-      result.attn_weights = std::move(weights).reshaped(std::move(shape));
+      result.attn_weights = std::move(*weights).reshaped(std::move(shape));
     }
   }
   return heads;
@@ -440,6 +494,18 @@ void keep_copy(const Tensor<T>& src, Tensor<T>& dst) {
 
 bool same_tensor(const void* a, const Shape& sa, const void* b, const Shape& sb) { return a == b && sa == sb; }
 
+// The weights the call will hold must fit: the selection when recomputed,
+// else the kernel's full (B, H, L, S') (also what the materialized kernel
+// holds per slice even without weights).
+template <class T>
+void check_weights_fit(const ForwardPlan& plan, std::size_t element_size, const ForwardOptions<T>& options) {
+  if (weights_recomputed(options)) {
+    check_weights_fit(plan, plan.H_weights, plan.L_weights, element_size);
+  } else if (options.need_weights || options.attention.kernel == AttentionKernel::Materialized) {
+    check_weights_fit(plan, plan.H, plan.L, element_size);
+  }
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -454,8 +520,7 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
     result = empty_result<T>(plan, query.shape(), options);
     return;
   }
-  if (options.need_weights || options.attention.kernel == AttentionKernel::Materialized)
-    check_weights_fit(plan, sizeof(T));
+  check_weights_fit(plan, sizeof(T), options);
   WorkspaceLease<T> ws(*workspaces_);
   const PathChoice paths = choose_paths(config_, plan, options.paths, query, key, value);
   const FusedCall<T> f{config_, params_, plan, options, query, key, value,
@@ -486,8 +551,7 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
     s.filled = true;
     return result;
   }
-  if (options.need_weights || options.attention.kernel == AttentionKernel::Materialized)
-    check_weights_fit(plan, sizeof(T));
+  check_weights_fit(plan, sizeof(T), options);
   s.paths = choose_paths(config_, plan, options.paths, query, key, value);
   s.key_is_query = same_tensor(key.data(), key.shape(), query.data(), query.shape());
   s.value_is_query = same_tensor(value.data(), value.shape(), query.data(), query.shape());

@@ -125,9 +125,10 @@ void out_project(const MultiheadAttentionConfig& c, const MultiheadAttentionPara
 }
 
 // Mean over heads, (B, H, L, S') -> (B, L, S').
+// The mean over the H' selected heads of (B, H', L', S') weights.
 template <class T>
 Tensor<T> mean_over_heads(const ForwardPlan& plan, const Tensor<T>& weights_all, Shape shape) {
-  const int64_t H = plan.H, plane = plan.L * plan.S_total;
+  const int64_t H = plan.H_weights, plane = plan.L_weights * plan.S_total;
   Tensor<T> avg(std::move(shape), T(0));
   for (int64_t b = 0; b < plan.B; ++b)
     for (int64_t x = 0; x < plane; ++x) {
@@ -151,7 +152,7 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward_textbook(const Tensor<T>& q
   if (options.attention.check_finite) check_forward_finite(query, key, value, params_);
   const int64_t B = plan.B, H = plan.H, L = plan.L, St = plan.S_total, D = plan.D, E = plan.E;
   if (B == 0 || L == 0) return empty_result<T>(plan, query.shape(), options);
-  check_weights_fit(plan, sizeof(T));  // the textbook form keeps every head's weights
+  check_weights_fit(plan, plan.H, plan.L, sizeof(T));  // the textbook form keeps every head's weights
   const KernelMasks<T> masks = build_kernel_masks(plan, options);
   const AttentionOptions o = module_attention_options(config_, options);
   const Tensor<T>* qkv[3] = {&query, &key, &value};
@@ -175,8 +176,9 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward_textbook(const Tensor<T>& q
   out_project(config_, params_, plan, concat, result.output.data());  // step 4
   if (options.need_weights) {
     Shape shape = attn_weights_shape(plan, options.average_attn_weights);
-    result.attn_weights = options.average_attn_weights ? mean_over_heads(plan, weights_all, std::move(shape))
-                                                       : std::move(weights_all).reshaped(std::move(shape));
+    Tensor<T> selected = select_weights(std::move(weights_all), plan, options);
+    result.attn_weights = options.average_attn_weights ? mean_over_heads(plan, selected, std::move(shape))
+                                                       : std::move(selected).reshaped(std::move(shape));
   }
   return result;
 }

@@ -1,11 +1,14 @@
 // src/explain/attention_weights.cpp: where the reports take their weights
-// from. One function, so that a cheaper source of the same numbers (the
-// fused kernel's weights recomputed from each row's log-sum-exp) replaces
-// its body and nothing else.
+// from. One function: the module's fused forward on the flash kernel, whose
+// weights are recomputed from each row's log-sum-exp
+// (src/simd/flash_weights-inl.h; ForwardOptions::weights_heads says when),
+// not the materialized fallback. A double module has no flash kernel and
+// takes the materialized kernel's weights.
 //
 // Legend: B batch, H heads, L queries, S' keys (S plus bias_k and the
 // zero-attention key when the module adds them), E embed_dim.
 #include <string>
+#include <type_traits>
 
 #include "multihead/error.hpp"
 #include "multihead/explain.hpp"
@@ -19,6 +22,9 @@ LayerAttention attention_weights_per_head(const BasicMultiheadAttention<T>& modu
   ForwardOptions<T> options;
   options.need_weights = true;
   options.average_attn_weights = false;  // (B, H, L, S'): every head's own distribution
+  // Flash forward + the weights recompute (MULTIHEAD_KERNEL still forces
+  // another kernel, e.g. the reference, to check the report against it).
+  if constexpr (std::is_same_v<T, float>) options.attention.kernel = AttentionKernel::Flash;
   const ForwardResult<T> result = module.forward(input, input, input, options);
   const Tensor<T>& w = *result.attn_weights;
 

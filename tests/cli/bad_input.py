@@ -554,6 +554,37 @@ for _flag, _part in (("--weights", "weights"), ("--query", "query"), ("--key", "
     case(f"empty {_flag} path", _flag, "expected a path, got ''")(_empty)
 
 
+# -- --weights-heads / --weights-rows (H = 2 heads, L = 3 query rows)
+@case("--weights-heads 0,2 (head out of range)", "--weights-heads", "[0, 2)", "got 2")
+def _(ctx):
+    return ctx.args(extra=["--weights-heads", "0,2"])
+
+
+@case("--weights-heads 1,1 (a head twice)", "--weights-heads", "at most once", "1 again")
+def _(ctx):
+    return ctx.args(extra=["--weights-heads", "1,1"])
+
+
+@case("--weights-rows 2:4 (row out of range)", "--weights-rows", "[0, 3)", "got 3")
+def _(ctx):
+    return ctx.args(extra=["--weights-rows", "2:4"])
+
+
+@case("--weights-rows 5:x (not indices)", "--weights-rows", "ranges a:b", "'5:x'")
+def _(ctx):
+    return ctx.args(extra=["--weights-rows", "5:x"])
+
+
+@case("--weights-rows 3:1 (empty range)", "--weights-rows", "ranges a:b", "'3:1'")
+def _(ctx):
+    return ctx.args(extra=["--weights-rows", "3:1"])
+
+
+@case("--weights-heads without --attn-weights-out", "--weights-heads", "--attn-weights-out")
+def _(ctx):
+    return ctx.args(need_weights=False, extra=["--weights-heads", "0"])
+
+
 @case("--dropout 1.5", "dropout", "1.5")
 def _(ctx):
     return ctx.args(extra=["--dropout", "1.5"])

@@ -3,7 +3,10 @@
 
   - weights: the per-head weights in the HTML report's embedded JSON and in
     the bertviz JSON equal `forward --need-weights --no-average-attn-weights`
-    on the same files to 1e-6 (float32; 1e-12 for a float64 input). Both
+    on the same files to 1e-6 (float32; 1e-12 for a float64 input), and
+    those of `forward --kernel reference` to 1e-6 (the report's are the
+    flash kernel's, recomputed from its row log-sum-exps); `forward
+    --weights-heads/--weights-rows` gives exactly the slice of the full ones. Both
     runs compute in the same dtype, and the writers print the shortest
     decimal that reads back as the same float, so the only difference allowed
     is the kernel's rounding; 1e-6 is ~100 float32 ulps at 1. The head
@@ -48,12 +51,12 @@ def run(cli, *args, cwd):
     return r.returncode, r.stdout, r.stderr.decode("utf-8", "replace")
 
 
-def forward_weights(cli, work, weights, x):
+def forward_weights(cli, work, weights, x, extra=()):
     """(H, L, S) or (B, H, L, S) from `multihead forward`: the reference the reports must match."""
     out = os.path.join(work, "fw-out.npy")
     aw = os.path.join(work, "fw-aw.npy")
     subprocess.run([cli, "forward", "--weights", weights, "--query", x, "--out", out, "--attn-weights-out", aw,
-                    "--need-weights", "--no-average-attn-weights"], check=True, cwd=work)
+                    "--need-weights", "--no-average-attn-weights", *extra], check=True, cwd=work)
     return np.load(aw).astype(np.float64)
 
 
@@ -79,6 +82,16 @@ def test_weights(cli, work):
     print(f"     html weights vs forward: worst |difference| {e:.3g} (bound 1e-6)")
     check("html: per-head weights equal forward --no-average-attn-weights to 1e-6", code == 0 and e <= 1e-6,
           f"exit {code} {err.strip()!r}, worst {e}")
+    # The report's weights are the flash kernel's, recomputed from its row
+    # log-sum-exps; the reference kernel's plain loops store every weight.
+    em = worst(got, forward_weights(cli, work, w, x, ["--kernel", "reference"])) if data else float("inf")
+    print(f"     html weights vs forward --kernel reference: worst |difference| {em:.3g} (bound 1e-6)")
+    check("html: per-head weights equal the reference kernel's to 1e-6", em <= 1e-6, f"worst {em}")
+    # --weights-heads / --weights-rows: the selected slice of the full weights, exactly.
+    sel = forward_weights(cli, work, w, x, ["--weights-heads", "1,0", "--weights-rows", "2:5,7"])
+    es = worst(sel, ref[[1, 0]][:, [2, 3, 4, 7]])
+    print(f"     forward --weights-heads 1,0 --weights-rows 2:5,7 vs the slice of the full weights: worst {es:.3g} (bound 0)")
+    check("forward: selected weights are the slice of the full weights", es == 0, f"worst {es}")
     ea = worst(data["layers"][0]["average"], ref.mean(axis=0)) if data else float("inf")
     print(f"     html average vs numpy mean of forward's heads: worst {ea:.3g} (bound 1e-6)")
     check("html: head average equals the mean over heads to 1e-6", ea <= 1e-6, f"worst {ea}")
