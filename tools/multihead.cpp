@@ -7,6 +7,7 @@
 //   multihead inspect FILE    tensors, metadata and attention modules of a file
 //   multihead demo …          the lesson's sentence, head by head
 //   multihead train …         train a small Transformer encoder on a built-in task
+//   multihead experiment …    what several heads gain over one, measured
 //   multihead --version       "multihead 0.1.0"
 //
 // Every subcommand gets, from cli_manners: defaults in --help, enum values in
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
   Runner bench = add_bench_command(app);
   Runner inspect = add_inspect_command(app);
   Runner train = add_train_command(app);
+  Runner experiment = add_experiment_command(app);
   if (argc <= 1) {
     std::cout << usage(app);
     return flushed(0);
@@ -93,6 +95,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("bench")) bench();
     else if (app.got_subcommand("inspect")) inspect();
     else if (app.got_subcommand("train")) train();
+    else if (app.got_subcommand("experiment")) experiment();
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
     std::cerr << "multihead: error: " << e.what() << "\n";
