@@ -31,12 +31,12 @@ struct ExperimentArgs {
 };
 
 // --quick: the CI run (tests/experiment_quick.py), under a minute on two
-// cores: both tasks, 1 and 4 heads, one layer, 2 seeds, 300 steps.
+// cores: both tasks, 1 and 4 heads, one layer, 2 seeds, 600 steps.
 void apply_quick(ExperimentOptions& o) {
   o.heads = {1, 4};
   o.layers = {1};
   o.seeds = 2;
-  o.train.steps = 300;
+  o.train.steps = 600;
   o.curve_points = 5;
 }
 
@@ -72,6 +72,18 @@ std::string reproduce(const ExperimentArgs& a) {
   return s;
 }
 
+// Every step's loss as C99 hex floats (%a): exact, so a retrained prefix
+// can be compared to the last bit (tests/test_lesson_model.cpp).
+std::string exact_list(const std::vector<double>& v) {
+  std::string s;
+  char buf[64];
+  for (double x : v) {
+    std::snprintf(buf, sizeof buf, "%a", x);
+    s += (s.empty() ? "" : " ") + std::string(buf);
+  }
+  return s;
+}
+
 std::string save_command(const ExperimentArgs& a) {
   const ExperimentOptions& o = a.options;
   return "multihead experiment --save-model " + a.save_model + " --tasks " + o.tasks[0] + " --heads " +
@@ -100,10 +112,14 @@ void run_save_model(ExperimentArgs& a) {
       {"command", command},
       {"test_accuracy", number(r.test_accuracy)},
       {"first_loss", number(r.first_loss)},
-      {"final_loss", number(r.final_loss)}};
+      {"final_loss", number(r.final_loss)},
+      {"losses", exact_list(r.losses)}};
   if (o.tasks[0] == "lesson") {
-    extra["referent_head"] = std::to_string(r.roles.referent_layer) + "." + std::to_string(r.roles.referent_head);
-    extra["adjective_head"] = std::to_string(r.roles.adjective_layer) + "." + std::to_string(r.roles.adjective_head);
+    // layer.head, both counted from 1 (as the demo prints them)
+    extra["referent_head"] =
+        std::to_string(r.roles.referent_layer + 1) + "." + std::to_string(r.roles.referent_head + 1);
+    extra["adjective_head"] =
+        std::to_string(r.roles.adjective_layer + 1) + "." + std::to_string(r.roles.adjective_head + 1);
   }
   write_outputs({{{"--save-model", a.save_model}, model->serialize(extra)}});
   std::printf("saved %s: %s, %lld layers, %lld heads, %lld parameters; test accuracy %.1f%%, loss %.4f -> %.4f",
@@ -172,7 +188,7 @@ Runner add_experiment_command(CLI::App& app) {
       ->check(integer_in(1, 1000, "1 to 1000"));
   c->add_option("--workers", o.workers, "Runs trained at once, one thread each (the numbers do not depend on it)")
       ->check(integer_in(1, 64, "1 to 64 workers"));
-  c->add_flag("--quick", a->quick, "The CI run: heads 1,4, one layer, 2 seeds, 300 steps (under a minute)");
+  c->add_flag("--quick", a->quick, "The CI run: heads 1,4, one layer, 2 seeds, 600 steps (under a minute)");
   c->add_option("--json", a->json, "Write every number here (runs, curves, head focus, cells, t-tests)")->check(path());
   c->add_option("--markdown", a->markdown, "Write the Markdown table here")->check(path());
   c->add_option("--save-model", a->save_model,

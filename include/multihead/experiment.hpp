@@ -44,6 +44,7 @@ struct HeadFocus {
   int64_t layer = 0, head = 0;
   double referent = 0;   // mass on the referent noun
   double adjective = 0;  // mass on the adjective
+  double subject = 0, object = 0;  // mass on the subject and on the object, whichever is the referent
 };
 
 // Which heads the specialisation measure picks: the (layer, head) with the

@@ -13,6 +13,7 @@
 // Legend: B batch, L length, H heads, V vocabulary.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -29,10 +30,12 @@ struct Evaluation {
   double accuracy = 0;   // fraction of counted positions whose argmax is the target
   int64_t count = 0;     // counted positions
   std::vector<int32_t> predictions;       // (B, L): the argmax id at every position
+  Tensor<float> logits;                   // (B·L, V)
   std::vector<Tensor<float>> attention;   // per layer (B, H, L, L), when asked for
 };
 
 class TrainedModelImpl;
+struct SafetensorsFile;
 
 class TrainedModel {
  public:
@@ -45,6 +48,9 @@ class TrainedModel {
   // A model file, or a `multihead train` checkpoint (its optimiser state
   // ignored). Throws multihead::Error naming the file and what is wrong.
   static TrainedModel load(const std::string& path);
+  // A model file's bytes (a checkpoint must be loaded from its path);
+  // `name` is what messages call it.
+  static TrainedModel parse(const uint8_t* data, std::size_t size, const std::string& name);
   TrainedModel(TrainedModel&&) noexcept;
   TrainedModel& operator=(TrainedModel&&) noexcept;
   ~TrainedModel();
@@ -65,6 +71,7 @@ class TrainedModel {
 
  private:
   explicit TrainedModel(std::unique_ptr<TrainedModelImpl> impl);
+  static TrainedModel from_file(const SafetensorsFile& file, const std::string& name);
   std::unique_ptr<TrainedModelImpl> impl_;
 };
 

@@ -23,6 +23,20 @@ namespace {
   throw Error(Error::Kind::Value, "experiment " + field + ": expected " + expected + ", got " + got);
 }
 
+// For one run: this thread's OpenMP team size (which BLAS reads) held to
+// one, then put back, so a run does the same arithmetic whoever calls it
+// (a worker here, `--save-model`, the shipped model's test).
+class OneThread {
+ public:
+  OneThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneThread() { omp_set_num_threads(saved_); }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int saved_;
+};
+
 std::shared_ptr<const HeldOutTask> held_out_task(const std::string& name) {
   std::shared_ptr<const Task> t = make_task(name, 2, 1);
   auto h = std::dynamic_pointer_cast<const HeldOutTask>(t);
@@ -84,9 +98,14 @@ std::vector<HeadFocus> lesson_head_focus(const TrainedModel& model) {
         const float* row = w.data() + ((static_cast<int64_t>(b) * H + h) * L + s.it) * L;
         f.referent += row[s.referent()];
         f.adjective += row[s.adjective];
+        f.subject += row[s.subject];
+        f.object += row[s.object];
       }
-      f.referent /= double(sentences.size());
-      f.adjective /= double(sentences.size());
+      const double count = double(sentences.size());
+      f.referent /= count;
+      f.adjective /= count;
+      f.subject /= count;
+      f.object /= count;
       out.push_back(f);
     }
   }
@@ -95,6 +114,7 @@ std::vector<HeadFocus> lesson_head_focus(const TrainedModel& model) {
 
 RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional<TrainedModel>* model_out) {
   const auto start = std::chrono::steady_clock::now();
+  const OneThread one_thread;
   const std::shared_ptr<const HeldOutTask> task = held_out_task(spec.task);
   ModelConfig m;
   m.d_model = o.d_model;
@@ -179,9 +199,7 @@ ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& c
   const int64_t total = static_cast<int64_t>(specs.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(o.workers)
   for (int64_t k = 0; k < total; ++k) {
-    // Each run on this one thread: the trainer's loops and BLAS then do
-    // the same arithmetic as a one-thread `multihead train` run.
-    omp_set_num_threads(1);
+    // Each run on this one thread (run_one holds it there).
     const std::size_t i = order[static_cast<std::size_t>(k)];
     try {
       {

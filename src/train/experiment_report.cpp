@@ -118,7 +118,12 @@ std::string experiment_json(const ExperimentReport& r) {
     if (x.spec.task == "lesson") {
       json focus = json::array();
       for (const HeadFocus& f : x.focus)
-        focus.push_back({{"layer", f.layer}, {"head", f.head}, {"referent", f.referent}, {"adjective", f.adjective}});
+        focus.push_back({{"layer", f.layer},
+                         {"head", f.head},
+                         {"referent", f.referent},
+                         {"adjective", f.adjective},
+                         {"subject", f.subject},
+                         {"object", f.object}});
       run["head_focus"] = focus;
       run["roles"] = {{"referent_layer", x.roles.referent_layer}, {"referent_head", x.roles.referent_head},
                       {"referent_mass", x.roles.referent},       {"adjective_layer", x.roles.adjective_layer},

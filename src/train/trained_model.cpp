@@ -78,34 +78,13 @@ TrainedModel TrainedModel::of(const Trainer& trainer, const std::string& task) {
   return TrainedModel(trainer.model_config(), trainer.parameters(), task);
 }
 
-TrainedModel TrainedModel::load(const std::string& path) {
-  const SafetensorsFile f = read_safetensors(path);
-  const auto format = f.metadata.find("format");
-  ModelConfig c;
-  std::string task;
-  if (format != f.metadata.end() && format->second == kCheckpointFormat) {
-    const CheckpointInfo info = read_checkpoint_info(path);
-    c = info.model;
-    task = info.task;
-  } else if (format != f.metadata.end() && format->second == kModelFormat) {
-    task = meta(f, path, "task");
-    c.vocabulary = meta_int(f, path, "vocabulary");
-    c.sequence_length = meta_int(f, path, "sequence_length");
-    c.d_model = meta_int(f, path, "d_model");
-    c.heads = meta_int(f, path, "heads");
-    c.layers = meta_int(f, path, "layers");
-    c.ff = meta_int(f, path, "ff");
-    c.dropout = std::strtod(meta(f, path, "dropout").c_str(), nullptr);
-    c.causal = meta(f, path, "causal") == "true";
-  } else {
-    bad_file(path, Error::Kind::Format,
-             std::string("not a multihead model (expected __metadata__ format '") + kModelFormat + "' or '" +
-                 kCheckpointFormat + "', got " +
-                 (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
-  }
+namespace {
+
+// The parameters of configuration c, float32, from a parsed file.
+std::map<std::string, Tensor<float>> parameters_of(const SafetensorsFile& f, const ModelConfig& c,
+                                                   const std::string& path) {
   std::map<std::string, Tensor<float>> params;
-  const auto shapes = train::Model<float>::parameter_shapes(c);
-  for (const auto& [name, shape] : shapes) {
+  for (const auto& [name, shape] : train::Model<float>::parameter_shapes(c)) {
     const auto it = f.tensors.find(name);
     if (it == f.tensors.end())
       bad_file(path, Error::Kind::Missing, "tensor '" + name + "' is missing (expected shape " +
@@ -115,12 +94,56 @@ TrainedModel TrainedModel::load(const std::string& path) {
                                               to_string(it->second.dtype));
     params[name] = tensor_cast<float>(it->second.values);
   }
+  return params;
+}
+
+}  // namespace
+
+TrainedModel TrainedModel::parse(const uint8_t* data, std::size_t size, const std::string& path) {
+  return from_file(parse_safetensors(data, size, path), path);
+}
+
+TrainedModel TrainedModel::from_file(const SafetensorsFile& f, const std::string& path) {
+  const auto format = f.metadata.find("format");
+  if (format == f.metadata.end() || format->second != kModelFormat)
+    bad_file(path, Error::Kind::Format,
+             std::string("not a multihead model (expected __metadata__ format '") + kModelFormat + "' or '" +
+                 kCheckpointFormat + "' from a path, got " +
+                 (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
+  ModelConfig c;
+  const std::string task = meta(f, path, "task");
+  c.vocabulary = meta_int(f, path, "vocabulary");
+  c.sequence_length = meta_int(f, path, "sequence_length");
+  c.d_model = meta_int(f, path, "d_model");
+  c.heads = meta_int(f, path, "heads");
+  c.layers = meta_int(f, path, "layers");
+  c.ff = meta_int(f, path, "ff");
+  c.dropout = std::strtod(meta(f, path, "dropout").c_str(), nullptr);
+  c.causal = meta(f, path, "causal") == "true";
   try {
     c.validate();
-    return TrainedModel(c, params, task, f.metadata);
+  } catch (const Error& e) {
+    bad_file(path, Error::Kind::Format, std::string("model metadata ") + e.what());
+  }
+  try {
+    return TrainedModel(c, parameters_of(f, c, path), task, f.metadata);
   } catch (const Error& e) {
     bad_file(path, e.kind(), e.what());
   }
+}
+
+TrainedModel TrainedModel::load(const std::string& path) {
+  const SafetensorsFile f = read_safetensors(path);
+  const auto format = f.metadata.find("format");
+  if (format != f.metadata.end() && format->second == kCheckpointFormat) {
+    const CheckpointInfo info = read_checkpoint_info(path);
+    try {
+      return TrainedModel(info.model, parameters_of(f, info.model, path), info.task);
+    } catch (const Error& e) {
+      bad_file(path, e.kind(), e.what());
+    }
+  }
+  return from_file(f, path);
 }
 
 const ModelConfig& TrainedModel::config() const { return impl_->model->config(); }
@@ -154,6 +177,7 @@ Evaluation TrainedModel::evaluate(const Batch& batch, bool attention_weights, in
     e.predictions[static_cast<std::size_t>(n)] = static_cast<int32_t>(best);
   }
   if (attention_weights) e.attention = std::move(r.attention);
+  e.logits = std::move(r.logits);
   return e;
 }
 
