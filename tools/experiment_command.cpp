@@ -72,18 +72,6 @@ std::string reproduce(const ExperimentArgs& a) {
   return s;
 }
 
-// Every step's loss as C99 hex floats (%a): exact, so a retrained prefix
-// can be compared to the last bit (tests/test_lesson_model.cpp).
-std::string exact_list(const std::vector<double>& v) {
-  std::string s;
-  char buf[64];
-  for (double x : v) {
-    std::snprintf(buf, sizeof buf, "%a", x);
-    s += (s.empty() ? "" : " ") + std::string(buf);
-  }
-  return s;
-}
-
 std::string save_command(const ExperimentArgs& a) {
   const ExperimentOptions& o = a.options;
   return "multihead experiment --save-model " + a.save_model + " --tasks " + o.tasks[0] + " --heads " +
@@ -108,27 +96,16 @@ void run_save_model(ExperimentArgs& a) {
   std::fflush(stdout);
   std::optional<TrainedModel> model;
   const RunResult r = run_one({o.tasks[0], o.heads[0], o.layers[0], o.first_seed}, o, &model);
-  std::map<std::string, std::string> extra = {
-      {"command", command},
-      {"test_accuracy", number(r.test_accuracy)},
-      {"first_loss", number(r.first_loss)},
-      {"final_loss", number(r.final_loss)},
-      {"losses", exact_list(r.losses)}};
-  if (o.tasks[0] == "lesson") {
-    // layer.head, both counted from 1 (as the demo prints them)
-    extra["referent_head"] =
-        std::to_string(r.roles.referent_layer + 1) + "." + std::to_string(r.roles.referent_head + 1);
-    extra["adjective_head"] =
-        std::to_string(r.roles.adjective_layer + 1) + "." + std::to_string(r.roles.adjective_head + 1);
-  }
-  write_outputs({{{"--save-model", a.save_model}, model->serialize(extra)}});
+  write_outputs({{{"--save-model", a.save_model}, model_file(r, *model, command)}});
   std::printf("saved %s: %s, %lld layers, %lld heads, %lld parameters; test accuracy %.1f%%, loss %.4f -> %.4f",
               a.save_model.c_str(), o.tasks[0].c_str(), static_cast<long long>(o.layers[0]),
               static_cast<long long>(o.heads[0]), static_cast<long long>(r.parameters), 100.0 * r.test_accuracy,
               r.first_loss, r.final_loss);
   if (o.tasks[0] == "lesson")
-    std::printf("; referent head %s (mass %.2f), adjective head %s (mass %.2f)", extra["referent_head"].c_str(),
-                r.roles.referent, extra["adjective_head"].c_str(), r.roles.adjective);
+    std::printf("; referent head %lld.%lld (mass %.2f), adjective head %lld.%lld (mass %.2f)",
+                static_cast<long long>(r.roles.referent_layer + 1), static_cast<long long>(r.roles.referent_head + 1),
+                r.roles.referent, static_cast<long long>(r.roles.adjective_layer + 1),
+                static_cast<long long>(r.roles.adjective_head + 1), r.roles.adjective);
   std::printf("\n");
 }
 

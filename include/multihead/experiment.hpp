@@ -85,6 +85,14 @@ struct RunResult {
 // One run. When `model` is given it receives the trained model.
 RunResult run_one(const RunSpec& spec, const ExperimentOptions& options, std::optional<TrainedModel>* model = nullptr);
 
+// The model file of a run (`multihead experiment --save-model`): the
+// parameters, the configuration, and in __metadata__ the command that
+// retrains it, its test accuracy, first and final loss, every step's loss
+// ("losses": C99 hex floats, exact) and, for the lesson task, the heads the
+// specialisation measure picked ("referent_head", "adjective_head":
+// layer.head, both counted from 1).
+std::string model_file(const RunResult& run, const TrainedModel& model, const std::string& command);
+
 struct CellSummary {
   std::string task;
   int64_t heads = 0, layers = 0, parameters = 0, n = 0;

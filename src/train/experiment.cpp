@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <exception>
 #include <map>
@@ -175,6 +176,41 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (model_out) model_out->emplace(std::move(model));
   return r;
+}
+
+namespace {
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string exact_list(const std::vector<double>& v) {
+  std::string s;
+  char buf[64];
+  for (double x : v) {
+    std::snprintf(buf, sizeof buf, "%a", x);
+    s += (s.empty() ? "" : " ") + std::string(buf);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string model_file(const RunResult& r, const TrainedModel& model, const std::string& command) {
+  std::map<std::string, std::string> extra = {{"command", command},
+                                              {"test_accuracy", number(r.test_accuracy)},
+                                              {"first_loss", number(r.first_loss)},
+                                              {"final_loss", number(r.final_loss)},
+                                              {"losses", exact_list(r.losses)}};
+  if (r.spec.task == "lesson") {
+    extra["referent_head"] =
+        std::to_string(r.roles.referent_layer + 1) + "." + std::to_string(r.roles.referent_head + 1);
+    extra["adjective_head"] =
+        std::to_string(r.roles.adjective_layer + 1) + "." + std::to_string(r.roles.adjective_head + 1);
+  }
+  return model.serialize(extra);
 }
 
 ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& command,
