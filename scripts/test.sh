@@ -2,7 +2,7 @@
 # Fresh Debian 12 machine -> a passing test suite. Installs what is missing,
 # then:
 #  1. Release build: unit tests, PyTorch parity, CLI bad input, install,
-#     the Python module's pytest suite;
+#     the Python module's pytest suite, the flash backward's peak memory;
 #  2. valgrind leak check of the command-line program;
 #  3. ThreadSanitizer (with Archer for OpenMP) on the threaded kernels;
 #  4. AddressSanitizer + UBSan (clang) build of the whole suite;
@@ -18,6 +18,10 @@ echo "== Release build and test suite"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMULTIHEAD_BUILD_PYTHON=ON >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+# The flash backward at L = S = 16384, H = 16, D = 64 within 1.5 GiB peak RSS
+# (about a minute on 2 cores; not under the sanitizers, whose shadow memory
+# would be measured too).
+bash scripts/check-flash-backward-memory.sh --max-rss-mib 1536
 
 echo "== valgrind leak check of the CLI"
 bash scripts/leakcheck.sh build

@@ -30,6 +30,7 @@
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "test_util.hpp"
 
 namespace multihead {
@@ -276,10 +277,12 @@ double worst_error(const std::map<std::string, Tensor<double>>& a, const std::ma
   return worst;
 }
 
-class FiniteDifferences : public ::testing::TestWithParam<BackwardCase> {};
+class MhaFiniteDifferences : public ::testing::TestWithParam<BackwardCase> {};
 
-TEST_P(FiniteDifferences, Float64) {
-  const BackwardCase& c = GetParam();
+// The differences run the reference forward whichever kernel the backward
+// under test runs (the float64 kernels: reference, materialized), so the
+// oracle is the plain loops' function.
+void check_finite_differences(const BackwardCase& c, AttentionKernel kernel) {
   std::mt19937_64 rng(42);
   Problem<double> p = make_problem<double>(c, rng);
   BasicMultiheadAttention<double> m(p.config, 7);
@@ -290,18 +293,26 @@ TEST_P(FiniteDifferences, Float64) {
   });
   ForwardResult<double> probe = m.forward(p.q, key_of(p), value_of(p), p.options);
   const Tensor<double> R = random_tensor<double>(probe.output.shape(), rng);
-  const double worst = worst_error(analytic(m, p, R), finite_differences(m, p, R), c.name());
-  std::printf("[ fd ] %s: worst relative error %.3g (bound %.0e, step %.0e)\n", c.name().c_str(), worst, kBound,
+  const auto fd = finite_differences(m, p, R);
+  p.options.attention.kernel = kernel;
+  const std::string label = c.name() + "_" + to_string(kernel);
+  const double worst = worst_error(analytic(m, p, R), fd, label);
+  std::printf("[ fd ] %s: worst relative error %.3g (bound %.0e, step %.0e)\n", label.c_str(), worst, kBound,
               kStep);
   EXPECT_LT(worst, kBound);
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, FiniteDifferences, ::testing::ValuesIn(kFiniteDifferenceCases),
+TEST_P(MhaFiniteDifferences, Float64_Reference) { check_finite_differences(GetParam(), AttentionKernel::Reference); }
+TEST_P(MhaFiniteDifferences, Float64_Materialized) {
+  check_finite_differences(GetParam(), AttentionKernel::Materialized);
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, MhaFiniteDifferences, ::testing::ValuesIn(kFiniteDifferenceCases),
                          [](const auto& info) { return info.param.name(); });
 
 // The checker itself: one analytic element off by 1e-3 of its tensor's norm
 // must fail the bound.
-TEST(FiniteDifferences, CheckerFailsOnAPerturbedGradient) {
+TEST(MhaFiniteDifferences, CheckerFailsOnAPerturbedGradient) {
   const BackwardCase c = kFiniteDifferenceCases[3];
   std::mt19937_64 rng(42);
   Problem<double> p = make_problem<double>(c, rng);
@@ -343,7 +354,7 @@ void check_training_forward_identical(const BackwardCase& c, AttentionKernel ker
   }
 }
 
-TEST(TrainingForward, BitIdenticalToPlainForward_EveryCase_Kernels) {
+TEST(MhaTrainingForward, BitIdenticalToPlainForward_EveryCase_Kernels) {
   for (const BackwardCase& c : kFiniteDifferenceCases) {
     for (AttentionKernel k : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Auto}) {
       check_training_forward_identical<double>(c, k, k != AttentionKernel::Auto);
@@ -355,7 +366,7 @@ TEST(TrainingForward, BitIdenticalToPlainForward_EveryCase_Kernels) {
 
 // A context and a gradients object reused across steps of different shapes
 // give what fresh ones give.
-TEST(Backward, ReusedContextAndGradientsMatchFresh_Float32) {
+TEST(MhaBackward, ReusedContextAndGradientsMatchFresh_Float32) {
   ForwardContext<float> ctx;
   MultiheadAttentionGradients<float> g;
   for (int step = 0; step < 3; ++step) {
@@ -389,7 +400,7 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
-TEST(Backward, RefusesEmptyForeignStaleContextAndBadDOutput) {
+TEST(MhaBackward, RefusesEmptyForeignStaleContextAndBadDOutput) {
   const BackwardCase& c = kFiniteDifferenceCases[0];
   std::mt19937_64 rng(1);
   Problem<float> p = make_problem<float>(c, rng);
@@ -415,7 +426,7 @@ TEST(Backward, RefusesEmptyForeignStaleContextAndBadDOutput) {
 // update_parameters: the module then computes what a module built from the
 // updated parameters computes (the transposed copies were rebuilt), and a
 // reshaping update is refused, naming the parameter, leaving it unchanged.
-TEST(UpdateParameters, RebuildsDerivedWeightsAndRefusesReshape) {
+TEST(MhaUpdateParameters, RebuildsDerivedWeightsAndRefusesReshape) {
   const BackwardCase& c = kFiniteDifferenceCases[3];  // kdim/vdim: q/k/v_proj_weight
   std::mt19937_64 rng(2);
   Problem<float> p = make_problem<float>(c, rng);
@@ -441,6 +452,119 @@ TEST(UpdateParameters, RebuildsDerivedWeightsAndRefusesReshape) {
   EXPECT_NE(e.find("k_proj_weight"), std::string::npos) << e;
   const Tensor<float> after = m.forward(p.q, key_of(p), value_of(p), p.options).output;
   EXPECT_EQ(0, std::memcmp(a.data(), after.data(), sizeof(float) * a.numel()));
+}
+
+// No queries (L = 0), or no keys but the zero-attention key (S = 0,
+// add_zero_attn): the output depends on nothing, or only on out_proj.bias
+// (every query attends to the zero key alone: attention output 0, output
+// b_O). The gradients have the inputs' and parameters' shapes and are zero
+// except dℓ/db_O = Σ_tokens R.
+TEST(MhaBackward, EmptyQueryOrKeyLengths_E4_H2_B2) {
+  std::mt19937_64 rng(3);
+  for (const auto& [L, S] : {std::pair<int64_t, int64_t>{0, 3}, {3, 0}}) {
+    MultiheadAttentionConfig config;
+    config.embed_dim = 4;
+    config.num_heads = 2;
+    config.add_zero_attn = S == 0;
+    BasicMultiheadAttention<double> m(config, 1);
+    m.update_parameters([](const std::string& name, Tensor<double>& t) {
+      if (name == "in_proj_bias") std::fill_n(t.data(), t.numel(), 0.5);  // a query/value bias that must not leak
+    });
+    const Tensor<double> q = random_tensor<double>({L, 2, 4}, rng), kv = random_tensor<double>({S, 2, 4}, rng);
+    ForwardOptions<double> o;
+    o.need_weights = false;
+    ForwardContext<double> ctx;
+    const Tensor<double> out = m.forward(q, kv, kv, o, ctx).output;
+    const Tensor<double> R = random_tensor<double>(out.shape(), rng);
+    const MultiheadAttentionGradients<double> g = m.backward(ctx, R);
+    EXPECT_EQ(g.query.shape(), q.shape());
+    EXPECT_EQ(g.key.shape(), kv.shape());
+    EXPECT_EQ(g.value.shape(), kv.shape());
+    for (const auto& [name, t] : m.state_dict()) {
+      const Tensor<double>& d = g.parameters.at(name);
+      ASSERT_EQ(d.shape(), t.shape()) << name;
+      for (int64_t i = 0; i < d.numel(); ++i) {
+        double expected = 0;
+        if (name == "out_proj.bias")
+          for (int64_t r = 0; r < L * 2; ++r) expected += R[r * 4 + i];
+        EXPECT_NEAR(d[i], expected, 1e-12) << "L=" << L << " S=" << S << " " << name << "[" << i << "]";
+      }
+    }
+    for (const Tensor<double>* t : {&g.query, &g.key, &g.value})
+      for (int64_t i = 0; i < t->numel(); ++i) EXPECT_EQ((*t)[i], 0.0);
+  }
+}
+
+// A fully masked query row (key padding hides every key of batch entry 1):
+// under MaskedRowPolicy::Zeros its output is the constant b_O, so every
+// gradient stays finite and batch entry 1's query gets none; under NaN the
+// gradients are NaN where that row reaches (PyTorch 1.13's autograd).
+TEST(MhaBackward, FullyMaskedRowPolicies_Zeros_Finite_NaN_Spreads) {
+  MultiheadAttentionConfig config;
+  config.embed_dim = 4;
+  config.num_heads = 2;
+  BasicMultiheadAttention<double> m(config, 1);
+  std::mt19937_64 rng(4);
+  const Tensor<double> q = random_tensor<double>({3, 2, 4}, rng), kv = random_tensor<double>({5, 2, 4}, rng);
+  Tensor<uint8_t> pad({2, 5}, 0);
+  for (int64_t j = 0; j < 5; ++j) pad[5 + j] = 1;
+  const Mask<double> mask = Mask<double>::boolean(pad);
+  for (MaskedRowPolicy policy : {MaskedRowPolicy::Zeros, MaskedRowPolicy::NaN}) {
+    ForwardOptions<double> o;
+    o.need_weights = false;
+    o.key_padding_mask = &mask;
+    o.attention.masked_rows = policy;
+    ForwardContext<double> ctx;
+    const Tensor<double> out = m.forward(q, kv, kv, o, ctx).output;
+    const MultiheadAttentionGradients<double> g = m.backward(ctx, Tensor<double>(out.shape(), 1.0));
+    bool any_nan = false;
+    for (const auto& [name, t] : g.parameters)
+      for (int64_t i = 0; i < t.numel(); ++i) any_nan |= std::isnan(t[i]);
+    if (policy == MaskedRowPolicy::Zeros) {
+      EXPECT_FALSE(any_nan);
+      for (int64_t l = 0; l < 3; ++l)  // token (l, b = 1) is row l·B + 1
+        for (int64_t e = 0; e < 4; ++e) EXPECT_EQ(g.query[(l * 2 + 1) * 4 + e], 0.0);
+    } else {
+      EXPECT_TRUE(any_nan);
+    }
+  }
+}
+
+// One training step gives the same bits with 1 and 2 threads (our loops and
+// BLAS), for every kernel the float32 module can run, so a seeded trainer's
+// losses do not depend on the thread count. Shapes with enough tokens for
+// BLAS and the kernels to split their work.
+TEST(MhaBackward, SameBitsForOneAndTwoThreads_Float32) {
+  const int before = threads();
+  for (const BackwardCase& base : {kFiniteDifferenceCases[2], kFiniteDifferenceCases[6]}) {
+    BackwardCase c = base;
+    c.E = 32;
+    c.H = 4;
+    c.B = 2;
+    c.L = c.S = 80;
+    c.mask = c.mask <= 2 ? c.mask : 0;
+    for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Flash}) {
+      MultiheadAttentionGradients<float> g[2];
+      Tensor<float> out[2];
+      for (int t = 0; t < 2; ++t) {
+        set_threads(t + 1);
+        std::mt19937_64 rng(9);
+        Problem<float> p = make_problem<float>(c, rng);
+        p.options.attention.kernel = kernel;
+        BasicMultiheadAttention<float> m(p.config, 3);
+        ForwardContext<float> ctx;
+        out[t] = m.forward(p.q, key_of(p), value_of(p), p.options, ctx).output;
+        m.backward(ctx, random_tensor<float>(out[t].shape(), rng), g[t]);
+      }
+      const std::string label = c.name() + " " + to_string(kernel);
+      EXPECT_EQ(0, std::memcmp(out[0].data(), out[1].data(), sizeof(float) * out[0].numel())) << label;
+      EXPECT_EQ(0, std::memcmp(g[0].query.data(), g[1].query.data(), sizeof(float) * g[0].query.numel())) << label;
+      for (const auto& [name, t] : g[0].parameters)
+        EXPECT_EQ(0, std::memcmp(t.data(), g[1].parameters.at(name).data(), sizeof(float) * t.numel()))
+            << label << " " << name;
+    }
+  }
+  set_threads(before);
 }
 
 }  // namespace

@@ -240,6 +240,16 @@ TEST(TrainResume, BadCheckpointsGiveOneLineNamingTheProblem) {
   const std::shared_ptr<const Task> copy = make_task("copy", 7, 6);
   EXPECT_EQ(error_of([&] { Trainer::resume(path, copy, dropout_model(), o); }),
             "'" + path + "': task is reverse in the checkpoint, got copy");
+  // A tensor this model does not have: another model's file.
+  {
+    SafetensorsFile f = read_safetensors(path);
+    std::map<std::string, Tensor<float>> tensors;
+    for (auto& [name, v] : f.tensors) tensors[name] = tensor_cast<float>(v.values);
+    tensors["blocks.9.norm1.weight"] = Tensor<float>({16}, 1.0f);
+    write_safetensors(path, tensors, f.metadata);
+    EXPECT_EQ(error_of([&] { Trainer::resume(path, task, dropout_model(), o); }),
+              "'" + path + "': tensor 'blocks.9.norm1.weight' is not part of this model");
+  }
   // Truncated: the safetensors reader names the file and the sizes.
   const std::string bytes = t.serialize_checkpoint();
   { std::ofstream(path, std::ios::binary) << bytes.substr(0, bytes.size() / 2); }

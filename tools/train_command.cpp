@@ -88,8 +88,10 @@ class Progress {
   Progress(bool bar, int64_t first, int64_t last, int64_t interval)
       : bar_(bar), first_(first), last_(last), interval_(interval), start_(std::chrono::steady_clock::now()) {}
 
-  void report(const StepStats& s) {
+  // quiet: count the tokens only (--progress none).
+  void report(const StepStats& s, bool quiet) {
     tokens_ += s.tokens;
+    if (quiet) return;
     const double elapsed = seconds();
     const int64_t done = s.step + 1 - first_, left = last_ - (s.step + 1);
     const double tps = elapsed > 0 ? double(tokens_) / elapsed : 0.0;
@@ -160,6 +162,9 @@ void run_train(TrainArgs& a, const CLI::App& c) {
   check_files({{"--resume", a.resume}}, {{"--checkpoint-out", a.checkpoint_out}, {"--dump-gradients", a.dump_gradients}});
   apply_threads(a.train.threads);
   a.train.schedule = parse_schedule(a.schedule);
+  if (a.resume.empty() && a.model.d_model % a.model.heads != 0)
+    throw Error(Error::Kind::Value, "--heads: expected a divisor of --d-model " + std::to_string(a.model.d_model) +
+                                        ", got " + std::to_string(a.model.heads));
 
   std::unique_ptr<Trainer> trainer;
   if (a.resume.empty()) {
@@ -221,7 +226,7 @@ void run_train(TrainArgs& a, const CLI::App& c) {
     if (!std::isfinite(s.loss))
       throw Error(Error::Kind::Value, "training diverged: loss " + std::to_string(s.loss) + " at step " +
                                           std::to_string(s.step + 1) + " (try a smaller --lr)");
-    if (a.progress != "none") progress.report(s);
+    progress.report(s, a.progress == "none");
     if (a.checkpoint_every > 0 && !a.checkpoint_out.empty() && trainer->step() % a.checkpoint_every == 0 &&
         trainer->step() < o.steps)
       write_outputs({{{"--checkpoint-out", a.checkpoint_out}, trainer->serialize_checkpoint()}});
@@ -290,11 +295,13 @@ Runner add_train_command(CLI::App& app) {
   c->add_option("--checkpoint-every", a->checkpoint_every, "Also write --checkpoint-out every N steps; 0 = at the end only")
       ->check(non_negative_integer());
   c->add_option("--resume", a->resume,
-                "Continue the run saved in this checkpoint (its settings; a flag given must agree)")
+                "Continue the run saved in this checkpoint: its settings, and a flag given must agree with them, except "
+                "--steps, which may be larger (with --schedule cosine that reshapes the remaining schedule)")
       ->check(path());
   c->add_option("--dump-gradients", a->dump_gradients,
                 "Before training, write the first batch (tokens, targets, mask), its loss and every parameter's "
-                "gradient (grad.NAME) as safetensors; with --steps 0 nothing is trained")
+                "gradient (grad.NAME) as safetensors; with --steps 0 nothing is trained (dropout applies as in "
+                "training: compare with PyTorch at --dropout 0)")
       ->check(path());
   c->add_option("--log-interval", a->log_interval, "Without a terminal: one log line every K steps (and the last)")
       ->check(positive_integer());

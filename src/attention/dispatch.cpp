@@ -1,6 +1,7 @@
 // src/attention/dispatch.cpp: choosing a kernel behind the one interface.
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "attention/kernel.hpp"
 #include "attention/kernel_force.hpp"
@@ -65,12 +66,28 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) 
 template void attention_forward<float>(const AttentionArgs<float>&, AttentionKernel);
 template void attention_forward<double>(const AttentionArgs<double>&, AttentionKernel);
 
-// The reference backward serves every kernel until the materialized and
-// flash backward passes land beside their forwards.
+// The backward kernel is picked as the forward's: a forced kernel wins;
+// Auto is flash for float and materialized otherwise. Any kernel's backward
+// may follow any kernel's forward: they share the contract (lse, out).
 template <class T>
 void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel requested) {
-  (void)forced_or(requested);
-  attention_backward_reference(args);
+  AttentionKernel kernel = forced_or(requested);
+  if constexpr (!std::is_same_v<T, float>) {
+    if (kernel == AttentionKernel::Flash)
+      throw Error(Error::Kind::Value,
+                  "kernel: flash runs in float32 only; this backward is float64 (use kernel=materialized)");
+  }
+  if (kernel == AttentionKernel::Auto)
+    kernel = std::is_same_v<T, float> ? AttentionKernel::Flash : AttentionKernel::Materialized;
+  switch (kernel) {
+    case AttentionKernel::Reference:
+      return attention_backward_reference(args);
+    case AttentionKernel::Flash:
+      if constexpr (std::is_same_v<T, float>) return attention_backward_flash(args);
+      [[fallthrough]];
+    default:
+      return attention_backward_materialized(args);
+  }
 }
 
 template void attention_backward<float>(const AttentionBackwardArgs<float>&, AttentionKernel);

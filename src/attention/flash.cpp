@@ -1,4 +1,5 @@
-// src/attention/flash.cpp: the fused (flash) attention forward, float32.
+// src/attention/flash.cpp: the fused (flash) attention forward, float32,
+// and its backward (attention_backward_flash, at the end).
 //
 // Legend (src/kernel/attention_args.hpp): N slices (B·H), L queries, S keys, D head width,
 // Dv value width.
@@ -31,19 +32,15 @@
 #include "attention/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_attention.hpp"
+#include "simd/flash_attention_backward.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead::detail {
 namespace {
 
-void validate(const AttentionArgs<float>& a) {
-  const auto fail = [](const std::string& what) {
-    throw Error(Error::Kind::Value, "attention_forward_flash: " + what);
-  };
-  if (a.weights != nullptr) {
-    fail("weights must be nullptr (the flash kernel never materialises the L×S attention weights; "
-         "use the materialized kernel to get them)");
-  }
+// The checks the forward and the backward share; `who` names the caller.
+void validate_sizes(const AttentionArgs<float>& a, const char* who) {
+  const auto fail = [who](const std::string& what) { throw Error(Error::Kind::Value, std::string(who) + ": " + what); };
   if (a.slices < 0 || a.q_len < 0 || a.kv_len < 0 || a.head_dim < 0 || a.value_dim < 0) {
     fail("negative size: slices=" + std::to_string(a.slices) + " q_len=" + std::to_string(a.q_len) +
          " kv_len=" + std::to_string(a.kv_len) + " head_dim=" + std::to_string(a.head_dim) +
@@ -57,6 +54,17 @@ void validate(const AttentionArgs<float>& a) {
          " exceed the supported maximum " + std::to_string(kMaxLen));
   }
   if (a.heads < 1) fail("heads must be >= 1, got " + std::to_string(a.heads));
+}
+
+void validate(const AttentionArgs<float>& a) {
+  const auto fail = [](const std::string& what) {
+    throw Error(Error::Kind::Value, "attention_forward_flash: " + what);
+  };
+  validate_sizes(a, "attention_forward_flash");
+  if (a.weights != nullptr) {
+    fail("weights must be nullptr (the flash kernel never materialises the L×S attention weights; "
+         "use the materialized kernel to get them)");
+  }
   // Each output row is written by one thread: rows must not overlap.
   if (!a.out_layout.contiguous() && a.out_layout.row < a.value_dim) {
     fail("out_layout.row " + std::to_string(a.out_layout.row) + " < value_dim " +
@@ -99,6 +107,94 @@ void attention_forward_flash(const AttentionArgs<float>& args) {
     const int64_t row_end = std::min(args.q_len, row_begin + kernel.row_tile);
     try {
       kernel.rows(args, slice, row_begin, row_end, scratch);
+    } catch (...) {  // only allocation can throw; never let it cross OpenMP
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// ---- backward -----------------------------------------------------------------
+//
+// FlashAttention-2's backward (Dao 2023, Algorithm 2) in
+// src/simd/flash_attention_backward-inl.h; here the checks and the threads.
+//
+// The split, and why. Two ways, chosen by the number of slices N against
+// the thread count, and giving the same bits (so the gradients are
+// bit-identical for any thread count either way):
+//  - N >= threads: one work item is one whole slice (n = b·heads + h), run
+//    by one thread in one pass, which writes that slice's d_q, d_k and d_v
+//    rows: query tiles in increasing order, key tiles inside, 5 tile
+//    products per (query tile, key tile). The slices alone keep the threads
+//    busy (N = 16 at B = 1, H = 16 on the 2-core target machine).
+//  - N < threads (N = 1 on 2 cores): two passes over the same tiles, as
+//    independent work items: (slice, key tile) items write d_k and d_v of
+//    their keys from every query tile in increasing order (4 products), and
+//    (slice, query tile) items write d_q of their rows (3 products: the
+//    scores and dp' are recomputed). 7 products for 5, but all threads work.
+// Every gradient element gets the same operations in the same order in
+// both (flash_attention_backward-inl.h, BackwardKeyTileStep), and each row
+// has exactly one writer. FlashAttention-2 itself gives a thread a key tile
+// and adds d_q with atomics, which is not deterministic.
+// Memory beyond the inputs and gradients: one grow-only scratch of
+// O((D + Dv + key tile)·query tile) floats per thread, never L×S.
+
+namespace {
+
+void validate_backward(const AttentionBackwardArgs<float>& b) {
+  const char* who = "attention_backward_flash";
+  const auto fail = [who](const std::string& what) { throw Error(Error::Kind::Value, std::string(who) + ": " + what); };
+  const AttentionArgs<float>& a = b.forward;
+  validate_sizes(a, who);
+  // Each gradient row is written by one thread: rows must not overlap.
+  const auto rows_apart = [&](const SliceLayout& l, int64_t width, const char* name) {
+    if (!l.contiguous() && l.row < width)
+      fail(std::string(name) + " row stride " + std::to_string(l.row) + " < its width " + std::to_string(width) +
+           ": gradient rows would overlap");
+  };
+  rows_apart(a.q_layout, a.head_dim, "d_q (q_layout)");
+  rows_apart(a.k_layout, a.head_dim, "d_k (k_layout)");
+  rows_apart(a.v_layout, a.value_dim, "d_v (v_layout)");
+  if (a.slices == 0) return;
+  if (a.q_len > 0 && (a.q == nullptr || b.lse == nullptr || b.d_q == nullptr || b.d_out == nullptr ||
+                      (a.value_dim > 0 && a.out == nullptr)))
+    fail("q, out, lse, d_out and d_q must not be nullptr");
+  if (a.kv_len > 0 && (a.k == nullptr || a.v == nullptr || b.d_k == nullptr || b.d_v == nullptr))
+    fail("k, v, d_k and d_v must not be nullptr");
+}
+
+}  // namespace
+
+void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
+  validate_backward(args);
+  const AttentionArgs<float>& a = args.forward;
+  if (a.slices == 0) return;
+  const FlashBackwardKernel kernel = flash_backward_kernel_for(simd_target_bit());
+  const int max_threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
+  // Work items: whole slices, or (N < threads) each slice's key tiles
+  // (d_k, d_v; the heavier items, first) then its query tiles (d_q).
+  const bool two_pass = a.slices < max_threads;
+  const int64_t key_items = two_pass ? (a.kv_len + kernel.key_tile - 1) / kernel.key_tile : 0;
+  const int64_t query_items = two_pass ? (a.q_len + kernel.row_tile - 1) / kernel.row_tile : 0;
+  const int64_t items = two_pass ? a.slices * (key_items + query_items) : a.slices;
+  const int threads = static_cast<int>(std::min<int64_t>(items, max_threads));
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
+  for (int64_t it = 0; it < items; ++it) {
+    thread_local FlashScratch scratch;  // grown on demand, kept for the next call
+    try {
+      if (!two_pass) {
+        kernel.slice(args, it, scratch);
+      } else if (it < a.slices * key_items) {
+        const int64_t n = it / key_items, j0 = (it % key_items) * kernel.key_tile;
+        kernel.keys(args, n, j0, std::min(a.kv_len, j0 + kernel.key_tile), scratch);
+      } else {
+        const int64_t q = it - a.slices * key_items;
+        const int64_t n = q / query_items, i0 = (q % query_items) * kernel.row_tile;
+        kernel.queries(args, n, i0, std::min(a.q_len, i0 + kernel.row_tile), scratch);
+      }
     } catch (...) {  // only allocation can throw; never let it cross OpenMP
       const std::lock_guard<std::mutex> lock(error_mutex);
       if (!error) error = std::current_exception();

@@ -34,6 +34,16 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested);
 template <class T>
 void attention_backward_reference(const AttentionBackwardArgs<T>& args);
 
+// Recomputes P per slice from the saved lse (two L×S buffers), products
+// through BLAS. float and double.
+template <class T>
+void attention_backward_materialized(const AttentionBackwardArgs<T>& args);
+
+// FlashAttention-2's backward (Highway SIMD): scores recomputed tile by
+// tile, no L×S storage; deterministic for any thread count. float only.
+// Defined in src/attention/flash.cpp, beside the forward.
+void attention_backward_flash(const AttentionBackwardArgs<float>& args);
+
 // Picks the backward kernel as attention_forward picks the forward.
 template <class T>
 void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel requested);

@@ -1,7 +1,8 @@
 // src/attention/materialized.cpp: attention with the L×S scores stored, the
 // two products through BLAS. This is the path PyTorch 1.13 takes
 // (torch/nn/functional.py, multi_head_attention_forward: baddbmm, softmax,
-// dropout, bmm), and ours whenever attention weights are requested.
+// dropout, bmm), and ours whenever attention weights are requested. Its
+// backward pass (attention_backward_materialized) follows the forward.
 //
 // Legend: N slices, L queries, S keys, D head width, Dv value width.
 #include <cmath>
@@ -108,5 +109,89 @@ void attention_forward_materialized(const AttentionArgs<T>& a) {
 
 template void attention_forward_materialized<float>(const AttentionArgs<float>&);
 template void attention_forward_materialized<double>(const AttentionArgs<double>&);
+
+// ---- backward ---------------------------------------------------------------
+//
+// The backward contract (AttentionBackwardArgs, src/kernel/attention_args.hpp)
+// with the L×S products through BLAS, one slice at a time. Memory: two L×S
+// buffers (the recomputed weights, and dP' turned into dX in place),
+// allocated once per call and reused for every slice.
+
+namespace {
+
+// Row i of slice n, in place: x_row holds x_ij = scale·<q_i, k_j> and
+// becomes p'_ij; dp_row holds dp'_ij = <d_out_i, v_j> and becomes
+// dx_ij = p_ij (dp_ij − delta_i) · soft_cap_slope(x_ij).
+template <class T>
+void backward_row(const AttentionBackwardArgs<T>& b, const SliceModifiers<T>& mods, int64_t n, int64_t i,
+                  T delta, T* x_row, T* dp_row) {
+  const AttentionArgs<T>& a = b.forward;
+  const int64_t S = a.kv_len;
+  const T lse = b.lse[n * a.q_len + i];
+  const bool masked_row = lse == -std::numeric_limits<T>::infinity();
+  const bool dropout = a.dropout.p > 0.0;
+  const T keep_scale = dropout ? T(1) / static_cast<T>(1.0 - a.dropout.p) : T(1);
+  for (int64_t j = 0; j < S; ++j) {
+    const T x = x_row[j];
+    // Forward (score_softmax_dropout_row above): row[j] = modified_score(mods, S, i, j, row[j]),
+    // then softmax exp(s − max)/Σ, which is exp(s − lse); a fully masked
+    // row was filled with masked_row_fill.
+    const T p = masked_row ? masked_row_fill<T>(a.masked_rows) : std::exp(modified_score(mods, S, i, j, x) - lse);
+    // Forward: row[j] = dropout_weight(a.dropout, n, i, j, row[j], keep_scale):
+    // the same keep decision scales p and its gradient.
+    const bool keep = !dropout || dropout_keep(a.dropout, n, i, j);
+    const T dp = keep ? dp_row[j] * keep_scale : T(0);
+    x_row[j] = keep ? p * keep_scale : T(0);
+    // softmax's Jacobian, then the cap's slope (masks, ALiBi and padding
+    // are additive constants).
+    dp_row[j] = p * (dp - delta) * soft_cap_slope(mods.softcap, x);
+  }
+}
+
+}  // namespace
+
+template <class T>
+void attention_backward_materialized(const AttentionBackwardArgs<T>& b) {
+  const AttentionArgs<T>& a = b.forward;
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  Storage<T> weights(static_cast<std::size_t>(L * S)), d_scores(static_cast<std::size_t>(L * S));
+  const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
+  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
+  const SliceLayout ol = resolve_layout(a.out_layout, a.heads, L, Dv);
+  const int threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
+  for (int64_t n = 0; n < a.slices; ++n) {
+    const T* q = slice_start(a.q, ql, n, a.heads);
+    const T* k = slice_start(a.k, kl, n, a.heads);
+    const T* v = slice_start(a.v, vl, n, a.heads);
+    const T* out = slice_start(a.out, ol, n, a.heads);
+    const T* d_out = slice_start(b.d_out, ol, n, a.heads);
+    T* x = weights.data();
+    T* dx = d_scores.data();
+    // Forward: scores = scale · Q Kᵀ, recomputed.
+    gemm(Trans::No, Trans::Yes, L, S, D, a.scale, q, ql.row, k, kl.row, T(0), x, S);
+    // Forward: out = P' V, so dP' = dO Vᵀ   (L×Dv)·(Dv×S).
+    gemm(Trans::No, Trans::Yes, L, S, Dv, T(1), d_out, ol.row, v, vl.row, T(0), dx, S);
+    const SliceModifiers<T> mods = slice_modifiers(a.modifiers, n, a.heads, L, S);
+#pragma omp parallel for schedule(static) num_threads(threads) if (L * S > 16384)
+    for (int64_t i = 0; i < L; ++i) {
+      // delta_i = <d_out_i, out_i> (= Σ_j p_ij dp_ij, the contract's form).
+      T delta = 0;
+      for (int64_t c = 0; c < Dv; ++c) delta += d_out[i * ol.row + c] * out[i * ol.row + c];
+      backward_row(b, mods, n, i, delta, x + i * S, dx + i * S);
+    }
+    // d_v = P'ᵀ dO   (S×L)·(L×Dv)
+    gemm(Trans::Yes, Trans::No, S, Dv, L, T(1), x, S, d_out, ol.row, T(0),
+         slice_start(b.d_v, vl, n, a.heads), vl.row);
+    // Forward: x = scale · Q Kᵀ, so d_q = scale · dX K and d_k = scale · dXᵀ Q.
+    gemm(Trans::No, Trans::No, L, D, S, a.scale, dx, S, k, kl.row, T(0), slice_start(b.d_q, ql, n, a.heads),
+         ql.row);
+    gemm(Trans::Yes, Trans::No, S, D, L, a.scale, dx, S, q, ql.row, T(0), slice_start(b.d_k, kl, n, a.heads),
+         kl.row);
+  }
+}
+
+template void attention_backward_materialized<float>(const AttentionBackwardArgs<float>&);
+template void attention_backward_materialized<double>(const AttentionBackwardArgs<double>&);
 
 }  // namespace multihead::detail

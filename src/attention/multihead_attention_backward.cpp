@@ -26,6 +26,8 @@
 #include <algorithm>
 #include <string>
 
+#include <omp.h>
+
 #include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
 #include "attention/multihead_attention_fused.hpp"
@@ -87,13 +89,23 @@ T* input_gradient_slot(Tensor<T>& t, const Shape& shape) {
   return t.data();
 }
 
+// Threads for this call's own loops, as the forward counts them.
+int loop_threads(int num_threads) { return num_threads > 0 ? num_threads : omp_get_max_threads(); }
+
 // out[c] = Σ_r x[r·ld + c]: a bias's gradient, the sum over the tokens it
-// was added to.
+// was added to. Threads split the columns (blocks of 64), each summing its
+// rows in order, so the bits do not depend on the thread count.
 template <class T>
-void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out) {
-  std::fill_n(out, cols, T(0));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[c] += x[r * ld + c];
+void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, int threads) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * cols >= (int64_t{1} << 16))
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+    std::fill(out + c0, out + c1, T(0));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = c0; c < c1; ++c) out[c] += x[r * ld + c];
+  }
 }
 
 // Every gradient tensor of `g` at its shape, and no stale parameter names.
@@ -143,6 +155,7 @@ struct BackwardCall {
   const SavedForward<T>& saved;
   ForwardWorkspace<T>& ws;  // scratch, from the module's pool
   MultiheadAttentionGradients<T>& g;
+  int threads;  // for the loops below (BLAS keeps its own setting)
 };
 
 // Step 4b backward. In the forward pass this was (out_projection):
@@ -156,7 +169,8 @@ T* out_projection_backward(const BackwardCall<T>& c, const T* d_output) {
   gemm(Trans::No, Trans::No, rows, E, E, T(1), d_output, E, W_O, E, T(0), d_concat, E);
   T* d_W_O = c.g.parameters["out_proj.weight"].data();
   gemm(Trans::Yes, Trans::No, E, E, rows, T(1), d_output, E, c.saved.concat(), E, T(0), d_W_O, E);
-  if (c.config.bias) column_sums(rows, E, d_output, E, c.g.parameters["out_proj.bias"].data());
+  if (c.config.bias)
+    column_sums(rows, E, d_output, E, c.g.parameters["out_proj.bias"].data(), c.threads);
   return d_concat;
 }
 
@@ -207,12 +221,14 @@ Heads<T> attention_backward_step(const BackwardCall<T>& c, T* d_concat) {
 // row b·batch_stride + l·seq_stride of `dst` (row stride ld).
 template <class T>
 void gather_heads(const ForwardPlan& plan, const T* src, int64_t total_len, int64_t len, int64_t batch_stride,
-                  int64_t seq_stride, T* dst, int64_t ld) {
-  const int64_t H = plan.H, D = plan.D;
-  for (int64_t b = 0; b < plan.B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t l = 0; l < len; ++l)
-        std::copy_n(src + ((b * H + h) * total_len + l) * D, D, dst + (b * batch_stride + l * seq_stride) * ld + h * D);
+                  int64_t seq_stride, T* dst, int64_t ld, int threads) {
+  const int64_t H = plan.H, D = plan.D, slices = plan.B * H;
+#pragma omp parallel for schedule(static) num_threads(threads) if (slices * len * D >= (int64_t{1} << 16))
+  for (int64_t n = 0; n < slices; ++n) {
+    const int64_t b = n / H, h = n % H;
+    for (int64_t l = 0; l < len; ++l)
+      std::copy_n(src + (n * total_len + l) * D, D, dst + (b * batch_stride + l * seq_stride) * ld + h * D);
+  }
 }
 
 // d_bias[h·D + d] = Σ_b d_heads[b][h][col][d]: bias_k (or bias_v) was the
@@ -258,9 +274,11 @@ ProjectionGradients<T> split_heads_backward(const BackwardCall<T>& c, const Head
     k = c.ws.take(c.ws.proj_k, static_cast<std::size_t>(kv_rows * E));
     v = c.ws.take(c.ws.proj_v, static_cast<std::size_t>(kv_rows * E));
   }
-  gather_heads(plan, d_heads.q.data, plan.L, plan.L, plan.q_batch_stride, plan.q_seq_stride, q, ld);
-  gather_heads(plan, d_heads.k.data, plan.S_total, plan.S, plan.kv_batch_stride, plan.kv_seq_stride, k, ld);
-  gather_heads(plan, d_heads.v.data, plan.S_total, plan.S, plan.kv_batch_stride, plan.kv_seq_stride, v, ld);
+  gather_heads(plan, d_heads.q.data, plan.L, plan.L, plan.q_batch_stride, plan.q_seq_stride, q, ld, c.threads);
+  gather_heads(plan, d_heads.k.data, plan.S_total, plan.S, plan.kv_batch_stride, plan.kv_seq_stride, k, ld,
+               c.threads);
+  gather_heads(plan, d_heads.v.data, plan.S_total, plan.S, plan.kv_batch_stride, plan.kv_seq_stride, v, ld,
+               c.threads);
   return {q, k, v, ld};
 }
 
@@ -269,10 +287,10 @@ ProjectionGradients<T> split_heads_backward(const BackwardCall<T>& c, const Head
 // so d_x = d_y · W, dW = d_yᵀ · x, db = Σ_rows d_y.
 template <class T>
 void linear_backward(int64_t rows, int64_t in, const T* x, const T* W, const T* d_y, int64_t ld, int64_t E,
-                     T* d_x, T* d_W, T* d_b, bool weight_gradient) {
+                     T* d_x, T* d_W, T* d_b, bool weight_gradient, int threads) {
   gemm(Trans::No, Trans::No, rows, in, E, T(1), d_y, ld, W, in, T(0), d_x, in);
   if (weight_gradient) gemm(Trans::Yes, Trans::No, E, in, rows, T(1), d_y, ld, x, in, T(0), d_W, in);
-  if (d_b != nullptr) column_sums(rows, E, d_y, ld, d_b);
+  if (d_b != nullptr) column_sums(rows, E, d_y, ld, d_b, threads);
 }
 
 // Step 1 backward. In the forward pass this was (in_projection_views /
@@ -301,11 +319,11 @@ void in_projection_backward(const BackwardCall<T>& c, const ProjectionGradients<
   if (one_weight_product)
     gemm(Trans::Yes, Trans::No, 3 * E, E, q_rows, T(1), d.q, 3 * E, s.query.data(), E, T(0), d_W_q, E);
   linear_backward(q_rows, E, s.query.data(), W_q, d.q, d.ld, E, c.g.query.data(), d_W_q, d_b,
-                  !one_weight_product);
+                  !one_weight_product, c.threads);
   linear_backward(kv_rows, Ek, s.saved_key().data(), W_k, d.k, d.ld, E, c.g.key.data(), d_W_k,
-                  d_b ? d_b + E : nullptr, !one_weight_product);
+                  d_b ? d_b + E : nullptr, !one_weight_product, c.threads);
   linear_backward(kv_rows, Ev, s.saved_value().data(), W_v, d.v, d.ld, E, c.g.value.data(), d_W_v,
-                  d_b ? d_b + 2 * E : nullptr, !one_weight_product);
+                  d_b ? d_b + 2 * E : nullptr, !one_weight_product, c.threads);
 }
 
 }  // namespace
@@ -341,7 +359,7 @@ void BasicMultiheadAttention<T>::backward(const ForwardContext<T>& saved, const 
     return;
   }
   WorkspaceLease<T> ws(*workspaces_);
-  const BackwardCall<T> c{config_, params_, s, *ws, g};
+  const BackwardCall<T> c{config_, params_, s, *ws, g, loop_threads(s.options.attention.num_threads)};
   T* d_concat = out_projection_backward(c, d_output.data());    // 4b
   const Heads<T> d_heads = attention_backward_step(c, d_concat);  // 4a, 3
   const ProjectionGradients<T> d_proj = split_heads_backward(c, d_heads);  // 2

@@ -358,18 +358,17 @@ HWY_INLINE void AlibiTile(const QueryTileInputs& in, const TileState& t, int64_t
   }
 }
 
-// Vector twin of modified_score (score_rule.hpp) on the tile's scores, in
-// its order: soft-cap, + ALiBi, + attn_mask[i][j], + key_padding[j], then
-// causal and window -inf. Returns whether any modifier touched the tile
-// (then tmax no longer holds its max).
+// Vector twin of modified_score (score_rule.hpp) after the soft-cap, in its
+// order: + ALiBi, + attn_mask[i][j], + key_padding[j], then causal and
+// window -inf. Returns whether any of them touched the tile. Split from the
+// cap so that the backward (flash_attention_backward-inl.h) can take the
+// cap's slope in between.
 template <size_t NVQ>
-HWY_INLINE bool ApplyScoreModifiers(const AttentionArgs<float>& a, const QueryTileInputs& in,
-                                    const TileState& t, int64_t j0, size_t keys) {
+HWY_INLINE bool ApplyScoreModifiersAfterCap(const AttentionArgs<float>& a, const QueryTileInputs& in,
+                                            const TileState& t, int64_t j0, size_t keys) {
   const DF32 df;
   const size_t lanes = hn::Lanes(df);
   const size_t bq = NVQ * lanes;
-  const bool softcap = a.modifiers.softcap > 0.0f;
-  if (softcap) SoftCapTile<NVQ>(a, t, keys);
   if (in.mods.alibi) AlibiTile<NVQ>(in, t, j0, keys);
   // attn_mask is stored row-major [L][S], so it is added transposed, by element.
   if (in.mods.attn_mask != nullptr) {
@@ -391,8 +390,20 @@ HWY_INLINE bool ApplyScoreModifiers(const AttentionArgs<float>& a, const QueryTi
   const bool causal = CausalMaskTile<NVQ>(in, t, j0, keys);
   const bool window = in.mods.window > 0;
   if (window) WindowMaskTile<NVQ>(in, t, j0, keys);
-  return causal || window || softcap || in.mods.alibi || in.mods.attn_mask != nullptr ||
-         in.mods.key_padding != nullptr;
+  return causal || window || in.mods.alibi || in.mods.attn_mask != nullptr || in.mods.key_padding != nullptr;
+}
+
+// Vector twin of modified_score (score_rule.hpp) on the tile's scores, in
+// its order: soft-cap, + ALiBi, + attn_mask[i][j], + key_padding[j], then
+// causal and window -inf. Returns whether any modifier touched the tile
+// (then tmax no longer holds its max).
+template <size_t NVQ>
+HWY_INLINE bool ApplyScoreModifiers(const AttentionArgs<float>& a, const QueryTileInputs& in,
+                                    const TileState& t, int64_t j0, size_t keys) {
+  const bool softcap = a.modifiers.softcap > 0.0f;
+  if (softcap) SoftCapTile<NVQ>(a, t, keys);
+  const bool modified = ApplyScoreModifiersAfterCap<NVQ>(a, in, t, j0, keys);
+  return softcap || modified;
 }
 
 // Online softmax: m_new = max(m, max_j s_j); alpha = exp(m - m_new);
@@ -484,17 +495,47 @@ HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs
   AccumulateValues<NVQ>(a, in, t, j0, keys);
 }
 
-// Keys [begin, end) in tiles of KeyTile(NVQ); the last tile may take up to
-// MaxKeyTile(NVQ) keys rather than leave a sliver.
-template <size_t NVQ>
-HWY_INLINE void KeyRange(const AttentionArgs<float>& a, const QueryTileInputs& in, const TileState& t,
-                         int64_t begin, int64_t end) {
+// Keys [begin, end) in tiles of KeyTile(NVQ), step(j0, keys) for each; the
+// last tile may take up to MaxKeyTile(NVQ) keys rather than leave a sliver.
+template <size_t NVQ, class Step>
+HWY_INLINE void KeyRange(int64_t begin, int64_t end, const Step& step) {
   for (int64_t j0 = begin; j0 < end;) {
     const int64_t left = end - j0;
     const size_t keys =
         static_cast<size_t>(left <= static_cast<int64_t>(MaxKeyTile(NVQ)) ? left : KeyTile(NVQ));
-    KeyTileStep<NVQ>(a, in, t, j0, keys);
+    step(j0, keys);
     j0 += static_cast<int64_t>(keys);
+  }
+}
+
+// The key tiles that query rows [i0, i0 + rows) must visit, step(j0, keys)
+// for each, in increasing j0: tiles that the causal rule or the window hide
+// from every row of the query tile are skipped whole. The forward and the
+// backward (flash_attention_backward-inl.h) visit the same tiles.
+template <size_t NVQ, class Step>
+HWY_INLINE void VisitKeyTiles(const AttentionArgs<float>& a, const QueryTileInputs& in, int64_t i0, size_t rows,
+                              const Step& step) {
+  if (in.mods.window > 0) {
+    // The tile's queries sit at positions [first, last]; keys j <
+    // position_cols outside every one of their windows are skipped whole,
+    // on both sides: [0, first − w] and, past last, (last, …) with causal
+    // or [last + w, …) without. Keys from position_cols on are always seen.
+    const int64_t first = i0 + in.mods.shift, last = first + static_cast<int64_t>(rows) - 1;
+    const int64_t w = in.mods.window;
+    const int64_t begin = std::clamp<int64_t>(first - w + 1, 0, in.position_cols);
+    const int64_t end =
+        std::clamp<int64_t>(in.mods.causal.enabled ? last + 1 : last + w, begin, in.position_cols);
+    KeyRange<NVQ>(begin, end, step);
+    KeyRange<NVQ>(in.position_cols, a.kv_len, step);
+  } else if (in.causal_cols > 0) {
+    // Keys j < causal_cols are visible to row i only if j <= i + shift: the
+    // tile needs [0, i0 + rows + shift); tiles past it are skipped whole
+    // (the causal saving). Keys from causal_cols on are never masked.
+    const int64_t end = i0 + static_cast<int64_t>(rows) + in.causal_shift;
+    KeyRange<NVQ>(0, std::clamp<int64_t>(end, 0, in.causal_cols), step);
+    KeyRange<NVQ>(in.causal_cols, a.kv_len, step);
+  } else {
+    KeyRange<NVQ>(0, a.kv_len, step);
   }
 }
 
@@ -584,28 +625,7 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
   StartTile<NVQ>(a, t, qt);
 
   const QueryTileInputs in = TileInputs(a, slice);
-  if (in.mods.window > 0) {
-    // The tile's queries sit at positions [first, last]; keys j <
-    // position_cols outside every one of their windows are skipped whole,
-    // on both sides: [0, first − w] and, past last, (last, …) with causal
-    // or [last + w, …) without. Keys from position_cols on are always seen.
-    const int64_t first = i0 + in.mods.shift, last = first + static_cast<int64_t>(rows) - 1;
-    const int64_t w = in.mods.window;
-    const int64_t begin = std::clamp<int64_t>(first - w + 1, 0, in.position_cols);
-    const int64_t end =
-        std::clamp<int64_t>(in.mods.causal.enabled ? last + 1 : last + w, begin, in.position_cols);
-    KeyRange<NVQ>(a, in, t, begin, end);
-    KeyRange<NVQ>(a, in, t, in.position_cols, a.kv_len);
-  } else if (in.causal_cols > 0) {
-    // Keys j < causal_cols are visible to row i only if j <= i + shift: the
-    // tile needs [0, i0 + rows + shift); tiles past it are skipped whole
-    // (the causal saving). Keys from causal_cols on are never masked.
-    const int64_t end = i0 + static_cast<int64_t>(rows) + in.causal_shift;
-    KeyRange<NVQ>(a, in, t, 0, std::clamp<int64_t>(end, 0, in.causal_cols));
-    KeyRange<NVQ>(a, in, t, in.causal_cols, a.kv_len);
-  } else {
-    KeyRange<NVQ>(a, in, t, 0, a.kv_len);
-  }
+  VisitKeyTiles<NVQ>(a, in, i0, rows, [&](int64_t j0, size_t keys) { KeyTileStep<NVQ>(a, in, t, j0, keys); });
   StoreTile<NVQ>(a, t);
 }
 

@@ -70,6 +70,8 @@ EXPECTED_DEFAULTS = {
     "demo": {"--embed-dim": "64", "--num-heads": "8", "--seed": "7", "--focus": "it"},
     "forward": {"--masked-rows": "zeros", "--form": "fused", "--kernel": "auto", "--threads": "0",
                 "--repeat": "1", "--dropout-seed": "0"},
+    "train": {"--task": "reverse", "--steps": "200", "--lr": "0.001", "--warmup": "20", "--schedule": "cosine",
+              "--seed": "0", "--threads": "0", "--log-interval": "10", "--progress": "auto"},
 }
 REQUIRED = {"init": ["--embed-dim", "--num-heads", "--out"], "forward": ["--weights", "--query", "--out"]}
 
@@ -100,6 +102,7 @@ def test_did_you_mean(cli):
         (("init", "--seeed", "3"), ["did you mean '--seed'?", "(run 'multihead init --help')"]),
         (("bench", "--kernal", "flash"), ["did you mean '--kernel'?", "(run 'multihead bench --help')"]),
         (("demo", "--focsu", "it"), ["did you mean '--focus'?", "(run 'multihead demo --help')"]),
+        (("train", "--stpes", "3"), ["did you mean '--steps'?", "(run 'multihead train --help')"]),
         (("--num-heads", "2"), ["'--num-heads'", "it is an option of forward, demo, init, bench: put it after the command",
                                 "(run 'multihead --help')"]),
     ]

@@ -1,0 +1,496 @@
+// src/simd/flash_attention_backward-inl.h: the fused ("flash") attention
+// backward in float32, written once against Highway and compiled once per
+// SIMD target by src/simd/flash_attention_backward.cpp.
+//
+// Legend (as in src/kernel/attention_args.hpp): N slices, L queries, S keys,
+// D query/key width, Dv value width; `lanes` floats per vector; bq queries
+// per query tile (NVQ·lanes), keys per key tile as the forward's KeyTile.
+//
+// What it computes: the backward contract (AttentionBackwardArgs in
+// src/kernel/attention_args.hpp), FlashAttention-2's Algorithm 2 (Dao 2023):
+// the L×S weights are never stored; each (query tile, key tile) pair
+// recomputes its scores from q, k and the forward's saved lse:
+//   st[j][q]  = scale·<q_q, k_j>, shaped by the forward's own vector twins
+//               (ApplyScoreModifiers' parts, flash_attention-inl.h)
+//   p[j][q]   = exp(st[j][q] − lse_q)            (the forward's softmax)
+//   dp'[j][q] = <d_out_q, v_j>
+//   dp, p'    = dropout's keep decision (dropout_keep, regenerated), ·1/(1−p)
+//   ds[j][q]  = scale · p (dp − delta_q) · soft_cap_slope   (delta_q = <d_out_q, out_q>)
+//   d_v_j    += Σ_q p'[j][q] d_out_q      d_k_j += Σ_q ds[j][q] q_q
+//   d_q_q    += Σ_j ds[j][q] k_j
+// Same layout as the forward: queries in lanes (st [keys][bq]), so the
+// score and dp' products are the forward's ScoresBlock and the d_q product
+// its AccumulateBlock (with alpha = 1); d_k and d_v, sums over the queries
+// of the tile, are an outer-product micro-kernel (OuterBlock) accumulating
+// straight into the d_k and d_v rows, which read the query rows and the
+// d_out rows in place.
+//
+// Order: query tiles outer (in increasing i0), key tiles inner (the tiles
+// the forward visits, VisitKeyTiles: causal and window skip the same
+// tiles). d_q of a query tile lives in scratch (dqt [D][bq]) until its key
+// tiles are done; d_k and d_v of the slice accumulate in the output over
+// the query tiles, in a fixed order. One call handles one whole slice
+// (FlashAttentionBackwardSliceF32), or, split in two passes, a range of
+// keys (their d_k, d_v) or a range of query rows (their d_q); both ways
+// every element gets the same operations in the same order, so each
+// d_q/d_k/d_v row has one writer and the same bits whatever the thread
+// count (src/attention/flash.cpp, attention_backward_flash, says which
+// split runs when).
+// Memory beyond the inputs and outputs: the scratch of one query tile,
+// O((D + Dv + key tile)·bq) floats (BackwardScratchFloats).
+
+// Per-target include guard (Highway's pattern for -inl.h files).
+#if defined(MULTIHEAD_SIMD_FLASH_ATTENTION_BACKWARD_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MULTIHEAD_SIMD_FLASH_ATTENTION_BACKWARD_INL_H_
+#undef MULTIHEAD_SIMD_FLASH_ATTENTION_BACKWARD_INL_H_
+#else
+#define MULTIHEAD_SIMD_FLASH_ATTENTION_BACKWARD_INL_H_
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "hwy/highway.h"
+#include "kernel/score_rule.hpp"
+#include "simd/exp2-inl.h"
+#include "simd/flash_attention-inl.h"
+#include "simd/flash_attention.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace multihead::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Floats of scratch for a query tile of nvq vectors: qt, dqt [D][bq],
+// dot [Dv][bq], st, dst, slope, pd [MaxKeyTile][bq], and lse, fill, delta,
+// ones, tmax [bq].
+inline size_t BackwardScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
+  return (2 * head_dim + value_dim + 4 * MaxKeyTile(nvq) + 5) * nvq * hn::Lanes(DF32());
+}
+
+// ---- the d_k / d_v micro-kernel --------------------------------------------
+
+// c[r][x] += Σ_{i < n} a[r·lda + i] · b[i·ldb + x]   for r < R, x < CV·lanes:
+// R rows of d_k (or d_v) for the keys of a block, over the n queries of the
+// tile (a = ds or p' [keys][bq], b = the query or d_out rows in place).
+// R·CV accumulators + CV loads + 1 broadcast.
+template <size_t R, size_t CV>
+HWY_INLINE void OuterBlock(DF32 df, const float* HWY_RESTRICT a, size_t lda, const float* HWY_RESTRICT b,
+                           size_t ldb, size_t n, float* HWY_RESTRICT c, size_t ldc) {
+  const size_t lanes = hn::Lanes(df);
+  VF32 acc[R][CV];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < CV; ++v) acc[r][v] = hn::LoadU(df, c + r * ldc + v * lanes);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    VF32 bv[CV];
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < CV; ++v) bv[v] = hn::LoadU(df, b + i * ldb + v * lanes);
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < R; ++r) {
+      const VF32 ab = hn::Set(df, a[r * lda + i]);
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < CV; ++v) acc[r][v] = hn::MulAdd(ab, bv[v], acc[r][v]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < CV; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + v * lanes);
+  }
+}
+
+// All `width` columns of R rows: blocks of CV vectors, then single vectors,
+// then the last width % lanes columns in scalar code (same sum order).
+template <size_t R, size_t CV>
+HWY_INLINE void OuterRows(const float* HWY_RESTRICT a, size_t lda, const float* HWY_RESTRICT b, size_t ldb,
+                          size_t n, float* HWY_RESTRICT c, size_t ldc, size_t width) {
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  size_t x = 0;
+  for (; x + CV * lanes <= width; x += CV * lanes) OuterBlock<R, CV>(df, a, lda, b + x, ldb, n, c + x, ldc);
+  for (; x + lanes <= width; x += lanes) OuterBlock<R, 1>(df, a, lda, b + x, ldb, n, c + x, ldc);
+  for (; x < width; ++x) {
+    for (size_t r = 0; r < R; ++r) {
+      float sum = c[r * ldc + x];
+      for (size_t i = 0; i < n; ++i) sum += a[r * lda + i] * b[i * ldb + x];
+      c[r * ldc + x] = sum;
+    }
+  }
+}
+
+template <size_t R, size_t CV>
+HWY_INLINE void OuterRemainder(size_t rows, const float* HWY_RESTRICT a, size_t lda, const float* HWY_RESTRICT b,
+                               size_t ldb, size_t n, float* HWY_RESTRICT c, size_t ldc, size_t width) {
+  if constexpr (R > 0) {
+    if (rows == R) return OuterRows<R, CV>(a, lda, b, ldb, n, c, ldc, width);
+    OuterRemainder<R - 1, CV>(rows, a, lda, b, ldb, n, c, ldc, width);
+  }
+}
+
+// c[j][x] += Σ_{i < n} a[j][i] · b[i][x] for j < keys: blocks of the
+// forward's BlockRows keys, widest column blocks the registers allow.
+HWY_INLINE void OuterAccumulate(const float* HWY_RESTRICT a, size_t lda, size_t keys, const float* HWY_RESTRICT b,
+                                size_t ldb, size_t n, float* HWY_RESTRICT c, size_t ldc, size_t width) {
+  constexpr size_t CV = kMaxQueryVectors;
+  constexpr size_t R = BlockRows(CV);
+  size_t j = 0;
+  for (; j + R <= keys; j += R) OuterRows<R, CV>(a + j * lda, lda, b, ldb, n, c + j * ldc, ldc, width);
+  OuterRemainder<R - 1, CV>(keys - j, a + j * lda, lda, b, ldb, n, c + j * ldc, ldc, width);
+}
+
+// ---- one query tile ---------------------------------------------------------
+
+// The tile's scratch and rows, beside the forward's TileState (whose st,
+// qt, i0 and rows the shared score twins read).
+struct BackwardTile {
+  TileState t;                     // t.qt scaled queries, t.st scores → p, t.tmax unused
+  float* HWY_RESTRICT dqt;         // [D][bq] d_q of the tile, transposed
+  float* HWY_RESTRICT dot;         // [Dv][bq] d_out of the tile, transposed
+  float* HWY_RESTRICT dst;         // [MaxKeyTile][bq] dp' → ds
+  float* HWY_RESTRICT slope;       // [MaxKeyTile][bq] soft_cap_slope, when capped
+  float* HWY_RESTRICT pd;          // [MaxKeyTile][bq] p', when dropout
+  float* HWY_RESTRICT lse;         // [bq] lse; +inf for fully masked rows and padding lanes (p = 0)
+  float* HWY_RESTRICT fill;        // [bq] NaN for fully masked rows under MaskedRowPolicy::NaN, else 0
+  float* HWY_RESTRICT delta;       // [bq] <d_out_q, out_q>, 0 for padding lanes
+  float* HWY_RESTRICT ones;        // [bq] 1: AccumulateBlock's alpha
+  bool nan_rows;                   // some row of the tile has fill NaN
+  const float* q;                  // query row i0, rows q_row apart (unscaled)
+  const float* d_out;              // d_out row i0, rows out_row apart
+  size_t q_row, out_row;
+};
+
+// dst [keys][bq] = Σ_c rows[j][c] · xt[c][q]: the forward's ScoresBlock on
+// other operands (v and d_outᵀ for dp').
+template <size_t NVQ>
+HWY_INLINE void ProductTile(const float* HWY_RESTRICT rows, size_t ld, size_t width, const float* HWY_RESTRICT xt,
+                            size_t keys, float* HWY_RESTRICT dst, float* HWY_RESTRICT tmax) {
+  const DF32 df;
+  const size_t bq = NVQ * hn::Lanes(df);
+  constexpr size_t KR = BlockRows(NVQ);
+  size_t j = 0;
+  for (; j + KR <= keys; j += KR) ScoresBlock<NVQ, KR>(df, rows + j * ld, ld, width, xt, bq, dst + j * bq, tmax);
+  ScoresRemainder<NVQ, KR - 1>(keys - j, df, rows + j * ld, ld, width, xt, bq, dst + j * bq, tmax);
+}
+
+// dqt [D][bq] += Σ_j k[j][d] · ds[j][q]: the forward's AccumulateBlock with
+// alpha = 1 (exact), k rows in place.
+template <size_t NVQ>
+HWY_INLINE void AccumulateQueryGradient(const AttentionArgs<float>& a, const QueryTileInputs& in,
+                                        const BackwardTile& bt, int64_t j0, size_t keys) {
+  const DF32 df;
+  const size_t bq = NVQ * hn::Lanes(df);
+  constexpr size_t KR = BlockRows(NVQ);
+  const size_t head_dim = static_cast<size_t>(a.head_dim);
+  const float* kt = in.k + static_cast<size_t>(j0) * in.k_row;
+  size_t d = 0;
+  for (; d + KR <= head_dim; d += KR)
+    AccumulateBlock<NVQ, KR>(df, kt + d, in.k_row, keys, bt.dst, bq, bt.ones, bt.dqt + d * bq);
+  AccumulateRemainder<NVQ, KR - 1>(head_dim - d, df, kt + d, in.k_row, keys, bt.dst, bq, bt.ones,
+                                   bt.dqt + d * bq);
+}
+
+// Which gradients a pass adds: d_k and d_v (key_grads), d_q (query_grad).
+struct BackwardParts {
+  bool key_grads, query_grad;
+};
+
+// One key tile [j0, j0 + keys) of the query tile. Every value it computes
+// is a function of its own (i, j) alone, whatever the tile's bounds, so a
+// key tile cut in two pieces adds exactly the same numbers in the same order.
+template <size_t NVQ>
+HWY_INLINE void BackwardKeyTileStep(const AttentionBackwardArgs<float>& b, const QueryTileInputs& in,
+                                    const BackwardTile& bt, BackwardParts parts, float* d_k, float* d_v,
+                                    size_t dk_row, size_t dv_row, int64_t j0, size_t keys) {
+  const AttentionArgs<float>& a = b.forward;
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  const size_t bq = NVQ * lanes;
+  const TileState& t = bt.t;
+  // Forward (KeyTileStep): TileScores, then ApplyScoreModifiers, here with
+  // the cap's slope 1 − tanh²(x/cap) = 1 − (capped/cap)² taken in between.
+  TileScores<NVQ>(a, in, t, j0, keys);
+  const bool softcap = a.modifiers.softcap > 0.0f;
+  if (softcap) {
+    SoftCapTile<NVQ>(a, t, keys);
+    const VF32 inv_cap = hn::Set(df, 1.0f / a.modifiers.softcap);
+    const VF32 one = hn::Set(df, 1.0f);
+    for (size_t x = 0; x < keys * NVQ; ++x) {
+      const VF32 tanh = hn::Mul(hn::Load(df, t.st + x * lanes), inv_cap);
+      hn::Store(hn::NegMulAdd(tanh, tanh, one), df, bt.slope + x * lanes);
+    }
+  }
+  ApplyScoreModifiersAfterCap<NVQ>(a, in, t, j0, keys);
+  // Forward (OnlineSoftmax): p = exp(s − m)/l, which is exp(s − lse). The
+  // argument is clamped at 0 by compare and select (a recomputed score may
+  // exceed the lse by rounding; NaN stays NaN); fill adds NaN to the rows
+  // that the forward filled with NaN.
+  {
+    const VF32 log2e = hn::Set(df, 1.442695040888963407359924681f);
+    const VF32 zero = hn::Zero(df);
+    for (size_t j = 0; j < keys; ++j) {
+      float* HWY_RESTRICT row = t.st + j * bq;
+      HWY_UNROLL(4)
+      for (size_t w = 0; w < NVQ; ++w) {
+        VF32 x = hn::Sub(hn::Load(df, row + w * lanes), hn::Load(df, bt.lse + w * lanes));
+        x = hn::IfThenElse(hn::Gt(x, zero), zero, x);
+        VF32 p = Exp2NonPositive(df, hn::Mul(x, log2e));
+        if (bt.nan_rows) p = hn::Add(p, hn::Load(df, bt.fill + w * lanes));
+        hn::Store(p, df, row + w * lanes);
+      }
+    }
+  }
+  // Forward: out = Σ_j p'_j v_j, so dp'[j][q] = <v_j, d_out_q>.
+  ProductTile<NVQ>(in.v + static_cast<size_t>(j0) * in.v_row, in.v_row, static_cast<size_t>(a.value_dim), bt.dot,
+                   keys, bt.dst, t.tmax);
+  // Forward (DropoutTile): p' = keep·p/(1 − p_drop); the same keep decision
+  // scales dp' into dp, and p' feeds d_v. Scalar, as the forward's.
+  const bool dropout = a.dropout.p > 0.0;
+  const float* p_kept = t.st;
+  if (dropout) {
+    const float keep_scale = static_cast<float>(1.0 / (1.0 - a.dropout.p));
+    for (size_t j = 0; j < keys; ++j) {
+      for (size_t r = 0; r < bq; ++r) {
+        const size_t x = j * bq + r;
+        const bool keep = r < t.rows && dropout_keep(a.dropout, t.slice, t.i0 + static_cast<int64_t>(r),
+                                                     j0 + static_cast<int64_t>(j));
+        bt.dst[x] = keep ? bt.dst[x] * keep_scale : 0.0f;
+        bt.pd[x] = keep ? t.st[x] * keep_scale : 0.0f;
+      }
+    }
+    p_kept = bt.pd;
+  }
+  // ds = scale · p (dp − delta) · slope: softmax's Jacobian, the cap's
+  // derivative, and the forward's qt = scale·q.
+  {
+    const VF32 scale = hn::Set(df, a.scale);
+    for (size_t j = 0; j < keys; ++j) {
+      HWY_UNROLL(4)
+      for (size_t w = 0; w < NVQ; ++w) {
+        const size_t x = j * bq + w * lanes;
+        VF32 ds = hn::Mul(hn::Load(df, t.st + x), hn::Sub(hn::Load(df, bt.dst + x), hn::Load(df, bt.delta + w * lanes)));
+        if (softcap) ds = hn::Mul(ds, hn::Load(df, bt.slope + x));
+        hn::Store(hn::Mul(ds, scale), df, bt.dst + x);
+      }
+    }
+  }
+  // d_v_j += Σ_q p'[j][q] d_out_q;  d_k_j += Σ_q ds[j][q] q_q  (rows < t.rows only).
+  if (parts.key_grads) {
+    OuterAccumulate(p_kept, bq, keys, bt.d_out, bt.out_row, t.rows, d_v + static_cast<size_t>(j0) * dv_row, dv_row,
+                    static_cast<size_t>(a.value_dim));
+    OuterAccumulate(bt.dst, bq, keys, bt.q, bt.q_row, t.rows, d_k + static_cast<size_t>(j0) * dk_row, dk_row,
+                    static_cast<size_t>(a.head_dim));
+  }
+  // d_q_q += Σ_j ds[j][q] k_j
+  if (parts.query_grad) AccumulateQueryGradient<NVQ>(a, in, bt, j0, keys);
+}
+
+// Query rows [i0, i0 + rows) of slice `slice`, over the keys in
+// [key_begin, key_end) that the forward visits for them: with
+// parts.query_grad their d_q rows (then the key range is all keys), with
+// parts.key_grads their contributions added into the d_k and d_v rows.
+template <size_t NVQ>
+HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t i0, size_t rows,
+                                    int64_t key_begin, int64_t key_end, BackwardParts parts, FlashScratch& scratch) {
+  const AttentionArgs<float>& a = b.forward;
+  const size_t bq = NVQ * hn::Lanes(DF32());
+  const size_t head_dim = static_cast<size_t>(a.head_dim);
+  const size_t value_dim = static_cast<size_t>(a.value_dim);
+  float* HWY_RESTRICT base = scratch.floats(BackwardScratchFloats(NVQ, head_dim, value_dim));
+  const SliceLayout ql = resolve_layout(a.q_layout, a.heads, a.q_len, a.head_dim);
+  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, a.kv_len, a.head_dim);
+  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, a.kv_len, a.value_dim);
+  const SliceLayout ol = resolve_layout(a.out_layout, a.heads, a.q_len, a.value_dim);
+
+  BackwardTile bt;
+  float* qt = base;
+  bt.dqt = qt + head_dim * bq;
+  bt.dot = bt.dqt + head_dim * bq;
+  bt.t.st = bt.dot + value_dim * bq;
+  bt.dst = bt.t.st + MaxKeyTile(NVQ) * bq;
+  bt.slope = bt.dst + MaxKeyTile(NVQ) * bq;
+  bt.pd = bt.slope + MaxKeyTile(NVQ) * bq;
+  bt.lse = bt.pd + MaxKeyTile(NVQ) * bq;
+  bt.fill = bt.lse + bq;
+  bt.delta = bt.fill + bq;
+  bt.ones = bt.delta + bq;
+  bt.t.tmax = bt.ones + bq;
+  bt.t.slice = slice;
+  bt.t.i0 = i0;
+  bt.t.rows = rows;
+  bt.t.qt = qt;
+  bt.t.ot = nullptr;
+  bt.t.m = bt.t.l = bt.t.alpha = nullptr;
+  bt.q = slice_start(a.q, ql, slice, a.heads) + i0 * ql.row;
+  bt.q_row = static_cast<size_t>(ql.row);
+  bt.d_out = slice_start(b.d_out, ol, slice, a.heads) + i0 * ol.row;
+  bt.out_row = static_cast<size_t>(ol.row);
+  const float* out = slice_start(a.out, ol, slice, a.heads) + i0 * ol.row;
+
+  // As the forward's StartTile: qt [D][bq] = scale·q, padding lanes 0; and
+  // dot [Dv][bq] = d_outᵀ, delta, lse and fill per lane.
+  std::fill(qt, qt + head_dim * bq, 0.0f);
+  std::fill(bt.dqt, bt.dqt + head_dim * bq, 0.0f);
+  std::fill(bt.dot, bt.dot + value_dim * bq, 0.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  std::fill(bt.lse, bt.lse + bq, inf);
+  std::fill(bt.fill, bt.fill + bq, 0.0f);
+  std::fill(bt.delta, bt.delta + bq, 0.0f);
+  std::fill(bt.ones, bt.ones + bq, 1.0f);
+  bt.nan_rows = false;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* HWY_RESTRICT q_row = bt.q + r * bt.q_row;
+    for (size_t d = 0; d < head_dim; ++d) qt[d * bq + r] = a.scale * q_row[d];
+    const float* HWY_RESTRICT g = bt.d_out + r * bt.out_row;
+    const float* HWY_RESTRICT o = out + r * bt.out_row;
+    // delta = <d_out, out> (the contract's form; = Σ_j p dp).
+    float delta = 0.0f;
+    for (size_t c = 0; c < value_dim; ++c) {
+      bt.dot[c * bq + r] = g[c];
+      delta += g[c] * o[c];
+    }
+    bt.delta[r] = delta;
+    const float lse = b.lse[slice * a.q_len + i0 + static_cast<int64_t>(r)];
+    if (lse == -inf) {
+      // A fully masked row: p = 0 (lse = +inf), or the NaN fill.
+      if (a.masked_rows == MaskedRowPolicy::NaN) {
+        bt.fill[r] = std::numeric_limits<float>::quiet_NaN();
+        bt.nan_rows = true;
+      }
+    } else {
+      bt.lse[r] = lse;
+    }
+  }
+
+  const QueryTileInputs in = TileInputs(a, slice);
+  float* d_k = slice_start(b.d_k, kl, slice, a.heads);
+  float* d_v = slice_start(b.d_v, vl, slice, a.heads);
+  VisitKeyTiles<NVQ>(a, in, i0, rows, [&](int64_t j0, size_t keys) {
+    const int64_t begin = std::max(j0, key_begin), end = std::min(j0 + static_cast<int64_t>(keys), key_end);
+    if (begin >= end) return;
+    BackwardKeyTileStep<NVQ>(b, in, bt, parts, d_k, d_v, static_cast<size_t>(kl.row), static_cast<size_t>(vl.row),
+                             begin, static_cast<size_t>(end - begin));
+  });
+
+  if (!parts.query_grad) return;
+  float* d_q = slice_start(b.d_q, ql, slice, a.heads) + i0 * ql.row;
+  for (size_t r = 0; r < rows; ++r)
+    for (size_t d = 0; d < head_dim; ++d) d_q[r * bt.q_row + d] = bt.dqt[d * bq + r];
+}
+
+template <size_t NVQ>
+HWY_INLINE void BackwardQueryTileDispatch(size_t nvq, const AttentionBackwardArgs<float>& b, int64_t slice,
+                                          int64_t i0, size_t rows, int64_t key_begin, int64_t key_end,
+                                          BackwardParts parts, FlashScratch& scratch) {
+  if constexpr (NVQ > 0) {
+    if (nvq == NVQ) return BackwardQueryTile<NVQ>(b, slice, i0, rows, key_begin, key_end, parts, scratch);
+    BackwardQueryTileDispatch<NVQ - 1>(nvq, b, slice, i0, rows, key_begin, key_end, parts, scratch);
+  }
+}
+
+// Query rows [row_begin, row_end) of a slice in query tiles of up to
+// kMaxQueryVectors vectors, the last taking as few vectors as cover it (as
+// the forward's FlashAttentionRowsF32). row_begin is 0 or a multiple of
+// FlashAttentionBackwardRowTileF32(), so every pass tiles the rows alike.
+inline void BackwardRows(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t row_begin, int64_t row_end,
+                         int64_t key_begin, int64_t key_end, BackwardParts parts, FlashScratch& scratch) {
+  const size_t lanes = hn::Lanes(DF32());
+  for (int64_t i0 = row_begin; i0 < row_end;) {
+    const size_t remaining = static_cast<size_t>(row_end - i0);
+    const size_t nvq = std::min(kMaxQueryVectors, (remaining + lanes - 1) / lanes);
+    const size_t rows = std::min(remaining, nvq * lanes);
+    BackwardQueryTileDispatch<kMaxQueryVectors>(nvq, b, slice, i0, rows, key_begin, key_end, parts, scratch);
+    i0 += static_cast<int64_t>(rows);
+  }
+}
+
+// MaskedRowPolicy::NaN: a fully masked row's p is NaN for every key, also
+// in the key tiles that causal masking or the window let the tile skip;
+// its d_q row, every d_k row and the d_v rows of the keys dropout keeps for
+// it are NaN in the reference (and in PyTorch's autograd). Rather than
+// visit the skipped tiles, those rows are set to NaN after the pass: d_q
+// rows [row_begin, row_end) and d_k, d_v rows [key_begin, key_end).
+inline void BackwardNaNRows(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t row_begin,
+                            int64_t row_end, int64_t key_begin, int64_t key_end) {
+  const AttentionArgs<float>& a = b.forward;
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  if (a.masked_rows != MaskedRowPolicy::NaN || S == 0) return;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), neg_inf = -std::numeric_limits<float>::infinity();
+  const float* lse = b.lse + slice * L;
+  const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
+  float* d_q = slice_start(b.d_q, ql, slice, a.heads);
+  for (int64_t i = row_begin; i < row_end; ++i)
+    if (lse[i] == neg_inf) std::fill(d_q + i * ql.row, d_q + i * ql.row + D, nan);
+  if (key_begin >= key_end) return;
+  bool any_masked = false;
+  for (int64_t i = 0; i < L && !any_masked; ++i) any_masked = lse[i] == neg_inf;
+  if (!any_masked) return;
+  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
+  float* d_k = slice_start(b.d_k, kl, slice, a.heads);
+  float* d_v = slice_start(b.d_v, vl, slice, a.heads);
+  const bool dropout = a.dropout.p > 0.0;
+  for (int64_t j = key_begin; j < key_end; ++j) {
+    std::fill(d_k + j * kl.row, d_k + j * kl.row + D, nan);
+    // d_v_j += p'_ij d_out_i: NaN unless dropout drops (i, j) for every such row i.
+    bool reached = !dropout;
+    for (int64_t i = 0; i < L && !reached; ++i) reached = lse[i] == neg_inf && dropout_keep(a.dropout, slice, i, j);
+    if (reached) std::fill(d_v + j * vl.row, d_v + j * vl.row + Dv, nan);
+  }
+}
+
+// Zero d_k and d_v rows [key_begin, key_end) of a slice.
+inline void ZeroKeyGradients(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t key_begin,
+                             int64_t key_end) {
+  const AttentionArgs<float>& a = b.forward;
+  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, a.kv_len, a.head_dim);
+  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, a.kv_len, a.value_dim);
+  float* d_k = slice_start(b.d_k, kl, slice, a.heads);
+  float* d_v = slice_start(b.d_v, vl, slice, a.heads);
+  for (int64_t j = key_begin; j < key_end; ++j) {
+    std::fill(d_k + j * kl.row, d_k + j * kl.row + a.head_dim, 0.0f);
+    std::fill(d_v + j * vl.row, d_v + j * vl.row + a.value_dim, 0.0f);
+  }
+}
+
+// The whole backward of slice `slice` in one pass: d_k and d_v zeroed, then
+// the query tiles in increasing order, each adding d_k, d_v and writing d_q.
+inline void FlashAttentionBackwardSliceF32(const AttentionBackwardArgs<float>& b, int64_t slice,
+                                           FlashScratch& scratch) {
+  const AttentionArgs<float>& a = b.forward;
+  ZeroKeyGradients(b, slice, 0, a.kv_len);
+  BackwardRows(b, slice, 0, a.q_len, 0, a.kv_len, BackwardParts{true, true}, scratch);
+  BackwardNaNRows(b, slice, 0, a.q_len, 0, a.kv_len);
+}
+
+// The two-pass split of one slice (src/attention/flash.cpp says when):
+// d_k and d_v rows [key_begin, key_end), from every query tile in
+// increasing order; and d_q rows [row_begin, row_end). Each element gets
+// exactly the operations, in the same order, that the one-pass
+// FlashAttentionBackwardSliceF32 gives it, so both give the same bits.
+inline void FlashAttentionBackwardKeysF32(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t key_begin,
+                                          int64_t key_end, FlashScratch& scratch) {
+  ZeroKeyGradients(b, slice, key_begin, key_end);
+  BackwardRows(b, slice, 0, b.forward.q_len, key_begin, key_end, BackwardParts{true, false}, scratch);
+  BackwardNaNRows(b, slice, 0, 0, key_begin, key_end);
+}
+inline void FlashAttentionBackwardQueriesF32(const AttentionBackwardArgs<float>& b, int64_t slice,
+                                             int64_t row_begin, int64_t row_end, FlashScratch& scratch) {
+  BackwardRows(b, slice, row_begin, row_end, 0, b.forward.kv_len, BackwardParts{false, true}, scratch);
+  BackwardNaNRows(b, slice, row_begin, row_end, 0, 0);
+}
+
+inline int64_t FlashAttentionBackwardRowTileF32() {
+  return static_cast<int64_t>(kMaxQueryVectors * hn::Lanes(DF32()));
+}
+inline int64_t FlashAttentionBackwardKeyTileF32() { return static_cast<int64_t>(KeyTile(kMaxQueryVectors)); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace multihead::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard
