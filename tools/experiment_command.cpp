@@ -97,7 +97,7 @@ void run_save_model(ExperimentArgs& a) {
   std::optional<TrainedModel> model;
   const RunResult r = run_one({o.tasks[0], o.heads[0], o.layers[0], o.first_seed}, o, &model);
   write_outputs({{{"--save-model", a.save_model}, model_file(r, *model, command)}});
-  std::printf("saved %s: %s, %lld layers, %lld heads, %lld parameters; test accuracy %.1f%%, loss %.4f -> %.4f",
+  std::printf("saved %s: %s, %lld layer(s), %lld heads, %lld parameters; test accuracy %.1f%%, loss %.4f -> %.4f",
               a.save_model.c_str(), o.tasks[0].c_str(), static_cast<long long>(o.layers[0]),
               static_cast<long long>(o.heads[0]), static_cast<long long>(r.parameters), 100.0 * r.test_accuracy,
               r.first_loss, r.final_loss);
