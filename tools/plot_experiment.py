@@ -5,9 +5,10 @@
 
 writes DIR/accuracy_vs_heads.png (held-out test accuracy against the head
 count, mean with sample-std error bars, one line per layer count, chance
-dashed) and DIR/training_curves.png (mean training loss against steps, one
+dashed), DIR/training_curves.png (mean training loss against steps, one
 panel per task and layer count, one line per head count, the band one std
-over seeds). Needs Debian's python3-matplotlib (scripts/install-deps.sh).
+over seeds) and DIR/test_accuracy_curves.png (the same for the held-out
+test accuracy, measured --curve-points times per run). Needs Debian's python3-matplotlib (scripts/install-deps.sh).
 """
 import argparse
 import json
@@ -51,7 +52,7 @@ def plot_accuracy(report, path):
     plt.close(fig)
 
 
-def plot_curves(report, path):
+def plot_curves(report, path, key="train_loss", ylabel="training loss", percent=False):
     tasks, layer_counts = report["options"]["tasks"], report["options"]["layers"]
     fig, axes = plt.subplots(len(tasks), len(layer_counts), figsize=(4.2 * len(layer_counts), 2.8 * len(tasks)),
                              squeeze=False)
@@ -63,7 +64,8 @@ def plot_curves(report, path):
                 if not runs:
                     continue
                 steps = runs[0]["curve"]["step"]
-                per_point = list(zip(*(r["curve"]["train_loss"] for r in runs)))
+                scale = 100.0 if percent else 1.0
+                per_point = list(zip(*([scale * v for v in r["curve"][key]] for r in runs)))
                 mean = [statistics.mean(p) for p in per_point]
                 sd = [statistics.stdev(p) if len(p) > 1 else 0.0 for p in per_point]
                 (line,) = ax.plot(steps, mean, label=f"h={h}")
@@ -71,7 +73,9 @@ def plot_curves(report, path):
                                 color=line.get_color(), alpha=0.15)
             ax.set_title(f"{task}, {layers} layer{'s' if layers > 1 else ''}", fontsize=9)
             ax.set_xlabel("step")
-            ax.set_ylabel("training loss")
+            ax.set_ylabel(ylabel)
+            if percent:
+                ax.set_ylim(0, 100)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
@@ -92,7 +96,10 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
     plot_accuracy(report, os.path.join(args.out_dir, "accuracy_vs_heads.png"))
     plot_curves(report, os.path.join(args.out_dir, "training_curves.png"))
-    print(f"plot_experiment: wrote {args.out_dir}/accuracy_vs_heads.png and {args.out_dir}/training_curves.png")
+    plot_curves(report, os.path.join(args.out_dir, "test_accuracy_curves.png"), key="test_accuracy",
+                ylabel="held-out test accuracy (%)", percent=True)
+    print(f"plot_experiment: wrote accuracy_vs_heads.png, training_curves.png and test_accuracy_curves.png "
+          f"in {args.out_dir}")
 
 
 if __name__ == "__main__":

@@ -73,6 +73,10 @@ struct RunResult {
   double first_loss = 0;          // step 0's training loss
   double final_loss = 0;          // mean training loss of the last tenth of the steps
   double test_loss = 0, test_accuracy = 0;
+  // Test accuracy early in the run: at the first curve point at or after a
+  // fifth of the steps (how fast, beside how far).
+  int64_t early_step = 0;
+  double early_accuracy = 0;
   double seconds = 0;
   std::vector<int64_t> curve_steps;         // steps done when measured
   std::vector<double> curve_train_loss;     // mean training loss since the previous point
@@ -97,6 +101,7 @@ struct CellSummary {
   std::string task;
   int64_t heads = 0, layers = 0, parameters = 0, n = 0;
   double accuracy_mean = 0, accuracy_std = 0;
+  double early_mean = 0, early_std = 0;  // RunResult::early_accuracy
   double final_loss_mean = 0;
   // lesson task: seeds whose referent and adjective heads differ, and the
   // mean masses of the heads picked for each role
@@ -105,6 +110,7 @@ struct CellSummary {
 };
 
 struct Comparison {
+  std::string metric;  // "final" (test accuracy at the end) or "early" (RunResult::early_accuracy)
   std::string task;
   int64_t layers = 0, best_heads = 0;
   double one_head_mean = 0, best_mean = 0;

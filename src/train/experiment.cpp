@@ -163,11 +163,18 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
     }
   }
   r.final_loss = tail_sum / double(tail);
+  for (std::size_t k = 0; k < r.curve_steps.size(); ++k)
+    if (r.curve_steps[k] * 5 >= steps) {
+      r.early_step = r.curve_steps[k];
+      r.early_accuracy = r.curve_test_accuracy[k];  // the last point is filled in below
+      break;
+    }
   TrainedModel model = TrainedModel::of(trainer, spec.task);
   const Evaluation e = model.evaluate(test, false, 1);
   r.test_loss = e.loss;
   r.test_accuracy = e.accuracy;
   if (!r.curve_test_accuracy.empty()) r.curve_test_accuracy.back() = e.accuracy;
+  if (r.early_step == steps) r.early_accuracy = e.accuracy;
   r.parameters = model.parameter_count();
   if (spec.task == "lesson") {
     r.focus = lesson_head_focus(model);
@@ -261,17 +268,18 @@ ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& c
   for (const auto& task : o.tasks) {
     rep.chance.push_back({task, held_out_task(task)->chance()});
     for (int64_t layers : o.layers) {
-      std::map<int64_t, std::vector<double>> accuracy;
+      std::map<int64_t, std::vector<double>> accuracy, early_accuracy;
       for (int64_t h : o.heads) {
         CellSummary c;
         c.task = task;
         c.heads = h;
         c.layers = layers;
-        std::vector<double> acc, loss, ref, adj;
+        std::vector<double> acc, early, loss, ref, adj;
         for (const RunResult& r : rep.runs) {
           if (r.spec.task != task || r.spec.heads != h || r.spec.layers != layers) continue;
           c.parameters = r.parameters;
           acc.push_back(r.test_accuracy);
+          early.push_back(r.early_accuracy);
           loss.push_back(r.final_loss);
           ref.push_back(r.roles.referent);
           adj.push_back(r.roles.adjective);
@@ -280,33 +288,40 @@ ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& c
         c.n = static_cast<int64_t>(acc.size());
         c.accuracy_mean = train::mean(acc);
         c.accuracy_std = train::stddev(acc);
+        c.early_mean = train::mean(early);
+        c.early_std = train::stddev(early);
         c.final_loss_mean = train::mean(loss);
         if (task == "lesson") {
           c.referent_mass_mean = train::mean(ref);
           c.adjective_mass_mean = train::mean(adj);
         }
         accuracy[h] = acc;
+        early_accuracy[h] = early;
         rep.cells.push_back(c);
       }
       if (accuracy.count(1) == 0) continue;  // nothing to compare with
-      Comparison cmp;
-      cmp.task = task;
-      cmp.layers = layers;
-      cmp.best_heads = 1;
-      cmp.one_head_mean = train::mean(accuracy[1]);
-      cmp.best_mean = cmp.one_head_mean;
-      for (const auto& [h, acc] : accuracy)
-        if (train::mean(acc) > cmp.best_mean) {
-          cmp.best_mean = train::mean(acc);
-          cmp.best_heads = h;
+      for (const char* metric : {"final", "early"}) {
+        auto& by_heads = std::string(metric) == "final" ? accuracy : early_accuracy;
+        Comparison cmp;
+        cmp.metric = metric;
+        cmp.task = task;
+        cmp.layers = layers;
+        cmp.best_heads = 1;
+        cmp.one_head_mean = train::mean(by_heads[1]);
+        cmp.best_mean = cmp.one_head_mean;
+        for (const auto& [h, acc] : by_heads)
+          if (train::mean(acc) > cmp.best_mean) {
+            cmp.best_mean = train::mean(acc);
+            cmp.best_heads = h;
+          }
+        if (cmp.best_heads != 1) {
+          const train::WelchResult w = train::welch_t_test(by_heads[cmp.best_heads], by_heads[1]);
+          cmp.t = w.t;
+          cmp.df = w.df;
+          cmp.p = w.p;
         }
-      if (cmp.best_heads != 1) {
-        const train::WelchResult w = train::welch_t_test(accuracy[cmp.best_heads], accuracy[1]);
-        cmp.t = w.t;
-        cmp.df = w.df;
-        cmp.p = w.p;
+        rep.comparisons.push_back(cmp);
       }
-      rep.comparisons.push_back(cmp);
     }
   }
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,5 +1,6 @@
 // src/train/experiment_report.cpp: the experiment's Markdown table and JSON
 // file (multihead/experiment.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -43,17 +44,17 @@ std::string experiment_markdown(const ExperimentReport& r) {
   for (const auto& [task, chance] : r.chance) {
     const bool lesson = task == "lesson";
     s += "**" + task + "** (chance " + percent(chance) + "%: " + reason(task) + ")\n\n";
-    s += "| layers | heads | head width | parameters | test accuracy % | final train loss |";
+    s += "| layers | heads | head width | parameters | test accuracy % | early test accuracy % | final train loss |";
     if (lesson) s += " heads split (seeds) | referent-head mass | adjective-head mass |";
-    s += "\n|---:|---:|---:|---:|---:|---:|";
+    s += "\n|---:|---:|---:|---:|---:|---:|---:|";
     if (lesson) s += "---:|---:|---:|";
     s += "\n";
     for (const CellSummary& c : r.cells) {
       if (c.task != task) continue;
       s += "| " + std::to_string(c.layers) + " | " + std::to_string(c.heads) + " | " +
            std::to_string(o.d_model / c.heads) + " | " + std::to_string(c.parameters) + " | " +
-           percent(c.accuracy_mean) + " ± " + percent(c.accuracy_std) + " | " + fmt("%.3f", c.final_loss_mean) +
-           " |";
+           percent(c.accuracy_mean) + " ± " + percent(c.accuracy_std) + " | " + percent(c.early_mean) + " ± " +
+           percent(c.early_std) + " | " + fmt("%.3f", c.final_loss_mean) + " |";
       if (lesson)
         s += " " + std::to_string(c.split_runs) + "/" + std::to_string(c.n) + " | " +
              fmt("%.2f", c.referent_mass_mean) + " | " + fmt("%.2f", c.adjective_mass_mean) + " |";
@@ -61,10 +62,15 @@ std::string experiment_markdown(const ExperimentReport& r) {
     }
     s += "\n";
   }
-  s += "Welch's t-test, best h against h = 1 (two-sided):\n\n";
-  s += "| task | layers | h = 1 % | best h | best % | t | df | p |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  int64_t early_step = 0;
+  for (const RunResult& x : r.runs) early_step = std::max(early_step, x.early_step);
+  s += "Early test accuracy: at step " + std::to_string(early_step) + " of " + std::to_string(o.train.steps) +
+       " (the first measurement at or after a fifth of the run).\n\n";
+  s += "Welch's t-test, best h against h = 1 (two-sided), on the final and on the early test accuracy:\n\n";
+  s += "| task | layers | accuracy | h = 1 % | best h | best % | t | df | p |\n"
+       "|---|---:|---|---:|---:|---:|---:|---:|---:|\n";
   for (const Comparison& c : r.comparisons) {
-    s += "| " + c.task + " | " + std::to_string(c.layers) + " | " + percent(c.one_head_mean) + " | " +
+    s += "| " + c.task + " | " + std::to_string(c.layers) + " | " + c.metric + " | " + percent(c.one_head_mean) + " | " +
          std::to_string(c.best_heads) + " | " + percent(c.best_mean) + " | ";
     if (c.best_heads == 1) s += "– | – | – |\n";
     else
@@ -111,6 +117,8 @@ std::string experiment_json(const ExperimentReport& r) {
                 {"final_loss", x.final_loss},
                 {"test_loss", x.test_loss},
                 {"test_accuracy", x.test_accuracy},
+                {"early_step", x.early_step},
+                {"early_accuracy", x.early_accuracy},
                 {"seconds", x.seconds},
                 {"curve", {{"step", x.curve_steps},
                            {"train_loss", x.curve_train_loss},
@@ -142,6 +150,8 @@ std::string experiment_json(const ExperimentReport& r) {
                  {"n", c.n},
                  {"accuracy_mean", c.accuracy_mean},
                  {"accuracy_std", c.accuracy_std},
+                 {"early_mean", c.early_mean},
+                 {"early_std", c.early_std},
                  {"final_loss_mean", c.final_loss_mean}};
     if (c.task == "lesson") {
       cell["split_runs"] = c.split_runs;
@@ -153,7 +163,8 @@ std::string experiment_json(const ExperimentReport& r) {
   j["cells"] = cells;
   json cmp = json::array();
   for (const Comparison& c : r.comparisons) {
-    json x = {{"task", c.task},          {"layers", c.layers},      {"best_heads", c.best_heads},
+    json x = {{"metric", c.metric},
+              {"task", c.task},          {"layers", c.layers},      {"best_heads", c.best_heads},
               {"one_head_mean", c.one_head_mean}, {"best_mean", c.best_mean}, {"df", c.df},
               {"p", c.p}};
     // JSON has no infinity: a t of ±inf (both samples constant) is written as a string.

@@ -13,7 +13,7 @@ trainer may move them a little); it checks that
     count have the same parameter count, p-values are in [0, 1];
   - the command printed first ("reproduce: ...") is a multihead experiment
     command, and the Markdown table was written;
-  - tools/plot_experiment.py draws both plots from the JSON (PNG files);
+  - tools/plot_experiment.py draws the three plots from the JSON (PNG files);
   - the whole run takes under 60 s.
 
 Usage: /usr/bin/python3 tests/cli/experiment_quick.py --multihead PATH --plot-script PATH --workdir DIR
@@ -86,7 +86,7 @@ def main():
     p = subprocess.run(["/usr/bin/python3", args.plot_script, js, "--out-dir", plots], capture_output=True, text=True,
                        timeout=300)
     check("plot_experiment.py exits 0", p.returncode == 0, p.stderr.strip()[-500:])
-    for name in ("accuracy_vs_heads.png", "training_curves.png"):
+    for name in ("accuracy_vs_heads.png", "training_curves.png", "test_accuracy_curves.png"):
         path = os.path.join(plots, name)
         ok = os.path.exists(path) and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
         check(f"plot {name} is a PNG", ok, path)
