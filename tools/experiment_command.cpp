@@ -110,6 +110,12 @@ void run_save_model(ExperimentArgs& a) {
 }
 
 void run_experiment_command(ExperimentArgs& a) {
+  for (const auto& [flag, path] : {std::pair<const char*, std::string&>{"--json", a.json},
+                                   {"--markdown", a.markdown},
+                                   {"--save-model", a.save_model}})
+    if (is_stdout(path))
+      throw Error(Error::Kind::Value, std::string(flag) +
+                                          ": expected a file path, got '-' (standard output carries the progress)");
   if (!a.save_model.empty()) return run_save_model(a);
   if (a.quick) apply_quick(a.options);
   a.options.validate();

@@ -14,7 +14,7 @@ trainer may move them a little); it checks that
   - the command printed first ("reproduce: ...") is a multihead experiment
     command, and the Markdown table was written;
   - tools/plot_experiment.py draws the three plots from the JSON (PNG files);
-  - the whole run takes under 60 s.
+  - the whole run takes under --max-seconds (60 s; more under the sanitizers).
 
 Usage: /usr/bin/python3 tests/cli/experiment_quick.py --multihead PATH --plot-script PATH --workdir DIR
 """
@@ -41,6 +41,7 @@ def main():
     ap.add_argument("--multihead", required=True)
     ap.add_argument("--plot-script", required=True)
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--max-seconds", type=float, default=60.0)
     args = ap.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(args.workdir)
@@ -53,7 +54,7 @@ def main():
     check("experiment --quick exits 0", r.returncode == 0, r.stderr.strip())
     if r.returncode != 0:
         return 1
-    check("experiment --quick under 60 s", seconds < 60, f"{seconds:.1f} s")
+    check(f"experiment --quick under {args.max_seconds:.0f} s", seconds < args.max_seconds, f"{seconds:.1f} s")
     first = r.stdout.splitlines()[0]
     check("first line is the reproducing command", first.startswith("reproduce: multihead experiment --tasks "), first)
 
