@@ -72,16 +72,6 @@ std::string reproduce(const ExperimentArgs& a) {
   return s;
 }
 
-std::string save_command(const ExperimentArgs& a) {
-  const ExperimentOptions& o = a.options;
-  return "multihead experiment --save-model " + a.save_model + " --tasks " + o.tasks[0] + " --heads " +
-         std::to_string(o.heads[0]) + " --layers " + std::to_string(o.layers[0]) + " --first-seed " +
-         std::to_string(o.first_seed) + " --d-model " + std::to_string(o.d_model) + " --ff " +
-         std::to_string(o.ff) + " --steps " + std::to_string(o.train.steps) + " --batch " +
-         std::to_string(o.train.batch) + " --lr " + number(o.train.lr) + " --warmup " +
-         std::to_string(o.train.warmup);
-}
-
 void run_save_model(ExperimentArgs& a) {
   ExperimentOptions& o = a.options;
   if (o.tasks.size() != 1 || o.heads.size() != 1 || o.layers.size() != 1)
@@ -91,7 +81,7 @@ void run_save_model(ExperimentArgs& a) {
   o.seeds = 2;  // validate() wants two; one run is trained
   o.validate();
   check_files({}, {{"--save-model", a.save_model}});
-  const std::string command = save_command(a);
+  const std::string command = run_command({o.tasks[0], o.heads[0], o.layers[0], o.first_seed}, o, a.save_model);
   std::printf("reproduce: %s\n", command.c_str());
   std::fflush(stdout);
   std::optional<TrainedModel> model;

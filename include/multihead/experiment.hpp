@@ -89,6 +89,11 @@ struct RunResult {
 // One run. When `model` is given it receives the trained model.
 RunResult run_one(const RunSpec& spec, const ExperimentOptions& options, std::optional<TrainedModel>* model = nullptr);
 
+// The command that retrains one run by itself and writes its model file
+// to `model_path`: "multihead experiment --save-model PATH --tasks … --heads
+// … --layers … --first-seed SEED" and the budget's flags.
+std::string run_command(const RunSpec& spec, const ExperimentOptions& options, const std::string& model_path);
+
 // The model file of a run (`multihead experiment --save-model`): the
 // parameters, the configuration, and in __metadata__ the command that
 // retrains it, its test accuracy, first and final loss, every step's loss

@@ -205,6 +205,14 @@ std::string exact_list(const std::vector<double>& v) {
 
 }  // namespace
 
+std::string run_command(const RunSpec& spec, const ExperimentOptions& o, const std::string& model_path) {
+  return "multihead experiment --save-model " + model_path + " --tasks " + spec.task + " --heads " +
+         std::to_string(spec.heads) + " --layers " + std::to_string(spec.layers) + " --first-seed " +
+         std::to_string(spec.seed) + " --d-model " + std::to_string(o.d_model) + " --ff " + std::to_string(o.ff) +
+         " --steps " + std::to_string(o.train.steps) + " --batch " + std::to_string(o.train.batch) + " --lr " +
+         number(o.train.lr) + " --warmup " + std::to_string(o.train.warmup);
+}
+
 std::string model_file(const RunResult& r, const TrainedModel& model, const std::string& command) {
   std::map<std::string, std::string> extra = {{"command", command},
                                               {"test_accuracy", number(r.test_accuracy)},

@@ -120,6 +120,7 @@ std::string experiment_json(const ExperimentReport& r) {
                 {"early_step", x.early_step},
                 {"early_accuracy", x.early_accuracy},
                 {"seconds", x.seconds},
+                {"command", run_command(x.spec, o, "run.safetensors")},
                 {"curve", {{"step", x.curve_steps},
                            {"train_loss", x.curve_train_loss},
                            {"test_accuracy", x.curve_test_accuracy}}}};
