@@ -3,7 +3,14 @@
 //    same bytes (the whole file: parameters, metadata, every step's loss);
 //  - a 200-step prefix of that run gives the recorded losses to the last
 //    bit (the check that also runs under the sanitizers, where the whole
-//    run is too slow for a unit test);
+//    run is too slow for a unit test).
+//  Both hold where the arithmetic is the recorded one ("arithmetic": the
+//  compiler and the SIMD target, e.g. gcc's Release build on AVX2). Another
+//  compiler (the clang sanitizer build) may contract a·b + c into an FMA
+//  where gcc does not, which legitimately changes the last bits: there the
+//  bytes are not compared and the prefix is held to 1e-3 relative per
+//  step instead (a wrong model, data stream or schedule is off by far more:
+//  step 0 alone depends on every initial weight).
 //  - what the demo says about it holds: the lesson's sentence is answered
 //    "animal", and the marked heads are what the specialisation measure
 //    picks on the test set.
@@ -11,6 +18,8 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -91,11 +100,16 @@ TEST(LessonModel, ShippedFileIsSmallAndRecordsItsCommand) {
   EXPECT_EQ(shipped().metadata.at("task"), "lesson");
 }
 
+bool same_arithmetic() { return shipped().metadata.at("arithmetic") == arithmetic_identity(); }
+
 TEST(LessonModel, RetrainingWithTheRecordedCommandGivesTheSameBytes) {
 #ifdef MULTIHEAD_TEST_SANITIZED
   GTEST_SKIP() << "the whole run (1500 steps) is too slow under the sanitizers; "
                   "LessonModel.PrefixOf200StepsGivesTheRecordedLossesToTheLastBit checks its start";
 #endif
+  if (!same_arithmetic())
+    GTEST_SKIP() << "trained with '" << shipped().metadata.at("arithmetic") << "', this build is '"
+                 << arithmetic_identity() << "': the bytes may legitimately differ (the prefix test still runs)";
   const std::string command = shipped().metadata.at("command");
   const Recorded rec = parse_command(command);
   std::optional<TrainedModel> model;
@@ -125,15 +139,24 @@ TEST(LessonModel, PrefixOf200StepsGivesTheRecordedLossesToTheLastBit) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(1);
   Trainer trainer(make_task(rec.spec.task, 2, 1), m, t);
+  const bool exact = same_arithmetic();
+  double worst = 0;
   for (int64_t step = 0; step < 200; ++step) {
     std::string want;
     ASSERT_TRUE(static_cast<bool>(recorded >> want)) << "the file records fewer than 200 losses";
     const StepStats s = trainer.train_step();
     char got[64];
     std::snprintf(got, sizeof got, "%a", s.loss);
-    ASSERT_EQ(std::string(got), want) << "step " << step << ": loss " << s.loss << " vs recorded "
-                                      << std::strtod(want.c_str(), nullptr);
+    const double w = std::strtod(want.c_str(), nullptr);
+    worst = std::max(worst, std::fabs(s.loss - w) / std::fabs(w));
+    if (exact) {
+      ASSERT_EQ(std::string(got), want) << "step " << step << ": loss " << s.loss << " vs recorded " << w;
+    } else {
+      ASSERT_NEAR(s.loss, w, 1e-3 * std::fabs(w)) << "step " << step << " (arithmetic '" << arithmetic_identity()
+                                                  << "', recorded '" << shipped().metadata.at("arithmetic") << "')";
+    }
   }
+  std::printf("200 steps: %s; worst relative difference %.3g\n", exact ? "bit-identical" : "within 1e-3", worst);
   omp_set_num_threads(saved);
 }
 

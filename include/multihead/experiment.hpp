@@ -94,10 +94,17 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& options, std::op
 // … --layers … --first-seed SEED" and the budget's flags.
 std::string run_command(const RunSpec& spec, const ExperimentOptions& options, const std::string& model_path);
 
+// What decides a run's last bits besides its settings: the compiler that
+// built the library and the SIMD target the kernels dispatch to (e.g.
+// "gcc 12.2.0; simd AVX2"). A model file records it: retraining gives the
+// same bytes where it is the same.
+std::string arithmetic_identity();
+
 // The model file of a run (`multihead experiment --save-model`): the
 // parameters, the configuration, and in __metadata__ the command that
 // retrains it, its test accuracy, first and final loss, every step's loss
-// ("losses": C99 hex floats, exact) and, for the lesson task, the heads the
+// ("losses": C99 hex floats, exact), the arithmetic_identity() that trained
+// it ("arithmetic") and, for the lesson task, the heads the
 // specialisation measure picked ("referent_head", "adjective_head":
 // layer.head, both counted from 1).
 std::string model_file(const RunResult& run, const TrainedModel& model, const std::string& command);

@@ -15,6 +15,7 @@
 
 #include "multihead/error.hpp"
 #include "multihead/lesson_tasks.hpp"
+#include "multihead/runtime.hpp"
 #include "train/statistics.hpp"
 
 namespace multihead {
@@ -213,8 +214,20 @@ std::string run_command(const RunSpec& spec, const ExperimentOptions& o, const s
          number(o.train.lr) + " --warmup " + std::to_string(o.train.warmup);
 }
 
+std::string arithmetic_identity() {
+#if defined(__clang__)
+  const std::string compiler = std::string("clang ") + __clang_version__;
+#elif defined(__GNUC__)
+  const std::string compiler = std::string("gcc ") + __VERSION__;
+#else
+  const std::string compiler = "unknown compiler";
+#endif
+  return compiler + "; simd " + simd_target_current();
+}
+
 std::string model_file(const RunResult& r, const TrainedModel& model, const std::string& command) {
   std::map<std::string, std::string> extra = {{"command", command},
+                                              {"arithmetic", arithmetic_identity()},
                                               {"test_accuracy", number(r.test_accuracy)},
                                               {"first_loss", number(r.first_loss)},
                                               {"final_loss", number(r.final_loss)},
