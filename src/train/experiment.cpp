@@ -131,12 +131,9 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
 
   RunResult r;
   r.spec = spec;
-  auto test_accuracy = [&](Evaluation* keep) {
-    TrainedModel now = TrainedModel::of(trainer, spec.task);
-    Evaluation e = now.evaluate(test, false, 1);
-    if (keep) *keep = e;
-    return e.accuracy;
-  };
+  // Inference on the held-out set with the parameters as they stand (no
+  // update, no dropout; the optimiser state is untouched).
+  auto test_accuracy = [&] { return TrainedModel::of(trainer, spec.task).evaluate(test, false, 1).accuracy; };
   const int64_t steps = t.steps;
   const int64_t tail = std::max<int64_t>(1, steps / 10);
   double window = 0, tail_sum = 0;
@@ -157,7 +154,7 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
     if (step + 1 == (next_point * steps + o.curve_points - 1) / o.curve_points) {
       r.curve_steps.push_back(step + 1);
       r.curve_train_loss.push_back(window / double(in_window));
-      r.curve_test_accuracy.push_back(step + 1 == steps ? -1.0 : test_accuracy(nullptr));
+      r.curve_test_accuracy.push_back(step + 1 == steps ? -1.0 : test_accuracy());
       window = 0;
       in_window = 0;
       ++next_point;
