@@ -17,16 +17,19 @@
 #include <gtest/gtest.h>
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
 #include <string>
 
+#include "multihead/error.hpp"
 #include "multihead/experiment.hpp"
 #include "multihead/io.hpp"
 #include "multihead/lesson_tasks.hpp"
@@ -173,6 +176,76 @@ TEST(LessonModel, AnswersTheLessonsSentenceAndItsMarkedHeadsAreTheMeasuresPicks)
             std::to_string(roles.adjective_layer + 1) + "." + std::to_string(roles.adjective_head + 1));
   // The whole held-out test set: the recorded accuracy, recomputed.
   EXPECT_EQ(model.evaluate(task.test_set()).accuracy, std::strtod(model.metadata().at("test_accuracy").c_str(), nullptr));
+}
+
+}  // namespace
+}  // namespace multihead
+
+// ---- TrainedModel itself ------------------------------------------------------------
+namespace multihead {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("multihead-test-" + std::to_string(::getpid()) + "-" + name))
+      .string();
+}
+
+// A checkpoint loads as a model (optimiser state ignored) and evaluates
+// exactly as the trainer's own parameters do; per-head weights come back as
+// layers × (B, H, L, L), each row a distribution (sum 1 within 1e-5: float
+// softmax over 16 keys).
+TEST(TrainedModel, LoadsACheckpointAndReturnsPerHeadWeightsLayers2Heads2) {
+  ModelConfig m;
+  m.d_model = 16;
+  m.heads = 2;
+  m.layers = 2;
+  m.ff = 8;
+  TrainOptions t;
+  t.steps = 3;
+  t.batch = 4;
+  t.threads = 1;
+  Trainer trainer(make_task("lesson", 2, 1), m, t);
+  for (int i = 0; i < 3; ++i) trainer.train_step();
+  const std::string path = temp_path("ck.safetensors");
+  trainer.save_checkpoint(path);
+  const TrainedModel loaded = TrainedModel::load(path);
+  std::filesystem::remove(path);
+  const TrainedModel direct = TrainedModel::of(trainer, "lesson");
+  const LessonTask task;
+  const Batch b = task.encode({task.test_sentences()[0], task.test_sentences()[1]});
+  const Evaluation x = loaded.evaluate(b, true), y = direct.evaluate(b, true);
+  EXPECT_EQ(loaded.task(), "lesson");
+  EXPECT_EQ(x.loss, y.loss);
+  EXPECT_EQ(x.predictions, y.predictions);
+  ASSERT_EQ(x.attention.size(), 2u);
+  for (const Tensor<float>& w : x.attention) {
+    ASSERT_EQ(w.shape(), (Shape{2, 2, 16, 16}));
+    for (int64_t row = 0; row < 2 * 2 * 16; ++row) {
+      double sum = 0;
+      for (int64_t j = 0; j < 16; ++j) sum += w[row * 16 + j];
+      EXPECT_NEAR(sum, 1.0, 1e-5) << "row " << row;
+    }
+  }
+  // No update happened: evaluating twice gives the same bits.
+  EXPECT_EQ(loaded.evaluate(b).loss, x.loss);
+}
+
+TEST(TrainedModel, RefusesAFileThatIsNotAModelNamingItAndTheFormat) {
+  const std::string path = temp_path("other.safetensors");
+  write_safetensors(path, {{"w", Tensor<float>({2}, 1.0f)}}, {{"format", "something-else"}});
+  try {
+    TrainedModel::load(path);
+    ADD_FAILURE() << "loaded a file that is not a model";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(path), std::string::npos) << m;
+    EXPECT_NE(m.find("not a multihead model"), std::string::npos) << m;
+    EXPECT_NE(m.find("'something-else'"), std::string::npos) << m;
+  }
+  std::filesystem::remove(path);
+  // A model's metadata override is refused by serialize.
+  const TrainedModel model = TrainedModel::load(kModelPath);
+  EXPECT_THROW(model.serialize({{"heads", "8"}}), Error);
 }
 
 }  // namespace
