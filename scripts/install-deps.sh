@@ -4,6 +4,9 @@
 #   bash scripts/install-deps.sh          everything: build, tests, sanitizers
 #   bash scripts/install-deps.sh build    only what building the library and
 #                                         the command-line program needs (the demo)
+#   bash scripts/install-deps.sh experiment
+#                                         build + what `multihead experiment`'s
+#                                         plots need (tools/plot_experiment.py)
 #
 # Runs apt-get only when something is missing, so a second run is instant.
 #
@@ -36,6 +39,8 @@ tests=(
   python3 python3-numpy python3-torch
   # The Python module (python/) and its pytest suite, run by ctest.
   pybind11-dev python3-pybind11 python3-dev python3-pytest
+  # tools/plot_experiment.py, run by the cli_experiment_quick test.
+  python3-matplotlib
   time
   # The explain report in a real browser (ctest explain_browser): Debian's
   # headless chromium, driven from Node.js by playwright-core, which the test
@@ -43,11 +48,14 @@ tests=(
   # since chromium only recommends one and the screenshot needs text.
   chromium nodejs fonts-dejavu-core
 )
+# The experiment's plots (the experiment itself needs only the build).
+experiment=(python3 python3-matplotlib)
 
 case "$group" in
   build) packages=("${build[@]}") ;;
+  experiment) packages=("${build[@]}" "${experiment[@]}") ;;
   all) packages=("${build[@]}" "${tests[@]}") ;;
-  *) echo "install-deps: unknown group '$group' (expected 'build' or 'all')" >&2; exit 2 ;;
+  *) echo "install-deps: unknown group '$group' (expected 'build', 'experiment' or 'all')" >&2; exit 2 ;;
 esac
 
 missing=()

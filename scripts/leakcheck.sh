@@ -2,7 +2,7 @@
 # scripts/leakcheck.sh BUILD_DIR: the multihead command-line program under
 # valgrind's memcheck, on success and on failure.
 #
-# Runs BUILD_DIR/tools/multihead (a Release build) for `demo`, `init`,
+# Runs BUILD_DIR/tools/multihead (a Release build) for `demo` (the trained model and --random), `init`,
 # `forward` (self- and cross-attention, with masks and --attn-weights-out),
 # `explain` (HTML and text)
 # and for inputs that must fail (bad shape, truncated files, missing file,
@@ -136,6 +136,7 @@ check() {
 }
 
 check demo 0 demo
+check demo_random 0 demo --random
 check init 0 init --embed-dim 32 --num-heads 8 --add-bias-kv --seed 3 --out "$work/out/init.safetensors"
 check forward_self_masks 0 forward --weights "$work/self.safetensors" --query "$work/q.npy" \
   --key-padding-mask "$work/kpm_self.npy" --attn-mask "$work/mask_self.npy" --is-causal \

@@ -163,7 +163,7 @@ TEST(TrainTasks, BadArgumentsNameThem) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(message([] { make_task("sort", 10, 8); }), "task: expected one of copy, reverse; got 'sort'");
+  EXPECT_EQ(message([] { make_task("sort", 10, 8); }), "task: expected one of copy, reverse, lesson, lookup2; got 'sort'");
   EXPECT_EQ(message([] { make_task("copy", 1, 8); }), "task symbols: expected 2 to 65536, got 1");
   EXPECT_EQ(message([] { make_task("copy", 10, 0); }), "task length: expected 1 to 65536, got 0");
 }

@@ -9,6 +9,7 @@
 //   multihead explain …       what each head attends to: HTML report, text view, bertviz JSON
 //   multihead train …         train a small Transformer encoder on a built-in task
 //   multihead decode …        generate with a KV cache (grouped-query module): tokens/s, cache bytes
+//   multihead experiment …    what several heads gain over one, measured
 //   multihead --version       "multihead 0.1.0"
 //
 // Every subcommand gets, from cli_manners: defaults in --help, enum values in
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
   Runner explain = add_explain_command(app);
   Runner train = add_train_command(app);
   Runner decode = add_decode_command(app);
+  Runner experiment = add_experiment_command(app);
   if (argc <= 1) {
     std::cout << usage(app);
     return flushed(0);
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("explain")) explain();
     else if (app.got_subcommand("train")) train();
     else if (app.got_subcommand("decode")) decode();
+    else if (app.got_subcommand("experiment")) experiment();
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
     std::cerr << "multihead: error: " << e.what() << "\n";

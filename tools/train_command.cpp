@@ -256,7 +256,8 @@ Runner add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* c = app.add_subcommand(
       "train", "Train a small Transformer encoder (embedding, positions, attention blocks) on a built-in task");
-  c->add_option("--task", a->task, "copy (targets = inputs) or reverse (targets = inputs reversed)")
+  c->add_option("--task", a->task, "copy (targets = inputs), reverse (targets = inputs reversed), or lesson, lookup2 "
+                                   "(multihead experiment's tasks: their own vocabulary and length; --symbols, --length unused)")
       ->transform(one_of(task_names()));
   c->add_option("--symbols", a->symbols, "Vocabulary: token ids 0 … N-1")
       ->check(integer_in(2, 65536, "2 to 65536 symbols"));

@@ -193,6 +193,7 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   positions_forward(x.data(), B, L, E, positions_.data());
 
   std::vector<BlockSaved<T>> saved(static_cast<std::size_t>(c.layers));
+  std::vector<Tensor<T>> inspected;  // per-head weights, when o.inspect
   for (int64_t i = 0; i < c.layers; ++i) {
     BlockSaved<T>& s = saved[static_cast<std::size_t>(i)];
     s.x = std::move(x);
@@ -202,7 +203,8 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
     layernorm_forward(s.x.data(), N, E, at(P, layer(i, "norm1.weight")), at(P, layer(i, "norm1.bias")), s.a.data(),
                       s.mean1.data(), s.rstd1.data());
     ForwardOptions<T> fo;
-    fo.need_weights = false;
+    fo.need_weights = o.inspect;
+    fo.average_attn_weights = false;
     fo.training = o.training && c.dropout > 0;
     fo.attention.is_causal = c.causal;
     fo.attention.num_threads = th;
@@ -210,6 +212,7 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
                                              static_cast<uint64_t>(i));
     // Self-attention: one tensor as query, key and value.
     ForwardResult<T> r = attn_[static_cast<std::size_t>(i)]->forward(s.a, s.a, s.a, fo, s.attn);
+    if (o.inspect) inspected.push_back(std::move(*r.attn_weights));
     s.h = Tensor<T>({N, E});
     for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + r.output[k];
     if (F == 0) {
@@ -237,6 +240,10 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   linear_forward(z.data(), N, E, V, at(P, "readout.weight"), at(P, "readout.bias"), logits.data(), th);
   PassResult<T> result;
   result.loss = cross_entropy_forward(logits.data(), batch.targets.data(), batch.mask.data(), N, V, probs.data());
+  if (o.inspect) {
+    result.attention = std::move(inspected);
+    result.logits = logits;
+  }
   if (!want_gradients) return result;
 
   // ---- backward ----

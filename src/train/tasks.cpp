@@ -2,6 +2,7 @@
 #include <string>
 
 #include "multihead/error.hpp"
+#include "multihead/lesson_tasks.hpp"
 #include "multihead/train.hpp"
 #include "train/seeds.hpp"
 
@@ -49,7 +50,7 @@ class PermutationTask : public Task {
 
 }  // namespace
 
-std::vector<std::string> task_names() { return {"copy", "reverse"}; }
+std::vector<std::string> task_names() { return {"copy", "reverse", "lesson", "lookup2"}; }
 
 std::unique_ptr<Task> make_task(const std::string& name, int64_t symbols, int64_t length) {
   if (symbols < 2 || symbols > 65536)
@@ -58,7 +59,10 @@ std::unique_ptr<Task> make_task(const std::string& name, int64_t symbols, int64_
     throw Error(Error::Kind::Value, "task length: expected 1 to 65536, got " + std::to_string(length));
   if (name == "copy" || name == "reverse")
     return std::make_unique<PermutationTask>(name, symbols, length, name == "reverse");
-  throw Error(Error::Kind::Value, "task: expected one of copy, reverse; got '" + name + "'");
+  // These fix their own vocabulary and length (multihead/lesson_tasks.hpp).
+  if (name == "lesson") return std::make_unique<LessonTask>();
+  if (name == "lookup2") return std::make_unique<TwoLookupsTask>();
+  throw Error(Error::Kind::Value, "task: expected one of copy, reverse, lesson, lookup2; got '" + name + "'");
 }
 
 }  // namespace multihead

@@ -1,0 +1,195 @@
+// src/train/trained_model.cpp: multihead/trained_model.hpp.
+#include "multihead/trained_model.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "train/model.hpp"
+
+namespace multihead {
+namespace {
+
+constexpr const char* kModelFormat = "multihead-model-1";
+constexpr const char* kCheckpointFormat = "multihead-train-checkpoint-1";
+const char* const kConfigKeys[] = {"format", "task",    "vocabulary", "sequence_length", "d_model",
+                                   "heads",  "layers",  "ff",         "dropout",         "causal"};
+
+std::string exact(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+[[noreturn]] void bad_file(const std::string& path, Error::Kind kind, const std::string& what) {
+  throw Error(kind, "'" + path + "': " + what);
+}
+
+const std::string& meta(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  const auto it = f.metadata.find(key);
+  if (it == f.metadata.end()) bad_file(path, Error::Kind::Format, "model metadata lacks '" + key + "'");
+  return it->second;
+}
+
+int64_t meta_int(const SafetensorsFile& f, const std::string& path, const std::string& key) {
+  const std::string& s = meta(f, path, key);
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  if (s.empty() || end != s.c_str() + s.size())
+    bad_file(path, Error::Kind::Format, "model metadata '" + key + "': expected an integer, got '" + s + "'");
+  return v;
+}
+
+}  // namespace
+
+class TrainedModelImpl {
+ public:
+  std::unique_ptr<train::Model<float>> model;
+  std::string task;
+  std::map<std::string, std::string> metadata;
+};
+
+TrainedModel::TrainedModel(std::unique_ptr<TrainedModelImpl> impl) : impl_(std::move(impl)) {}
+TrainedModel::TrainedModel(TrainedModel&&) noexcept = default;
+TrainedModel& TrainedModel::operator=(TrainedModel&&) noexcept = default;
+TrainedModel::~TrainedModel() = default;
+
+TrainedModel::TrainedModel(const ModelConfig& config, const std::map<std::string, Tensor<float>>& parameters,
+                           std::string task, std::map<std::string, std::string> metadata)
+    : impl_(std::make_unique<TrainedModelImpl>()) {
+  impl_->model = std::make_unique<train::Model<float>>(config, parameters);
+  impl_->task = std::move(task);
+  impl_->metadata = std::move(metadata);
+  const ModelConfig& c = impl_->model->config();
+  impl_->metadata["format"] = kModelFormat;
+  impl_->metadata["task"] = impl_->task;
+  impl_->metadata["vocabulary"] = std::to_string(c.vocabulary);
+  impl_->metadata["sequence_length"] = std::to_string(c.sequence_length);
+  impl_->metadata["d_model"] = std::to_string(c.d_model);
+  impl_->metadata["heads"] = std::to_string(c.heads);
+  impl_->metadata["layers"] = std::to_string(c.layers);
+  impl_->metadata["ff"] = std::to_string(c.ff);
+  impl_->metadata["dropout"] = exact(c.dropout);
+  impl_->metadata["causal"] = c.causal ? "true" : "false";
+}
+
+TrainedModel TrainedModel::of(const Trainer& trainer, const std::string& task) {
+  return TrainedModel(trainer.model_config(), trainer.parameters(), task);
+}
+
+namespace {
+
+// The parameters of configuration c, float32, from a parsed file.
+std::map<std::string, Tensor<float>> parameters_of(const SafetensorsFile& f, const ModelConfig& c,
+                                                   const std::string& path) {
+  std::map<std::string, Tensor<float>> params;
+  for (const auto& [name, shape] : train::Model<float>::parameter_shapes(c)) {
+    const auto it = f.tensors.find(name);
+    if (it == f.tensors.end())
+      bad_file(path, Error::Kind::Missing, "tensor '" + name + "' is missing (expected shape " +
+                                               shape_to_string(shape) + ")");
+    if (it->second.dtype != DType::F32)
+      bad_file(path, Error::Kind::Format, "tensor '" + name + "': expected dtype float32, got " +
+                                              to_string(it->second.dtype));
+    params[name] = tensor_cast<float>(it->second.values);
+  }
+  return params;
+}
+
+}  // namespace
+
+TrainedModel TrainedModel::parse(const uint8_t* data, std::size_t size, const std::string& path) {
+  return from_file(parse_safetensors(data, size, path), path);
+}
+
+TrainedModel TrainedModel::from_file(const SafetensorsFile& f, const std::string& path) {
+  const auto format = f.metadata.find("format");
+  if (format == f.metadata.end() || format->second != kModelFormat)
+    bad_file(path, Error::Kind::Format,
+             std::string("not a multihead model (expected __metadata__ format '") + kModelFormat + "' or '" +
+                 kCheckpointFormat + "' from a path, got " +
+                 (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
+  ModelConfig c;
+  const std::string task = meta(f, path, "task");
+  c.vocabulary = meta_int(f, path, "vocabulary");
+  c.sequence_length = meta_int(f, path, "sequence_length");
+  c.d_model = meta_int(f, path, "d_model");
+  c.heads = meta_int(f, path, "heads");
+  c.layers = meta_int(f, path, "layers");
+  c.ff = meta_int(f, path, "ff");
+  c.dropout = std::strtod(meta(f, path, "dropout").c_str(), nullptr);
+  c.causal = meta(f, path, "causal") == "true";
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    bad_file(path, Error::Kind::Format, std::string("model metadata ") + e.what());
+  }
+  try {
+    return TrainedModel(c, parameters_of(f, c, path), task, f.metadata);
+  } catch (const Error& e) {
+    bad_file(path, e.kind(), e.what());
+  }
+}
+
+TrainedModel TrainedModel::load(const std::string& path) {
+  const SafetensorsFile f = read_safetensors(path);
+  const auto format = f.metadata.find("format");
+  if (format != f.metadata.end() && format->second == kCheckpointFormat) {
+    const CheckpointInfo info = read_checkpoint_info(path);
+    try {
+      return TrainedModel(info.model, parameters_of(f, info.model, path), info.task);
+    } catch (const Error& e) {
+      bad_file(path, e.kind(), e.what());
+    }
+  }
+  return from_file(f, path);
+}
+
+const ModelConfig& TrainedModel::config() const { return impl_->model->config(); }
+const std::string& TrainedModel::task() const { return impl_->task; }
+const std::map<std::string, std::string>& TrainedModel::metadata() const { return impl_->metadata; }
+std::map<std::string, Tensor<float>> TrainedModel::parameters() const { return impl_->model->parameters(); }
+
+int64_t TrainedModel::parameter_count() const {
+  int64_t n = 0;
+  for (const auto& [name, shape] : train::Model<float>::parameter_shapes(config())) n += shape_numel(shape);
+  return n;
+}
+
+Evaluation TrainedModel::evaluate(const Batch& batch, bool attention_weights, int threads) const {
+  train::PassOptions o;
+  o.training = false;
+  o.threads = threads;
+  o.inspect = true;
+  train::PassResult<float> r = impl_->model->run(batch, o, false);
+  Evaluation e;
+  e.loss = r.loss.loss;
+  e.count = r.loss.count;
+  e.accuracy = r.loss.count > 0 ? double(r.loss.correct) / double(r.loss.count) : 0.0;
+  const int64_t N = batch.batch * batch.length, V = config().vocabulary;
+  e.predictions.resize(static_cast<std::size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = r.logits.data() + n * V;
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; ++v)
+      if (row[v] > row[best]) best = v;
+    e.predictions[static_cast<std::size_t>(n)] = static_cast<int32_t>(best);
+  }
+  if (attention_weights) e.attention = std::move(r.attention);
+  e.logits = std::move(r.logits);
+  return e;
+}
+
+std::string TrainedModel::serialize(const std::map<std::string, std::string>& extra) const {
+  std::map<std::string, std::string> m = impl_->metadata;
+  for (const auto& [key, value] : extra) {
+    for (const char* k : kConfigKeys)
+      if (key == k)
+        throw Error(Error::Kind::Value, "model metadata '" + key + "': set by the model, not by the writer");
+    m[key] = value;
+  }
+  return serialize_safetensors(parameters(), m);
+}
+
+}  // namespace multihead
