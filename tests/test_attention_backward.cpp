@@ -12,13 +12,17 @@
 //    backward after the float64 reference forward, over a table of shapes
 //    around the tile sizes and of modifiers; NaN exactly where the
 //    reference has it (MaskedRowPolicy::NaN); strided layouts leave the
-//    elements outside every slice untouched.
+//    elements outside every slice untouched; grouped-query and multi-query
+//    K/V (Grouped/…) with the modifiers.
 //  - BackwardDeterminism: the flash backward is bit-identical for 1, 2 and
 //    3 threads on every target, across its one-pass and two-pass splits.
+//  - BackwardGroupedReference: grouped-query / multi-query K/V, the
+//    reference backward against the reference backward on K/V repeated
+//    per query head with d_k, d_v summed per group in the test.
 //  - BackwardChecker: the comparisons catch a planted error.
 //
 // Names carry every parameter, e.g.
-//   Shapes/BackwardKernels.MatchReference/B2_H2_L65_S158_D17_Dv16_mask_slice_nopad_causal_bottomright_offm3_win0_cap0_noalibi_drop_nan_contiguous_extra0
+//   Shapes/BackwardKernels.MatchReference/B2_H2_Hkv2_L65_S158_D17_Dv16_mask_slice_nopad_causal_bottomright_offm3_win0_cap0_noalibi_drop_nan_contiguous_extra0
 //
 // ---- Finite differences: step and bound -------------------------------------
 // ℓ(θ) = Σ out ⊙ G (G a fixed random d_out), g = dℓ/dθ by the backward,
@@ -90,6 +94,7 @@ enum class Causal { None, TopLeft, BottomRight };
 
 struct BwdCase {
   int64_t B = 2, H = 2, L = 9, S = 6, D = 8, Dv = 5;
+  int64_t Hkv = 0;  // K/V heads (grouped-query); 0 = H
   MaskKind mask = MaskKind::None;
   bool pad = false;
   Causal causal = Causal::None;
@@ -104,11 +109,14 @@ struct BwdCase {
   int64_t extra = 0;  // the last `extra` keys have no position (as bias_k)
 
   int64_t N() const { return B * H; }
+  int64_t KV() const { return Hkv > 0 ? Hkv : H; }
+  // The K/V slice query slice n reads (the contract's kv_slice).
+  int64_t kv(int64_t n) const { return detail::kv_slice(n, H, KV()); }
   std::string name() const {
     static const char* masks[] = {"nomask", "mask_shared", "mask_slice"};
     static const char* causals[] = {"nocausal", "causal_topleft", "causal_bottomright"};
     std::ostringstream os;
-    os << "B" << B << "_H" << H << "_L" << L << "_S" << S << "_D" << D << "_Dv" << Dv << "_"
+    os << "B" << B << "_H" << H << "_Hkv" << KV() << "_L" << L << "_S" << S << "_D" << D << "_Dv" << Dv << "_"
        << masks[static_cast<int>(mask)] << (pad ? "_pad_" : "_nopad_") << causals[static_cast<int>(causal)]
        << (bottomright && causal != Causal::BottomRight ? "_bottomright" : "") << "_off"
        << (offset < 0 ? "m" + std::to_string(-offset) : std::to_string(offset)) << "_win" << window << "_cap"
@@ -214,6 +222,33 @@ std::vector<BwdCase> modifier_cases() {
   return cases;
 }
 
+// Grouped-query (H = 4 over Hkv = 2) and multi-query (Hkv = 1) K/V: d_k and
+// d_v sum over each group's query slices. Plain, then with the modifiers
+// (causal bottom-right, window, soft-cap, ALiBi, dropout), at one and two
+// query tiles (AVX2) and a key tile and a sliver.
+std::vector<BwdCase> grouped_cases() {
+  std::vector<BwdCase> cases;
+  for (int64_t hkv : {2, 1}) {
+    BwdCase base;
+    base.B = 2, base.H = 4, base.Hkv = hkv, base.L = 17, base.S = 130, base.D = 8, base.Dv = 5;
+    const auto add = [&](auto edit) {
+      BwdCase c = base;
+      edit(c);
+      cases.push_back(c);
+    };
+    add([](BwdCase&) {});
+    add([](BwdCase& c) { c.causal = Causal::BottomRight, c.L = 40, c.S = 30, c.policy = MaskedRowPolicy::NaN; });
+    add([](BwdCase& c) { c.causal = Causal::TopLeft, c.window = 3, c.alibi = true, c.strided = true; });
+    add([](BwdCase& c) { c.softcap = 2, c.dropout = 0.3, c.pad = true, c.policy = MaskedRowPolicy::NaN; });
+    add([](BwdCase& c) {
+      c.B = 1, c.L = 15, c.S = 126, c.D = 17, c.Dv = 16, c.causal = Causal::BottomRight, c.offset = -3,
+      c.window = 50, c.softcap = 2, c.alibi = true, c.dropout = 0.3, c.mask = MaskKind::PerSlice,
+      c.strided = true, c.extra = 1;
+    });
+  }
+  return cases;
+}
+
 // ---- inputs -----------------------------------------------------------------
 
 // Where row i, column c of slice n sits in a buffer of `layout`
@@ -221,7 +256,7 @@ std::vector<BwdCase> modifier_cases() {
 struct Layout {
   SliceLayout l;  // as passed to the kernels ({} = contiguous)
   SliceLayout r;  // resolved
-  int64_t heads, len, width, size;
+  int64_t heads, slices, len, width, size;
   int64_t at(int64_t n, int64_t i, int64_t c) const {
     return (n / heads) * r.batch + (n % heads) * r.head + i * r.row + c;
   }
@@ -229,17 +264,18 @@ struct Layout {
 
 // Strided: the heads of a (len, B, H·width) projection with 3 spare floats
 // at the end of each row, as the fused form hands views to the kernels.
-Layout make_layout(const BwdCase& c, int64_t len, int64_t width) {
+// K and V have `heads` = c.KV() heads per batch entry.
+Layout make_layout(const BwdCase& c, int64_t heads, int64_t len, int64_t width) {
   Layout lay;
-  lay.heads = c.H, lay.len = len, lay.width = width;
+  lay.heads = heads, lay.slices = c.B * heads, lay.len = len, lay.width = width;
   if (c.strided) {
-    lay.l = SliceLayout{c.H * width, width, c.B * c.H * width + 3};
+    lay.l = SliceLayout{heads * width, width, c.B * heads * width + 3};
     lay.size = len * lay.l.row;
   } else {
     lay.l = SliceLayout{};
-    lay.size = c.N() * len * width;
+    lay.size = lay.slices * len * width;
   }
-  lay.r = detail::resolve_layout(lay.l, c.H, len, width);
+  lay.r = detail::resolve_layout(lay.l, heads, len, width);
   return lay;
 }
 
@@ -259,10 +295,10 @@ Inputs make_inputs(const BwdCase& c) {
   std::bernoulli_distribution hide(0.2);
   Inputs in;
   in.c = c;
-  in.lq = make_layout(c, c.L, c.D);
-  in.lk = make_layout(c, c.S, c.D);
-  in.lv = make_layout(c, c.S, c.Dv);
-  in.lo = make_layout(c, c.L, c.Dv);
+  in.lq = make_layout(c, c.H, c.L, c.D);
+  in.lk = make_layout(c, c.KV(), c.S, c.D);
+  in.lv = make_layout(c, c.KV(), c.S, c.Dv);
+  in.lo = make_layout(c, c.H, c.L, c.Dv);
   const auto fill = [&](std::vector<double>& x, int64_t count) {
     x.resize(static_cast<std::size_t>(count));
     for (double& e : x) e = static_cast<float>(normal(rng));
@@ -322,7 +358,7 @@ void prepare(const Inputs& in, KernelRun<T>& r, int threads) {
   r.d_v.assign(static_cast<std::size_t>(in.lv.size), T(kSentinel));
   AttentionArgs<T>& a = r.b.forward;
   a = AttentionArgs<T>{};
-  a.slices = c.N(), a.heads = c.H, a.q_len = c.L, a.kv_len = c.S, a.head_dim = c.D, a.value_dim = c.Dv;
+  a.slices = c.N(), a.heads = c.H, a.kv_heads = c.Hkv, a.q_len = c.L, a.kv_len = c.S, a.head_dim = c.D, a.value_dim = c.Dv;
   a.q = r.q.data(), a.k = r.k.data(), a.v = r.v.data(), a.out = r.out.data(), a.lse = r.lse.data();
   a.q_layout = in.lq.l, a.k_layout = in.lk.l, a.v_layout = in.lv.l, a.out_layout = in.lo.l;
   a.scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(c.D)));
@@ -369,7 +405,11 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
   const double scale = a.scale, ks = c.dropout > 0 ? 1.0 / (1.0 - c.dropout) : 1.0;
   const std::size_t S = static_cast<std::size_t>(c.S);
   std::vector<double> kappa(S), p(S), dp(S), ds(S), e_ds(S), e_p(S), pk(S);
+  // d_k and d_v rows of a grouped K/V slice are sums over its group's
+  // heads / kv_heads query slices: group·L terms (Lg).
+  const int64_t Lg = c.L * (c.H / c.KV());
   for (int64_t n = 0; n < c.N(); ++n) {
+    const int64_t kvs = c.kv(n);  // the K/V slice n reads
     const detail::SliceModifiers<double> mods = detail::slice_modifiers(a.modifiers, n, c.H, c.L, c.S);
     for (int64_t i = 0; i < c.L; ++i) {
       const double lse = ref.lse[static_cast<std::size_t>(n * c.L + i)];
@@ -378,7 +418,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
       for (int64_t j = 0; j < c.S; ++j) {
         double x = 0, A = 0;
         for (int64_t d = 0; d < c.D; ++d) {
-          const double t = ref.q[in.lq.at(n, i, d)] * ref.k[in.lk.at(n, j, d)];
+          const double t = ref.q[in.lq.at(n, i, d)] * ref.k[in.lk.at(kvs, j, d)];
           x += t, A += std::abs(t);
         }
         x *= scale, A *= scale;
@@ -396,7 +436,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
         double w = 0;
         for (int64_t j = 0; j < c.S; ++j) {
           const bool keep = c.dropout == 0 || detail::dropout_keep(a.dropout, n, i, j);
-          w += (keep ? p[j] * ks : 0.0) * std::abs(ref.v[in.lv.at(n, j, cc)]);
+          w += (keep ? p[j] * ks : 0.0) * std::abs(ref.v[in.lv.at(kvs, j, cc)]);
         }
         delta += g * o;
         e_delta += u * (c.Dv + 2) * std::abs(g * o) + std::abs(g) * u * lambda * w;
@@ -405,7 +445,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
         const bool keep = c.dropout == 0 || detail::dropout_keep(a.dropout, n, i, j);
         double dpv = 0, e_dpv = 0;
         for (int64_t cc = 0; cc < c.Dv; ++cc) {
-          const double t = ref.d_out[in.lo.at(n, i, cc)] * ref.v[in.lv.at(n, j, cc)];
+          const double t = ref.d_out[in.lo.at(n, i, cc)] * ref.v[in.lv.at(kvs, j, cc)];
           dpv += t, e_dpv += std::abs(t);
         }
         dp[j] = keep ? dpv * ks : 0.0;
@@ -413,7 +453,7 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
         e_p[j] = p[j] * u * (kappa[j] + lambda + 4) + 0x1.0p-126;
         pk[j] = keep ? p[j] * ks : 0.0;
         double x = 0;
-        for (int64_t d = 0; d < c.D; ++d) x += ref.q[in.lq.at(n, i, d)] * ref.k[in.lk.at(n, j, d)];
+        for (int64_t d = 0; d < c.D; ++d) x += ref.q[in.lq.at(n, i, d)] * ref.k[in.lk.at(kvs, j, d)];
         x *= scale;
         const double slope = detail::soft_cap_slope(mods.softcap, x);
         const double e_slope = c.softcap > 0 ? 2 * (u * kappa[j] / c.softcap + 2 * u) + 2 * u : 0.0;
@@ -426,12 +466,12 @@ Bounds bounds_for(const Inputs& in, const KernelRun<double>& ref, double u) {
         const bool keep = c.dropout == 0 || detail::dropout_keep(a.dropout, n, i, j);
         for (int64_t d = 0; d < c.D; ++d) {
           bd.d_q[in.lq.at(n, i, d)] +=
-              2 * scale * (e_ds[j] + u * (c.S + 2) * std::abs(ds[j])) * std::abs(ref.k[in.lk.at(n, j, d)]);
-          bd.d_k[in.lk.at(n, j, d)] +=
-              2 * scale * (e_ds[j] + u * (c.L + 2) * std::abs(ds[j])) * std::abs(ref.q[in.lq.at(n, i, d)]);
+              2 * scale * (e_ds[j] + u * (c.S + 2) * std::abs(ds[j])) * std::abs(ref.k[in.lk.at(kvs, j, d)]);
+          bd.d_k[in.lk.at(kvs, j, d)] +=
+              2 * scale * (e_ds[j] + u * (Lg + 2) * std::abs(ds[j])) * std::abs(ref.q[in.lq.at(n, i, d)]);
         }
         for (int64_t cc = 0; cc < c.Dv; ++cc)
-          bd.d_v[in.lv.at(n, j, cc)] += 2 * ((keep ? e_p[j] * ks : 0.0) + u * (c.L + 2) * pk[j]) *
+          bd.d_v[in.lv.at(kvs, j, cc)] += 2 * ((keep ? e_p[j] * ks : 0.0) + u * (Lg + 2) * pk[j]) *
                                         std::abs(ref.d_out[in.lo.at(n, i, cc)]);
       }
     }
@@ -531,6 +571,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BackwardKernels, ::testing::ValuesIn(shape_case
                          [](const auto& info) { return info.param.name(); });
 INSTANTIATE_TEST_SUITE_P(Modifiers, BackwardKernels, ::testing::ValuesIn(modifier_cases()),
                          [](const auto& info) { return info.param.name(); });
+INSTANTIATE_TEST_SUITE_P(Grouped, BackwardKernels, ::testing::ValuesIn(grouped_cases()),
+                         [](const auto& info) { return info.param.name(); });
 
 // ---- finite differences -----------------------------------------------------------
 
@@ -561,6 +603,13 @@ std::vector<BwdCase> fd_cases() {
     c.B = 2, c.H = 1, c.mask = MaskKind::PerSlice, c.pad = true, c.causal = Causal::BottomRight, c.offset = 1,
     c.window = 3, c.softcap = 2, c.alibi = true, c.dropout = 0.3, c.strided = true, c.extra = 1;
   });
+  // Grouped-query (4 query heads over 2 K/V heads) and multi-query K/V.
+  add([](BwdCase& c) { c.H = 4, c.Hkv = 2; });
+  add([](BwdCase& c) { c.H = 3, c.Hkv = 1, c.causal = Causal::BottomRight; });
+  add([](BwdCase& c) {
+    c.B = 2, c.H = 4, c.Hkv = 2, c.mask = MaskKind::PerSlice, c.pad = true, c.causal = Causal::TopLeft,
+    c.window = 3, c.softcap = 2, c.alibi = true, c.dropout = 0.3, c.strided = true, c.extra = 1;
+  });
   return cases;
 }
 
@@ -585,7 +634,8 @@ double loss(const Inputs& in, KernelRun<double>& r, double* magnitude = nullptr)
         if (magnitude) {
           double w = 0;
           for (int64_t j = 0; j < in.c.S; ++j)
-            w += std::abs(weights[static_cast<std::size_t>((n * in.c.L + i) * in.c.S + j)] * r.v[in.lv.at(n, j, c)]);
+            w += std::abs(weights[static_cast<std::size_t>((n * in.c.L + i) * in.c.S + j)] *
+                            r.v[in.lv.at(in.c.kv(n), j, c)]);
           *magnitude += std::abs(r.d_out[x]) * w;
         }
       }
@@ -612,7 +662,7 @@ std::string check_finite_differences(const Inputs& in, const KernelRun<double>& 
   const Tensor tensors[] = {{"d_q", &r.q, &got.d_q, &in.lq}, {"d_k", &r.k, &got.d_k, &in.lk},
                             {"d_v", &r.v, &got.d_v, &in.lv}};
   for (const Tensor& t : tensors)
-    for (int64_t n = 0; n < in.c.N(); ++n)
+    for (int64_t n = 0; n < t.lay->slices; ++n)
       for (int64_t i = 0; i < t.lay->len; ++i)
         for (int64_t c = 0; c < t.lay->width; ++c) {
           const std::size_t x = static_cast<std::size_t>(t.lay->at(n, i, c));
@@ -685,6 +735,20 @@ std::vector<BwdCase> determinism_cases() {
   c.L = 100, c.S = 260, c.D = 8, c.Dv = 5, c.B = 1, c.H = 2, c.causal = Causal::TopLeft, c.window = 40,
   c.alibi = true, c.softcap = 2;
   cases.push_back(c);
+  // Grouped K/V: the unit of work is a group (K/V slice and its query
+  // slices). B·Hkv = 2 groups: one pass at 1 and 2 threads, two at 3;
+  // multi-query, 1 group: two passes at 2 and 3 threads; 3 groups of 2.
+  c = BwdCase{};
+  c.L = 70, c.S = 300, c.D = 17, c.Dv = 16, c.B = 1, c.H = 4, c.Hkv = 2, c.causal = Causal::BottomRight,
+  c.dropout = 0.3, c.mask = MaskKind::PerSlice, c.policy = MaskedRowPolicy::NaN;
+  cases.push_back(c);
+  c = BwdCase{};
+  c.L = 65, c.S = 260, c.D = 8, c.Dv = 5, c.B = 1, c.H = 3, c.Hkv = 1, c.window = 40, c.softcap = 2,
+  c.alibi = true, c.strided = true;
+  cases.push_back(c);
+  c = BwdCase{};
+  c.L = 40, c.S = 140, c.D = 8, c.Dv = 5, c.B = 3, c.H = 2, c.Hkv = 1, c.causal = Causal::TopLeft, c.pad = true;
+  cases.push_back(c);
   return cases;
 }
 
@@ -711,6 +775,86 @@ TEST_P(BackwardDeterminism, FlashBitIdenticalFor1To3Threads) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Flash, BackwardDeterminism, ::testing::ValuesIn(determinism_cases()),
+                         [](const auto& info) { return info.param.name(); });
+
+// ---- grouped K/V against explicitly repeated K/V ----------------------------------
+
+// An independent statement of the grouped sum: the reference backward on
+// grouped K/V against the reference backward of ordinary multi-head
+// attention on K/V repeated per query head (what repeat_kv builds, written
+// here as loops), whose d_k and d_v this test sums over each group.
+// d_q: the same operations on the same numbers, so equal bits. d_k, d_v:
+// the same group·L products summed in another order, so each side is
+// within its float64 bound (bounds_for at u = 2^-53) of the exact sum and
+// the two within the sum of both bounds.
+class BackwardGroupedReference : public ::testing::TestWithParam<BwdCase> {};
+
+TEST_P(BackwardGroupedReference, EqualsRepeatedKvSummedPerGroup) {
+  const BwdCase c = GetParam();
+  const Inputs in = make_inputs(c);
+  const Reference grouped = reference_for(in);
+  BwdCase rc = c;
+  rc.Hkv = 0;  // H K/V heads
+  Inputs rep = in;
+  rep.c = rc;
+  rep.lk = make_layout(rc, rc.H, c.S, c.D);
+  rep.lv = make_layout(rc, rc.H, c.S, c.Dv);
+  rep.k.assign(static_cast<std::size_t>(rep.lk.size), 0.0);
+  rep.v.assign(static_cast<std::size_t>(rep.lv.size), 0.0);
+  for (int64_t n = 0; n < c.N(); ++n)
+    for (int64_t j = 0; j < c.S; ++j) {
+      for (int64_t d = 0; d < c.D; ++d) rep.k[rep.lk.at(n, j, d)] = in.k[in.lk.at(c.kv(n), j, d)];
+      for (int64_t d = 0; d < c.Dv; ++d) rep.v[rep.lv.at(n, j, d)] = in.v[in.lv.at(c.kv(n), j, d)];
+    }
+  KernelRun<double> r;
+  run_kernel<double>(rep, r, AttentionKernel::Reference, 1);
+  EXPECT_EQ(std::memcmp(r.d_q.data(), grouped.run.d_q.data(), r.d_q.size() * sizeof(double)), 0) << "d_q";
+  const Bounds rb = bounds_for(rep, r, unit_roundoff<double>());
+  // d_k, d_v of the repeated run summed per group, into grouped layouts
+  // (their bound: the sum of the repeated bounds, plus the grouped one).
+  std::vector<double> d_k(grouped.run.d_k.size(), kSentinel), d_v(grouped.run.d_v.size(), kSentinel);
+  std::vector<double> bk(d_k.size(), 0.0), bv(d_v.size(), 0.0);
+  for (int64_t g = 0; g < in.lk.slices; ++g)
+    for (int64_t j = 0; j < c.S; ++j) {
+      for (int64_t d = 0; d < c.D; ++d) {
+        const int64_t x = in.lk.at(g, j, d);
+        d_k[x] = 0, bk[x] = grouped.f64.d_k[x];
+      }
+      for (int64_t d = 0; d < c.Dv; ++d) {
+        const int64_t x = in.lv.at(g, j, d);
+        d_v[x] = 0, bv[x] = grouped.f64.d_v[x];
+      }
+    }
+  for (int64_t n = 0; n < c.N(); ++n)
+    for (int64_t j = 0; j < c.S; ++j) {
+      for (int64_t d = 0; d < c.D; ++d) {
+        d_k[in.lk.at(c.kv(n), j, d)] += r.d_k[rep.lk.at(n, j, d)];
+        bk[in.lk.at(c.kv(n), j, d)] += rb.d_k[rep.lk.at(n, j, d)];
+      }
+      for (int64_t d = 0; d < c.Dv; ++d) {
+        d_v[in.lv.at(c.kv(n), j, d)] += r.d_v[rep.lv.at(n, j, d)];
+        bv[in.lv.at(c.kv(n), j, d)] += rb.d_v[rep.lv.at(n, j, d)];
+      }
+    }
+  Worst worst;
+  EXPECT_EQ(compare("d_k", grouped.run.d_k, d_k, bk, &worst), "");
+  EXPECT_EQ(compare("d_v", grouped.run.d_v, d_v, bv, &worst), "");
+  std::cout << "  worst |grouped − repeated, summed|: " << worst.error << " (" << worst.ratio << " of its bound)\n";
+}
+
+std::vector<BwdCase> grouped_reference_cases() {
+  std::vector<BwdCase> cases;
+  BwdCase c;
+  c.B = 2, c.H = 4, c.Hkv = 2, c.L = 9, c.S = 12, c.D = 5, c.Dv = 3;
+  cases.push_back(c);
+  c.Hkv = 1, c.causal = Causal::BottomRight, c.dropout = 0.3, c.softcap = 2, c.alibi = true, c.strided = true;
+  cases.push_back(c);
+  c.Hkv = 2, c.H = 6, c.window = 3, c.mask = MaskKind::PerSlice, c.policy = MaskedRowPolicy::NaN, c.pad = true;
+  cases.push_back(c);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Reference, BackwardGroupedReference, ::testing::ValuesIn(grouped_reference_cases()),
                          [](const auto& info) { return info.param.name(); });
 
 // ---- the checkers can fail -----------------------------------------------------------

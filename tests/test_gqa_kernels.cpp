@@ -364,19 +364,20 @@ TEST(GqaKernelValidation, KvHeadsMustDivideHeads) {
 namespace multihead {
 namespace {
 
-// The backward kernels take one K/V slice per query slice: a grouped call
-// is refused (naming num_kv_heads) before any pointer is read.
-TEST(GqaKernelValidation, BackwardRefusesGroupedKv) {
+// The backward kernels sum d_k and d_v over each group
+// (test_attention_backward.cpp, Grouped/…); a kv_heads that does not divide
+// heads is refused (naming num_kv_heads) before any pointer is read.
+TEST(GqaKernelValidation, BackwardRefusesKvHeadsNotDividingHeads) {
   detail::AttentionBackwardArgs<float> b;
   b.forward.slices = 4;
   b.forward.heads = 4;
-  b.forward.kv_heads = 2;
+  b.forward.kv_heads = 3;
   for (AttentionKernel k : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Flash}) {
     try {
       detail::attention_backward(b, k);
-      ADD_FAILURE() << to_string(k) << " accepted kv_heads 2 with 4 heads";
+      ADD_FAILURE() << to_string(k) << " accepted kv_heads 3 with 4 heads";
     } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()).rfind("num_kv_heads:", 0), 0u) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("num_kv_heads:"), 0u) << to_string(k) << ": " << e.what();
     }
   }
 }

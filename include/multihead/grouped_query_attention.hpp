@@ -87,6 +87,31 @@ class KVCache {
 extern template class KVCache<float>;
 extern template class KVCache<double>;
 
+// What a training forward keeps for the backward pass
+// (GroupedQueryAttention::forward with a context, then backward): a copy of
+// x; the projected q, k (after RoPE) and v as the kernel read them,
+// (B·L, H·D) and (B·L, Hkv·D) ×2; the merged heads before o_proj,
+// (B·L, H·D); each attention row's log-sum-exp, (B·H, L), never the (L, S)
+// weights (the backward recomputes them, and dropout's keep decisions from
+// the same seed); and the options. A later forward overwrites it.
+template <class T>
+struct GroupedQueryForwardContext {
+  Tensor<T> x, q, k, v, merged, lse;
+  AttentionOptions options;
+  // True until a training forward has filled it.
+  bool empty() const { return x.empty(); }
+};
+
+// dℓ/d(everything the forward read), for a given dℓ/d(output).
+template <class T>
+struct GroupedQueryAttentionGradients {
+  Tensor<T> x;  // (B, L, E)
+  // Under the names named_tensors() uses: q_proj.weight, k_proj.weight,
+  // v_proj.weight, o_proj.weight (and the four biases with config.bias),
+  // each of its parameter's shape.
+  std::map<std::string, Tensor<T>> parameters;
+};
+
 template <class T>
 class GroupedQueryAttention {
  public:
@@ -125,8 +150,22 @@ class GroupedQueryAttention {
   // causal_query_offset must be left at their defaults.
   Tensor<T> forward(const Tensor<T>& x, const AttentionOptions& options = {}, KVCache<T>* cache = nullptr) const;
 
+  // Training (no cache: self-attention over positions 0 … L − 1): the same
+  // forward (bit-identical output), also filling `save_for_backward`.
+  Tensor<T> forward(const Tensor<T>& x, const AttentionOptions& options,
+                    GroupedQueryForwardContext<T>& save_for_backward) const;
+  // The backward pass of that forward: given d_output = dℓ/d(output),
+  // (B, L, E), dℓ/dx and dℓ/dθ for every weight. K/V heads get the sum
+  // over their group's query heads (the kernels' grouped backward), RoPE
+  // its transpose (rotary_embedding_backward). Throws an Error naming
+  // d_output if its shape is not the output's, or `saved` if it is empty.
+  GroupedQueryAttentionGradients<T> backward(const GroupedQueryForwardContext<T>& saved,
+                                             const Tensor<T>& d_output) const;
+
  private:
   GroupedQueryAttention() = default;
+  Tensor<T> run(const Tensor<T>& x, const AttentionOptions& options, KVCache<T>* cache,
+                GroupedQueryForwardContext<T>* save) const;
   GroupedQueryAttentionConfig config_;
   int64_t head_dim_ = 0, kv_heads_ = 0;
   Tensor<T> q_w_, k_w_, v_w_, o_w_;   // (H·D, E), (Hkv·D, E) ×2, (E, H·D)

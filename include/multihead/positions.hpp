@@ -64,4 +64,13 @@ Tensor<T> rotary_embedding(const Tensor<T>& x, const RopeOptions& options = {});
 extern template Tensor<float> rotary_embedding<float>(const Tensor<float>&, const RopeOptions&);
 extern template Tensor<double> rotary_embedding<double>(const Tensor<double>&, const RopeOptions&);
 
+// The backward of rotary_embedding: given d_y = dℓ/dy (..., L, D), returns
+// dℓ/dx. Each pair's rotation R is orthogonal, so d_x = Rᵀ d_y: rotation
+// by the negated angles (the forward's angles, the same computation).
+template <class T>
+Tensor<T> rotary_embedding_backward(const Tensor<T>& d_y, const RopeOptions& options = {});
+
+extern template Tensor<float> rotary_embedding_backward<float>(const Tensor<float>&, const RopeOptions&);
+extern template Tensor<double> rotary_embedding_backward<double>(const Tensor<double>&, const RopeOptions&);
+
 }  // namespace multihead

@@ -71,12 +71,6 @@ template void attention_forward<double>(const AttentionArgs<double>&, AttentionK
 // may follow any kernel's forward: they share the contract (lse, out).
 template <class T>
 void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel requested) {
-  // The backward kernels read and write one K/V slice per query slice; a
-  // grouped one would sum d_k and d_v over each group (docs/decoding.md).
-  if (args.forward.kv_heads_or_heads() != args.forward.heads)
-    throw Error(Error::Kind::Value, "num_kv_heads: the backward pass supports num_kv_heads == num_heads only, got " +
-                                        std::to_string(args.forward.kv_heads) + " K/V heads for " +
-                                        std::to_string(args.forward.heads) + " heads");
   AttentionKernel kernel = forced_or(requested);
   if constexpr (!std::is_same_v<T, float>) {
     if (kernel == AttentionKernel::Flash)

@@ -173,19 +173,24 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
 // FlashAttention-2's backward (Dao 2023, Algorithm 2) in
 // src/simd/flash_attention_backward-inl.h; here the checks and the threads.
 //
-// The split, and why. Two ways, chosen by the number of slices N against
-// the thread count, and giving the same bits (so the gradients are
-// bit-identical for any thread count either way):
-//  - N >= threads: one work item is one whole slice (n = b·heads + h), run
-//    by one thread in one pass, which writes that slice's d_q, d_k and d_v
-//    rows: query tiles in increasing order, key tiles inside, 5 tile
-//    products per (query tile, key tile). The slices alone keep the threads
-//    busy (N = 16 at B = 1, H = 16 on the 2-core target machine).
-//  - N < threads (N = 1 on 2 cores): two passes over the same tiles, as
-//    independent work items: (slice, key tile) items write d_k and d_v of
-//    their keys from every query tile in increasing order (4 products), and
-//    (slice, query tile) items write d_q of their rows (3 products: the
-//    scores and dp' are recomputed). 7 products for 5, but all threads work.
+// The split, and why. The unit is a group: K/V slice g and the query
+// slices that read it (n with kv_slice(n) = g; just n = g without
+// grouped-query), since g's d_k and d_v rows sum over them. Two ways,
+// chosen by the number of groups G = B·kv_heads against the thread count,
+// and giving the same bits (so the gradients are bit-identical for any
+// thread count either way):
+//  - G >= threads: one work item is one whole group, run by one thread in
+//    one pass, which writes its d_k and d_v rows and its query slices' d_q
+//    rows: the query slices in increasing n, each one's query tiles in
+//    increasing order, key tiles inside, 5 tile products per (query tile,
+//    key tile). The groups alone keep the threads busy (G = 16 at B = 1,
+//    H = 16 on the 2-core target machine).
+//  - G < threads (G = 1 on 2 cores, e.g. multi-query): two passes over the
+//    same tiles, as independent work items: (group, key tile) items write
+//    d_k and d_v of their keys from the group's query slices in increasing
+//    n, each from every query tile in increasing order (4 products), and
+//    (query slice, query tile) items write d_q of their rows (3 products:
+//    the scores and dp' are recomputed). 7 products for 5, but all threads work.
 // Every gradient element gets the same operations in the same order in
 // both (flash_attention_backward-inl.h, BackwardKeyTileStep), and each row
 // has exactly one writer. FlashAttention-2 itself gives a thread a key tile
@@ -200,6 +205,7 @@ void validate_backward(const AttentionBackwardArgs<float>& b) {
   const auto fail = [who](const std::string& what) { throw Error(Error::Kind::Value, std::string(who) + ": " + what); };
   const AttentionArgs<float>& a = b.forward;
   validate_sizes(a, who);
+  check_kv_heads(a);
   // Each gradient row is written by one thread: rows must not overlap.
   const auto rows_apart = [&](const SliceLayout& l, int64_t width, const char* name) {
     if (!l.contiguous() && l.row < width)
@@ -225,12 +231,14 @@ void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
   if (a.slices == 0) return;
   const FlashBackwardKernel kernel = flash_backward_kernel_for(simd_target_bit());
   const int max_threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
-  // Work items: whole slices, or (N < threads) each slice's key tiles
-  // (d_k, d_v; the heavier items, first) then its query tiles (d_q).
-  const bool two_pass = a.slices < max_threads;
+  // Work items: whole groups, or (groups < threads) each group's key tiles
+  // (d_k, d_v; the heavier items, first) then each query slice's query
+  // tiles (d_q).
+  const int64_t groups = kv_slice_count(a.slices, a.heads, a.kv_heads_or_heads());
+  const bool two_pass = groups < max_threads;
   const int64_t key_items = two_pass ? (a.kv_len + kernel.key_tile - 1) / kernel.key_tile : 0;
   const int64_t query_items = two_pass ? (a.q_len + kernel.row_tile - 1) / kernel.row_tile : 0;
-  const int64_t items = two_pass ? a.slices * (key_items + query_items) : a.slices;
+  const int64_t items = two_pass ? groups * key_items + a.slices * query_items : groups;
   const int threads = static_cast<int>(std::min<int64_t>(items, max_threads));
   std::exception_ptr error;
   std::mutex error_mutex;
@@ -239,12 +247,12 @@ void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
     thread_local FlashScratch scratch;  // grown on demand, kept for the next call
     try {
       if (!two_pass) {
-        kernel.slice(args, it, scratch);
-      } else if (it < a.slices * key_items) {
-        const int64_t n = it / key_items, j0 = (it % key_items) * kernel.key_tile;
-        kernel.keys(args, n, j0, std::min(a.kv_len, j0 + kernel.key_tile), scratch);
+        kernel.group(args, it, scratch);
+      } else if (it < groups * key_items) {
+        const int64_t g = it / key_items, j0 = (it % key_items) * kernel.key_tile;
+        kernel.keys(args, g, j0, std::min(a.kv_len, j0 + kernel.key_tile), scratch);
       } else {
-        const int64_t q = it - a.slices * key_items;
+        const int64_t q = it - groups * key_items;
         const int64_t n = q / query_items, i0 = (q % query_items) * kernel.row_tile;
         kernel.queries(args, n, i0, std::min(a.q_len, i0 + kernel.row_tile), scratch);
       }

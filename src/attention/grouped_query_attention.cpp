@@ -18,12 +18,16 @@
 //   out = a W_oᵀ + b_o           (B·L, E)      out_projection
 // split_heads is a strided view (SliceLayout), merge_heads is the kernel
 // writing its output rows where (B, L, H·D) puts them.
+// Its backward (GroupedQueryAttention::backward, after the forward) runs
+// these steps in reverse: o_proj, the kernels' grouped backward (d_k, d_v
+// summed over each K/V head's query heads), RoPE's Rᵀ, the in-projections.
 #include "multihead/grouped_query_attention.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "attention/attention_call.hpp"
 #include "attention/kernel.hpp"
@@ -194,11 +198,54 @@ void linear(const T* x, int64_t rows, int64_t in, const Tensor<T>& w, const Tens
                b.empty() ? T(0) : T(1), y, out);
 }
 
+// The kernel call for B·H query slices of L rows over S keys, the module's
+// rules in one place for its forward and its backward: causal bottom-right
+// (queries are positions S − L … S − 1), one ALiBi slope per query head
+// (into `slopes`), K/V heads grouped.
+template <class T>
+detail::AttentionArgs<T> module_attention_args(const GroupedQueryAttentionConfig& config, int64_t Hkv, int64_t D,
+                                               int64_t B, int64_t L, int64_t S, detail::AttentionTensors<T>& t,
+                                               const AttentionOptions& options, std::vector<T>& slopes) {
+  const int64_t H = config.num_heads;
+  slopes.clear();
+  if (!options.alibi_slopes.empty()) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) slopes.push_back(static_cast<T>(options.alibi_slopes[static_cast<std::size_t>(h)]));
+    t.alibi_slopes = slopes.data();
+  }
+  detail::AttentionShape shape;
+  shape.slices = B * H;
+  shape.heads = H;
+  shape.q_len = L;
+  shape.kv_len = S;
+  shape.head_dim = D;
+  shape.value_dim = D;
+  shape.causal_cols = S;
+  AttentionOptions o = options;
+  o.is_causal = config.causal;
+  o.causal_alignment = CausalAlignment::BottomRight;  // queries are positions P … S − 1
+  detail::AttentionArgs<T> a = detail::make_attention_args(shape, t, o);
+  a.kv_heads = Hkv;
+  return a;
+}
+
 }  // namespace
 
 template <class T>
 Tensor<T> GroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionOptions& options,
                                             KVCache<T>* cache) const {
+  return run(x, options, cache, nullptr);
+}
+
+template <class T>
+Tensor<T> GroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionOptions& options,
+                                            GroupedQueryForwardContext<T>& save_for_backward) const {
+  return run(x, options, nullptr, &save_for_backward);
+}
+
+template <class T>
+Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptions& options, KVCache<T>* cache,
+                                        GroupedQueryForwardContext<T>* save) const {
   const int64_t E = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads_, D = head_dim_;
   if (x.dim() != 3 || x.size(2) != E)
     fail("x: expected (batch, length, embed_dim = " + std::to_string(E) + "), got " + shape_to_string(x.shape()));
@@ -266,30 +313,108 @@ Tensor<T> GroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionO
   t.out = merged.data();
   t.out_layout = t.q_layout;
   std::vector<T> slopes;
-  if (!options.alibi_slopes.empty()) {
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) slopes.push_back(static_cast<T>(options.alibi_slopes[static_cast<std::size_t>(h)]));
-    t.alibi_slopes = slopes.data();
+  detail::AttentionArgs<T> a = module_attention_args(config_, Hkv, D, B, L, S, t, options, slopes);
+  Tensor<T> lse;
+  if (save) {
+    lse = Tensor<T>(Shape{B * H, L});
+    a.lse = lse.data();
   }
-
-  detail::AttentionShape shape;
-  shape.slices = B * H;
-  shape.heads = H;
-  shape.q_len = L;
-  shape.kv_len = S;
-  shape.head_dim = D;
-  shape.value_dim = D;
-  shape.causal_cols = S;
-  AttentionOptions o = options;
-  o.is_causal = config_.causal;
-  o.causal_alignment = CausalAlignment::BottomRight;  // queries are positions P … S − 1
-  detail::AttentionArgs<T> a = detail::make_attention_args(shape, t, o);
-  a.kv_heads = Hkv;
-  detail::attention_forward(a, o.kernel);
+  detail::attention_forward(a, options.kernel);
 
   // out_projection
   linear(merged.data(), B * L, H * D, o_w_, o_b_, out.data());
+  if (save) {
+    save->x = x;
+    save->q = std::move(q);
+    save->k = std::move(k);
+    save->v = std::move(v);
+    save->merged = std::move(merged);
+    save->lse = std::move(lse);
+    save->options = options;
+  }
   return out;
+}
+
+// ---- backward -------------------------------------------------------------
+//
+// The forward's steps in reverse (llm.c's order), each quoting its line.
+
+namespace {
+
+// Forward: y (rows, out) = x (rows, in) Wᵀ + b. Given d_y: d_W = d_yᵀ x,
+// d_b = Σ_rows d_y, and d_x (+)= d_y W (beta 0 writes, 1 adds).
+template <class T>
+void linear_backward(const T* x, const T* d_y, int64_t rows, int64_t in, const Tensor<T>& w, bool bias,
+                     std::map<std::string, Tensor<T>>& grads, const std::string& name, T* d_x, T beta) {
+  const int64_t out = w.size(0);
+  Tensor<T> d_w(Shape{out, in});
+  detail::gemm(detail::Trans::Yes, detail::Trans::No, out, in, rows, T(1), d_y, out, x, in, T(0), d_w.data(), in);
+  grads[name + ".weight"] = std::move(d_w);
+  if (bias) {
+    Tensor<T> d_b(Shape{out}, T(0));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < out; ++c) d_b[c] += d_y[r * out + c];
+    grads[name + ".bias"] = std::move(d_b);
+  }
+  if (d_x) detail::gemm(detail::Trans::No, detail::Trans::No, rows, in, out, T(1), d_y, out, w.data(), in, beta, d_x, in);
+}
+
+}  // namespace
+
+template <class T>
+GroupedQueryAttentionGradients<T> GroupedQueryAttention<T>::backward(const GroupedQueryForwardContext<T>& saved,
+                                                                     const Tensor<T>& d_output) const {
+  if (saved.empty()) fail("saved: empty; run the training forward (with a GroupedQueryForwardContext) first");
+  const int64_t E = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads_, D = head_dim_;
+  const int64_t B = saved.x.size(0), L = saved.x.size(1);
+  if (d_output.shape() != saved.x.shape())
+    fail("d_output: expected the output's shape " + shape_to_string(saved.x.shape()) + ", got " +
+         shape_to_string(d_output.shape()));
+  GroupedQueryAttentionGradients<T> g;
+  g.x = Tensor<T>(saved.x.shape(), T(0));
+  if (B == 0 || L == 0) {
+    for (const auto& [name, t] : named_tensors()) g.parameters[name] = Tensor<T>(t.shape(), T(0));
+    return g;
+  }
+
+  // Forward: out = merged W_oᵀ + b_o.
+  Tensor<T> d_merged(Shape{B * L, H * D});
+  linear_backward(saved.merged.data(), d_output.data(), B * L, H * D, o_w_, config_.bias, g.parameters, "o_proj",
+                  d_merged.data(), T(0));
+
+  // Forward: a = attention(q, K, V), K/V head g serving its group; the
+  // kernels' backward sums d_k, d_v over the group.
+  detail::AttentionTensors<T> t;
+  t.q = saved.q.data();
+  t.q_layout = detail::SliceLayout{L * H * D, D, H * D};
+  t.k = saved.k.data();
+  t.v = saved.v.data();
+  t.k_layout = t.v_layout = detail::SliceLayout{L * Hkv * D, D, Hkv * D};
+  t.out = const_cast<T*>(saved.merged.data());  // read only: the backward reads forward.out
+  t.out_layout = t.q_layout;
+  std::vector<T> slopes;
+  detail::AttentionBackwardArgs<T> b;
+  b.forward = module_attention_args(config_, Hkv, D, B, L, L, t, saved.options, slopes);
+  b.lse = saved.lse.data();
+  b.d_out = d_merged.data();
+  Tensor<T> d_q(Shape{B * L, H * D}), d_k(Shape{B * L, Hkv * D}), d_v(Shape{B * L, Hkv * D});
+  b.d_q = d_q.data();
+  b.d_k = d_k.data();
+  b.d_v = d_v.data();
+  detail::attention_backward(b, saved.options.kernel);
+
+  // Forward: q, k = rope(q, k) at positions 0 … L − 1, so d = Rᵀ d.
+  if (config_.rope) {
+    detail::rope_backward_in_place(d_q.data(), B, L, H, D, *config_.rope);
+    detail::rope_backward_in_place(d_k.data(), B, L, Hkv, D, *config_.rope);
+  }
+
+  // Forward: q = x W_qᵀ + b_q, k = x W_kᵀ + b_k, v = x W_vᵀ + b_v: d_x sums the three.
+  const T* x = saved.x.data();
+  linear_backward(x, d_q.data(), B * L, E, q_w_, config_.bias, g.parameters, "q_proj", g.x.data(), T(0));
+  linear_backward(x, d_k.data(), B * L, E, k_w_, config_.bias, g.parameters, "k_proj", g.x.data(), T(1));
+  linear_backward(x, d_v.data(), B * L, E, v_w_, config_.bias, g.parameters, "v_proj", g.x.data(), T(1));
+  return g;
 }
 
 template class GroupedQueryAttention<float>;

@@ -154,17 +154,19 @@ void backward_row(const AttentionBackwardArgs<T>& b, const SliceModifiers<T>& mo
 template <class T>
 void attention_backward_materialized(const AttentionBackwardArgs<T>& b) {
   const AttentionArgs<T>& a = b.forward;
-  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  check_kv_heads(a);
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim, Hkv = a.kv_heads_or_heads();
+  const int64_t group = a.heads / Hkv;  // query heads per K/V head
   Storage<T> weights(static_cast<std::size_t>(L * S)), d_scores(static_cast<std::size_t>(L * S));
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
-  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
-  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
   const SliceLayout ol = resolve_layout(a.out_layout, a.heads, L, Dv);
   const int threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
   for (int64_t n = 0; n < a.slices; ++n) {
     const T* q = slice_start(a.q, ql, n, a.heads);
-    const T* k = slice_start(a.k, kl, n, a.heads);
-    const T* v = slice_start(a.v, vl, n, a.heads);
+    const T* k = kv_slice_start(a.k, kl, n, a.heads, Hkv);
+    const T* v = kv_slice_start(a.v, vl, n, a.heads, Hkv);
     const T* out = slice_start(a.out, ol, n, a.heads);
     const T* d_out = slice_start(b.d_out, ol, n, a.heads);
     T* x = weights.data();
@@ -181,14 +183,18 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& b) {
       for (int64_t c = 0; c < Dv; ++c) delta += d_out[i * ol.row + c] * out[i * ol.row + c];
       backward_row(b, mods, n, i, delta, x + i * S, dx + i * S);
     }
+    // K/V slice g is read by the group's query slices, consecutive in n:
+    // the first one writes its d_k/d_v (beta 0, so the caller's buffer is
+    // written, not accumulated) and the others add (beta 1), in order of n.
+    const T beta = (n % a.heads) % group == 0 ? T(0) : T(1);
     // d_v = P'ᵀ dO   (S×L)·(L×Dv)
-    gemm(Trans::Yes, Trans::No, S, Dv, L, T(1), x, S, d_out, ol.row, T(0),
-         slice_start(b.d_v, vl, n, a.heads), vl.row);
+    gemm(Trans::Yes, Trans::No, S, Dv, L, T(1), x, S, d_out, ol.row, beta,
+         kv_slice_start(b.d_v, vl, n, a.heads, Hkv), vl.row);
     // Forward: x = scale · Q Kᵀ, so d_q = scale · dX K and d_k = scale · dXᵀ Q.
     gemm(Trans::No, Trans::No, L, D, S, a.scale, dx, S, k, kl.row, T(0), slice_start(b.d_q, ql, n, a.heads),
          ql.row);
-    gemm(Trans::Yes, Trans::No, S, D, L, a.scale, dx, S, q, ql.row, T(0), slice_start(b.d_k, kl, n, a.heads),
-         kl.row);
+    gemm(Trans::Yes, Trans::No, S, D, L, a.scale, dx, S, q, ql.row, beta,
+         kv_slice_start(b.d_k, kl, n, a.heads, Hkv), kl.row);
   }
 }
 

@@ -60,8 +60,13 @@ void validate_rope(const RopeOptions& o, int64_t head_dim, const std::string& wh
 
 namespace detail {
 
+namespace {
+
+// The rotation by +angle (forward) or −angle (backward, sign = −1): one
+// angle computation for both, so Rᵀ is exactly the forward's R transposed.
 template <class T>
-void rope_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& o, const char* what) {
+void rotate_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& o,
+                     const char* what, double sign) {
   validate_rope(o, D, what);
   const int64_t half = D / 2;
   // θ_i = θ^(−2i/D), as RoFormer eq. (15); one cos/sin row per position.
@@ -77,7 +82,7 @@ void rope_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, con
     const double p = static_cast<double>(o.position_offset + l);
     for (int64_t i = 0; i < half; ++i) {
       cos_row[i] = static_cast<T>(std::cos(p * inv_freq[i]));
-      sin_row[i] = static_cast<T>(std::sin(p * inv_freq[i]));
+      sin_row[i] = static_cast<T>(sign * std::sin(p * inv_freq[i]));
     }
     for (int64_t b = 0; b < outer; ++b)
       for (int64_t h = 0; h < inner; ++h) {
@@ -94,8 +99,28 @@ void rope_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, con
   }
 }
 
+}  // namespace
+
+template <class T>
+void rope_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& o, const char* what) {
+  rotate_in_place(x, outer, L, inner, D, o, what, 1.0);
+}
+
+// Forward (rope_in_place): y = R(φ) x per pair, R orthogonal, so
+// dℓ/dx = R(φ)ᵀ dℓ/dy = R(−φ) dℓ/dy: the same rotation with sin negated,
+//   d_a =  cos·d_y_a + sin·d_y_c,   d_c = −sin·d_y_a + cos·d_y_c.
+template <class T>
+void rope_backward_in_place(T* d, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& o,
+                            const char* what) {
+  rotate_in_place(d, outer, L, inner, D, o, what, -1.0);
+}
+
 template void rope_in_place<float>(float*, int64_t, int64_t, int64_t, int64_t, const RopeOptions&, const char*);
 template void rope_in_place<double>(double*, int64_t, int64_t, int64_t, int64_t, const RopeOptions&, const char*);
+template void rope_backward_in_place<float>(float*, int64_t, int64_t, int64_t, int64_t, const RopeOptions&,
+                                            const char*);
+template void rope_backward_in_place<double>(double*, int64_t, int64_t, int64_t, int64_t, const RopeOptions&,
+                                             const char*);
 
 }  // namespace detail
 
@@ -113,5 +138,25 @@ Tensor<T> rotary_embedding(const Tensor<T>& x, const RopeOptions& options) {
 
 template Tensor<float> rotary_embedding<float>(const Tensor<float>&, const RopeOptions&);
 template Tensor<double> rotary_embedding<double>(const Tensor<double>&, const RopeOptions&);
+
+}  // namespace multihead
+
+namespace multihead {
+
+template <class T>
+Tensor<T> rotary_embedding_backward(const Tensor<T>& d_y, const RopeOptions& options) {
+  if (d_y.dim() < 2)
+    throw Error(Error::Kind::Value,
+                "rotary_embedding_backward: d_y must be (..., L, D), got shape " + shape_to_string(d_y.shape()));
+  const int64_t L = d_y.size(-2), D = d_y.size(-1);
+  Tensor<T> d_x(d_y.shape());
+  std::copy_n(d_y.data(), d_y.numel(), d_x.data());
+  const int64_t outer = L * D == 0 ? 0 : d_y.numel() / (L * D);
+  detail::rope_backward_in_place(d_x.data(), outer, L, int64_t{1}, D, options, "rotary_embedding_backward");
+  return d_x;
+}
+
+template Tensor<float> rotary_embedding_backward<float>(const Tensor<float>&, const RopeOptions&);
+template Tensor<double> rotary_embedding_backward<double>(const Tensor<double>&, const RopeOptions&);
 
 }  // namespace multihead

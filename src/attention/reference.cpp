@@ -165,17 +165,30 @@ void reference_backward_row(const AttentionBackwardArgs<T>& b, const Slice<T>& s
 template <class T>
 void attention_backward_reference(const AttentionBackwardArgs<T>& b) {
   const AttentionArgs<T>& a = b.forward;
-  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  check_kv_heads(a);
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim, Hkv = a.kv_heads_or_heads();
   std::vector<T> p(static_cast<std::size_t>(S)), dp(static_cast<std::size_t>(S));
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
-  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
-  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
   const SliceLayout ol = resolve_layout(a.out_layout, a.heads, L, Dv);
+  // d_k and d_v are written, not accumulated, for the caller: zero each K/V
+  // slice once, then every query slice of its group adds into it
+  // (d_k_j = Σ over the group's slices, the contract's grouped sum).
+  const int64_t kv_slices = kv_slice_count(a.slices, a.heads, Hkv);
+  for (int64_t g = 0; g < kv_slices; ++g) {
+    T* d_k = slice_start(b.d_k, kl, g, Hkv);
+    T* d_v = slice_start(b.d_v, vl, g, Hkv);
+    for (int64_t j = 0; j < S; ++j) {
+      for (int64_t d = 0; d < D; ++d) d_k[j * kl.row + d] = 0;
+      for (int64_t d = 0; d < Dv; ++d) d_v[j * vl.row + d] = 0;
+    }
+  }
   for (int64_t n = 0; n < a.slices; ++n) {
     Slice<T> slice{n,
                    slice_start(a.q, ql, n, a.heads),
-                   slice_start(a.k, kl, n, a.heads),
-                   slice_start(a.v, vl, n, a.heads),
+                   kv_slice_start(a.k, kl, n, a.heads, Hkv),
+                   kv_slice_start(a.v, vl, n, a.heads, Hkv),
                    nullptr,
                    ql.row,
                    kl.row,
@@ -184,12 +197,8 @@ void attention_backward_reference(const AttentionBackwardArgs<T>& b) {
                    slice_modifiers(a.modifiers, n, a.heads, L, S)};
     slice.d_out = slice_start(b.d_out, ol, n, a.heads);
     T* d_q = slice_start(b.d_q, ql, n, a.heads);
-    T* d_k = slice_start(b.d_k, kl, n, a.heads);
-    T* d_v = slice_start(b.d_v, vl, n, a.heads);
-    for (int64_t j = 0; j < S; ++j) {
-      for (int64_t d = 0; d < D; ++d) d_k[j * kl.row + d] = 0;
-      for (int64_t d = 0; d < Dv; ++d) d_v[j * vl.row + d] = 0;
-    }
+    T* d_k = kv_slice_start(b.d_k, kl, n, a.heads, Hkv);
+    T* d_v = kv_slice_start(b.d_v, vl, n, a.heads, Hkv);
     for (int64_t i = 0; i < L; ++i)
       reference_backward_row(b, slice, d_q + i * ql.row, d_k, d_v, i, p.data(), dp.data());
   }

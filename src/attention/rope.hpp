@@ -18,4 +18,10 @@ template <class T>
 void rope_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& options,
                    const char* what = "rope");
 
+// Its backward: d (the gradient of the rotated x, same layout) becomes the
+// gradient of x, rotated by −angle (Rᵀ; the same angles).
+template <class T>
+void rope_backward_in_place(T* d, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& options,
+                            const char* what = "rope");
+
 }  // namespace multihead::detail

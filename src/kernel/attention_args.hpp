@@ -73,6 +73,17 @@ template <class P>
 P* kv_slice_start(P* base, const SliceLayout& l, int64_t n, int64_t heads, int64_t kv_heads) {
   return slice_start(base, l, kv_slice(n, heads, kv_heads), kv_heads);
 }
+// How many K/V slices N query slices read: N / heads · kv_heads (N itself
+// without grouping, where N need not be a multiple of heads).
+inline int64_t kv_slice_count(int64_t slices, int64_t heads, int64_t kv_heads) {
+  return kv_heads == heads ? slices : slices / heads * kv_heads;
+}
+// Query slice r < heads / kv_heads of K/V slice g's group: the inverse of
+// kv_slice (consecutive query heads, in increasing n).
+inline int64_t group_query_slice(int64_t g, int64_t r, int64_t heads, int64_t kv_heads) {
+  if (kv_heads == heads) return g;
+  return (g / kv_heads) * heads + (g % kv_heads) * (heads / kv_heads) + r;
+}
 
 // Causal masking, with its alignment made explicit. Keys j < cols take part
 // (the columns after them, bias_k and the zero-attention key, stay visible,
@@ -178,9 +189,9 @@ void check_kv_heads(const AttentionArgs<T>& a) {
 
 // The backward pass of the forward above. Given the forward's own arguments
 // (forward.out holds the output it wrote), the row log-sum-exps it saved and
-// dℓ/dout (kv_heads == heads: a grouped backward would sum d_k and d_v
-// over each group of query heads; none does yet), every backward kernel computes, for slice n, query i, key j
-// (x_ij = scale·<q_i, k_j>, s_ij its shaped score, as in the forward):
+// dℓ/dout, every backward kernel computes, for slice n, query i, key j
+// (x_ij = scale·<q_i, k_j>, s_ij its shaped score, as in the forward;
+// k_j, v_j rows of K/V slice g = kv_slice(n)):
 //   p_ij    = exp(s_ij − lse_i)            the forward's softmax, recomputed
 //   dp'_ij  = <d_out_i, v_j>               (p' = dropout(p), out_i = Σ_j p'_ij v_j)
 //   dp_ij   = dropout_weight(dp'_ij)       the same keep decision and 1/(1 − p)
@@ -188,9 +199,12 @@ void check_kv_heads(const AttentionArgs<T>& a) {
 //   ds_ij   = p_ij (dp_ij − delta_i)       softmax's Jacobian
 //   dx_ij   = ds_ij · soft_cap_slope(x_ij) the cap's derivative (1 without it);
 //                                          masks, ALiBi and padding are constants
-//   d_q_i   = scale Σ_j dx_ij k_j
-//   d_k_j   = scale Σ_i dx_ij q_i
-//   d_v_j   = Σ_i p'_ij d_out_i
+//   d_q[n]_i = scale Σ_j dx_ij k_j
+//   d_k[g]_j = scale Σ_{n: kv_slice(n) = g} Σ_i dx_ij q[n]_i
+//   d_v[g]_j = Σ_{n: kv_slice(n) = g} Σ_i p'_ij d_out[n]_i
+// i.e. grouped-query K/V rows get the sum over the heads / kv_heads query
+// slices that read them (what autograd gives through repeat_kv), summed in
+// increasing n in every kernel.
 // A fully masked row (lse_i = −inf) contributes nothing under
 // MaskedRowPolicy::Zeros (its output was the constant 0); under NaN its
 // gradient is NaN wherever it reaches, as PyTorch 1.13's autograd gives.
@@ -200,8 +214,9 @@ struct AttentionBackwardArgs {
   AttentionArgs<T> forward;   // as the forward was called; its weights and lse are not read
   const T* lse = nullptr;     // [N][L], as the forward wrote it
   const T* d_out = nullptr;   // forward.out_layout
-  // Written (not accumulated) in the layouts of q, k and v: views into one
-  // packed buffer give the packed gradient of the in-projection's output.
+  // Written (not accumulated) in the layouts of q, k and v (d_k and d_v
+  // over the kv_heads K/V slices): views into one packed buffer give the
+  // packed gradient of the in-projection's output.
   T* d_q = nullptr;           // forward.q_layout
   T* d_k = nullptr;           // forward.k_layout
   T* d_v = nullptr;           // forward.v_layout

@@ -28,10 +28,11 @@
 // Order: query tiles outer (in increasing i0), key tiles inner (the tiles
 // the forward visits, VisitKeyTiles: causal and window skip the same
 // tiles). d_q of a query tile lives in scratch (dqt [D][bq]) until its key
-// tiles are done; d_k and d_v of the slice accumulate in the output over
-// the query tiles, in a fixed order. One call handles one whole slice
-// (FlashAttentionBackwardSliceF32), or, split in two passes, a range of
-// keys (their d_k, d_v) or a range of query rows (their d_q); both ways
+// tiles are done; d_k and d_v of a K/V slice accumulate in the output over
+// the query tiles of each query slice reading it (grouped-query: the
+// group's slices in increasing n), in a fixed order. One call handles one
+// whole group (FlashAttentionBackwardGroupF32), or, split in two passes, a
+// range of keys (their d_k, d_v) or a range of query rows (their d_q); both ways
 // every element gets the same operations in the same order, so each
 // d_q/d_k/d_v row has one writer and the same bits whatever the thread
 // count (src/attention/flash.cpp, attention_backward_flash, says which
@@ -302,8 +303,9 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   const size_t value_dim = static_cast<size_t>(a.value_dim);
   float* HWY_RESTRICT base = scratch.floats(BackwardScratchFloats(NVQ, head_dim, value_dim));
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, a.q_len, a.head_dim);
-  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, a.kv_len, a.head_dim);
-  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, a.kv_len, a.value_dim);
+  const int64_t Hkv = a.kv_heads_or_heads();
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, a.kv_len, a.head_dim);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, a.kv_len, a.value_dim);
   const SliceLayout ol = resolve_layout(a.out_layout, a.heads, a.q_len, a.value_dim);
 
   BackwardTile bt;
@@ -367,8 +369,9 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   }
 
   const QueryTileInputs in = TileInputs(a, slice);
-  float* d_k = slice_start(b.d_k, kl, slice, a.heads);
-  float* d_v = slice_start(b.d_v, vl, slice, a.heads);
+  // The K/V slice this query slice reads (kv_slice): its d_k, d_v rows.
+  float* d_k = kv_slice_start(b.d_k, kl, slice, a.heads, Hkv);
+  float* d_v = kv_slice_start(b.d_v, vl, slice, a.heads, Hkv);
   VisitKeyTiles<NVQ>(a, in, i0, rows, [&](int64_t j0, size_t keys) {
     const int64_t begin = std::max(j0, key_begin), end = std::min(j0 + static_cast<int64_t>(keys), key_end);
     if (begin >= end) return;
@@ -429,10 +432,11 @@ inline void BackwardNaNRows(const AttentionBackwardArgs<float>& b, int64_t slice
   bool any_masked = false;
   for (int64_t i = 0; i < L && !any_masked; ++i) any_masked = lse[i] == neg_inf;
   if (!any_masked) return;
-  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, S, D);
-  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, S, Dv);
-  float* d_k = slice_start(b.d_k, kl, slice, a.heads);
-  float* d_v = slice_start(b.d_v, vl, slice, a.heads);
+  const int64_t Hkv = a.kv_heads_or_heads();
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
+  float* d_k = kv_slice_start(b.d_k, kl, slice, a.heads, Hkv);
+  float* d_v = kv_slice_start(b.d_v, vl, slice, a.heads, Hkv);
   const bool dropout = a.dropout.p > 0.0;
   for (int64_t j = key_begin; j < key_end; ++j) {
     std::fill(d_k + j * kl.row, d_k + j * kl.row + D, nan);
@@ -443,40 +447,54 @@ inline void BackwardNaNRows(const AttentionBackwardArgs<float>& b, int64_t slice
   }
 }
 
-// Zero d_k and d_v rows [key_begin, key_end) of a slice.
-inline void ZeroKeyGradients(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t key_begin,
+// Zero d_k and d_v rows [key_begin, key_end) of K/V slice `kv`.
+inline void ZeroKeyGradients(const AttentionBackwardArgs<float>& b, int64_t kv, int64_t key_begin,
                              int64_t key_end) {
   const AttentionArgs<float>& a = b.forward;
-  const SliceLayout kl = resolve_layout(a.k_layout, a.heads, a.kv_len, a.head_dim);
-  const SliceLayout vl = resolve_layout(a.v_layout, a.heads, a.kv_len, a.value_dim);
-  float* d_k = slice_start(b.d_k, kl, slice, a.heads);
-  float* d_v = slice_start(b.d_v, vl, slice, a.heads);
+  const int64_t Hkv = a.kv_heads_or_heads();
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, a.kv_len, a.head_dim);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, a.kv_len, a.value_dim);
+  float* d_k = slice_start(b.d_k, kl, kv, Hkv);
+  float* d_v = slice_start(b.d_v, vl, kv, Hkv);
   for (int64_t j = key_begin; j < key_end; ++j) {
     std::fill(d_k + j * kl.row, d_k + j * kl.row + a.head_dim, 0.0f);
     std::fill(d_v + j * vl.row, d_v + j * vl.row + a.value_dim, 0.0f);
   }
 }
 
-// The whole backward of slice `slice` in one pass: d_k and d_v zeroed, then
-// the query tiles in increasing order, each adding d_k, d_v and writing d_q.
-inline void FlashAttentionBackwardSliceF32(const AttentionBackwardArgs<float>& b, int64_t slice,
+// The whole backward of K/V slice `kv` and the query slices that read it
+// (its group: one slice without grouped-query) in one pass: d_k and d_v
+// zeroed, then the group's query slices in increasing n, each one's query
+// tiles in increasing order, adding d_k, d_v and writing its d_q.
+inline void FlashAttentionBackwardGroupF32(const AttentionBackwardArgs<float>& b, int64_t kv,
                                            FlashScratch& scratch) {
   const AttentionArgs<float>& a = b.forward;
-  ZeroKeyGradients(b, slice, 0, a.kv_len);
-  BackwardRows(b, slice, 0, a.q_len, 0, a.kv_len, BackwardParts{true, true}, scratch);
-  BackwardNaNRows(b, slice, 0, a.q_len, 0, a.kv_len);
+  const int64_t Hkv = a.kv_heads_or_heads();
+  ZeroKeyGradients(b, kv, 0, a.kv_len);
+  for (int64_t r = 0; r < a.heads / Hkv; ++r) {
+    const int64_t slice = group_query_slice(kv, r, a.heads, Hkv);
+    BackwardRows(b, slice, 0, a.q_len, 0, a.kv_len, BackwardParts{true, true}, scratch);
+    BackwardNaNRows(b, slice, 0, a.q_len, 0, a.kv_len);
+  }
 }
 
-// The two-pass split of one slice (src/attention/flash.cpp says when):
-// d_k and d_v rows [key_begin, key_end), from every query tile in
-// increasing order; and d_q rows [row_begin, row_end). Each element gets
-// exactly the operations, in the same order, that the one-pass
-// FlashAttentionBackwardSliceF32 gives it, so both give the same bits.
-inline void FlashAttentionBackwardKeysF32(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t key_begin,
+// The two-pass split of one group (src/attention/flash.cpp says when):
+// d_k and d_v rows [key_begin, key_end) of K/V slice `kv`, from the
+// group's query slices in increasing n, each from every query tile in
+// increasing order; and d_q rows [row_begin, row_end) of query slice
+// `slice`. Each element gets exactly the operations, in the same order,
+// that the one-pass FlashAttentionBackwardGroupF32 gives it, so both give
+// the same bits.
+inline void FlashAttentionBackwardKeysF32(const AttentionBackwardArgs<float>& b, int64_t kv, int64_t key_begin,
                                           int64_t key_end, FlashScratch& scratch) {
-  ZeroKeyGradients(b, slice, key_begin, key_end);
-  BackwardRows(b, slice, 0, b.forward.q_len, key_begin, key_end, BackwardParts{true, false}, scratch);
-  BackwardNaNRows(b, slice, 0, 0, key_begin, key_end);
+  const AttentionArgs<float>& a = b.forward;
+  const int64_t Hkv = a.kv_heads_or_heads();
+  ZeroKeyGradients(b, kv, key_begin, key_end);
+  for (int64_t r = 0; r < a.heads / Hkv; ++r) {
+    const int64_t slice = group_query_slice(kv, r, a.heads, Hkv);
+    BackwardRows(b, slice, 0, a.q_len, key_begin, key_end, BackwardParts{true, false}, scratch);
+    BackwardNaNRows(b, slice, 0, 0, key_begin, key_end);
+  }
 }
 inline void FlashAttentionBackwardQueriesF32(const AttentionBackwardArgs<float>& b, int64_t slice,
                                              int64_t row_begin, int64_t row_end, FlashScratch& scratch) {

@@ -18,12 +18,12 @@ HWY_BEFORE_NAMESPACE();
 namespace multihead::detail {
 namespace HWY_NAMESPACE {
 
-void FlashAttentionBackwardSlice(const AttentionBackwardArgs<float>& args, int64_t slice, FlashScratch& scratch) {
-  FlashAttentionBackwardSliceF32(args, slice, scratch);
+void FlashAttentionBackwardGroup(const AttentionBackwardArgs<float>& args, int64_t kv, FlashScratch& scratch) {
+  FlashAttentionBackwardGroupF32(args, kv, scratch);
 }
-void FlashAttentionBackwardKeys(const AttentionBackwardArgs<float>& args, int64_t slice, int64_t begin, int64_t end,
+void FlashAttentionBackwardKeys(const AttentionBackwardArgs<float>& args, int64_t kv, int64_t begin, int64_t end,
                                 FlashScratch& scratch) {
-  FlashAttentionBackwardKeysF32(args, slice, begin, end, scratch);
+  FlashAttentionBackwardKeysF32(args, kv, begin, end, scratch);
 }
 void FlashAttentionBackwardQueries(const AttentionBackwardArgs<float>& args, int64_t slice, int64_t begin,
                                    int64_t end, FlashScratch& scratch) {
@@ -40,7 +40,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace multihead::detail {
 
-HWY_EXPORT(FlashAttentionBackwardSlice);
+HWY_EXPORT(FlashAttentionBackwardGroup);
 HWY_EXPORT(FlashAttentionBackwardKeys);
 HWY_EXPORT(FlashAttentionBackwardQueries);
 HWY_EXPORT(FlashAttentionBackwardRowTile);
@@ -51,7 +51,7 @@ FlashBackwardKernel flash_backward_kernel_for(int64_t target_bit) {
   const size_t i =
       dispatch_table_index(HWY_DISPATCH_TABLE(FlashAttentionBackwardTarget), target_bit, "flash attention backward");
   FlashBackwardKernel kernel;
-  kernel.slice = HWY_DISPATCH_TABLE(FlashAttentionBackwardSlice)[i];
+  kernel.group = HWY_DISPATCH_TABLE(FlashAttentionBackwardGroup)[i];
   kernel.keys = HWY_DISPATCH_TABLE(FlashAttentionBackwardKeys)[i];
   kernel.queries = HWY_DISPATCH_TABLE(FlashAttentionBackwardQueries)[i];
   kernel.row_tile = HWY_DISPATCH_TABLE(FlashAttentionBackwardRowTile)[i]();

@@ -15,16 +15,19 @@ namespace multihead::detail {
 
 // One Highway target's flash backward.
 struct FlashBackwardKernel {
-  // Writes slice `slice`'s rows of args.d_q, d_k and d_v (the contract:
-  // AttentionBackwardArgs, src/kernel/attention_args.hpp). Slices are
-  // independent and each is summed in a fixed order, so any partition of
-  // the slices over threads gives bit-identical gradients.
-  void (*slice)(const AttentionBackwardArgs<float>& args, int64_t slice, FlashScratch& scratch);
-  // The same slice split in two passes that may run on different threads:
-  // keys(…, begin, end) writes the d_k and d_v rows [begin, end), queries(…,
-  // begin, end) the d_q rows [begin, end) (begin a multiple of row_tile).
-  // Together they give exactly the bits slice() gives.
-  void (*keys)(const AttentionBackwardArgs<float>& args, int64_t slice, int64_t begin, int64_t end,
+  // Writes the d_k and d_v rows of K/V slice `kv` and the d_q rows of the
+  // query slices that read it (its group, kv_slice in attention_args.hpp;
+  // one slice without grouped-query): the contract, AttentionBackwardArgs.
+  // Groups are independent and each is summed in a fixed order (its query
+  // slices in increasing n), so any partition of the groups over threads
+  // gives bit-identical gradients.
+  void (*group)(const AttentionBackwardArgs<float>& args, int64_t kv, FlashScratch& scratch);
+  // The same group split in two passes that may run on different threads:
+  // keys(…, kv, begin, end) writes the d_k and d_v rows [begin, end) of K/V
+  // slice kv, queries(…, slice, begin, end) the d_q rows [begin, end) of
+  // query slice `slice` (begin a multiple of row_tile). Together they give
+  // exactly the bits group() gives.
+  void (*keys)(const AttentionBackwardArgs<float>& args, int64_t kv, int64_t begin, int64_t end,
                FlashScratch& scratch);
   void (*queries)(const AttentionBackwardArgs<float>& args, int64_t slice, int64_t begin, int64_t end,
                   FlashScratch& scratch);
