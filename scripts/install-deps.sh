@@ -47,6 +47,8 @@ tests=(
   # installs itself with npm ci (tests/explain/package-lock.json). A font,
   # since chromium only recommends one and the screenshot needs text.
   chromium nodejs fonts-dejavu-core
+  # bench/bench_decode.py writes its ONNX Runtime model file with onnx.
+  python3-onnx
 )
 # The experiment's plots (the experiment itself needs only the build).
 experiment=(python3 python3-matplotlib)
