@@ -206,13 +206,12 @@ explain::Report build_trained_report(const ExplainArgs& a, std::vector<int32_t>&
   const HeadRoles roles = head_roles(focus);
   for (int64_t layer = 0; layer < c.layers; ++layer) {
     explain::HeadMeasure ref, adj;
-    const std::string suffix = c.layers > 1 ? " (layer " + std::to_string(layer + 1) + ")" : "";
-    ref.name = "\"it\" \u2192 referent noun" + suffix;
+    ref.name = "\"it\" \u2192 referent noun";
     ref.description = "Mean attention from \"it\" to the noun it refers to, over the lesson task's " +
                       std::to_string(task.test_sentences().size()) +
                       " held-out test sentences (multihead experiment's specialisation measure); the marked head "
                       "has the most.";
-    adj.name = "\"it\" \u2192 adjective" + suffix;
+    adj.name = "\"it\" \u2192 adjective";
     adj.description = "Mean attention from \"it\" to the adjective that decides the referent, over the same "
                       "sentences; the marked head has the most.";
     ref.layer = adj.layer = layer;
