@@ -74,7 +74,7 @@ int64_t resolve_token(const std::string& text, const std::vector<std::string>& l
   for (int64_t i = 0; i < L; ++i)
     if (labels[static_cast<std::size_t>(i)] == text) return i;
   throw Error(Error::Kind::Value, "--token: expected a position 0 to " + std::to_string(L - 1) +
-                                      " or one of the --tokens labels, got '" + text + "'");
+                                      " or one of the token labels, got '" + text + "'");
 }
 
 template <class T>
@@ -277,7 +277,7 @@ Runner add_explain_command(CLI::App& app) {
                 "standard output")
       ->check(path());
   c->add_flag("--ascii", a->ascii, "Text view in plain ASCII, no colour (also when standard output is no terminal)");
-  c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr");
+  c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr (for a trained model also its 16 token ids)");
 
   return [a] {
     const bool plain = !a->weights.empty() || !a->input.empty();

@@ -31,7 +31,9 @@
     (trained_text_it.txt), its printed values checked clear of rounding
     boundaries;
   - bad usage: one line on stderr, exit 2, no file written;
-  - README.md's commands ("See what each head attends to"), run from its text.
+  - README.md's commands ("See what each head attends to"), run from its text:
+    the trained report, the trained text view (its golden file), the plain
+    module's text view (its golden file but for the file names).
 
 Usage: /usr/bin/python3 tests/cli/explain.py --multihead PATH --workdir DIR
 """
@@ -279,11 +281,15 @@ def test_readme_commands(cli, work, readme):
         outputs.append(out)
         check(f"README: multihead {' '.join(argv[:1])} ... {' '.join(argv[-2:])}", code == 0, f"exit {code} {err.strip()!r}")
     check("README: the report is written", os.path.exists(os.path.join(root, "report.html")))
+    with open(os.path.join(DATA, "trained_text_it.txt"), "rb") as f:
+        trained = f.read()
+    check("README: the trained text command prints trained_text_it.txt", len(outputs) == 3 and outputs[1] == trained,
+          outputs[1].decode() if len(outputs) > 1 else "")
     with open(os.path.join(DATA, "text_it.txt"), "rb") as f:
         golden = f.read().split(b"\n")
-    got = outputs[1].split(b"\n") if len(outputs) == 2 else []
+    got = outputs[2].split(b"\n") if len(outputs) == 3 else []
     # Line 2 names the files, whose paths differ; the rest is the golden view.
-    check("README: the text command prints the golden view (but for the file names)",
+    check("README: the --weights text command prints the golden view (but for the file names)",
           len(got) == len(golden) and got[:1] + got[2:] == golden[:1] + golden[2:], outputs[-1].decode())
 
 
