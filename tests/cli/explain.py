@@ -27,7 +27,9 @@
     PE, norm1, the q/k projections, softmax), TrainedModel giving no block
     input, from the ids `--verbose` prints; and against `forward --prefix
     blocks.0.attn --need-weights --no-average-attn-weights` on that numpy
-    block input. `--format text` for the sentence is a golden file
+    block input. Every layer: a two-layer model file written here (the
+    shipped block, then a seeded variant) through --model, both layers
+    against a numpy float64 encoder. `--format text` for the sentence is a golden file
     (trained_text_it.txt), its printed values checked clear of rounding
     boundaries;
   - bad usage: one line on stderr, exit 2, no file written;
@@ -402,6 +404,86 @@ def test_trained(cli, work):
     check("trained: --model with --weights: one line, exit 2", not bad, bad)
 
 
+def write_safetensors(path, tensors, meta):
+    """float32 safetensors with __metadata__ (the model file format, include/multihead/trained_model.hpp)."""
+    import struct
+    header, blobs, offset = {"__metadata__": meta}, [], 0
+    for name in sorted(tensors):
+        b = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def layer_norm(x, w, b):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
+
+
+def numpy_encoder_attention(p, ids, E, H, layers):
+    """Every layer's (H, L, L) weights, float64: the pre-LN encoder of include/multihead/train.hpp."""
+    L = len(ids)
+    pos, c = np.arange(L)[:, None], np.arange(E)[None, :]
+    angle = pos / np.power(10000.0, (c - c % 2) / E)
+    x = p["embedding.weight"][ids] + np.where(c % 2 == 0, np.sin(angle), np.cos(angle))
+    D, out = E // H, []
+    for i in range(layers):
+        g = lambda n: p[f"blocks.{i}.{n}"]
+        h = layer_norm(x, g("norm1.weight"), g("norm1.bias"))
+        W, b = g("attn.in_proj_weight"), g("attn.in_proj_bias")
+        q, k, v = [(h @ W[j * E:(j + 1) * E].T + b[j * E:(j + 1) * E]).reshape(L, H, D).transpose(1, 0, 2)
+                   for j in range(3)]
+        s = q @ k.transpose(0, 2, 1) / np.sqrt(D)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        a = s / s.sum(-1, keepdims=True)
+        out.append(a)
+        o = (a @ v).transpose(1, 0, 2).reshape(L, E)
+        x = x + o @ g("attn.out_proj.weight").T + g("attn.out_proj.bias")
+        h = layer_norm(x, g("norm2.weight"), g("norm2.bias"))
+        x = x + np.maximum(h @ g("ff.0.weight").T + g("ff.0.bias"), 0) @ g("ff.2.weight").T + g("ff.2.bias")
+    return out
+
+
+def test_trained_two_layers(cli, work):
+    """--model with two layers: the shipped block, then a seeded variant of it."""
+    p, meta = read_safetensors(os.path.join(ROOT, "models", "lesson-heads.safetensors"))
+    E, H = int(meta["d_model"]), int(meta["heads"])
+    rng = np.random.default_rng(5)
+    two = dict(p)
+    for name in [n for n in p if n.startswith("blocks.0.")]:
+        t = p[name]
+        two[name.replace("blocks.0.", "blocks.1.")] = t + 0.3 * rng.standard_normal(t.shape) * (t.std() + 1e-3)
+    two = {n: t.astype(np.float32) for n, t in two.items()}
+    m2 = {k: meta[k] for k in ("format", "task", "vocabulary", "sequence_length", "d_model", "heads", "ff",
+                               "dropout", "causal")}
+    m2["layers"] = "2"
+    path = os.path.join(work, "two-layers.safetensors")
+    write_safetensors(path, two, m2)
+    code, _, err = run(cli, "explain", "--model", path, "--out", "two.html", "--verbose", cwd=work)
+    check("trained, 2 layers: explain --model exits 0", code == 0, err)
+    if code != 0:
+        return
+    with open(os.path.join(work, "two.html"), encoding="utf-8") as f:
+        data = page_data(f.read())
+    check("trained, 2 layers: two layers in the report", [l["name"] for l in data["layers"]] == ["layer 1", "layer 2"],
+          str([l["name"] for l in data["layers"]]))
+    ms = data["measures"]
+    check("trained, 2 layers: two measures per layer, one referent and one adjective head picked in all",
+          sorted(x["layer"] for x in ms) == [0, 0, 1, 1] and sum(x.get("picked") is not None for x in ms) == 2,
+          str(ms))
+    m = re.search(r"token ids \(the model's input, padding included\): ([0-9 ]+)", err)
+    ids = [int(t) for t in m.group(1).split()]
+    n = len(LESSON_WORDS)
+    ref = numpy_encoder_attention({k: v.astype(np.float64) for k, v in two.items()}, ids, E, H, 2)
+    for i in range(2):
+        e = worst(np.array(data["layers"][i]["weights"]), ref[i][:, :n, :])
+        check(f"trained, 2 layers: layer {i + 1} weights = numpy float64 encoder, worst {e:.2e} <= 1e-6", e <= 1e-6)
+
+
 def test_trained_text_golden(cli, work):
     # The golden file prints "it"'s weights as whole percents and the
     # measures to 2 decimals; the model's float32 arithmetic differs by SIMD
@@ -440,6 +522,7 @@ def main():
     test_text_golden(cli, a.workdir)
     test_bad_usage(cli, a.workdir)
     test_trained(cli, a.workdir)
+    test_trained_two_layers(cli, a.workdir)
     test_trained_text_golden(cli, a.workdir)
     test_readme_commands(cli, a.workdir, a.readme)
     print(f"{len(PASSED)} passed, {len(FAILURES)} failed")
