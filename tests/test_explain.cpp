@@ -320,6 +320,34 @@ TEST(ExplainText, ShadesColoursAndTheStrongestKey) {
   EXPECT_NE(explain::text_view(r, o).find("query token 1 \"bb\""), std::string::npos);
 }
 
+// A trained model's report adds the answer and the measures of the layer
+// shown; ASCII mode writes the measure name's arrow as "->".
+TEST(ExplainText, AnswerAndMeasuresOfTheShownLayer) {
+  Report r = small_report();
+  r.answer = explain::Answer{"What does \"it\" refer to?", "c", 0.875};
+  explain::HeadMeasure m;
+  m.name = "it \u2192 c";
+  m.description = "how it was measured.";
+  m.layer = 0;
+  m.per_head = {0.125, 0.75};
+  m.picked = 1;
+  r.measures.push_back(m);
+  explain::TextOptions o;
+  const std::string ascii = explain::text_view(r, o);
+  EXPECT_NE(ascii.find("\nanswer: What does \"it\" refer to? \"c\" (88%)\n"), std::string::npos) << ascii;
+  EXPECT_NE(ascii.find("\nit -> c, per head:  1: 0.12  2: 0.75 <- picked\nhow it was measured.\n"), std::string::npos)
+      << ascii;
+  o.unicode = true;
+  EXPECT_NE(explain::text_view(r, o).find("it \u2192 c, per head:"), std::string::npos);
+  r.answer.reset();
+  r.measures[0].layer = 1;  // another layer's measure is not shown with layer 0
+  r.layers.push_back(r.layers[0]);
+  o.unicode = false;
+  const std::string without = explain::text_view(r, o);
+  EXPECT_EQ(without.find("answer:"), std::string::npos) << without;
+  EXPECT_EQ(without.find("per head:"), std::string::npos) << without;
+}
+
 TEST(ExplainText, TokenAndLayerOutOfRangeNamed) {
   explain::TextOptions o;
   o.token = 3;

@@ -1,7 +1,8 @@
 // src/explain/text_view.cpp: one query token's attention, head by head, for
 // a terminal. A row per head: for each key a shade and the weight in percent,
 // then the key the head attends to most; the head average last (what
-// need_weights returns by default).
+// need_weights returns by default); then the model's answer and the
+// per-head measures of this layer, when the report has them.
 //
 //   head        The animal   ...
 //   1         ░   3 ▓  41    ...   animal
@@ -54,6 +55,15 @@ std::string percent(double w) {
 }
 
 std::string quoted(const std::string& s) { return "\"" + escape_control_bytes(s) + "\""; }
+
+// A report's free text in the text view's alphabet: in ASCII mode the
+// measure names' arrow "→" becomes "->" (the rest of the view is ASCII
+// there; tokens are the caller's).
+std::string in_alphabet(std::string s, bool unicode) {
+  if (unicode) return s;
+  for (std::size_t at; (at = s.find("\u2192")) != std::string::npos;) s.replace(at, 3, "->");
+  return s;
+}
 
 }  // namespace
 
@@ -111,6 +121,30 @@ std::string text_view(const Report& r, const TextOptions& o) {
   out += "\nshades: '" + std::string(shades[0]) + "' below 5%, '" + shades[1] + "' from 5%, '" + shades[2] +
          "' from 15%, '" + shades[3] + "' from 30%, '" + shades[4] + "' from 50%\n";
   out += "mean: the average over heads, what need_weights returns by default; it hides which head looks where.\n";
+  if (r.answer) {
+    out += "\nanswer: " + escape_control_bytes(r.answer->question) + " " + quoted(r.answer->answer);
+    if (r.answer->confidence) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " (%.0f%%)", 100.0 * *r.answer->confidence);
+      out += buf;
+    }
+    out += "\n";
+  }
+  bool first = true;
+  for (const HeadMeasure& m : r.measures) {
+    if (m.layer != o.layer) continue;
+    if (first) out += "\n";
+    first = false;
+    out += in_alphabet(escape_control_bytes(m.name), o.unicode) + ", per head:";
+    for (std::size_t h = 0; h < m.per_head.size(); ++h) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "  %zu: %.2f", h + 1, m.per_head[h]);
+      out += buf;
+      if (m.picked && static_cast<std::size_t>(*m.picked) == h) out += " <- picked";
+    }
+    out += "\n";
+  }
+  if (!first && !r.measures.empty()) out += in_alphabet(escape_control_bytes(r.measures[0].description), o.unicode) + "\n";
   return out;
 }
 

@@ -18,8 +18,24 @@
     colour); --ascii and NO_COLOR on a terminal;
   - the page is self-contained: no src= or href= to anything, no <link>,
     no URL scheme in markup; tokens cannot break out of the JSON element;
+  - the trained model (the default: the shipped lesson model on the
+    lesson's sentence): tokens are the words (keys: the words, then the
+    padding the model sees), one layer per model layer, the answer at "it",
+    the specialisation measure with the heads the model file records as
+    picked. Its weights are checked two ways, 1e-6 (observed ~4e-7): against
+    numpy float64 written here from the checkpoint (embedding + sinusoidal
+    PE, norm1, the q/k projections, softmax), TrainedModel giving no block
+    input, from the ids `--verbose` prints; and against `forward --prefix
+    blocks.0.attn --need-weights --no-average-attn-weights` on that numpy
+    block input. Every layer: a two-layer model file written here (the
+    shipped block, then a seeded variant) through --model, both layers
+    against a numpy float64 encoder. `--format text` for the sentence is a golden file
+    (trained_text_it.txt), its printed values checked clear of rounding
+    boundaries;
   - bad usage: one line on stderr, exit 2, no file written;
-  - README.md's commands ("See what each head attends to"), run from its text.
+  - README.md's commands ("See what each head attends to"), run from its text:
+    the trained report, the trained text view (its golden file), the plain
+    module's text view (its golden file but for the file names).
 
 Usage: /usr/bin/python3 tests/cli/explain.py --multihead PATH --workdir DIR
 """
@@ -267,12 +283,227 @@ def test_readme_commands(cli, work, readme):
         outputs.append(out)
         check(f"README: multihead {' '.join(argv[:1])} ... {' '.join(argv[-2:])}", code == 0, f"exit {code} {err.strip()!r}")
     check("README: the report is written", os.path.exists(os.path.join(root, "report.html")))
+    with open(os.path.join(DATA, "trained_text_it.txt"), "rb") as f:
+        trained = f.read()
+    check("README: the trained text command prints trained_text_it.txt", len(outputs) == 3 and outputs[1] == trained,
+          outputs[1].decode() if len(outputs) > 1 else "")
     with open(os.path.join(DATA, "text_it.txt"), "rb") as f:
         golden = f.read().split(b"\n")
-    got = outputs[1].split(b"\n") if len(outputs) == 2 else []
+    got = outputs[2].split(b"\n") if len(outputs) == 3 else []
     # Line 2 names the files, whose paths differ; the rest is the golden view.
-    check("README: the text command prints the golden view (but for the file names)",
+    check("README: the --weights text command prints the golden view (but for the file names)",
           len(got) == len(golden) and got[:1] + got[2:] == golden[:1] + golden[2:], outputs[-1].decode())
+
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+LESSON_WORDS = "the animal didn't cross the street because it was too tired".split()
+
+
+def read_safetensors(path):
+    """name -> float64 array (the model file is float32 little-endian)."""
+    import struct
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    header = json.loads(b[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, t in header.items():
+        assert t["dtype"] == "F32", name
+        s, e = t["data_offsets"]
+        out[name] = np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4").reshape(t["shape"]).astype(np.float64)
+    return out, meta
+
+
+def lesson_block_input(p, ids, E):
+    """Block 0's attention input, float64: norm1(embedding[ids] + PE) (include/multihead/train.hpp)."""
+    L = len(ids)
+    pos = np.arange(L)[:, None]
+    c = np.arange(E)[None, :]
+    angle = pos / np.power(10000.0, (c - c % 2) / E)
+    pe = np.where(c % 2 == 0, np.sin(angle), np.cos(angle))
+    x = p["embedding.weight"][ids] + pe
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * p["blocks.0.norm1.weight"] + p["blocks.0.norm1.bias"]
+
+
+def numpy_attention(p, h, H):
+    """(H, L, L): softmax(Q Kᵀ/√D) of blocks.0.attn in float64, written here (no library code)."""
+    L, E = h.shape
+    D = E // H
+    W, b = p["blocks.0.attn.in_proj_weight"], p["blocks.0.attn.in_proj_bias"]
+    q = (h @ W[:E].T + b[:E]).reshape(L, H, D).transpose(1, 0, 2)
+    k = (h @ W[E:2 * E].T + b[E:2 * E]).reshape(L, H, D).transpose(1, 0, 2)
+    s = q @ k.transpose(0, 2, 1) / np.sqrt(D)
+    s = np.exp(s - s.max(-1, keepdims=True))
+    return s / s.sum(-1, keepdims=True)
+
+
+def test_trained(cli, work):
+    """The default: the shipped model on the lesson's sentence."""
+    model = os.path.join(ROOT, "models", "lesson-heads.safetensors")
+    p, meta = read_safetensors(model)
+    layers, H, E = int(meta["layers"]), int(meta["heads"]), int(meta["d_model"])
+    code, _, err = run(cli, "explain", "--out", "t.html", "--verbose", cwd=work)
+    check("trained: explain (no arguments) exits 0", code == 0, err)
+    with open(os.path.join(work, "t.html"), encoding="utf-8") as f:
+        data = page_data(f.read())
+    n = len(LESSON_WORDS)
+    check("trained: query tokens are the lesson's words",
+          [t.lower() for t in data["query_tokens"]] == LESSON_WORDS, str(data["query_tokens"]))
+    check("trained: keys are the words then the padding",
+          [t.lower() for t in data["key_tokens"]] == LESSON_WORDS + ["<pad>"] * (16 - n), str(data["key_tokens"]))
+    check(f"trained: one layer per model layer ({layers})", len(data["layers"]) == layers)
+    m = re.search(r"token ids \(the model's input, padding included\): ([0-9 ]+)", err)
+    ids = [int(t) for t in m.group(1).split()] if m else []
+    check("trained: --verbose prints the 16 token ids", len(ids) == 16, err)
+    h = lesson_block_input(p, ids, E)
+    ref = numpy_attention(p, h, H)[:, :n, :]
+    got = np.array(data["layers"][0]["weights"])
+    # float32 model vs float64 numpy from the same float32 parameters: the
+    # layer norm and projections round at ~1e-7 relative; 1e-6 holds.
+    err_np = worst(got, ref)
+    check(f"trained: layer 1 weights = numpy float64 recompute from the checkpoint, worst {err_np:.2e} <= 1e-6",
+          err_np <= 1e-6)
+    # The same weights through `multihead forward` on the block's weights,
+    # fed the block input computed above (float32).
+    block_in = os.path.join(work, "block0-in.npy")
+    np.save(block_in, h.astype(np.float32))
+    fw = forward_weights(cli, work, model, block_in, extra=("--prefix", "blocks.0.attn", "--num-heads", str(H)))[:, :n, :]
+    err_fw = worst(got, fw)
+    check(f"trained: layer 1 weights = forward --prefix blocks.0.attn --need-weights, worst {err_fw:.2e} <= 1e-6",
+          err_fw <= 1e-6)
+    ans = data.get("answer") or {}
+    check("trained: the answer for \"it\" is animal, with a probability", ans.get("answer") == "animal"
+          and 0.5 < ans.get("confidence", 0) <= 1, str(ans))
+    ms = data.get("measures") or []
+    check("trained: two measures per layer, H values each", len(ms) == 2 * layers and
+          all(len(x["per_head"]) == H for x in ms), str(ms))
+    # The picked heads are those the model file records (--save-model wrote
+    # them from the same measure): layer.head from 1.
+    picked = {x["name"].split(" (")[0]: (x["layer"] + 1, x["picked"] + 1) for x in ms if x.get("picked") is not None}
+    want = {"\"it\" \u2192 referent noun": tuple(int(v) for v in meta["referent_head"].split(".")),
+            "\"it\" \u2192 adjective": tuple(int(v) for v in meta["adjective_head"].split("."))}
+    check("trained: the measure picks the heads the model file records", picked == want, f"{picked} vs {want}")
+    for x in ms:
+        if x.get("picked") is not None:
+            check(f"trained: {x['name']}: the picked head has the most", x["per_head"][x["picked"]] == max(x["per_head"]))
+    # Another sentence, and a word the model does not know.
+    code, _, err = run(cli, "explain", "the dog didn't cross the road because it was too wide", "--format", "text",
+                       cwd=work)
+    check("trained: TEXT in the task's words works", code == 0, err)
+    code, out, err = run(cli, "explain", "the zebra didn't cross the road because it was too wide", cwd=work)
+    bad = one_error_line(code, out, err, "TEXT", "zebra", "e.g.")
+    check("trained: an unknown word: one line naming it and known words, exit 2", not bad, bad)
+    code, out, err = run(cli, "explain", "--model", model, "--format", "bertviz", "--out", "t.json", cwd=work)
+    check("trained: --model FILE (the shipped file) gives the same weights", code == 0 and
+          worst(json.load(open(os.path.join(work, "t.json")))["attention"][0][0], got) == 0, err)
+    code, out, err = run(cli, "explain", "--model", model, "--weights", model, "--input", block_in, cwd=work)
+    bad = one_error_line(code, out, err, "--model", "either")
+    check("trained: --model with --weights: one line, exit 2", not bad, bad)
+
+
+def write_safetensors(path, tensors, meta):
+    """float32 safetensors with __metadata__ (the model file format, include/multihead/trained_model.hpp)."""
+    import struct
+    header, blobs, offset = {"__metadata__": meta}, [], 0
+    for name in sorted(tensors):
+        b = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def layer_norm(x, w, b):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
+
+
+def numpy_encoder_attention(p, ids, E, H, layers):
+    """Every layer's (H, L, L) weights, float64: the pre-LN encoder of include/multihead/train.hpp."""
+    L = len(ids)
+    pos, c = np.arange(L)[:, None], np.arange(E)[None, :]
+    angle = pos / np.power(10000.0, (c - c % 2) / E)
+    x = p["embedding.weight"][ids] + np.where(c % 2 == 0, np.sin(angle), np.cos(angle))
+    D, out = E // H, []
+    for i in range(layers):
+        g = lambda n: p[f"blocks.{i}.{n}"]
+        h = layer_norm(x, g("norm1.weight"), g("norm1.bias"))
+        W, b = g("attn.in_proj_weight"), g("attn.in_proj_bias")
+        q, k, v = [(h @ W[j * E:(j + 1) * E].T + b[j * E:(j + 1) * E]).reshape(L, H, D).transpose(1, 0, 2)
+                   for j in range(3)]
+        s = q @ k.transpose(0, 2, 1) / np.sqrt(D)
+        s = np.exp(s - s.max(-1, keepdims=True))
+        a = s / s.sum(-1, keepdims=True)
+        out.append(a)
+        o = (a @ v).transpose(1, 0, 2).reshape(L, E)
+        x = x + o @ g("attn.out_proj.weight").T + g("attn.out_proj.bias")
+        h = layer_norm(x, g("norm2.weight"), g("norm2.bias"))
+        x = x + np.maximum(h @ g("ff.0.weight").T + g("ff.0.bias"), 0) @ g("ff.2.weight").T + g("ff.2.bias")
+    return out
+
+
+def test_trained_two_layers(cli, work):
+    """--model with two layers: the shipped block, then a seeded variant of it."""
+    p, meta = read_safetensors(os.path.join(ROOT, "models", "lesson-heads.safetensors"))
+    E, H = int(meta["d_model"]), int(meta["heads"])
+    rng = np.random.default_rng(5)
+    two = dict(p)
+    for name in [n for n in p if n.startswith("blocks.0.")]:
+        t = p[name]
+        two[name.replace("blocks.0.", "blocks.1.")] = t + 0.3 * rng.standard_normal(t.shape) * (t.std() + 1e-3)
+    two = {n: t.astype(np.float32) for n, t in two.items()}
+    m2 = {k: meta[k] for k in ("format", "task", "vocabulary", "sequence_length", "d_model", "heads", "ff",
+                               "dropout", "causal")}
+    m2["layers"] = "2"
+    path = os.path.join(work, "two-layers.safetensors")
+    write_safetensors(path, two, m2)
+    code, _, err = run(cli, "explain", "--model", path, "--out", "two.html", "--verbose", cwd=work)
+    check("trained, 2 layers: explain --model exits 0", code == 0, err)
+    if code != 0:
+        return
+    with open(os.path.join(work, "two.html"), encoding="utf-8") as f:
+        data = page_data(f.read())
+    check("trained, 2 layers: two layers in the report", [l["name"] for l in data["layers"]] == ["layer 1", "layer 2"],
+          str([l["name"] for l in data["layers"]]))
+    ms = data["measures"]
+    check("trained, 2 layers: two measures per layer, one referent and one adjective head picked in all",
+          sorted(x["layer"] for x in ms) == [0, 0, 1, 1] and sum(x.get("picked") is not None for x in ms) == 2,
+          str(ms))
+    m = re.search(r"token ids \(the model's input, padding included\): ([0-9 ]+)", err)
+    ids = [int(t) for t in m.group(1).split()]
+    n = len(LESSON_WORDS)
+    ref = numpy_encoder_attention({k: v.astype(np.float64) for k, v in two.items()}, ids, E, H, 2)
+    for i in range(2):
+        e = worst(np.array(data["layers"][i]["weights"]), ref[i][:, :n, :])
+        check(f"trained, 2 layers: layer {i + 1} weights = numpy float64 encoder, worst {e:.2e} <= 1e-6", e <= 1e-6)
+
+
+def test_trained_text_golden(cli, work):
+    # The golden file prints "it"'s weights as whole percents and the
+    # measures to 2 decimals; the model's float32 arithmetic differs by SIMD
+    # target in its last bits, so every printed value must sit clear of a
+    # rounding boundary for the file to hold on every target.
+    code, _, err = run(cli, "explain", "--out", "g.html", cwd=work)
+    with open(os.path.join(work, "g.html"), encoding="utf-8") as f:
+        data = page_data(f.read())
+    it = data["query_tokens"].index("it")
+    pct = 100 * np.array(data["layers"][0]["weights"])[:, it, :]
+    pct = np.concatenate([pct.ravel(), 100 * np.array(data["layers"][0]["average"])[it]])
+    two = 100 * np.array([v for m in data["measures"] for v in m["per_head"]])
+    margin = min(np.min(np.abs(pct - np.floor(pct) - 0.5)), np.min(np.abs(two - np.floor(two) - 0.5)),
+                 abs(100 * data["answer"]["confidence"] % 1 - 0.5))
+    check(f"trained golden: values sit {margin:.3g} points from a rounding boundary (> 1e-3)", margin > 1e-3)
+    with open(os.path.join(DATA, "trained_text_it.txt"), "rb") as f:
+        golden = f.read()
+    code, out, err = run(cli, "explain", "--format", "text", cwd=work)
+    check("trained: --format text (token \"it\") = golden tests/data/explain/trained_text_it.txt",
+          code == 0 and out == golden, out.decode("utf-8", "replace") + err)
 
 
 def main():
@@ -290,6 +521,9 @@ def main():
     test_page_is_self_contained(cli, a.workdir)
     test_text_golden(cli, a.workdir)
     test_bad_usage(cli, a.workdir)
+    test_trained(cli, a.workdir)
+    test_trained_two_layers(cli, a.workdir)
+    test_trained_text_golden(cli, a.workdir)
     test_readme_commands(cli, a.workdir, a.readme)
     print(f"{len(PASSED)} passed, {len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)

@@ -16,10 +16,17 @@
 //  - the page makes no network request: every request but the page itself
 //    fails the test (the listener is itself checked on a page that does
 //    request an image);
-//  - no script error; and it saves a screenshot PNG.
+//  - no script error; and it saves a screenshot PNG;
+//  - with --trained T.html (`multihead explain`'s default: the shipped
+//    lesson model on the lesson's sentence): its token labels are the
+//    sentence's words (the keys then the padding), one layer entry per
+//    layer of the model, the answer section names "animal" with a
+//    probability, the measure section has a table per measure with H values
+//    and the picked head marked where its data says; its screenshot too
+//    (explain-trained.png).
 //
 // Usage: node browser_test.mjs --report R.html --node-modules DIR --work DIR
-//        [--chromium /usr/bin/chromium]
+//        [--chromium /usr/bin/chromium] [--trained T.html]
 import { createRequire } from "node:module";
 import fs from "node:fs";
 import os from "node:os";
@@ -194,6 +201,47 @@ async function main() {
     check("no answer or measure sections on the plain report",
           await page.$eval("#answer-section", (s) => s.hidden) && await page.$eval("#measures-section", (s) => s.hidden));
     await page2.close();
+
+    // ---- the trained model's report -------------------------------------------------
+    if (args.trained) {
+      const tData = embeddedData(fs.readFileSync(args.trained, "utf8"));
+      const tUrl = pathToFileURL(path.resolve(args.trained)).href;
+      allowed.add(tUrl);
+      const page3 = await context.newPage();
+      page3.on("pageerror", (e) => errors.push(String(e)));
+      page3.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
+      await page3.goto(tUrl, { waitUntil: "load" });
+      await page3.waitForSelector("body[data-ready='true']", { timeout: 10000 });
+      const words = "the animal didn't cross the street because it was too tired".split(" ");
+      const tq = await page3.$$eval("svg#head-view text.query-token", (ts) => ts.map((t) => t.textContent));
+      const tk = await page3.$$eval("svg#head-view text.key-token", (ts) => ts.map((t) => t.textContent));
+      check("trained: query labels are the lesson's words", same(tq.map((t) => t.toLowerCase()), words),
+            JSON.stringify(tq));
+      check("trained: key labels are the words, then the padding",
+            same(tk.map((t) => t.toLowerCase()), words.concat(Array(tk.length - words.length).fill("<pad>"))) &&
+            tk.length === 16, JSON.stringify(tk));
+      const nLayers = tData.layers.length;
+      check(`trained: layer selector has the model's ${nLayers} layer(s)`,
+            await page3.$eval("#layer-select", (s, n) => s.options.length === n && s.disabled === (n === 1), nLayers));
+      check("trained: one toggle per head", (await page3.$$eval("button.head-toggle", (bs) => bs.length)) ===
+            tData.layers[0].heads);
+      const answer = await page3.$eval("#answer", (p) => p.textContent);
+      check("trained: answer section shown: \"it\" refers to animal, with its probability",
+            !(await page3.$eval("#answer-section", (s) => s.hidden)) &&
+            /^What does "it" refer to\? animal \(probability \d+(\.\d+)?%\)$/.test(answer), answer);
+      const tables = await page3.$$eval("table.measure", (ts) => ts.map((t) =>
+        [...t.rows[1].cells].slice(1).map((c) => [c.textContent, c.className])));
+      const want = tData.measures.map((m) => m.per_head.map((v, h) => [v.toFixed(3), m.picked === h ? "picked" : ""]));
+      check("trained: measure section: a table per measure, a value per head, the picked head marked",
+            !(await page3.$eval("#measures-section", (s) => s.hidden)) && tables.length === 2 * nLayers &&
+            JSON.stringify(tables) === JSON.stringify(want) && tables.every((t) => t.some((c) => c[1] === "picked")),
+            JSON.stringify(tables));
+      const tShot = path.join(work, "explain-trained.png");
+      await page3.screenshot({ path: tShot, fullPage: true });
+      const tPng = fs.readFileSync(tShot);
+      check(`trained: screenshot saved (${tShot})`, tPng.length > 1000 && tPng.subarray(1, 4).toString() === "PNG");
+      await page3.close();
+    }
 
     check("no network request", foreign.length === 0, JSON.stringify(foreign));
     check("no script error", errors.length === 0, JSON.stringify(errors));

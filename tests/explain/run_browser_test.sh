@@ -10,7 +10,7 @@
 #    (once per build folder; again when the lock changes). No browser is
 #    downloaded: PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1, and the test launches
 #    /usr/bin/chromium.
-# The screenshot lands in WORKDIR/explain-report.png.
+# The screenshots land in WORKDIR/explain-report.png and explain-trained.png.
 set -euo pipefail
 cli=$1
 work=$2
@@ -35,5 +35,8 @@ rm -rf "$work"
 mkdir -p "$work"
 "$cli" explain --weights "$data/w.safetensors" --input "$data/x.npy" \
   --tokens "The animal didn't cross the street because it was too tired" --out "$work/report.html"
+# The default report: the shipped trained model on the lesson's sentence.
+"$cli" explain --out "$work/trained.html"
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 node "$here/browser_test.mjs" --report "$work/report.html" \
+  --trained "$work/trained.html" \
   --node-modules "$node_dir/node_modules" --work "$work" --chromium /usr/bin/chromium
