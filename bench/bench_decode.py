@@ -231,8 +231,13 @@ def ensure_ort(cache):
     marker = os.path.join(cache, "node_modules", "onnxruntime-node", "package.json")
     if not os.path.exists(marker):
         os.makedirs(cache, exist_ok=True)
+        # npm trusts only Node.js's bundled roots; add the system's store
+        # (tests/explain/run_browser_test.sh does the same).
+        env = dict(os.environ)
+        if not env.get("NODE_EXTRA_CA_CERTS") and os.path.exists("/etc/ssl/certs/ca-certificates.crt"):
+            env["NODE_EXTRA_CA_CERTS"] = "/etc/ssl/certs/ca-certificates.crt"
         r = subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--ignore-scripts", "--prefix", cache,
-                            f"onnxruntime-node@{ORT_VERSION}"], capture_output=True, text=True)
+                            f"onnxruntime-node@{ORT_VERSION}"], capture_output=True, text=True, env=env)
         if r.returncode != 0:
             raise RuntimeError("npm install onnxruntime-node failed: " + r.stderr.strip().splitlines()[-1])
     return cache

@@ -96,6 +96,14 @@ for f in /etc/apt/apt.conf.d/*; do
   if [[ -f $f ]] && grep -qi 'proxy' "$f"; then cp "$f" "$root/etc/apt/apt.conf.d/"; fi
 done
 cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# The machine's own certificate authorities (a network that inspects TLS
+# signs with one): part of the network, like the proxy and the resolver, not
+# of what a fresh machine has installed. ca-certificates, installed by
+# install-deps.sh inside the root, adds them to the root's store.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+fi
 
 # What a booted machine has: /proc, /sys, /dev, a terminal device tree, and a
 # world-writable /dev/shm (LLVM's OpenMP runtime opens a file there, also for

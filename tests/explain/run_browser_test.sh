@@ -28,7 +28,13 @@ if ! cmp -s "$here/package-lock.json" "$node_dir/package-lock.json" ||
   mkdir -p "$node_dir"
   cp "$here/package.json" "$here/package-lock.json" "$node_dir/"
   echo "explain_browser: npm ci (playwright-core, as package-lock.json pins it) into $node_dir"
-  (cd "$node_dir" && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+  # npm trusts only the roots bundled with Node.js; add the system's store
+  # (ca-certificates), which also holds any authority the local network adds.
+  ca=()
+  if [[ -z ${NODE_EXTRA_CA_CERTS:-} && -f /etc/ssl/certs/ca-certificates.crt ]]; then
+    ca=(env NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt)
+  fi
+  (cd "$node_dir" && "${ca[@]}" env PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
 fi
 
 rm -rf "$work"
