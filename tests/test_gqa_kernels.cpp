@@ -28,16 +28,12 @@
 #include "attention/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/targets.hpp"
+#include "test_util.hpp"
 
 namespace multihead {
 namespace {
 
-// For RecordProperty: std::to_string prints 6 decimals (1e-7 as 0.000000).
-std::string fmt(double x) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3g", x);
-  return b;
-}
+using test::fmt;
 
 using detail::AttentionArgs;
 using detail::SliceLayout;

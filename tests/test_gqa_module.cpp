@@ -30,12 +30,7 @@
 namespace multihead {
 namespace {
 
-// For RecordProperty: std::to_string prints 6 decimals (1e-7 as 0.000000).
-std::string fmt(double x) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3g", x);
-  return b;
-}
+using test::fmt;
 
 // ---- the float64 model with repeated K/V heads -----------------------------
 

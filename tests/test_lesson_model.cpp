@@ -248,5 +248,52 @@ TEST(TrainedModel, RefusesAFileThatIsNotAModelNamingItAndTheFormat) {
   EXPECT_THROW(model.serialize({{"heads", "8"}}), Error);
 }
 
+// The model file's metadata is read by the checkpoint's rules
+// (src/train/checkpoint_metadata.cpp): each value must parse completely, and
+// the message names the file, the key, expected and actual.
+TEST(TrainedModel, RejectsMetadataThatDoesNotParseNamingKeyAndValue) {
+  const SafetensorsFile shipped = read_safetensors(kModelPath);
+  std::map<std::string, Tensor<float>> tensors;
+  for (const auto& [name, t] : shipped.tensors) tensors[name] = tensor_cast<float>(t.values);
+  auto message = [&](const std::string& key, const std::string* value) {
+    std::map<std::string, std::string> meta = shipped.metadata;
+    if (value) meta[key] = *value;
+    else meta.erase(key);
+    const std::string bytes = serialize_safetensors(tensors, meta);
+    try {
+      TrainedModel::parse(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), "m.safetensors");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), Error::Kind::Format);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string maybe = "maybe", abc = "abc", x32 = "32x";
+  EXPECT_EQ(message("heads", nullptr), "'m.safetensors': model metadata lacks 'heads'");
+  EXPECT_EQ(message("causal", &maybe), "'m.safetensors': model metadata 'causal': expected true or false, got 'maybe'");
+  EXPECT_EQ(message("dropout", &abc), "'m.safetensors': model metadata 'dropout': expected a number, got 'abc'");
+  EXPECT_EQ(message("d_model", &x32), "'m.safetensors': model metadata 'd_model': expected an integer, got '32x'");
+}
+
+// One sentence padded to kLength, nothing scored; sizes and ids outside
+// the task are Value errors.
+TEST(LessonTask, SentenceBatchPadsToTheTaskLengthAndScoresNothing) {
+  const LessonTask task;
+  const std::vector<int32_t> ids = task.ids({"the", "animal", "was", "tired"});
+  const Batch b = task.sentence_batch(ids);
+  EXPECT_EQ(b.batch, 1);
+  EXPECT_EQ(b.length, LessonTask::kLength);
+  ASSERT_EQ(b.tokens.size(), static_cast<std::size_t>(LessonTask::kLength));
+  for (std::size_t i = 0; i < b.tokens.size(); ++i) {
+    EXPECT_EQ(b.tokens[i], i < ids.size() ? ids[i] : LessonTask::kPad) << "position " << i;
+    EXPECT_EQ(b.targets[i], LessonTask::kPad);
+    EXPECT_EQ(b.mask[i], 0);
+  }
+  EXPECT_THROW(task.sentence_batch({}), Error);
+  EXPECT_THROW(task.sentence_batch(std::vector<int32_t>(LessonTask::kLength + 1, ids[0])), Error);
+  EXPECT_THROW(task.sentence_batch({ids[0], LessonTask::kPad}), Error);
+  EXPECT_THROW(task.sentence_batch({static_cast<int32_t>(task.vocabulary())}), Error);
+}
+
 }  // namespace
 }  // namespace multihead

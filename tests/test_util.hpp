@@ -2,11 +2,21 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
 #include <random>
+#include <string>
 
 #include "multihead/tensor.hpp"
 
 namespace multihead::test {
+
+// x with 3 significant digits, for RecordProperty (std::to_string prints
+// 6 decimals: 1e-7 as 0.000000).
+inline std::string fmt(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", x);
+  return b;
+}
 
 // Standard-normal entries from `rng`.
 template <class T>

@@ -117,6 +117,10 @@ class LessonTask : public HeldOutTask {
   // mask 1 at "it" only, its target the referent's id (others kPad).
   std::vector<int32_t> ids(const std::vector<std::string>& words) const;
   Batch encode(const std::vector<LessonSentence>& sentences) const;
+  // One sentence of ids (1 to kLength, each a word of the vocabulary) as the
+  // model reads it: padded with kPad to kLength, nothing scored (targets
+  // kPad, mask 0). What `multihead demo` and `multihead explain` evaluate.
+  Batch sentence_batch(const std::vector<int32_t>& ids) const;
 
  private:
   std::vector<std::string> vocab_;

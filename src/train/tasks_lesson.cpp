@@ -218,6 +218,25 @@ std::vector<int32_t> LessonTask::ids(const std::vector<std::string>& words) cons
   return out;
 }
 
+Batch LessonTask::sentence_batch(const std::vector<int32_t>& ids) const {
+  const auto n = static_cast<int64_t>(ids.size());
+  if (n < 1 || n > kLength)
+    throw Error(Error::Kind::Value, "lesson sentence ids: expected 1 to " + std::to_string(kLength) + " ids, got " +
+                                        std::to_string(n));
+  for (const int32_t id : ids)
+    if (id < 1 || id >= vocabulary())
+      throw Error(Error::Kind::Value, "lesson sentence ids: expected ids in [1, " + std::to_string(vocabulary()) +
+                                          "), got " + std::to_string(id));
+  Batch b;
+  b.batch = 1;
+  b.length = kLength;
+  b.tokens.assign(static_cast<std::size_t>(kLength), kPad);
+  std::copy(ids.begin(), ids.end(), b.tokens.begin());
+  b.targets.assign(static_cast<std::size_t>(kLength), kPad);
+  b.mask.assign(static_cast<std::size_t>(kLength), 0);
+  return b;
+}
+
 Batch LessonTask::encode(const std::vector<LessonSentence>& sentences) const {
   Batch out;
   out.batch = static_cast<int64_t>(sentences.size());

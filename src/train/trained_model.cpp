@@ -1,45 +1,19 @@
 // src/train/trained_model.cpp: multihead/trained_model.hpp.
 #include "multihead/trained_model.hpp"
 
-#include <cstdio>
-#include <cstdlib>
-
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
+#include "train/checkpoint_metadata.hpp"
 #include "train/model.hpp"
 
 namespace multihead {
 namespace {
 
 constexpr const char* kModelFormat = "multihead-model-1";
-constexpr const char* kCheckpointFormat = "multihead-train-checkpoint-1";
+using train::bad_file;
+using train::kCheckpointFormat;
 const char* const kConfigKeys[] = {"format", "task",    "vocabulary", "sequence_length", "d_model",
                                    "heads",  "layers",  "ff",         "dropout",         "causal"};
-
-std::string exact(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-[[noreturn]] void bad_file(const std::string& path, Error::Kind kind, const std::string& what) {
-  throw Error(kind, "'" + path + "': " + what);
-}
-
-const std::string& meta(const SafetensorsFile& f, const std::string& path, const std::string& key) {
-  const auto it = f.metadata.find(key);
-  if (it == f.metadata.end()) bad_file(path, Error::Kind::Format, "model metadata lacks '" + key + "'");
-  return it->second;
-}
-
-int64_t meta_int(const SafetensorsFile& f, const std::string& path, const std::string& key) {
-  const std::string& s = meta(f, path, key);
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || end != s.c_str() + s.size())
-    bad_file(path, Error::Kind::Format, "model metadata '" + key + "': expected an integer, got '" + s + "'");
-  return v;
-}
 
 }  // namespace
 
@@ -64,14 +38,7 @@ TrainedModel::TrainedModel(const ModelConfig& config, const std::map<std::string
   const ModelConfig& c = impl_->model->config();
   impl_->metadata["format"] = kModelFormat;
   impl_->metadata["task"] = impl_->task;
-  impl_->metadata["vocabulary"] = std::to_string(c.vocabulary);
-  impl_->metadata["sequence_length"] = std::to_string(c.sequence_length);
-  impl_->metadata["d_model"] = std::to_string(c.d_model);
-  impl_->metadata["heads"] = std::to_string(c.heads);
-  impl_->metadata["layers"] = std::to_string(c.layers);
-  impl_->metadata["ff"] = std::to_string(c.ff);
-  impl_->metadata["dropout"] = exact(c.dropout);
-  impl_->metadata["causal"] = c.causal ? "true" : "false";
+  train::write_model_config(c, impl_->metadata);
 }
 
 TrainedModel TrainedModel::of(const Trainer& trainer, const std::string& task) {
@@ -110,20 +77,13 @@ TrainedModel TrainedModel::from_file(const SafetensorsFile& f, const std::string
              std::string("not a multihead model (expected __metadata__ format '") + kModelFormat + "' or '" +
                  kCheckpointFormat + "' from a path, got " +
                  (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
-  ModelConfig c;
-  const std::string task = meta(f, path, "task");
-  c.vocabulary = meta_int(f, path, "vocabulary");
-  c.sequence_length = meta_int(f, path, "sequence_length");
-  c.d_model = meta_int(f, path, "d_model");
-  c.heads = meta_int(f, path, "heads");
-  c.layers = meta_int(f, path, "layers");
-  c.ff = meta_int(f, path, "ff");
-  c.dropout = std::strtod(meta(f, path, "dropout").c_str(), nullptr);
-  c.causal = meta(f, path, "causal") == "true";
+  const train::MetadataReader r(f, path, "model");
+  const std::string task = r.text("task");
+  const ModelConfig c = r.model_config();
   try {
     c.validate();
   } catch (const Error& e) {
-    bad_file(path, Error::Kind::Format, std::string("model metadata ") + e.what());
+    r.fail(e.what());
   }
   try {
     return TrainedModel(c, parameters_of(f, c, path), task, f.metadata);

@@ -6,7 +6,7 @@
 //  - AdamW's moments as "optimizer.exp_avg.NAME" and "optimizer.exp_avg_sq.NAME"
 //    (torch.optim.AdamW's state names), all float32, so every value the next
 //    step reads is stored exactly;
-//  - __metadata__: "format" = kFormat, the model configuration, the task,
+//  - __metadata__: "format" = kCheckpointFormat (train/checkpoint_metadata.hpp), the model configuration, the task,
 //    seed, steps done ("step") and every optimisation setting, doubles
 //    written with 17 significant digits (exact round trip); and
 //    "blocks.i.attn.num_heads" / "batch_first" / "add_zero_attn" for the
@@ -14,9 +14,6 @@
 // Nothing else evolves during a run (batches and dropout masks are hashes
 // of seed and step: src/train/seeds.hpp), so a run resumed from it computes
 // what the uninterrupted run computes, bit for bit.
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <limits>
 #include <string>
 
@@ -24,75 +21,22 @@
 #include "multihead/io.hpp"
 #include "multihead/train.hpp"
 #include "train/adamw.hpp"
+#include "train/checkpoint_metadata.hpp"
 #include "train/model.hpp"
 
 namespace multihead {
 namespace {
 
-constexpr const char* kFormat = "multihead-train-checkpoint-1";
+using train::bad_file;
+using train::exact;
+using train::kCheckpointFormat;
 constexpr const char* kExpAvg = "optimizer.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
 
-std::string exact(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
-[[noreturn]] void bad_file(const std::string& path, Error::Kind kind, const std::string& what) {
-  throw Error(kind, "'" + path + "': " + what);
-}
-
-// Metadata readers: the key must be there and parse completely.
-const std::string& meta(const SafetensorsFile& f, const std::string& path, const std::string& key) {
-  const auto it = f.metadata.find(key);
-  if (it == f.metadata.end()) bad_file(path, Error::Kind::Format, "checkpoint metadata lacks '" + key + "'");
-  return it->second;
-}
-
-int64_t meta_int(const SafetensorsFile& f, const std::string& path, const std::string& key) {
-  const std::string& s = meta(f, path, key);
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE)
-    bad_file(path, Error::Kind::Format, "checkpoint metadata '" + key + "': expected an integer, got '" + s + "'");
-  return v;
-}
-
-uint64_t meta_uint(const SafetensorsFile& f, const std::string& path, const std::string& key) {
-  const std::string& s = meta(f, path, key);
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (s.empty() || s[0] == '-' || end != s.c_str() + s.size() || errno == ERANGE)
-    bad_file(path, Error::Kind::Format,
-             "checkpoint metadata '" + key + "': expected an unsigned integer, got '" + s + "'");
-  return v;
-}
-
-double meta_double(const SafetensorsFile& f, const std::string& path, const std::string& key) {
-  const std::string& s = meta(f, path, key);
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE)
-    bad_file(path, Error::Kind::Format, "checkpoint metadata '" + key + "': expected a number, got '" + s + "'");
-  return v;
-}
-
 std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOptions& o, const std::string& task,
                                             int64_t step) {
-  std::map<std::string, std::string> out = {{"format", kFormat},
+  std::map<std::string, std::string> out = {{"format", kCheckpointFormat},
           {"task", task},
-          {"vocabulary", std::to_string(m.vocabulary)},
-          {"sequence_length", std::to_string(m.sequence_length)},
-          {"d_model", std::to_string(m.d_model)},
-          {"heads", std::to_string(m.heads)},
-          {"layers", std::to_string(m.layers)},
-          {"ff", std::to_string(m.ff)},
-          {"dropout", exact(m.dropout)},
-          {"causal", m.causal ? "true" : "false"},
           {"seed", std::to_string(o.seed)},
           {"step", std::to_string(step)},
           {"steps", std::to_string(o.steps)},
@@ -105,6 +49,7 @@ std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOpt
           {"beta2", exact(o.beta2)},
           {"eps", exact(o.eps)},
           {"clip", exact(o.clip)}};
+  train::write_model_config(m, out);
   // Each attention module's settings under its prefix, as the weights
   // loader reads them (src/weights/weights.cpp): `multihead forward
   // --weights CHECKPOINT --prefix blocks.0.attn` runs a trained block.
@@ -118,47 +63,37 @@ std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOpt
 
 CheckpointInfo info_of(const SafetensorsFile& f, const std::string& path) {
   const auto format = f.metadata.find("format");
-  if (format == f.metadata.end() || format->second != kFormat)
+  if (format == f.metadata.end() || format->second != kCheckpointFormat)
     bad_file(path, Error::Kind::Format,
-             "not a multihead train checkpoint (expected __metadata__ format '" + std::string(kFormat) + "', got " +
-                 (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
+             "not a multihead train checkpoint (expected __metadata__ format '" + std::string(kCheckpointFormat) +
+                 "', got " + (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
+  const train::MetadataReader r(f, path, "checkpoint");
   CheckpointInfo c;
-  c.task = meta(f, path, "task");
-  c.model.vocabulary = meta_int(f, path, "vocabulary");
-  c.model.sequence_length = meta_int(f, path, "sequence_length");
-  c.model.d_model = meta_int(f, path, "d_model");
-  c.model.heads = meta_int(f, path, "heads");
-  c.model.layers = meta_int(f, path, "layers");
-  c.model.ff = meta_int(f, path, "ff");
-  c.model.dropout = meta_double(f, path, "dropout");
-  const std::string& causal = meta(f, path, "causal");
-  if (causal != "true" && causal != "false")
-    bad_file(path, Error::Kind::Format, "checkpoint metadata 'causal': expected true or false, got '" + causal + "'");
-  c.model.causal = causal == "true";
-  c.options.seed = meta_uint(f, path, "seed");
-  c.step = meta_int(f, path, "step");
-  c.options.steps = meta_int(f, path, "steps");
-  c.options.batch = meta_int(f, path, "batch");
-  c.options.lr = meta_double(f, path, "lr");
-  c.options.warmup = meta_int(f, path, "warmup");
+  c.task = r.text("task");
+  c.model = r.model_config();
+  c.options.seed = r.unsigned_integer("seed");
+  c.step = r.integer("step");
+  c.options.steps = r.integer("steps");
+  c.options.batch = r.integer("batch");
+  c.options.lr = r.number("lr");
+  c.options.warmup = r.integer("warmup");
   try {
-    c.options.schedule = parse_schedule(meta(f, path, "schedule"));
+    c.options.schedule = parse_schedule(r.text("schedule"));
   } catch (const Error& e) {
-    bad_file(path, Error::Kind::Format, std::string("checkpoint metadata ") + e.what());
+    r.fail(e.what());
   }
-  c.options.weight_decay = meta_double(f, path, "weight_decay");
-  c.options.beta1 = meta_double(f, path, "beta1");
-  c.options.beta2 = meta_double(f, path, "beta2");
-  c.options.eps = meta_double(f, path, "eps");
-  c.options.clip = meta_double(f, path, "clip");
+  c.options.weight_decay = r.number("weight_decay");
+  c.options.beta1 = r.number("beta1");
+  c.options.beta2 = r.number("beta2");
+  c.options.eps = r.number("eps");
+  c.options.clip = r.number("clip");
   try {
     c.model.validate();
     c.options.validate();
   } catch (const Error& e) {
-    bad_file(path, Error::Kind::Format, std::string("checkpoint metadata ") + e.what());
+    r.fail(e.what());
   }
-  if (c.step < 0) bad_file(path, Error::Kind::Format, "checkpoint metadata 'step': expected >= 0, got " +
-                                                          std::to_string(c.step));
+  if (c.step < 0) r.fail("'step': expected >= 0, got " + std::to_string(c.step));
   return c;
 }
 
