@@ -212,7 +212,10 @@ std::map<std::string, Tensor<double>> finite_differences(const BasicMultiheadAtt
     input_fd("key", 1);
     input_fd("value", 2);
   }
-  for (const auto& [name, t0] : m.state_dict()) {
+  for (const auto& entry : m.state_dict()) {
+    // Not a structured binding: clang 14 cannot capture one in a lambda.
+    const std::string& name = entry.first;
+    const Tensor<double>& t0 = entry.second;
     Tensor<double> d(t0.shape());
     for (int64_t i = 0; i < t0.numel(); ++i) {
       double pm[2];
