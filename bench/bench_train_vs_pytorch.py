@@ -47,9 +47,9 @@ import argparse
 import math
 import os
 import re
-import subprocess
 import sys
-import tempfile
+
+from bench_common import TUNED_ENV, TUNED_UNSET, field, run_child
 
 # (B, L, E, H, causal)
 SHAPES = [
@@ -68,12 +68,6 @@ MEMORY_FIT = (1024, 16, 256, 2048, 4096)
 QUICK_MEMORY_FIT = (64, 4, 32, 128, 256)
 BUDGET_BYTES = 24 * 2**30
 
-TUNED_ENV = {
-    "GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736",
-    "OMP_WAIT_POLICY": "PASSIVE",
-    "ATEN_CPU_CAPABILITY": "avx512",
-}
-TUNED_UNSET = ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"]
 
 OURS_CHILD = r"""
 import sys, time, statistics
@@ -124,32 +118,6 @@ print("median_ms=%.4f min_ms=%.4f torch=%s" % (statistics.median(times), min(tim
 """
 
 
-def run(cmd, env_set=None, env_unset=()):
-    """Runs cmd in its own process; returns (stdout, peak RSS in MiB)."""
-    env = dict(os.environ)
-    for k in env_unset:
-        env.pop(k, None)
-    env.update(env_set or {})
-    # stderr to a file, so that reading stdout to its end cannot block on a
-    # full stderr pipe; then wait4 reaps the child and gives its peak RSS.
-    with tempfile.TemporaryFile("w+") as errf:
-        p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=errf, text=True)
-        out = p.stdout.read()
-        _, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        errf.seek(0)
-        err = errf.read()
-    rss = usage.ru_maxrss / 1024.0
-    if p.returncode != 0:
-        raise RuntimeError("%s failed (%d):\n%s\n%s" % (" ".join(cmd[:3]), p.returncode, out, err))
-    return out, rss
-
-
-def field(text, name):
-    m = re.search(r"\b%s=([0-9.eE+-]+)" % name, text)
-    if not m:
-        raise RuntimeError("no %s= in output:\n%s" % (name, text))
-    return float(m.group(1))
 
 
 def step_flops(B, L, E):
@@ -169,13 +137,13 @@ class Sides:
         env = {"OMP_NUM_THREADS": str(self.threads)}
         if side == "ours":
             env["PYTHONPATH"] = self.pythonpath
-            out, rss = run(["/usr/bin/python3", "-c", OURS_CHILD] + argv, env)
+            out, rss, _ = run_child(["/usr/bin/python3", "-c", OURS_CHILD] + argv, env)
         else:
             unset = ()
             if self.torch_env == "tuned":
                 env.update(TUNED_ENV)
                 unset = TUNED_UNSET
-            out, rss = run(["/usr/bin/python3", "-c", TORCH_CHILD] + argv, env, unset)
+            out, rss, _ = run_child(["/usr/bin/python3", "-c", TORCH_CHILD] + argv, env, unset)
         return field(out, "median_ms"), rss
 
 
@@ -183,7 +151,7 @@ def fma_peak(build_dir, threads):
     probe = os.path.join(build_dir, "bench", "multihead_fma_peak")
     if not os.access(probe, os.X_OK):
         return None, None
-    out, _ = run([probe, "--threads", str(threads)])
+    out, _, _ = run_child([probe, "--threads", str(threads)])
     return field(out, "fma_peak_gflops"), re.search(r"target=(\S+)", out).group(1)
 
 

@@ -40,9 +40,9 @@ The build directory must have been configured with
 import argparse
 import os
 import re
-import subprocess
 import sys
-import time
+
+from bench_common import TUNED_ENV, TUNED_UNSET, field, run_child
 
 # (B, L, E, H, causal): short and long sequences, two widths, and causal.
 ISSUE_SHAPES = [
@@ -68,12 +68,6 @@ MEMORY_SHAPES = [
     (1, 65536, 1024, 16, True),
 ]
 
-TUNED_ENV = {
-    "GLIBC_TUNABLES": "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736",
-    "OMP_WAIT_POLICY": "PASSIVE",
-    "ATEN_CPU_CAPABILITY": "avx512",
-}
-TUNED_UNSET = ["OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"]
 
 TORCH_CHILD = r"""
 import sys, time, statistics, torch
@@ -108,27 +102,6 @@ print("sgemm_gflops=%.1f" % (2.0 * n ** 3 / best * 1e-9))
 """
 
 
-def run(cmd, env_set=None, env_unset=(), timeout=3600):
-    """Runs cmd in its own process; returns (stdout, peak RSS in MiB, seconds)."""
-    env = dict(os.environ)
-    for k in env_unset:
-        env.pop(k, None)
-    env.update(env_set or {})
-    t0 = time.time()
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = p.stdout.read(), p.stderr.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    if p.returncode != 0:
-        raise RuntimeError("%s failed (%d):\n%s\n%s" % (" ".join(cmd), p.returncode, out, err))
-    return out, usage.ru_maxrss / 1024.0, time.time() - t0
-
-
-def field(text, name):
-    m = re.search(r"\b%s=([0-9.eE+-]+)" % name, text)
-    if not m:
-        raise RuntimeError("no %s= in output:\n%s" % (name, text))
-    return float(m.group(1))
 
 
 def flops(B, L, E):
@@ -140,7 +113,7 @@ def ours(cli, shape, threads, repeat, warmup):
     cmd = [cli, "bench", "--batch", str(B), "--seq-len", str(L), "--embed-dim", str(E),
            "--num-heads", str(H), "--threads", str(threads), "--repeat", str(repeat),
            "--warmup", str(warmup)] + (["--causal"] if causal else [])
-    out, rss, _ = run(cmd)
+    out, rss, _ = run_child(cmd)
     return field(out, "median_ms"), rss, out.strip().splitlines()[0]
 
 
@@ -150,9 +123,9 @@ def torch_mha(shape, threads, repeat, warmup, tuned):
     env = {"OMP_NUM_THREADS": str(threads)}
     if tuned:
         env.update(TUNED_ENV)
-        out, rss, _ = run(cmd, env, TUNED_UNSET)
+        out, rss, _ = run_child(cmd, env, TUNED_UNSET)
     else:
-        out, rss, _ = run(cmd, env)
+        out, rss, _ = run_child(cmd, env)
     return field(out, "median_ms"), rss
 
 
@@ -192,10 +165,10 @@ def main():
             sys.exit("missing %s (build with -DMULTIHEAD_BUILD_BENCHMARKS=ON)" % path)
 
     # Ceilings, measured in this run.
-    out, _, _ = run([probe, "--threads", str(args.threads)])
+    out, _, _ = run_child([probe, "--threads", str(args.threads)])
     peak = field(out, "fma_peak_gflops")
     target = re.search(r"target=(\S+)", out).group(1)
-    out, _, _ = run(["/usr/bin/python3", "-c", SGEMM_CHILD, "4096", "5"],
+    out, _, _ = run_child(["/usr/bin/python3", "-c", SGEMM_CHILD, "4096", "5"],
                     {"OPENBLAS_NUM_THREADS": str(args.threads)}, ["OPENBLAS_CORETYPE"])
     sgemm = field(out, "sgemm_gflops")
     print("Machine: FMA peak %.0f GFLOP/s (%d threads, %s), OpenBLAS sgemm %.0f GFLOP/s "
