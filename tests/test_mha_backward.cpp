@@ -538,15 +538,6 @@ TEST(MhaBackward, FullyMaskedRowPolicies_Zeros_Finite_NaN_Spreads) {
 // losses do not depend on the thread count. Shapes with enough tokens for
 // BLAS and the kernels to split their work.
 TEST(MhaBackward, SameBitsForOneAndTwoThreads_Float32) {
-#if !MULTIHEAD_WITH_ONEDNN
-  // Built on OpenBLAS (-DMULTIHEAD_USE_ONEDNN=OFF, as scripts/tsan.sh
-  // builds): its sgemm splits these small products differently at 1 and 2
-  // threads, so the projections differ in the last bits (measured under
-  // TSan: the forward output already differs). The module promises the
-  // same bits only where its BLAS does; the trainer gets them either way
-  // from its fixed row blocks (TrainDeterminism).
-  GTEST_SKIP() << "the same bits for any thread count need oneDNN's sgemm; this build uses OpenBLAS";
-#endif
   const int before = threads();
   for (const BackwardCase& base : {kFiniteDifferenceCases[2], kFiniteDifferenceCases[6]}) {
     BackwardCase c = base;

@@ -95,18 +95,20 @@ TEST(TrainLayersFiniteDifferences, LayerNormN4E7) {
     EXPECT_NEAR(y[static_cast<std::size_t>(e)], (x[static_cast<std::size_t>(e)] - mu) / std::sqrt(var + 1e-5) * g[static_cast<std::size_t>(e)] + b[static_cast<std::size_t>(e)], 1e-12);
 }
 
-// N=37 rows: more than one kRowBlock (32) of the blocked product, and a remainder.
+// N=37 rows: more than one block (kMinRowBlock, 32 rows) of the blocked product, and a remainder.
 TEST(TrainLayersFiniteDifferences, LinearN37In5Out3) {
   std::mt19937_64 rng(4);
   const int64_t N = 37, in = 5, out = 3;
   std::vector<double> x = randn(N * in, rng), W = randn(out * in, rng), b = randn(out, rng), w = randn(N * out, rng);
   std::vector<double> y(static_cast<std::size_t>(N * out));
   auto f = [&] {
-    linear_forward(x.data(), N, in, out, W.data(), b.data(), y.data(), 2);
+    detail::linear_forward<double>({N, x.data(), in}, detail::LinearWeight<double>::stored(W.data(), out, in), b.data(),
+                                   y.data(), out, {false, 2});
     return dot(y, w);
   };
   std::vector<double> d_x(x.size(), 0.0), d_W(W.size(), 0.0), d_b(b.size(), 0.0);
-  linear_backward(w.data(), x.data(), W.data(), N, in, out, d_x.data(), d_W.data(), d_b.data(), 2);
+  detail::linear_backward<double>({N, x.data(), in}, detail::LinearWeight<double>::stored(W.data(), out, in), w.data(),
+                                  out, {d_x.data(), in, d_W.data(), d_b.data()}, {true, 2});
   expect_within(finite_difference(x.data(), N * in, f, d_x.data()), "d_x");
   expect_within(finite_difference(W.data(), out * in, f, d_W.data()), "d_W");
   expect_within(finite_difference(b.data(), out, f, d_b.data()), "d_b");
@@ -122,9 +124,11 @@ TEST(TrainLayersFiniteDifferences, FeedForwardN6E4F9) {
                       b2 = randn(E, rng), w = randn(N * E, rng);
   std::vector<double> f1(static_cast<std::size_t>(N * F)), r(f1.size()), y(static_cast<std::size_t>(N * E));
   auto f = [&] {
-    linear_forward(x.data(), N, E, F, W1.data(), b1.data(), f1.data(), 1);
+    detail::linear_forward<double>({N, x.data(), E}, detail::LinearWeight<double>::stored(W1.data(), F, E), b1.data(),
+                                   f1.data(), F, {false, 1});
     relu_forward(f1.data(), N * F, r.data());
-    linear_forward(r.data(), N, F, E, W2.data(), b2.data(), y.data(), 1);
+    detail::linear_forward<double>({N, r.data(), F}, detail::LinearWeight<double>::stored(W2.data(), E, F), b2.data(),
+                                   y.data(), E, {false, 1});
     return dot(y, w);
   };
   f();
@@ -137,9 +141,11 @@ TEST(TrainLayersFiniteDifferences, FeedForwardN6E4F9) {
   ASSERT_LT(positive, N * F);  // both sides of the ReLU are exercised
   std::vector<double> d_r(r.size(), 0.0), d_f1(f1.size(), 0.0), d_x(x.size(), 0.0), d_W1(W1.size(), 0.0),
       d_b1(b1.size(), 0.0), d_W2(W2.size(), 0.0), d_b2(b2.size(), 0.0);
-  linear_backward(w.data(), r.data(), W2.data(), N, F, E, d_r.data(), d_W2.data(), d_b2.data(), 1);
+  detail::linear_backward<double>({N, r.data(), F}, detail::LinearWeight<double>::stored(W2.data(), E, F), w.data(),
+                                  E, {d_r.data(), F, d_W2.data(), d_b2.data()}, {true, 1});
   relu_backward(d_r.data(), f1.data(), N * F, d_f1.data());
-  linear_backward(d_f1.data(), x.data(), W1.data(), N, E, F, d_x.data(), d_W1.data(), d_b1.data(), 1);
+  detail::linear_backward<double>({N, x.data(), E}, detail::LinearWeight<double>::stored(W1.data(), F, E), d_f1.data(),
+                                  F, {d_x.data(), E, d_W1.data(), d_b1.data()}, {true, 1});
   expect_within(finite_difference(x.data(), N * E, f, d_x.data()), "d_x");
   expect_within(finite_difference(W1.data(), F * E, f, d_W1.data()), "d_W1");
   expect_within(finite_difference(b1.data(), F, f, d_b1.data()), "d_b1");

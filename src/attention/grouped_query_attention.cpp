@@ -33,7 +33,7 @@
 #include "attention/kernel.hpp"
 #include "attention/rope.hpp"
 #include "core/check.hpp"
-#include "core/gemm.hpp"
+#include "core/linear.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {
@@ -188,14 +188,13 @@ KVCache<T> GroupedQueryAttention<T>::make_cache(int64_t batch, int64_t max_len, 
 
 namespace {
 
-// y (rows, out) = x (rows, in) Wᵀ + b: nn.Linear.
+// y (rows, out) = x (rows, in) Wᵀ + b: nn.Linear, the library's one linear
+// layer (core/linear.hpp), with W (out, in) as stored.
 template <class T>
-void linear(const T* x, int64_t rows, int64_t in, const Tensor<T>& w, const Tensor<T>& b, T* y) {
+void linear(const T* x, int64_t rows, int64_t in, const Tensor<T>& w, const Tensor<T>& b, T* y, int threads) {
   const int64_t out = w.size(0);
-  if (!b.empty())
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(b.data(), out, y + r * out);
-  detail::gemm(detail::Trans::No, detail::Trans::Yes, rows, out, in, T(1), x, in, w.data(), in,
-               b.empty() ? T(0) : T(1), y, out);
+  detail::linear_forward<T>({rows, x, in}, detail::LinearWeight<T>::stored(w.data(), out, in),
+                            b.empty() ? nullptr : b.data(), y, out, {false, threads});
 }
 
 // The kernel call for B·H query slices of L rows over S keys, the module's
@@ -277,9 +276,9 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
 
   // in_projection
   Tensor<T> q(Shape{B * L, H * D}), k(Shape{B * L, Hkv * D}), v(Shape{B * L, Hkv * D});
-  linear(x.data(), B * L, E, q_w_, q_b_, q.data());
-  linear(x.data(), B * L, E, k_w_, k_b_, k.data());
-  linear(x.data(), B * L, E, v_w_, v_b_, v.data());
+  linear(x.data(), B * L, E, q_w_, q_b_, q.data(), options.num_threads);
+  linear(x.data(), B * L, E, k_w_, k_b_, k.data(), options.num_threads);
+  linear(x.data(), B * L, E, v_w_, v_b_, v.data(), options.num_threads);
   if (config_.rope) {
     RopeOptions rope = *config_.rope;
     rope.position_offset = P;
@@ -322,7 +321,7 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
   detail::attention_forward(a, options.kernel);
 
   // out_projection
-  linear(merged.data(), B * L, H * D, o_w_, o_b_, out.data());
+  linear(merged.data(), B * L, H * D, o_w_, o_b_, out.data(), options.num_threads);
   if (save) {
     save->x = x;
     save->q = std::move(q);
@@ -341,22 +340,20 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
 
 namespace {
 
-// Forward: y (rows, out) = x (rows, in) Wᵀ + b. Given d_y: d_W = d_yᵀ x,
-// d_b = Σ_rows d_y, and d_x (+)= d_y W (beta 0 writes, 1 adds).
+// Forward: y (rows, out) = x (rows, in) Wᵀ + b (linear above). Given d_y:
+// d_W = d_yᵀ x and d_b = Σ_rows d_y into grads under name's keys, and
+// d_x = d_y W written, or added to d_x with accumulate_d_x.
 template <class T>
 void linear_backward(const T* x, const T* d_y, int64_t rows, int64_t in, const Tensor<T>& w, bool bias,
-                     std::map<std::string, Tensor<T>>& grads, const std::string& name, T* d_x, T beta) {
+                     std::map<std::string, Tensor<T>>& grads, const std::string& name, T* d_x, bool accumulate_d_x,
+                     int threads) {
   const int64_t out = w.size(0);
-  Tensor<T> d_w(Shape{out, in});
-  detail::gemm(detail::Trans::Yes, detail::Trans::No, out, in, rows, T(1), d_y, out, x, in, T(0), d_w.data(), in);
-  grads[name + ".weight"] = std::move(d_w);
-  if (bias) {
-    Tensor<T> d_b(Shape{out}, T(0));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < out; ++c) d_b[c] += d_y[r * out + c];
-    grads[name + ".bias"] = std::move(d_b);
-  }
-  if (d_x) detail::gemm(detail::Trans::No, detail::Trans::No, rows, in, out, T(1), d_y, out, w.data(), in, beta, d_x, in);
+  // Zeros, so that one accumulating call writes d_W and d_b and adds into d_x.
+  Tensor<T>& d_w = grads[name + ".weight"] = Tensor<T>(Shape{out, in}, T(0));
+  Tensor<T>* d_b = bias ? &(grads[name + ".bias"] = Tensor<T>(Shape{out}, T(0))) : nullptr;
+  if (!accumulate_d_x && d_x != nullptr) std::fill_n(d_x, rows * in, T(0));
+  detail::linear_backward<T>({rows, x, in}, detail::LinearWeight<T>::stored(w.data(), out, in), d_y, out,
+                             {d_x, in, d_w.data(), d_b ? d_b->data() : nullptr}, {true, threads});
 }
 
 }  // namespace
@@ -379,8 +376,9 @@ GroupedQueryAttentionGradients<T> GroupedQueryAttention<T>::backward(const Group
 
   // Forward: out = merged W_oᵀ + b_o.
   Tensor<T> d_merged(Shape{B * L, H * D});
+  const int threads = saved.options.num_threads;
   linear_backward(saved.merged.data(), d_output.data(), B * L, H * D, o_w_, config_.bias, g.parameters, "o_proj",
-                  d_merged.data(), T(0));
+                  d_merged.data(), false, threads);
 
   // Forward: a = attention(q, K, V), K/V head g serving its group; the
   // kernels' backward sums d_k, d_v over the group.
@@ -411,9 +409,9 @@ GroupedQueryAttentionGradients<T> GroupedQueryAttention<T>::backward(const Group
 
   // Forward: q = x W_qᵀ + b_q, k = x W_kᵀ + b_k, v = x W_vᵀ + b_v: d_x sums the three.
   const T* x = saved.x.data();
-  linear_backward(x, d_q.data(), B * L, E, q_w_, config_.bias, g.parameters, "q_proj", g.x.data(), T(0));
-  linear_backward(x, d_k.data(), B * L, E, k_w_, config_.bias, g.parameters, "k_proj", g.x.data(), T(1));
-  linear_backward(x, d_v.data(), B * L, E, v_w_, config_.bias, g.parameters, "v_proj", g.x.data(), T(1));
+  linear_backward(x, d_q.data(), B * L, E, q_w_, config_.bias, g.parameters, "q_proj", g.x.data(), false, threads);
+  linear_backward(x, d_k.data(), B * L, E, k_w_, config_.bias, g.parameters, "k_proj", g.x.data(), true, threads);
+  linear_backward(x, d_v.data(), B * L, E, v_w_, config_.bias, g.parameters, "v_proj", g.x.data(), true, threads);
   return g;
 }
 

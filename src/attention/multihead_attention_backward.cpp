@@ -33,7 +33,7 @@
 #include "attention/multihead_attention_fused.hpp"
 #include "attention/workspace.hpp"
 #include "core/check.hpp"
-#include "core/gemm.hpp"
+#include "core/linear.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 
@@ -92,22 +92,6 @@ T* input_gradient_slot(Tensor<T>& t, const Shape& shape) {
 // Threads for this call's own loops, as the forward counts them.
 int loop_threads(int num_threads) { return num_threads > 0 ? num_threads : omp_get_max_threads(); }
 
-// out[c] = Σ_r x[r·ld + c]: a bias's gradient, the sum over the tokens it
-// was added to. Threads split the columns (blocks of 64), each summing its
-// rows in order, so the bits do not depend on the thread count.
-template <class T>
-void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, int threads) {
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (cols + kBlock - 1) / kBlock;
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows * cols >= (int64_t{1} << 16))
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
-    std::fill(out + c0, out + c1, T(0));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = c0; c < c1; ++c) out[c] += x[r * ld + c];
-  }
-}
-
 // Every gradient tensor of `g` at its shape, and no stale parameter names.
 template <class T>
 void shape_gradients(const MultiheadAttentionConfig& c, const SavedForward<T>& s,
@@ -159,18 +143,19 @@ struct BackwardCall {
 };
 
 // Step 4b backward. In the forward pass this was (out_projection):
-//   linear(B·L, concat, W_O, b_O, out, E)       output = concat · W_Oᵀ + b_O
+//   linear_forward({B·L, concat, E}, W_O, b_O, out, E)   output = concat · W_Oᵀ + b_O
 // so d_concat = d_output · W_O, dW_O = d_outputᵀ · concat, db_O = Σ_tokens d_output.
 template <class T>
 T* out_projection_backward(const BackwardCall<T>& c, const T* d_output) {
   const int64_t E = c.config.embed_dim, rows = c.saved.plan.B * c.saved.plan.L;
   T* d_concat = c.ws.take(c.ws.concat, static_cast<std::size_t>(rows * E));
   const T* W_O = c.params.out_proj_weight.data();  // (E out, E in), as nn.Linear stores it
-  gemm(Trans::No, Trans::No, rows, E, E, T(1), d_output, E, W_O, E, T(0), d_concat, E);
-  T* d_W_O = c.g.parameters["out_proj.weight"].data();
-  gemm(Trans::Yes, Trans::No, E, E, rows, T(1), d_output, E, c.saved.concat(), E, T(0), d_W_O, E);
-  if (c.config.bias)
-    column_sums(rows, E, d_output, E, c.g.parameters["out_proj.bias"].data(), c.threads);
+  LinearGradients<T> d;
+  d.d_x = d_concat;
+  d.d_W = c.g.parameters["out_proj.weight"].data();
+  d.d_b = c.config.bias ? c.g.parameters["out_proj.bias"].data() : nullptr;
+  linear_backward<T>({rows, c.saved.concat(), E}, LinearWeight<T>::stored(W_O, E, E), d_output, E, d,
+                     {false, c.threads});
   return d_concat;
 }
 
@@ -282,21 +267,10 @@ ProjectionGradients<T> split_heads_backward(const BackwardCall<T>& c, const Head
   return {q, k, v, ld};
 }
 
-// Step 1 backward for one of Q, K, V. In the forward pass this was (in_projection):
-//   linear(rows, x, W, b, y, ld)        y = x · Wᵀ + b,  W (E out, in), x (rows, in)
-// so d_x = d_y · W, dW = d_yᵀ · x, db = Σ_rows d_y.
-template <class T>
-void linear_backward(int64_t rows, int64_t in, const T* x, const T* W, const T* d_y, int64_t ld, int64_t E,
-                     T* d_x, T* d_W, T* d_b, bool weight_gradient, int threads) {
-  gemm(Trans::No, Trans::No, rows, in, E, T(1), d_y, ld, W, in, T(0), d_x, in);
-  if (weight_gradient) gemm(Trans::Yes, Trans::No, E, in, rows, T(1), d_y, ld, x, in, T(0), d_W, in);
-  if (d_b != nullptr) column_sums(rows, E, d_y, ld, d_b, threads);
-}
-
 // Step 1 backward. In the forward pass this was (in_projection_views /
 // in_projection_head_major):
-//   packed self-attention:  linear(tokens, x, W_in, b_in, qkv, 3E)   [Q K V] = x · W_inᵀ + b_in
-//   otherwise:              linear(tokens, query, W_q, b_q, q, E), and so for K (key) and V (value)
+//   packed self-attention:  linear_forward({tokens, x, E}, W_in, b_in, qkv, 3E) [Q K V] = x · W_inᵀ + b_in
+//   otherwise:              linear_forward({tokens, query, E}, W_q, b_q, q, E), and so for K (key) and V (value)
 // Each argument gets its own d_input (self-attention: the caller sums them).
 template <class T>
 void in_projection_backward(const BackwardCall<T>& c, const ProjectionGradients<T>& d) {
@@ -316,14 +290,19 @@ void in_projection_backward(const BackwardCall<T>& c, const ProjectionGradients<
   // product, as the forward's was one; the per-part products below then
   // skip theirs.
   const bool one_weight_product = s.paths.packed_self;
+  const LinearOptions write{false, c.threads};
   if (one_weight_product)
-    gemm(Trans::Yes, Trans::No, 3 * E, E, q_rows, T(1), d.q, 3 * E, s.query.data(), E, T(0), d_W_q, E);
-  linear_backward(q_rows, E, s.query.data(), W_q, d.q, d.ld, E, c.g.query.data(), d_W_q, d_b,
-                  !one_weight_product, c.threads);
-  linear_backward(kv_rows, Ek, s.saved_key().data(), W_k, d.k, d.ld, E, c.g.key.data(), d_W_k,
-                  d_b ? d_b + E : nullptr, !one_weight_product, c.threads);
-  linear_backward(kv_rows, Ev, s.saved_value().data(), W_v, d.v, d.ld, E, c.g.value.data(), d_W_v,
-                  d_b ? d_b + 2 * E : nullptr, !one_weight_product, c.threads);
+    linear_backward<T>({q_rows, s.query.data(), E}, LinearWeight<T>::stored(W_q, 3 * E, E), d.q, 3 * E,
+                       {nullptr, 0, d_W_q, nullptr}, write);
+  // Each part: y = x · Wᵀ + b with W (E out, in) a block of rows of W_in (or
+  // q/k/v_proj_weight), so d_x = d_y · W, d_W = d_yᵀ · x, d_b = Σ_rows d_y.
+  const auto part = [&](int64_t rows, int64_t in, const T* x, const T* W, const T* d_y, T* d_x, T* d_W, T* d_bias) {
+    linear_backward<T>({rows, x, in}, LinearWeight<T>::stored(W, E, in), d_y, d.ld,
+                       {d_x, in, one_weight_product ? nullptr : d_W, d_bias}, write);
+  };
+  part(q_rows, E, s.query.data(), W_q, d.q, c.g.query.data(), d_W_q, d_b);
+  part(kv_rows, Ek, s.saved_key().data(), W_k, d.k, c.g.key.data(), d_W_k, d_b ? d_b + E : nullptr);
+  part(kv_rows, Ev, s.saved_value().data(), W_v, d.v, c.g.value.data(), d_W_v, d_b ? d_b + 2 * E : nullptr);
 }
 
 }  // namespace

@@ -29,7 +29,7 @@
 #include "attention/multihead_attention_fused.hpp"
 #include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
-#include "core/gemm.hpp"
+#include "core/linear.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 
@@ -37,27 +37,11 @@ namespace multihead {
 namespace detail {
 namespace {
 
-// A projection's weight as a product reads it: either Wᵀ, (in × out)
+// A projection's weight as the products read it: either Wᵀ, (in × out)
 // row-major (projection_weights.hpp says why), or W as nn.Linear stores it,
-// (out × in); ld is the row stride either way.
+// (out × in). The projections are the one linear layer, core/linear.hpp.
 template <class T>
-struct Weight {
-  const T* data;
-  int64_t ld;
-  bool transposed;
-  int64_t in, out;
-};
-
-// y (rows × out) = x (rows × in) · Wᵀ + b, nn.Linear's y = x Wᵀ + b; y's
-// rows are ldy apart.
-template <class T>
-void linear(int64_t rows, const T* x, const Weight<T>& w, const T* b, T* y, int64_t ldy) {
-  gemm(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, T(1), x, w.in, w.data, w.ld, T(0), y,
-       ldy);
-  if (b != nullptr)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < w.out; ++c) y[r * ldy + c] += b[c];
-}
+using Weight = LinearWeight<T>;
 
 // W_q, W_k, W_v (and, packed, all three as one (3E × E) weight), as the
 // products read them; the in-projection biases.
@@ -165,7 +149,7 @@ Heads<T> in_projection_views(const FusedCall<T>& f) {
   Heads<T> h;
   if (f.paths.packed_self) {  // one (tokens × E)·(E × 3E) product
     T* qkv = f.ws.take(f.ws.proj_q, static_cast<std::size_t>(q_rows * 3 * E));
-    linear(q_rows, f.query.data(), f.w.qkv, f.w.bq, qkv, 3 * E);
+    linear_forward<T>({q_rows, f.query.data(), f.w.qkv.in}, f.w.qkv, f.w.bq, qkv, 3 * E, {false, f.options.attention.num_threads});
     h.q = split_heads<const T>(qkv, 3 * E, plan.q_batch_stride, plan.q_seq_stride, D);
     h.k = split_heads<const T>(qkv + E, 3 * E, plan.kv_batch_stride, plan.kv_seq_stride, D);
     h.v = split_heads<const T>(qkv + 2 * E, 3 * E, plan.kv_batch_stride, plan.kv_seq_stride, D);
@@ -174,9 +158,9 @@ Heads<T> in_projection_views(const FusedCall<T>& f) {
   T* q = f.ws.take(f.ws.proj_q, static_cast<std::size_t>(q_rows * E));
   T* k = f.ws.take(f.ws.proj_k, static_cast<std::size_t>(kv_rows * E));
   T* v = f.ws.take(f.ws.proj_v, static_cast<std::size_t>(kv_rows * E));
-  linear(q_rows, f.query.data(), f.w.q, f.w.bq, q, E);
-  linear(kv_rows, f.key.data(), f.w.k, f.w.bk, k, E);
-  linear(kv_rows, f.value.data(), f.w.v, f.w.bv, v, E);
+  linear_forward<T>({q_rows, f.query.data(), f.w.q.in}, f.w.q, f.w.bq, q, E, {false, f.options.attention.num_threads});
+  linear_forward<T>({kv_rows, f.key.data(), f.w.k.in}, f.w.k, f.w.bk, k, E, {false, f.options.attention.num_threads});
+  linear_forward<T>({kv_rows, f.value.data(), f.w.v.in}, f.w.v, f.w.bv, v, E, {false, f.options.attention.num_threads});
   h.q = split_heads<const T>(q, E, plan.q_batch_stride, plan.q_seq_stride, D);
   h.k = split_heads<const T>(k, E, plan.kv_batch_stride, plan.kv_seq_stride, D);
   h.v = split_heads<const T>(v, E, plan.kv_batch_stride, plan.kv_seq_stride, D);
@@ -253,7 +237,7 @@ void in_projection_split_heads(const HeadMajorProjection<T>& p, const ForwardPla
   const int threads = num_threads > 0 ? num_threads : omp_get_max_threads();
   for (int64_t r0 = 0; r0 < tokens; r0 += block) {
     const int64_t rows = std::min(block, tokens - r0);
-    linear(rows, p.x + r0 * p.w.in, p.w, p.bias, y, out);
+    linear_forward<T>({rows, p.x + r0 * p.w.in, p.w.in}, p.w, p.bias, y, out, {false, threads});
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * out >= (int64_t{1} << 16))
     for (int64_t i = 0; i < rows; ++i) scatter_heads(p, plan, r0 + i, y + i * out);
   }
@@ -413,7 +397,7 @@ void out_projection(const FusedCall<T>& f, const ProjectionWeights<T>& wt, const
   const int64_t E = f.config.embed_dim;
   const Weight<T> w = f.paths.transposed ? Weight<T>{wt.out_proj_t.data(), E, true, E, E}
                                          : Weight<T>{f.params.out_proj_weight.data(), E, false, E, E};
-  linear(f.plan.B * f.plan.L, concat, w, f.config.bias ? f.params.out_proj_bias.data() : nullptr, out, E);
+  linear_forward<T>({f.plan.B * f.plan.L, concat, w.in}, w, f.config.bias ? f.params.out_proj_bias.data() : nullptr, out, E, {false, f.options.attention.num_threads});
 }
 
 // Mean over the selected heads: (B, H', L', S') -> (B, L', S'), PyTorch's

@@ -6,10 +6,13 @@
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
+#include <algorithm>
 #include <climits>
 #include <stdexcept>
 
 #include "multihead/error.hpp"
+
+#include <omp.h>
 
 namespace multihead::detail {
 namespace {
@@ -58,6 +61,52 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha,
   cblas_dgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), checked_int(M, "M"), checked_int(N, "N"),
               checked_int(K, "K"), alpha, A, checked_int(lda, "lda"), B, checked_int(ldb, "ldb"),
               beta, C, checked_int(ldc, "ldc"));
+}
+
+int64_t gemm_row_block(int64_t M, int64_t N, int64_t K) {
+  // op(B) under 64 Ki numbers (256 KiB of floats, an L2's worth): packing
+  // it once per block is cheap beside the block's product.
+  constexpr int64_t kSmallB = int64_t{1} << 16;
+  if (N * K < kSmallB) return kMinRowBlock;
+  const int64_t quarter = (M + 3) / 4;
+  return std::max(kMinRowBlock, (quarter + kMinRowBlock - 1) / kMinRowBlock * kMinRowBlock);
+}
+
+namespace {
+
+template <class T>
+void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
+             int64_t ldb, T beta, T* C, int64_t ldc, int threads) {
+  if (M == 0 || N == 0) return;
+  const int64_t rows_per_block = gemm_row_block(M, N, K);
+  const int64_t blocks = (M + rows_per_block - 1) / rows_per_block;
+  const int team = static_cast<int>(std::min<int64_t>(blocks, threads > 0 ? threads : omp_get_max_threads()));
+#pragma omp parallel num_threads(team)
+  {
+    // This implicit task's own nthreads ICV: BLAS (oneDNN reads
+    // omp_get_max_threads()) runs each block on this one thread, also when
+    // the team has a single member and the region is inactive.
+    omp_set_num_threads(1);
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t m0 = blk * rows_per_block, rows = std::min(rows_per_block, M - m0);
+      // Row m0 of op(A): row m0 of A, or column m0 of A when transposed.
+      const T* a = ta == Trans::No ? A + m0 * lda : A + m0;
+      gemm(ta, tb, rows, N, K, T(1), a, lda, B, ldb, beta, C + m0 * ldc, ldc);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
+  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+}
+
+void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
+                  const double* B, int64_t ldb, double beta, double* C, int64_t ldc, int /*threads*/) {
+  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, 1);
 }
 
 void set_blas_threads(int threads) {

@@ -5,8 +5,9 @@
 //
 // Legend: N tokens (rows; B·L), E width, F feed-forward width, V vocabulary.
 // Activations are row-major (N, width). Reductions over tokens (d_W, d_b,
-// d_gamma, the loss) run in token order on one thread or through
-// products.hpp, so their sums are the same for any thread count.
+// d_gamma, the loss) run in token order on one thread or through the
+// linear layer's fixed blocks (core/linear.hpp), so their sums are the same
+// for any thread count.
 #pragma once
 
 #include <algorithm>
@@ -14,7 +15,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "train/products.hpp"
+#include "core/linear.hpp"
 
 namespace multihead::train {
 
@@ -102,29 +103,9 @@ void layernorm_backward(const T* d_y, const T* x, const T* mean, const T* rstd, 
 }
 
 // ---- linear (nn.Linear(in, out)) ---------------------------------------------------
-// y (N×out) = x (N×in) · Wᵀ + b,   W (out×in) as nn.Linear stores it
-template <class T>
-void linear_forward(const T* x, int64_t N, int64_t in, int64_t out, const T* W, const T* b, T* y,
-                    int threads) {
-  matmul(Trans::No, Trans::Yes, N, out, in, x, in, W, in, T(0), y, out, threads);
-  if (b != nullptr)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t o = 0; o < out; ++o) y[n * out + o] += b[o];
-}
-
-template <class T>
-void linear_backward(const T* d_y, const T* x, const T* W, int64_t N, int64_t in, int64_t out, T* d_x,
-                     T* d_W, T* d_b, int threads) {
-  // forward: y = x · Wᵀ + b
-  //   =>  d_x += d_y · W      (N×out · out×in)
-  matmul(Trans::No, Trans::No, N, in, out, d_y, out, W, in, T(1), d_x, in, threads);
-  //   =>  d_W += d_yᵀ · x     (out×N · N×in): rows of d_W in fixed blocks, each summing all N tokens
-  matmul(Trans::Yes, Trans::No, out, in, N, d_y, out, x, in, T(1), d_W, in, threads);
-  //   =>  d_b += Σ_n d_y[n, :]
-  if (d_b != nullptr)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t o = 0; o < out; ++o) d_b[o] += d_y[n * out + o];
-}
+// The library's one linear layer, core/linear.hpp: forward writes y, the
+// backward here always accumulates (LinearOptions::accumulate), as every
+// layer in this file does.
 
 // ---- ReLU --------------------------------------------------------------------------
 // y = max(x, 0)

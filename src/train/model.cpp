@@ -226,18 +226,20 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
                       s.mean2.data(), s.rstd2.data());
     s.f1 = Tensor<T>({N, F});
     s.r = Tensor<T>({N, F});
-    linear_forward(s.c.data(), N, E, F, at(P, layer(i, "ff.0.weight")), at(P, layer(i, "ff.0.bias")), s.f1.data(),
-                   th);
+    detail::linear_forward<T>({N, s.c.data(), E}, detail::LinearWeight<T>::stored(at(P, layer(i, "ff.0.weight")), F, E), at(P, layer(i, "ff.0.bias")), s.f1.data(),
+                              F, {false, th});
     relu_forward(s.f1.data(), N * F, s.r.data());
     x = Tensor<T>({N, E});
-    linear_forward(s.r.data(), N, F, E, at(P, layer(i, "ff.2.weight")), at(P, layer(i, "ff.2.bias")), x.data(), th);
+    detail::linear_forward<T>({N, s.r.data(), F}, detail::LinearWeight<T>::stored(at(P, layer(i, "ff.2.weight")), E, F), at(P, layer(i, "ff.2.bias")), x.data(),
+                              E, {false, th});
     for (int64_t k = 0; k < N * E; ++k) x[k] += s.h[k];
   }
   Tensor<T> z({N, E}), mean_f({N}), rstd_f({N});
   layernorm_forward(x.data(), N, E, at(P, "norm_f.weight"), at(P, "norm_f.bias"), z.data(), mean_f.data(),
                     rstd_f.data());
   Tensor<T> logits({N, V}), probs({N, V});
-  linear_forward(z.data(), N, E, V, at(P, "readout.weight"), at(P, "readout.bias"), logits.data(), th);
+  detail::linear_forward<T>({N, z.data(), E}, detail::LinearWeight<T>::stored(at(P, "readout.weight"), V, E), at(P, "readout.bias"), logits.data(),
+                              V, {false, th});
   PassResult<T> result;
   result.loss = cross_entropy_forward(logits.data(), batch.targets.data(), batch.mask.data(), N, V, probs.data());
   if (o.inspect) {
@@ -254,8 +256,8 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   cross_entropy_backward(probs.data(), batch.targets.data(), batch.mask.data(), N, V, result.loss.count,
                          d_logits.data());
   Tensor<T> d_z({N, E}, T(0));
-  linear_backward(d_logits.data(), z.data(), at(P, "readout.weight"), N, E, V, d_z.data(), at(G, "readout.weight"),
-                  at(G, "readout.bias"), th);
+  detail::linear_backward<T>({N, z.data(), E}, detail::LinearWeight<T>::stored(at(P, "readout.weight"), V, E), d_logits.data(), V,
+                               {d_z.data(), E, at(G, "readout.weight"), at(G, "readout.bias")}, {true, th});
   Tensor<T> d_x({N, E}, T(0));
   layernorm_backward(d_z.data(), x.data(), mean_f.data(), rstd_f.data(), at(P, "norm_f.weight"), N, E, d_x.data(),
                      at(G, "norm_f.weight"), at(G, "norm_f.bias"));
@@ -265,11 +267,11 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
     Tensor<T> d_h = d_x;
     if (F > 0) {
       Tensor<T> d_r({N, F}, T(0)), d_f1({N, F}, T(0)), d_c({N, E}, T(0));
-      linear_backward(d_x.data(), s.r.data(), at(P, layer(i, "ff.2.weight")), N, F, E, d_r.data(),
-                      at(G, layer(i, "ff.2.weight")), at(G, layer(i, "ff.2.bias")), th);
+      detail::linear_backward<T>({N, s.r.data(), F}, detail::LinearWeight<T>::stored(at(P, layer(i, "ff.2.weight")), E, F), d_x.data(), E,
+                               {d_r.data(), F, at(G, layer(i, "ff.2.weight")), at(G, layer(i, "ff.2.bias"))}, {true, th});
       relu_backward(d_r.data(), s.f1.data(), N * F, d_f1.data());
-      linear_backward(d_f1.data(), s.c.data(), at(P, layer(i, "ff.0.weight")), N, E, F, d_c.data(),
-                      at(G, layer(i, "ff.0.weight")), at(G, layer(i, "ff.0.bias")), th);
+      detail::linear_backward<T>({N, s.c.data(), E}, detail::LinearWeight<T>::stored(at(P, layer(i, "ff.0.weight")), F, E), d_f1.data(), F,
+                               {d_c.data(), E, at(G, layer(i, "ff.0.weight")), at(G, layer(i, "ff.0.bias"))}, {true, th});
       layernorm_backward(d_c.data(), s.h.data(), s.mean2.data(), s.rstd2.data(), at(P, layer(i, "norm2.weight")), N,
                          E, d_h.data(), at(G, layer(i, "norm2.weight")), at(G, layer(i, "norm2.bias")));
     }

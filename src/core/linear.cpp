@@ -1,0 +1,74 @@
+// src/core/linear.cpp: see linear.hpp.
+#include "core/linear.hpp"
+
+#include <algorithm>
+
+#include <omp.h>
+
+#include "core/gemm.hpp"
+
+namespace multihead::detail {
+namespace {
+
+int team_threads(int threads) { return threads > 0 ? threads : omp_get_max_threads(); }
+
+}  // namespace
+
+template <class T>
+void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, bool accumulate, int threads) {
+  constexpr int64_t kBlock = 64;  // columns per work item
+  const int64_t blocks = (cols + kBlock - 1) / kBlock;
+  // Below 64 Ki additions a team costs more than it saves.
+#pragma omp parallel for schedule(static) num_threads(team_threads(threads)) if (rows * cols >= (int64_t{1} << 16))
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+    if (!accumulate) std::fill(out + c0, out + c1, T(0));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = c0; c < c1; ++c) out[c] += x[r * ld + c];
+  }
+}
+
+template <class T>
+void linear_forward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* b, T* y, int64_t ldy,
+                    const LinearOptions& o) {
+  const int64_t rows = x.rows;
+  if (rows == 0 || w.out == 0) return;
+  // y (+)= x · Wᵀ: from Wᵀ (in × out) as it is, from W (out × in) transposed.
+  gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, x.ldx, w.data, w.ld,
+               o.accumulate ? T(1) : T(0), y, ldy, o.threads);
+  // + b, after the product (as torch's addmm rounds x·Wᵀ first, then adds).
+  if (b != nullptr)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < w.out; ++c) y[r * ldy + c] += b[c];
+}
+
+template <class T>
+void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* d_y, int64_t ld_dy,
+                     const LinearGradients<T>& g, const LinearOptions& o) {
+  const int64_t rows = x.rows, in = w.in, out = w.out;
+  const T beta = o.accumulate ? T(1) : T(0);
+  // forward: y = x · Wᵀ + b
+  //   =>  d_x (+)= d_y · W     (rows × out · out × in): W as stored, or (Wᵀ)ᵀ
+  if (g.d_x != nullptr)
+    gemm_blocked(Trans::No, w.transposed ? Trans::Yes : Trans::No, rows, in, out, d_y, ld_dy, w.data, w.ld, beta,
+                 g.d_x, g.ld_dx > 0 ? g.ld_dx : in, o.threads);
+  //   =>  d_W (+)= d_yᵀ · x    (out × rows · rows × in): d_W's rows in fixed
+  //       blocks, each summing all rows of x in one product
+  if (g.d_W != nullptr)
+    gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, x.ldx, beta, g.d_W, in, o.threads);
+  //   =>  d_b (+)= Σ_rows d_y
+  if (g.d_b != nullptr) column_sums(rows, out, d_y, ld_dy, g.d_b, o.accumulate, o.threads);
+}
+
+template void linear_forward<float>(const LinearRows<float>&, const LinearWeight<float>&, const float*, float*,
+                                    int64_t, const LinearOptions&);
+template void linear_forward<double>(const LinearRows<double>&, const LinearWeight<double>&, const double*,
+                                     double*, int64_t, const LinearOptions&);
+template void linear_backward<float>(const LinearRows<float>&, const LinearWeight<float>&, const float*, int64_t,
+                                     const LinearGradients<float>&, const LinearOptions&);
+template void linear_backward<double>(const LinearRows<double>&, const LinearWeight<double>&, const double*,
+                                      int64_t, const LinearGradients<double>&, const LinearOptions&);
+template void column_sums<float>(int64_t, int64_t, const float*, int64_t, float*, bool, int);
+template void column_sums<double>(int64_t, int64_t, const double*, int64_t, double*, bool, int);
+
+}  // namespace multihead::detail

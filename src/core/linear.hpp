@@ -1,0 +1,87 @@
+// src/core/linear.hpp: nn.Linear, forward and backward: the one linear
+// layer of the library. The MHA and GQA projections (in_projection,
+// out_projection) and the trainer's feed-forward and read-out all run it.
+//
+//   forward:   y (rows × out) = x (rows × in) · Wᵀ + b          (torch.nn.functional.linear)
+//   backward:  d_x (rows × in)  = d_y · W
+//              d_W (out × in)   = d_yᵀ · x
+//              d_b (out)        = Σ_rows d_y
+//
+// Each result is written, or added to what is there with `accumulate` (the
+// trainer sums a gradient over its uses; GQA's d_x sums its three
+// projections). W is (out × in) as nn.Linear stores it, or its transpose
+// (in × out) when the caller keeps one (attention/projection_weights.hpp says
+// why); d_W is always (out × in), contiguous, as the parameter it belongs to.
+//
+// Every product goes through gemm_blocked (core/gemm.hpp): fixed row blocks
+// of the result, whatever the thread count, so the layer gives the same bits
+// for 1 thread or 8, forward and backward (MhaBackward.SameBitsForOneAndTwo
+// Threads and TrainDeterminism check it).
+#pragma once
+
+#include <cstdint>
+
+namespace multihead::detail {
+
+// A weight as the products read it. ld is the row stride of what `data`
+// points to: W (out × in) or, transposed, Wᵀ (in × out).
+template <class T>
+struct LinearWeight {
+  const T* data = nullptr;
+  int64_t ld = 0;
+  bool transposed = false;
+  int64_t in = 0, out = 0;
+
+  // W (out × in) as stored, rows ld apart (ld = in unless W is a block of a
+  // wider matrix).
+  static LinearWeight stored(const T* w, int64_t out, int64_t in, int64_t ld = 0) {
+    return {w, ld > 0 ? ld : in, false, in, out};
+  }
+  // Wᵀ (in × out), rows ld apart (ld = out unless Wᵀ is a column block of a
+  // wider matrix, as W_qᵀ is of the packed (E × 3E) copy).
+  static LinearWeight transpose(const T* wt, int64_t out, int64_t in, int64_t ld = 0) {
+    return {wt, ld > 0 ? ld : out, true, in, out};
+  }
+};
+
+struct LinearOptions {
+  bool accumulate = false;  // add into y (forward) or d_x, d_W, d_b (backward) instead of writing them
+  int threads = 0;          // <= 0: OpenMP's default (omp_get_max_threads())
+};
+
+// Rows of x and of y (forward), of x, d_y and d_x (backward): `rows` rows of
+// the given strides (>= the row width).
+template <class T>
+struct LinearRows {
+  int64_t rows = 0;
+  const T* x = nullptr;
+  int64_t ldx = 0;
+};
+
+// y = x · Wᵀ + b (b may be null: no bias), y's rows ldy apart.
+template <class T>
+void linear_forward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* b, T* y, int64_t ldy,
+                    const LinearOptions& options = {});
+
+// What the backward writes; a null pointer skips that gradient.
+template <class T>
+struct LinearGradients {
+  T* d_x = nullptr;  // (rows × in), rows ld_dx apart (0: in)
+  int64_t ld_dx = 0;
+  T* d_W = nullptr;  // (out × in), contiguous
+  T* d_b = nullptr;  // (out)
+};
+
+// Given d_y (rows × out, rows ld_dy apart), the gradients of
+// y = x · Wᵀ + b with respect to x, W and b.
+template <class T>
+void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* d_y, int64_t ld_dy,
+                     const LinearGradients<T>& g, const LinearOptions& options = {});
+
+// out[c] (+)= Σ_r x[r·ld + c], r in order: a bias's gradient, the sum over
+// the rows it was added to. Threads split the columns, so the bits do not
+// depend on the thread count.
+template <class T>
+void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, bool accumulate, int threads);
+
+}  // namespace multihead::detail
