@@ -4,10 +4,11 @@
 // Each case is named by all its parameters: rows, in, out, the weight's
 // layout (stored W or Wᵀ), padded strides, bias, accumulate, threads.
 //
-// Bounds: float64 results are compared at 1e-12 relative to Σ|terms| (a dot
-// product of n terms errs by at most n·ε·Σ|a_k b_k|, n ≤ 300 here, ε = 2⁻⁵³:
-// 3.3e-14); float32 at 1e-5 relative to Σ|terms| (n·ε = 300 · 6e-8 = 1.8e-5
-// in the worst case, about √n·ε = 1e-6 in practice).
+// Bounds, relative to Σ|terms| of each element: float64 1e-12 (a sum of
+// n ≤ 1024 products errs by at most n·ε·Σ|terms| = 1.1e-13, ε = 2⁻⁵³);
+// float32 1e-5 (the worst case n·ε = 6e-5 at n = 1024 assumes every rounding
+// in one direction; BLAS's blocked sums err like √n·ε, 2e-6 at n = 1024,
+// and the inputs are rounded to float before the float64 reference sees them).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -178,7 +179,8 @@ TEST(Linear, CheckerCatchesAPerturbedElement) {
 // whose products a BLAS would split differently (float32, where it shows).
 TEST(Linear, SameBitsForOneTwoThreeThreads_Float32) {
   for (const LinearCase& base : {LinearCase{1000, 96, 288, false, false, true, false, 1},
-                                 LinearCase{700, 256, 768, true, false, true, true, 1}}) {
+                                 LinearCase{700, 256, 768, true, false, true, true, 1},
+                                 LinearCase{2, 1024, 512, false, false, true, false, 1}}) {
     const Data d = make(base, 5);
     std::vector<std::vector<float>> ys, dxs, dWs, dbs;
     for (int threads : {1, 2, 3}) {
@@ -202,15 +204,32 @@ TEST(Linear, SameBitsForOneTwoThreeThreads_Float32) {
   }
 }
 
-// The block rule: 32 rows while op(B) is small, a quarter of M (a multiple
-// of 32) beyond; never a function of the thread count (it takes none).
-TEST(Linear, RowBlockRule) {
-  EXPECT_EQ(detail::gemm_row_block(10000, 64, 64), 32);         // 4 Ki numbers of op(B)
-  EXPECT_EQ(detail::gemm_row_block(10000, 255, 256), 32);       // just under 64 Ki
-  EXPECT_EQ(detail::gemm_row_block(4096, 256, 256), 1024);      // 64 Ki: a quarter of M
-  EXPECT_EQ(detail::gemm_row_block(1000, 512, 512), 256);       // ⌈250 / 32⌉ · 32
-  EXPECT_EQ(detail::gemm_row_block(33, 1024, 1024), 32);        // never under 32
-  EXPECT_EQ(detail::gemm_row_block(0, 1024, 1024), 32);
+// The block rule: 32 rows and every column while op(B) is small, a quarter
+// of M (a multiple of 32) beyond, and quarters of the columns (multiples of
+// 64) when that leaves one row block; never a function of the thread count
+// (it takes none).
+TEST(Linear, BlockRule) {
+  const auto expect = [](int64_t M, int64_t N, int64_t K, int64_t rows, int64_t cols) {
+    const detail::GemmBlocks b = detail::gemm_blocks(M, N, K);
+    EXPECT_EQ(b.rows, rows) << M << " x " << N << " x " << K;
+    EXPECT_EQ(b.cols, cols) << M << " x " << N << " x " << K;
+  };
+  expect(10000, 64, 64, 32, 64);        // 4 Ki numbers of op(B)
+  expect(10000, 255, 256, 32, 255);     // just under 64 Ki
+  expect(4096, 256, 256, 1024, 256);    // 64 Ki: a quarter of M
+  expect(1000, 512, 512, 256, 512);     // ⌈250 / 32⌉ · 32
+  expect(33, 1024, 1024, 32, 1024);     // never under 32 rows; two row blocks
+  expect(1, 12288, 4096, 32, 3072);     // a decoding step: one row block, columns in quarters
+  expect(32, 100, 1024, 32, 64);        // never under 64 columns
+  expect(0, 1024, 1024, 32, 256);
+}
+
+// A decoding step's shape (one row block, column blocks) and a column
+// remainder, through the layer, against the float64 loops.
+TEST(Linear, ColumnBlocks_MatchFloat64Loops) {
+  for (const LinearCase& c : {LinearCase{1, 1024, 300, false, false, true, false, 2},
+                              LinearCase{3, 700, 1000, true, true, true, true, 2}})
+    check_case<float>(c, 1e-5);
 }
 
 }  // namespace

@@ -63,13 +63,13 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha,
               beta, C, checked_int(ldc, "ldc"));
 }
 
-int64_t gemm_row_block(int64_t M, int64_t N, int64_t K) {
-  // op(B) under 64 Ki numbers (256 KiB of floats, an L2's worth): packing
-  // it once per block is cheap beside the block's product.
-  constexpr int64_t kSmallB = int64_t{1} << 16;
-  if (N * K < kSmallB) return kMinRowBlock;
-  const int64_t quarter = (M + 3) / 4;
-  return std::max(kMinRowBlock, (quarter + kMinRowBlock - 1) / kMinRowBlock * kMinRowBlock);
+GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K) {
+  constexpr int64_t kSmallB = int64_t{1} << 16;  // numbers of op(B): 256 KiB of floats
+  constexpr int64_t kColumnBlock = 64;
+  const auto quarter = [](int64_t n, int64_t unit) { return std::max(unit, ((n + 3) / 4 + unit - 1) / unit * unit); };
+  if (N * K < kSmallB) return {kMinRowBlock, std::max<int64_t>(N, 1)};
+  const int64_t rows = quarter(M, kMinRowBlock);
+  return {rows, M <= rows ? quarter(N, kColumnBlock) : std::max<int64_t>(N, 1)};
 }
 
 namespace {
@@ -78,8 +78,9 @@ template <class T>
 void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
              int64_t ldb, T beta, T* C, int64_t ldc, int threads) {
   if (M == 0 || N == 0) return;
-  const int64_t rows_per_block = gemm_row_block(M, N, K);
-  const int64_t blocks = (M + rows_per_block - 1) / rows_per_block;
+  const GemmBlocks size = gemm_blocks(M, N, K);
+  const int64_t row_blocks = (M + size.rows - 1) / size.rows, col_blocks = (N + size.cols - 1) / size.cols;
+  const int64_t blocks = row_blocks * col_blocks;
   const int team = static_cast<int>(std::min<int64_t>(blocks, threads > 0 ? threads : omp_get_max_threads()));
 #pragma omp parallel num_threads(team)
   {
@@ -89,10 +90,13 @@ void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, in
     omp_set_num_threads(1);
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t m0 = blk * rows_per_block, rows = std::min(rows_per_block, M - m0);
-      // Row m0 of op(A): row m0 of A, or column m0 of A when transposed.
+      const int64_t m0 = blk / col_blocks * size.rows, rows = std::min(size.rows, M - m0);
+      const int64_t n0 = blk % col_blocks * size.cols, cols = std::min(size.cols, N - n0);
+      // Row m0 of op(A): row m0 of A, or column m0 of A when transposed;
+      // column n0 of op(B): column n0 of B, or row n0 of B when transposed.
       const T* a = ta == Trans::No ? A + m0 * lda : A + m0;
-      gemm(ta, tb, rows, N, K, T(1), a, lda, B, ldb, beta, C + m0 * ldc, ldc);
+      const T* b = tb == Trans::No ? B + n0 : B + n0 * ldb;
+      gemm(ta, tb, rows, cols, K, T(1), a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
     }
   }
 }

@@ -26,13 +26,13 @@ void gemm(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, double 
           const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
           int64_t ldc);
 
-// The same product, cut into fixed blocks of gemm_row_block(M, N, K) rows of
-// C whatever the thread count; each block is one gemm call with the whole K,
-// run by one thread with BLAS held to that thread. Every element of C is then
-// computed by the same instructions in the same order for 1 thread or 8: a
-// BLAS may split K across its threads and add the partial sums in an order
-// that depends on how many there are (oneDNN's driver has such a partition
-// for small-M, small-N, large-K shapes, the shape of a weight gradient
+// The same product, cut into fixed blocks of C (gemm_blocks) whatever the
+// thread count; each block is one gemm call with the whole K, run by one
+// thread with BLAS held to that thread. Every element of C is then computed
+// by the same instructions in the same order for 1 thread or 8: a BLAS may
+// split K across its threads and add the partial sums in an order that
+// depends on how many there are (oneDNN's driver has such a partition for
+// small-M, small-N, large-K shapes, the shape of a weight gradient
 // d_W = d_yᵀ x), or choose another kernel by thread count (OpenBLAS's
 // single-threaded small-matrix path), and bit-identical results should not
 // rest on a library's heuristics. threads <= 0: OpenMP's default.
@@ -43,17 +43,25 @@ void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K,
 void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
                   const double* B, int64_t ldb, double beta, double* C, int64_t ldc, int threads);
 
-// Rows per block of gemm_blocked: a function of the shape alone. Each block
-// call packs op(B) (K × N) again, so blocks are small (kMinRowBlock rows)
-// only while op(B) is small, and otherwise a quarter of M: measured, oneDNN
-// sgemm with one thread per block against one call on both threads (2-core
-// Zen 5, M × N × K): 1024 × 1536 × 512: 32-row blocks 291 GFLOP/s, 256-row
-// 420, one call 423; 2048 × 2304 × 768: 318, 512-row 428, one call 430;
-// while at 2304 × 768 × 2048 (a weight gradient) every block size measured
-// within 15% of one call. Blocks of 32 rows also keep the trainer's products
-// as they were when it pinned its losses (the shipped model).
+// The blocks of gemm_blocked: a function of the shape alone. Each block call
+// packs its part of op(B) (K × N) again, so
+//  - while op(B) is small (N·K < 2¹⁶ numbers, 256 KiB of floats), blocks of
+//    kMinRowBlock rows and every column: the packing is cheap, and these are
+//    the trainer's shapes, whose bits the shipped model pins;
+//  - otherwise a quarter of M per block (a multiple of 32 rows): measured,
+//    oneDNN sgemm with one thread per block against one call on both
+//    threads (2-core Zen 5, M × N × K): 1024 × 1536 × 512: 32-row blocks
+//    291 GFLOP/s, 256-row 420, one call 423; 2048 × 2304 × 768: 318,
+//    512-row 428, one call 430; a weight gradient 2304 × 768 × 2048: every
+//    block size within 15% of one call;
+//  - and when that leaves one block of rows (a decoding step: M = batch),
+//    the columns in quarters (a multiple of 64), so that a product that
+//    streams a large weight still runs on every thread.
 constexpr int64_t kMinRowBlock = 32;
-int64_t gemm_row_block(int64_t M, int64_t N, int64_t K);
+struct GemmBlocks {
+  int64_t rows, cols;
+};
+GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K);
 
 // Threads BLAS may use; <= 0 leaves BLAS's own default (OPENBLAS_NUM_THREADS).
 void set_blas_threads(int threads);
