@@ -38,8 +38,17 @@ bool flash_can_serve(const AttentionArgs<T>& a) {
 }  // namespace
 
 template <class T>
-void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) {
-  AttentionKernel kernel = forced_or(requested);
+AttentionKernel resolve_forward_kernel(AttentionKernel requested, bool stores_weights) {
+  const AttentionKernel kernel = forced_or(requested);
+  if (kernel != AttentionKernel::Auto) return kernel;
+  return std::is_same_v<T, float> && !stores_weights ? AttentionKernel::Flash : AttentionKernel::Materialized;
+}
+
+template AttentionKernel resolve_forward_kernel<float>(AttentionKernel, bool);
+template AttentionKernel resolve_forward_kernel<double>(AttentionKernel, bool);
+
+template <class T>
+void run_attention_forward(const AttentionArgs<T>& args, AttentionKernel kernel) {
   if (kernel == AttentionKernel::Flash && !flash_can_serve(args)) {
     // Forcing flash where it cannot run is a usage error, not a silent swap.
     if (args.weights != nullptr)
@@ -50,8 +59,6 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) 
       throw Error(Error::Kind::Value,
                   "kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)");
   }
-  if (kernel == AttentionKernel::Auto)
-    kernel = flash_can_serve(args) ? AttentionKernel::Flash : AttentionKernel::Materialized;
   switch (kernel) {
     case AttentionKernel::Reference:
       return attention_forward_reference(args);
@@ -63,33 +70,24 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) 
   }
 }
 
+template void run_attention_forward<float>(const AttentionArgs<float>&, AttentionKernel);
+template void run_attention_forward<double>(const AttentionArgs<double>&, AttentionKernel);
+
+template <class T>
+void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested) {
+  run_attention_forward(args, resolve_forward_kernel<T>(requested, args.weights != nullptr));
+}
+
 template void attention_forward<float>(const AttentionArgs<float>&, AttentionKernel);
 template void attention_forward<double>(const AttentionArgs<double>&, AttentionKernel);
 
-// The choice attention_forward makes, without the call (kernel.hpp).
 template <class T>
-AttentionKernel attention_forward_kernel(const AttentionArgs<T>& args, AttentionKernel requested) {
-  const AttentionKernel kernel = forced_or(requested);
-  if (kernel != AttentionKernel::Auto) return kernel;
-  return flash_can_serve(args) ? AttentionKernel::Flash : AttentionKernel::Materialized;
-}
-
-template AttentionKernel attention_forward_kernel<float>(const AttentionArgs<float>&, AttentionKernel);
-template AttentionKernel attention_forward_kernel<double>(const AttentionArgs<double>&, AttentionKernel);
-
-// The backward kernel is picked as the forward's: a forced kernel wins;
-// Auto is flash for float and materialized otherwise. Any kernel's backward
-// may follow any kernel's forward: they share the contract (lse, out).
-template <class T>
-void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel requested) {
-  AttentionKernel kernel = forced_or(requested);
+void run_attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel kernel) {
   if constexpr (!std::is_same_v<T, float>) {
     if (kernel == AttentionKernel::Flash)
       throw Error(Error::Kind::Value,
                   "kernel: flash runs in float32 only; this backward is float64 (use kernel=materialized)");
   }
-  if (kernel == AttentionKernel::Auto)
-    kernel = std::is_same_v<T, float> ? AttentionKernel::Flash : AttentionKernel::Materialized;
   switch (kernel) {
     case AttentionKernel::Reference:
       return attention_backward_reference(args);
@@ -99,6 +97,16 @@ void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel re
     default:
       return attention_backward_materialized(args);
   }
+}
+
+template void run_attention_backward<float>(const AttentionBackwardArgs<float>&, AttentionKernel);
+template void run_attention_backward<double>(const AttentionBackwardArgs<double>&, AttentionKernel);
+
+// The backward's kernel is resolved as the forward's (the forward stored no
+// weights: it saved the lse), so Auto is flash for float, materialized else.
+template <class T>
+void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel requested) {
+  run_attention_backward(args, resolve_forward_kernel<T>(requested, false));
 }
 
 template void attention_backward<float>(const AttentionBackwardArgs<float>&, AttentionKernel);

@@ -24,18 +24,29 @@ void attention_forward_materialized(const AttentionArgs<T>& args);
 // Defined in src/attention/flash.cpp.
 void attention_forward_flash(const AttentionArgs<float>& args);
 
-// Picks a kernel: `requested`, unless forced (multihead/runtime.hpp's
-// kernel_force or MULTIHEAD_KERNEL); Auto means flash when it can serve the
-// request, else materialised.
+// Choosing a kernel is done once per call (a module call: its forward, and
+// the backward of a training forward, which reuses the forward's choice),
+// then the chosen kernel runs without looking again:
+//  - resolve_forward_kernel: `requested`, unless forced (multihead/runtime.hpp's
+//    kernel_force, else the environment's MULTIHEAD_KERNEL, read here and
+//    nowhere else); Auto becomes flash when flash can serve the call (float,
+//    and no stored weights: `stores_weights` false), else materialized.
+//    Never returns Auto. A module that wants weights asks with
+//    stores_weights false and, given flash, recomputes them from the lse
+//    (attention_weights_flash).
+//  - run_attention_forward / run_attention_backward: the chosen kernel;
+//    flash where it cannot run (weights, float64) is a usage error, not a
+//    silent swap. Any kernel's backward may follow any kernel's forward:
+//    they share the contract (lse, out).
+template <class T>
+AttentionKernel resolve_forward_kernel(AttentionKernel requested, bool stores_weights);
+template <class T>
+void run_attention_forward(const AttentionArgs<T>& args, AttentionKernel chosen);
+
+// Both steps at once, for a caller with a single kernel call
+// (scaled_dot_product_attention).
 template <class T>
 void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested);
-
-// The kernel attention_forward(args, requested) runs: `requested` unless
-// forced, Auto resolved as above. Lets a caller that wants weights run the
-// flash forward without them and recompute them (attention_weights_flash)
-// exactly when flash is the kernel that would serve the call.
-template <class T>
-AttentionKernel attention_forward_kernel(const AttentionArgs<T>& args, AttentionKernel requested);
 
 // The weights of a flash forward's selected slices and rows, recomputed
 // tile by tile from its saved lse (the contract:
@@ -59,7 +70,10 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& args);
 // Defined in src/attention/flash.cpp, beside the forward.
 void attention_backward_flash(const AttentionBackwardArgs<float>& args);
 
-// Picks the backward kernel as attention_forward picks the forward.
+// The backward of a chosen kernel (resolve_forward_kernel chose it), and
+// both steps at once (GroupedQueryAttention's backward, from its options).
+template <class T>
+void run_attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel chosen);
 template <class T>
 void attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel requested);
 

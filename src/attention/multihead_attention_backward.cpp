@@ -188,17 +188,17 @@ Heads<T> attention_backward_step(const BackwardCall<T>& c, T* d_concat) {
     d_k = c.ws.take(c.ws.proj_k, static_cast<std::size_t>(kv_rows * E));
     d_v = c.ws.take(c.ws.proj_v, static_cast<std::size_t>(kv_rows * E));
   }
-  const KernelMasks<T> masks = build_kernel_masks(plan, s.options);
   AttentionBackwardArgs<T> b;
-  // forward.out is the saved concat: the contract's delta_i = <d_out_i, out_i>.
-  b.forward = module_attention_args(c.config, plan, s.options, s.heads, masks, const_cast<T*>(s.concat()),
+  // forward.out is the saved concat: the contract's delta_i = <d_out_i, out_i>;
+  // the masks are the forward's own (saved.masks).
+  b.forward = module_attention_args(c.config, plan, s.options, s.heads, s.masks, const_cast<T*>(s.concat()),
                                     static_cast<T*>(nullptr));
   b.lse = s.lse.data();
   b.d_out = d_concat;
   b.d_q = d_q;
   b.d_k = d_k;
   b.d_v = d_v;
-  attention_backward(b, module_attention_options(c.config, s.options).kernel);
+  run_attention_backward(b, s.kernel);  // the kernel the forward ran
   return {{d_q, s.heads.q.layout}, {d_k, s.heads.k.layout}, {d_v, s.heads.v.layout}};
 }
 

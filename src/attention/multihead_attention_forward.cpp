@@ -138,6 +138,8 @@ struct FusedCall {
   InWeights<T> w;
   PathChoice paths;
   ForwardWorkspace<T>& ws;
+  AttentionKernel kernel;     // chosen once for the call (resolve_forward_kernel): never Auto
+  const KernelMasks<T>& masks;  // the masks in kernel layout, built once for the call
 };
 
 // Steps 1 and 2 for short key sequences: in_projection into token rows, and
@@ -290,17 +292,11 @@ Heads<T> in_projection_head_major(const FusedCall<T>& f) {
 
 // Whether the weights come from the flash kernel's recompute (its lse,
 // then attention_weights_flash for the selection only) rather than from a
-// kernel that stores all of them: when flash is the kernel that serves the
+// kernel that stores all of them: when flash is the kernel chosen for the
 // call (Auto for float, or forced).
 template <class T>
-bool weights_recomputed(const ForwardOptions<T>& options) {
-  if constexpr (!std::is_same_v<T, float>) {
-    return false;
-  } else {
-    if (!options.need_weights) return false;
-    const AttentionArgs<T> probe;  // the choice depends on the kernel requested and on weights == nullptr only
-    return attention_forward_kernel(probe, options.attention.kernel) == AttentionKernel::Flash;
-  }
+bool weights_recomputed(const ForwardOptions<T>& options, AttentionKernel kernel) {
+  return std::is_same_v<T, float> && options.need_weights && kernel == AttentionKernel::Flash;
 }
 
 // Step 3. scaled_dot_product_attention for all B·H slices, writing merged
@@ -314,18 +310,17 @@ bool weights_recomputed(const ForwardOptions<T>& options) {
 template <class T>
 std::optional<Tensor<T>> attend(const FusedCall<T>& f, const Heads<T>& heads, T* concat, T* lse) {
   const ForwardPlan& plan = f.plan;
-  const KernelMasks<T> masks = build_kernel_masks(plan, f.options);
-  AttentionArgs<T> args = module_attention_args(f.config, plan, f.options, heads, masks, concat, static_cast<T*>(nullptr));
+  AttentionArgs<T> args =
+      module_attention_args(f.config, plan, f.options, heads, f.masks, concat, static_cast<T*>(nullptr));
   args.lse = lse;
-  const AttentionKernel kernel = module_attention_options(f.config, f.options).kernel;
   if (!f.options.need_weights) {
-    attention_forward(args, kernel);
+    run_attention_forward(args, f.kernel);
     return std::nullopt;
   }
   if constexpr (std::is_same_v<T, float>) {
-    if (weights_recomputed(f.options)) {
+    if (weights_recomputed(f.options, f.kernel)) {
       if (args.lse == nullptr) args.lse = f.ws.take(f.ws.lse, static_cast<std::size_t>(plan.B * plan.H * plan.L));
-      attention_forward(args, AttentionKernel::Flash);
+      run_attention_forward(args, f.kernel);
       std::vector<int64_t> slices(static_cast<std::size_t>(plan.B * plan.H_weights));
       for (int64_t b = 0; b < plan.B; ++b)
         for (int64_t h = 0; h < plan.H_weights; ++h)
@@ -347,7 +342,7 @@ std::optional<Tensor<T>> attend(const FusedCall<T>& f, const Heads<T>& heads, T*
   }
   Tensor<T> full(Shape{plan.B, plan.H, plan.L, plan.S_total});
   args.weights = full.data();
-  attention_forward(args, kernel);
+  run_attention_forward(args, f.kernel);
   return select_weights(std::move(full), plan, f.options);
 }
 
@@ -482,8 +477,9 @@ bool same_tensor(const void* a, const Shape& sa, const void* b, const Shape& sb)
 // else the kernel's full (B, H, L, S') (also what the materialized kernel
 // holds per slice even without weights).
 template <class T>
-void check_weights_fit(const ForwardPlan& plan, std::size_t element_size, const ForwardOptions<T>& options) {
-  if (weights_recomputed(options)) {
+void check_weights_fit(const ForwardPlan& plan, std::size_t element_size, const ForwardOptions<T>& options,
+                       AttentionKernel kernel) {
+  if (weights_recomputed(options, kernel)) {
     check_weights_fit(plan, plan.H_weights, plan.L_weights, element_size);
   } else if (options.need_weights || options.attention.kernel == AttentionKernel::Materialized) {
     check_weights_fit(plan, plan.H, plan.L, element_size);
@@ -504,11 +500,14 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
     result = empty_result<T>(plan, query.shape(), options);
     return;
   }
-  check_weights_fit(plan, sizeof(T), options);
+  // The kernel and the masks, once for the whole call.
+  const AttentionKernel kernel = resolve_forward_kernel<T>(options.attention.kernel, /*stores_weights=*/false);
+  check_weights_fit(plan, sizeof(T), options, kernel);
+  const KernelMasks<T> masks = build_kernel_masks(plan, options);
   WorkspaceLease<T> ws(*workspaces_);
   const PathChoice paths = choose_paths(config_, plan, options.paths, query, key, value);
   const FusedCall<T> f{config_, params_, plan, options, query, key, value,
-                       in_weights(config_, params_, *weights_t_, paths.transposed), paths, *ws};
+                       in_weights(config_, params_, *weights_t_, paths.transposed), paths, *ws, kernel, masks};
   fused_forward(f, *weights_t_, static_cast<T*>(nullptr), result);
 }
 
@@ -525,6 +524,10 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
   s.parameters_token = parameters_token_;
   s.plan = plan;
   s.options = options;
+  // The backward reads s.masks (below), never the caller's masks: they need
+  // not outlive this call.
+  s.options.attn_mask = nullptr;
+  s.options.key_padding_mask = nullptr;
   s.query_shape = query.shape();
   s.key_shape = key.shape();
   s.value_shape = value.shape();
@@ -535,7 +538,10 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
     s.filled = true;
     return result;
   }
-  check_weights_fit(plan, sizeof(T), options);
+  // The kernel, the masks and the paths, once: the backward reuses them.
+  s.kernel = resolve_forward_kernel<T>(options.attention.kernel, /*stores_weights=*/false);
+  check_weights_fit(plan, sizeof(T), options, s.kernel);
+  s.masks = build_kernel_masks(plan, options);
   s.paths = choose_paths(config_, plan, options.paths, query, key, value);
   s.key_is_query = same_tensor(key.data(), key.shape(), query.data(), query.shape());
   s.value_is_query = same_tensor(value.data(), value.shape(), query.data(), query.shape());
@@ -545,7 +551,8 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
   if (!s.value_is_query && !s.value_is_key) keep_copy(value, s.value);
   T* lse = ForwardWorkspace<T>::take(s.lse, static_cast<std::size_t>(plan.B * plan.H * plan.L));
   const FusedCall<T> f{config_, params_, plan, options, query, key, value,
-                       in_weights(config_, params_, *weights_t_, s.paths.transposed), s.paths, s.ws};
+                       in_weights(config_, params_, *weights_t_, s.paths.transposed), s.paths, s.ws, s.kernel,
+                       s.masks};
   s.heads = fused_forward(f, *weights_t_, lse, result);
   s.filled = true;
   return result;

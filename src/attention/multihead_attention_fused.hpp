@@ -55,9 +55,12 @@ struct SavedForward {
   uint64_t parameters_token = 0;  // the module's, at the forward
   ForwardPlan plan;
   PathChoice paths;
-  // As the forward was called; attn_mask and key_padding_mask point to the
-  // caller's masks, which the caller keeps alive until backward.
+  // As the forward was called, but for attn_mask and key_padding_mask,
+  // which are null: `masks` holds them, in kernel layout, so the caller's
+  // need not outlive the forward.
   ForwardOptions<T> options;
+  AttentionKernel kernel = AttentionKernel::Auto;  // the kernel the forward ran (resolve_forward_kernel)
+  KernelMasks<T> masks;                            // as the forward's kernel read them
   Shape query_shape, key_shape, value_shape;
   // Copies of the inputs (the in-projection's weight gradient reads them).
   // key / value stay empty when they were the query tensor (or value the
