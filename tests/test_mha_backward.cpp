@@ -394,6 +394,73 @@ TEST(MhaBackward, ReusedContextAndGradientsMatchFresh_Float32) {
   EXPECT_TRUE(ctx.empty());
 }
 
+// The training context keeps the masks as the forward's kernel read them:
+// the caller's masks may die (or change) before backward. Under ASan a read
+// of a freed mask would fail the run; without it, the gradients must still
+// be those of a run whose masks stayed alive.
+TEST(MhaBackward, ContextKeepsItsOwnMasks_Mask3dBool_KpmFloat) {
+  const BackwardCase& c = kFiniteDifferenceCases[3];
+  ASSERT_TRUE(c.mask != 0 && c.kpm != 0);
+  for (bool drop_masks : {false, true}) {
+    SCOPED_TRACE(c.name() + (drop_masks ? " masks freed before backward" : ""));
+    std::mt19937_64 rng(21);
+    Problem<double> p = make_problem<double>(c, rng);
+    BasicMultiheadAttention<double> m(p.config, 3);
+    ForwardContext<double> ctx;
+    const Tensor<double> out = m.forward(p.q, key_of(p), value_of(p), p.options, ctx).output;
+    const Tensor<double> R = random_tensor<double>(out.shape(), rng);
+    static MultiheadAttentionGradients<double> kept;
+    if (drop_masks) {
+      p.attn.reset();
+      p.kpm.reset();
+      p.options.attn_mask = p.options.key_padding_mask = nullptr;
+    }
+    const MultiheadAttentionGradients<double> g = m.backward(ctx, R);
+    if (!drop_masks) {
+      kept = g;
+      continue;
+    }
+    EXPECT_EQ(0, std::memcmp(kept.query.data(), g.query.data(), sizeof(double) * g.query.numel()));
+    for (const auto& [name, t] : g.parameters)
+      EXPECT_EQ(0, std::memcmp(t.data(), kept.parameters.at(name).data(), sizeof(double) * t.numel())) << name;
+  }
+}
+
+// The kernel is chosen once per training step: the backward runs the kernel
+// the forward ran, even if the force changes in between. (The reference and
+// flash backwards differ in their last bits here, checked first, so the
+// comparison can tell them apart.)
+TEST(MhaBackward, BackwardRunsTheForwardsKernel_Float32_AutoThenForcedReference) {
+  BackwardCase c = kFiniteDifferenceCases[1];  // causal, bool mask, bool key padding
+  c.E = 64;
+  c.H = 2;
+  c.L = c.S = 70;  // head width 32, more than one key tile: the kernels' sums differ in order
+  const auto step = [&](AttentionKernel before_forward, AttentionKernel before_backward) {
+    std::mt19937_64 rng(5);
+    Problem<float> p = make_problem<float>(c, rng);
+    p.options.attention.kernel = AttentionKernel::Auto;  // flash, unless forced
+    BasicMultiheadAttention<float> m(p.config, 3);
+    ForwardContext<float> ctx;
+    kernel_force(before_forward);
+    const Tensor<float> out = m.forward(p.q, key_of(p), value_of(p), p.options, ctx).output;
+    kernel_force(before_backward);
+    MultiheadAttentionGradients<float> g = m.backward(ctx, random_tensor<float>(out.shape(), rng));
+    kernel_force(AttentionKernel::Auto);
+    return g;
+  };
+  const auto same = [](const MultiheadAttentionGradients<float>& a, const MultiheadAttentionGradients<float>& b) {
+    if (std::memcmp(a.query.data(), b.query.data(), sizeof(float) * a.query.numel()) != 0) return false;
+    for (const auto& [name, t] : a.parameters)
+      if (std::memcmp(t.data(), b.parameters.at(name).data(), sizeof(float) * t.numel()) != 0) return false;
+    return true;
+  };
+  const MultiheadAttentionGradients<float> flash = step(AttentionKernel::Auto, AttentionKernel::Auto);
+  const MultiheadAttentionGradients<float> reference = step(AttentionKernel::Reference, AttentionKernel::Reference);
+  ASSERT_FALSE(same(flash, reference)) << "the two kernels agree to the bit here: the test could not tell them apart";
+  EXPECT_TRUE(same(flash, step(AttentionKernel::Auto, AttentionKernel::Reference)));
+  EXPECT_TRUE(same(reference, step(AttentionKernel::Reference, AttentionKernel::Flash)));
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();

@@ -191,9 +191,11 @@ class BasicMultiheadAttention;
 //    which it regenerates from the same seed);
 //  - the resolved options: the kernel, paths, dropout rate and seed,
 //    is_causal, window, softcap, ALiBi, scale, policy, threads.
-// It does NOT copy the masks: it keeps options.attn_mask and
-// options.key_padding_mask as pointers, so the caller keeps those masks
-// alive (and unchanged) until backward() has returned.
+//  - the masks as the kernel read them (attn_mask and key_padding_mask,
+//    additive, padded for bias_k and zero attention): a copy, so the
+//    caller's masks need not outlive the forward;
+//  - the kernel the forward ran, chosen once (kernel_force, MULTIHEAD_KERNEL,
+//    the options): the backward runs that kernel's backward.
 // Move-only. Reusable across steps: a later forward overwrites it, and its
 // buffers grow when a shape needs more, never shrink (clear() frees them).
 template <class T>
@@ -260,11 +262,11 @@ class BasicMultiheadAttention {
   // output's shape, the gradients of the inputs and of every parameter
   // (MultiheadAttentionGradients). The attention weights the forward may
   // have returned are outputs for inspection: no gradient flows back
-  // through them. Runs the attention kernel the forward's options request
-  // (options.attention.kernel; MULTIHEAD_KERNEL forces it as for the
-  // forward). Throws multihead::Error, naming the argument, if `saved` is
-  // empty, comes from another module, predates update_parameters(), or if
-  // d_output has the wrong shape. The caller's masks must still be alive.
+  // through them. Runs the backward of the kernel the forward ran (chosen
+  // at the forward; a force set since does not apply). Throws
+  // multihead::Error, naming the argument, if `saved` is empty, comes from
+  // another module, predates update_parameters(), or if d_output has the
+  // wrong shape.
   // Thread-safe as forward() is (scratch from the same pool).
   MultiheadAttentionGradients<T> backward(const ForwardContext<T>& saved, const Tensor<T>& d_output) const;
   // Same, writing into `gradients`, whose tensors are reused when they
