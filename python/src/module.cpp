@@ -6,8 +6,9 @@
 //   multihead.load_weights / save_weights    safetensors, PyTorch key names
 //
 // Arrays come in without copies when they are C-contiguous float32/float64
-// (arrays.hpp); keyword arguments become the library's options structs in
-// options.hpp, and nowhere else. The GIL is released while the library
+// (arrays.hpp). The attention calls' keyword arguments are the rows of
+// options.hpp's table: their parameters, py::arg lists, docstring signatures
+// and conversion into the library's options structs are generated from it. The GIL is released while the library
 // computes; every referenced array stays alive meanwhile, held by this frame.
 // multihead::Error becomes ValueError with the library's message; a dtype
 // the library cannot take is a TypeError.
