@@ -197,12 +197,14 @@ def run_case(c):
     mask_dtype = np.float32 if c.float_mask_other_dtype else dtype
     am = am.astype(mask_dtype).astype(dtype) if am is not None and am.dtype.kind == "f" else am
     kpm = kpm.astype(mask_dtype).astype(dtype) if kpm is not None and kpm.dtype.kind == "f" else kpm
-    handed = lambda m: m.astype(other_dtype) if c.float_mask_other_dtype and m is not None and m.dtype.kind == "f" else m  # noqa: E731
+
+    def handed(m):  # the mask as the module gets it
+        return m.astype(other_dtype) if c.float_mask_other_dtype and m is not None and m.dtype.kind == "f" else m
 
     # ---- ours ------------------------------------------------------------------
-    ours = multihead.MultiheadAttention(c.E, c.H, dropout=EVAL_DROPOUT if c.dropout else 0.0, bias=c.bias, add_bias_kv=c.add_bias_kv,
-                                        add_zero_attn=c.add_zero_attn, kdim=c.kdim, vdim=c.vdim,
-                                        batch_first=c.batch_first, dtype=dtype)
+    ours = multihead.MultiheadAttention(c.E, c.H, dropout=EVAL_DROPOUT if c.dropout else 0.0, bias=c.bias,
+                                        add_bias_kv=c.add_bias_kv, add_zero_attn=c.add_zero_attn, kdim=c.kdim,
+                                        vdim=c.vdim, batch_first=c.batch_first, dtype=dtype)
     missing, unexpected = ours.load_state_dict(params)
     assert (missing, unexpected) == ([], []), (missing, unexpected)
     if c.training:  # configs.fix: never with dropout, so p = 0

@@ -181,7 +181,8 @@ def check_module(stub_text):
             for m in sorted(real_methods ^ set(methods[name])):
                 problems.append(f"{name}.{m}: {'in the stub only' if m in methods[name] else 'not in the stub'}")
             for m in sorted(real_attributes ^ attributes[name]):
-                problems.append(f"{name}.{m}: property {'in the stub only' if m in attributes[name] else 'not in the stub'}")
+                where = "in the stub only" if m in attributes[name] else "not in the stub"
+                problems.append(f"{name}.{m}: property {where}")
             for m in sorted(real_methods & set(methods[name])):
                 for real in real_signatures(getattr(obj, m) if m != "__init__" else obj):
                     problems += compare(f"{name}.{m}", methods[name][m], real)
@@ -238,8 +239,10 @@ def test_docstring_signature_matches_the_binding(what, doc_of, fn):
 
 
 # ---- the comparer itself ------------------------------------------------------------
-REAL = "(self: M, query: object, key_padding_mask: object = None, *, softcap: Optional[float] = None, kernel: str = 'auto') -> tuple"
-GOOD = "def f(self, query: A, key_padding_mask: Optional[A] = None, *, softcap: Optional[float] = None, kernel: K = 'auto'): ..."
+REAL = ("(self: M, query: object, key_padding_mask: object = None, *, softcap: Optional[float] = None, "
+        "kernel: str = 'auto') -> tuple")
+GOOD = ("def f(self, query: A, key_padding_mask: Optional[A] = None, *, softcap: Optional[float] = None, "
+        "kernel: K = 'auto'): ...")
 WRONG = {
     "missing": "def f(self, query, key_padding_mask=None, *, kernel='auto'): ...",
     "extra": "def f(self, query, key_padding_mask=None, *, softcap=None, kernel='auto', window=None): ...",
