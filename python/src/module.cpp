@@ -6,8 +6,9 @@
 //   multihead.load_weights / save_weights    safetensors, PyTorch key names
 //
 // Arrays come in without copies when they are C-contiguous float32/float64
-// (arrays.hpp); keyword arguments become the library's options structs in
-// options.hpp, and nowhere else. The GIL is released while the library
+// (arrays.hpp). The attention calls' keyword arguments are the rows of
+// options.hpp's table: their parameters, py::arg lists, docstring signatures
+// and conversion into the library's options structs are generated from it. The GIL is released while the library
 // computes; every referenced array stays alive meanwhile, held by this frame.
 // multihead::Error becomes ValueError with the library's message; a dtype
 // the library cannot take is a TypeError.
@@ -22,6 +23,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -169,44 +171,24 @@ class PyMultiheadAttention {
   const MultiheadAttentionParameters<double>& parameters() const { return params_; }
   bool training = false;
 
-  py::tuple forward(const py::object& query, const py::object& key, const py::object& value,
-                    const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
-                    bool average_attn_weights, bool is_causal, const std::string& masked_rows,
-                    const std::string& kernel, int num_threads, bool check_finite, const std::string& form,
-                    uint64_t dropout_seed, const std::string& causal_align, std::optional<int64_t> window,
-                    std::optional<double> softcap, bool alibi, const std::optional<std::vector<int64_t>>& weights_heads,
-                    const std::optional<std::vector<int64_t>>& weights_rows) {
+  // The arguments after (query, key, value) are the table's rows
+  // (options.hpp); `form` is forward's own.
+  py::tuple forward(const py::object& query, const py::object& key, const py::object& value, const ModuleCall& o,
+                    const std::string& form) {
     if (form != "fused" && form != "textbook")
       throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got '" + form + "'");
-    CallOptions o = call_options(need_weights, average_attn_weights, is_causal, masked_rows, kernel, num_threads,
-                                 check_finite, dropout_seed, causal_align, window, softcap, alibi);
-    o.weights_heads = weights_heads.value_or(std::vector<int64_t>{});
-    o.weights_rows = weights_rows.value_or(std::vector<int64_t>{});
-    o.training = training;
     const py::array q = as_numpy(query);
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;
-    if (precision_of(q, "query") == Precision::F64)
-      return run<double>(q, k, v, key_padding_mask, attn_mask, o, form == "textbook");
-    return run<float>(q, k, v, key_padding_mask, attn_mask, o, form == "textbook");
+    if (precision_of(q, "query") == Precision::F64) return run<double>(q, k, v, o, form == "textbook");
+    return run<float>(q, k, v, o, form == "textbook");
   }
 
   // The training forward: (output, weights, context); `context` (a
   // ForwardContext from an earlier call, or None) is refilled and returned,
   // reusing its buffers.
   py::tuple forward_with_context(const py::object& query, const py::object& key, const py::object& value,
-                                 const py::object& key_padding_mask, bool need_weights, const py::object& attn_mask,
-                                 bool average_attn_weights, bool is_causal, const std::string& masked_rows,
-                                 const std::string& kernel, int num_threads, bool check_finite, uint64_t dropout_seed,
-                                 const std::string& causal_align, std::optional<int64_t> window,
-                                 std::optional<double> softcap, bool alibi,
-                                 const std::optional<std::vector<int64_t>>& weights_heads,
-                                 const std::optional<std::vector<int64_t>>& weights_rows, const py::object& context) {
-    CallOptions o = call_options(need_weights, average_attn_weights, is_causal, masked_rows, kernel, num_threads,
-                                 check_finite, dropout_seed, causal_align, window, softcap, alibi);
-    o.weights_heads = weights_heads.value_or(std::vector<int64_t>{});
-    o.weights_rows = weights_rows.value_or(std::vector<int64_t>{});
-    o.training = training;
+                                 const ModuleCall& o, const py::object& context) {
     py::object ctx = context.is_none() ? py::cast(PyForwardContext()) : context;
     if (!py::isinstance<PyForwardContext>(ctx))
       throw py::type_error("context: expected a multihead.ForwardContext or None, got " +
@@ -215,9 +197,8 @@ class PyMultiheadAttention {
     const py::array q = as_numpy(query);
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;
-    py::tuple r = precision_of(q, "query") == Precision::F64
-                      ? run_with_context<double>(q, k, v, key_padding_mask, attn_mask, o, c)
-                      : run_with_context<float>(q, k, v, key_padding_mask, attn_mask, o, c);
+    py::tuple r = precision_of(q, "query") == Precision::F64 ? run_with_context<double>(q, k, v, o, c)
+                                                              : run_with_context<float>(q, k, v, o, c);
     return py::make_tuple(r[0], r[1], ctx);
   }
 
@@ -252,29 +233,6 @@ class PyMultiheadAttention {
     f32_.reset();
     f64_.reset();
   }
-
- private:
-  static CallOptions call_options(bool need_weights, bool average_attn_weights, bool is_causal,
-                                  const std::string& masked_rows, const std::string& kernel, int num_threads,
-                                  bool check_finite, uint64_t dropout_seed, const std::string& causal_align,
-                                  std::optional<int64_t> window, std::optional<double> softcap, bool alibi) {
-    CallOptions o;
-    o.need_weights = need_weights;
-    o.average_attn_weights = average_attn_weights;
-    o.is_causal = is_causal;
-    o.dropout_seed = dropout_seed;
-    o.masked_rows = masked_rows;
-    o.kernel = kernel;
-    o.num_threads = num_threads;
-    o.check_finite = check_finite;
-    o.causal_align = causal_align;
-    o.window = window;
-    o.softcap = softcap;
-    o.alibi = alibi;
-    return o;
-  }
-
- public:
 
   py::dict state_dict() const {
     py::dict d;
@@ -349,15 +307,14 @@ class PyMultiheadAttention {
   }
 
   template <class T>
-  py::tuple run(const py::array& query, const py::object& key, const py::object& value,
-                const py::object& key_padding_mask, const py::object& attn_mask, const CallOptions& o,
+  py::tuple run(const py::array& query, const py::object& key, const py::object& value, const ModuleCall& o,
                 bool textbook) {
     HeldTensor<T> q = float_tensor<T>(query, "query");
     HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
     HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
-    const HeldMask<T> kpm = mask_arg<T>(key_padding_mask, "key_padding_mask");
-    const HeldMask<T> am = mask_arg<T>(attn_mask, "attn_mask");
-    const ForwardOptions<T> fo = forward_options<T>(o, kpm.get(), am.get());
+    const HeldMask<T> kpm = mask_arg<T>(o.key_padding_mask, "key_padding_mask");
+    const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask");
+    const ForwardOptions<T> fo = forward_options<T>(o, training, kpm.get(), am.get());
     const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
 
     ForwardResult<T> r;
@@ -381,18 +338,17 @@ class PyMultiheadAttention {
 
   template <class T>
   py::tuple run_with_context(const py::array& query, const py::object& key, const py::object& value,
-                             const py::object& key_padding_mask, const py::object& attn_mask, const CallOptions& o,
-                             PyForwardContext& c) {
+                             const ModuleCall& o, PyForwardContext& c) {
     HeldTensor<T> q = float_tensor<T>(query, "query");
     HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
     HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
     // The context holds the masks first: the library keeps pointers to
     // these Mask objects until backward.
-    HeldMask<T> kpm = mask_arg<T>(key_padding_mask, "key_padding_mask");  // may throw: nothing changed yet
-    HeldMask<T> am = mask_arg<T>(attn_mask, "attn_mask");
+    HeldMask<T> kpm = mask_arg<T>(o.key_padding_mask, "key_padding_mask");  // may throw: nothing changed yet
+    HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask");
     c.mask<T>(0) = std::move(kpm);  // the forward below marks ctx unfilled before anything else
     c.mask<T>(1) = std::move(am);
-    const ForwardOptions<T> fo = forward_options<T>(o, c.mask<T>(0).get(), c.mask<T>(1).get());
+    const ForwardOptions<T> fo = forward_options<T>(o, training, c.mask<T>(0).get(), c.mask<T>(1).get());
     const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
     ForwardContext<T>& ctx = c.get<T>();
     c.dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
@@ -431,14 +387,13 @@ class PyMultiheadAttention {
 };
 
 template <class T>
-py::object sdpa(const py::array& query, const py::object& key, const py::object& value,
-                const py::object& attn_mask, const CallOptions& o) {
+py::object sdpa(const py::array& query, const py::object& key, const py::object& value, const SdpaCall& o) {
   HeldTensor<T> q = float_tensor<T>(query, "query");
   HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
   HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
   // torch.nn.functional.scaled_dot_product_attention: a bool True means
   // "may attend", the opposite of the library's (and MHA's) convention.
-  const HeldMask<T> am = mask_arg<T>(attn_mask, "attn_mask", /*invert=*/true);
+  const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask", /*invert=*/true);
   const AttentionOptions ao = attention_options(o);
   Tensor<T> out;
   Tensor<T> weights;
@@ -518,10 +473,10 @@ Examples::
     >>> attn_output, attn_output_weights = mha(query, key, value)
 )doc";
 
-const char* const kForwardDoc = R"doc(forward(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, form='fused', dropout_seed=0, causal_align='top-left', window=None, softcap=None, alibi=False, weights_heads=None, weights_rows=None)
-
-Args:
-    query: Query embeddings of shape (L, E) unbatched, (L, N, E) when
+// The docstrings of the option-taking calls: their first line (the
+// signature) and their keyword sections come from the rows (DocBuilder,
+// below); these are the parts around them.
+const char* const kForwardTensorsDoc = R"doc(    query: Query embeddings of shape (L, E) unbatched, (L, N, E) when
         batch_first=False or (N, L, E) when batch_first=True, where L is the
         target sequence length, N the batch size and E the embedding dimension
         embed_dim. Any array-like: NumPy arrays, torch CPU tensors, anything
@@ -532,43 +487,9 @@ Args:
         with batch_first, where S is the source sequence length and Ek kdim.
     value: Value embeddings of shape (S, Ev) unbatched, (S, N, Ev) or
         (N, S, Ev) with batch_first, where Ev is vdim.
-    key_padding_mask: (N, S) or (S) unbatched. Bool (or uint8): True marks a
-        key to ignore. Float: added to the attention scores (PyTorch 2.x
-        semantics).
-    need_weights: If True, also return attn_output_weights. Default: True.
-    attn_mask: (L, S) or (N*num_heads, L, S). Bool: True means "may not
-        attend". Float: added to the attention scores.
-    average_attn_weights: If True, the returned weights are averaged over the
-        heads, (N, L, S); else per head, (N, num_heads, L, S). Default: True.
-    is_causal: If True, query i may not attend to key j > i (combined with
-        attn_mask). Default: False.
+)doc";
 
-Keyword-only (not in PyTorch):
-    masked_rows: What a query gets when every key is masked: 'zeros'
-        (default: zero weights, attention output 0) or 'nan' (PyTorch 1.13's
-        result).
-    kernel: 'auto', 'reference', 'materialized' or 'flash'.
-    num_threads: Threads of the attention loops; 0 = OpenMP's default.
-    check_finite: Reject NaN or Inf in the inputs (ValueError).
-    form: 'fused' (default) or 'textbook' (the lesson's per-head form).
-    dropout_seed: Seed of the dropout mask (training mode with dropout > 0).
-    causal_align: Where query i sits when L != S: 'top-left' (position i,
-        PyTorch's is_causal) or 'bottom-right' (i + S - L). Used by
-        is_causal, window and alibi (docs/semantics.md, "Positions").
-    window: Sliding window of w keys: with is_causal a query sees its own
-        position and the w - 1 before it; without, keys less than w away.
-    softcap: Logit soft-cap c > 0: scores become c*tanh(score/c) (Gemma 2).
-    alibi: ALiBi biases -m_h*|p_i - j| with the paper's slopes per head
-        (alibi_slopes(num_heads)).
-    weights_heads: Only these heads' weights (a sequence of head indices,
-        each at most once, in the order given; None = all). Per head the
-        weights are (N, H', L, S); averaged, the mean over the H' selected
-        heads. Needs need_weights=True.
-    weights_rows: Only these query rows' weights (indices, e.g.
-        range(5, 9); None = all): (N, ..., L', S). On the flash kernel
-        (float32, kernel='auto' or 'flash') only the selection is computed
-        and held, recomputed from each row's log-sum-exp (docs/explain.md).
-
+const char* const kForwardReturnsDoc = R"doc(
 Returns:
     (attn_output, attn_output_weights): NumPy arrays of the computation's
     dtype; attn_output has the query's shape (with E features),
@@ -583,12 +504,12 @@ The GIL is released while computing: several threads may call one module at
 once. Inputs are read in place, so no thread may write to them during a call.
 )doc";
 
-const char* const kForwardWithContextDoc = R"doc(forward_with_context(query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True, is_causal=False, *, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, dropout_seed=0, causal_align='top-left', window=None, softcap=None, alibi=False, weights_heads=None, weights_rows=None, context=None)
-
+const char* const kForwardWithContextDoc = R"doc(
 The training forward: the same computation as forward() (bit-identical
 output and weights; form is always 'fused'), also keeping what backward()
 needs. Dropout applies in training mode (train()), drawn from dropout_seed;
-backward() regenerates the same mask from it (none is stored).
+backward() regenerates the same mask from it (none is stored). The other
+arguments are forward()'s.
 
 Returns:
     (attn_output, attn_output_weights, context): context is a
@@ -610,8 +531,7 @@ the module's parameters changed since that forward (load_state_dict,
 update_parameters), or d_output has the wrong shape.
 )doc";
 
-const char* const kSdpaDoc = R"doc(scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, *, need_weights=False, dropout_seed=0, masked_rows='zeros', kernel='auto', num_threads=0, check_finite=False, causal_align='top-left', window=None, softcap=None, alibi_slopes=[])
-
+const char* const kSdpaIntroDoc = R"doc(
 softmax(query @ key^T * scale + mask) @ value, as
 torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x).
 
@@ -619,24 +539,137 @@ Args:
     query: (..., L, D).
     key: (..., S, D), the same leading dimensions (no broadcasting).
     value: (..., S, Dv).
-    attn_mask: (L, S) or (..., L, S). Bool: True means "may attend" (as in
-        torch's scaled_dot_product_attention, the opposite of
-        MultiheadAttention's masks). Float: added to the scores.
-    dropout_p: Dropout probability on the weights (applied whenever > 0,
-        as torch does). Default: 0.0.
-    is_causal: Query i may attend only to keys j <= i (top-left aligned).
-    scale: Multiplies query @ key^T. Default: None (1/sqrt(D)).
+)doc";
 
-Keyword-only (not in PyTorch):
-    need_weights: Also return the weights, (..., L, S). Default: False.
-    dropout_seed, masked_rows, kernel, num_threads, check_finite,
-        causal_align, window, softcap: as in MultiheadAttention.forward.
-    alibi_slopes: ALiBi, one slope per slice (the product of the leading
-        dimensions); empty (default) = none.
-
+const char* const kSdpaReturnsDoc = R"doc(
 Returns:
     The output (..., L, Dv), or (output, weights) with need_weights.
 )doc";
+
+// A default as the Python object pybind11 makes of it.
+template <class T>
+py::object as_python(const T& value) {
+  if constexpr (std::is_base_of_v<py::handle, T>) {
+    return py::reinterpret_borrow<py::object>(value);
+  } else {
+    return py::cast(value);
+  }
+}
+
+// A docstring's signature line, "name(query, key, value, a=1, *, b='x')", and
+// its "    a: ..." entries (wrapped at 79 columns), from the rows: each
+// default is the repr of the call struct's member, as pybind11 shows it.
+class DocBuilder {
+ public:
+  explicit DocBuilder(const std::string& function) : line_(function + "(") {}
+  void required(const char* name) { separate() += name; }
+  void keyword_only() { separate() += "*"; }
+  // With a doc, also an entry of the current section (positional or keyword-only).
+  void add(const char* name, const py::object& default_value, const char* doc) {
+    separate() += std::string(name) + "=" + py::repr(default_value).cast<std::string>();
+    if (doc) entries_ += wrap_entry(name, doc);
+    names_ += (names_.empty() ? "" : ", ") + std::string(name);
+  }
+  std::string line() const { return line_ + ")"; }
+  // The entries added since the last call, and the names among them.
+  std::string take_entries() { return std::exchange(entries_, {}); }
+  std::string take_names() { return std::exchange(names_, {}); }
+  // "    name: doc" wrapped at 79 columns, continued 8 columns in.
+  static std::string wrap_entry(const std::string& name, const std::string& doc) {
+    const std::string text = name + ": " + doc;
+    std::string out, row = "   ";
+    std::size_t i = 0;
+    while (i < text.size()) {
+      std::size_t j = text.find(' ', i);
+      if (j == std::string::npos) j = text.size();
+      const std::string word = text.substr(i, j - i);
+      if (row.size() > 8 && row.size() + 1 + word.size() > 79) {
+        out += row + "\n";
+        row = "       ";
+      }
+      row += " " + word;
+      i = j + 1;
+    }
+    return out + row + "\n";
+  }
+
+ private:
+  std::string& separate() {
+    if (line_.back() != '(') line_ += ", ";
+    return line_;
+  }
+  std::string line_, entries_, names_;
+};
+
+// The bindings' own keywords, after the shared rows (options.hpp).
+#define MULTIHEAD_FORWARD_FORM(X) \
+  X(std::string, form, "fused", , "'fused' (default) or 'textbook' (the lesson's per-head form).")
+#define MULTIHEAD_FORWARD_CONTEXT(X) \
+  X(py::object, context, py::none(), , "A ForwardContext to refill (its buffers reused), or None for a new one.")
+
+struct ForwardCall : ModuleCall {
+  MULTIHEAD_FORWARD_FORM(MULTIHEAD_OPTION_MEMBER)
+};
+struct ForwardContextCall : ModuleCall {
+  MULTIHEAD_FORWARD_CONTEXT(MULTIHEAD_OPTION_MEMBER)
+};
+
+// A row as a parameter of a bound lambda, as its py::arg (the default read
+// from the call struct `d`), stored into the call struct `c`, and in the
+// docstring (DocBuilder `b`; _SIG: the signature only).
+#define MULTIHEAD_PY_PARAM(Type, name, def, into, doc) , Type name
+#define MULTIHEAD_PY_ARG(Type, name, def, into, doc) , py::arg(#name) = d.name
+#define MULTIHEAD_PY_STORE(Type, name, def, into, doc) c.name = std::move(name);
+#define MULTIHEAD_PY_DOC(Type, name, def, into, doc) b.add(#name, as_python(d.name), doc);
+#define MULTIHEAD_PY_SIG(Type, name, def, into, doc) b.add(#name, as_python(d.name), nullptr);
+
+// The rows of the module's forwards, in the order of their signatures.
+#define MULTIHEAD_FORWARD_ROWS(EXTRA, M) \
+  MULTIHEAD_MODULE_POSITIONAL(M) MULTIHEAD_ATTENTION_KEYWORDS(M) MULTIHEAD_MODULE_KEYWORDS(M) EXTRA(M)
+#define MULTIHEAD_SDPA_ROWS(M) MULTIHEAD_SDPA_POSITIONAL(M) MULTIHEAD_ATTENTION_KEYWORDS(M) MULTIHEAD_SDPA_KEYWORDS(M)
+
+// forward's and __call__'s docstring (the two differ only in their name).
+template <class Call>
+std::string forward_doc(const std::string& name) {
+  const Call d;
+  DocBuilder b(name);
+  for (const char* t : {"query", "key", "value"}) b.required(t);
+  MULTIHEAD_MODULE_POSITIONAL(MULTIHEAD_PY_DOC)
+  const std::string positional = b.take_entries();
+  b.keyword_only();
+  MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_DOC)
+  MULTIHEAD_MODULE_KEYWORDS(MULTIHEAD_PY_DOC)
+  MULTIHEAD_FORWARD_FORM(MULTIHEAD_PY_DOC)
+  return b.line() + "\n\nArgs:\n" + kForwardTensorsDoc + positional + "\nKeyword-only (not in PyTorch):\n" +
+         b.take_entries() + kForwardReturnsDoc;
+}
+
+std::string forward_with_context_doc() {
+  const ForwardContextCall d;
+  DocBuilder b("forward_with_context");
+  for (const char* t : {"query", "key", "value"}) b.required(t);
+  MULTIHEAD_MODULE_POSITIONAL(MULTIHEAD_PY_SIG)
+  b.keyword_only();
+  MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_SIG)
+  MULTIHEAD_MODULE_KEYWORDS(MULTIHEAD_PY_SIG)
+  MULTIHEAD_FORWARD_CONTEXT(MULTIHEAD_PY_DOC)
+  return b.line() + "\n" + kForwardWithContextDoc + "\nKeyword-only:\n" + b.take_entries();
+}
+
+std::string sdpa_doc() {
+  const SdpaCall d;
+  DocBuilder b("scaled_dot_product_attention");
+  for (const char* t : {"query", "key", "value"}) b.required(t);
+  MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_DOC)
+  const std::string positional = b.take_entries();
+  b.keyword_only();
+  b.take_names();
+  MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_SIG)
+  const std::string shared = b.take_names();
+  MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_DOC)
+  return b.line() + "\n" + kSdpaIntroDoc + positional + "\nKeyword-only (not in PyTorch):\n" + b.take_entries() +
+         DocBuilder::wrap_entry(shared, "as in MultiheadAttention.forward.") + kSdpaReturnsDoc;
+}
 
 }  // namespace
 }  // namespace multihead::python
@@ -662,32 +695,13 @@ PYBIND11_MODULE(_multihead, m) {
     }
   });
 
-  py::class_<PyMultiheadAttention>(m, "MultiheadAttention", kClassDoc)
-      .def(py::init(&PyMultiheadAttention::create), "embed_dim"_a, "num_heads"_a, "dropout"_a = 0.0,
+  py::class_<PyMultiheadAttention> mha(m, "MultiheadAttention", kClassDoc);
+  mha      .def(py::init(&PyMultiheadAttention::create), "embed_dim"_a, "num_heads"_a, "dropout"_a = 0.0,
            "bias"_a = true, "add_bias_kv"_a = false, "add_zero_attn"_a = false, "kdim"_a = py::none(),
            "vdim"_a = py::none(), "batch_first"_a = false, py::kw_only(), "seed"_a = 0,
            "dtype"_a = py::none(),
            "__init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False, "
            "kdim=None, vdim=None, batch_first=False, *, seed=0, dtype=None)\n\nSee help(MultiheadAttention).")
-      .def("forward", &PyMultiheadAttention::forward, kForwardDoc, "query"_a, "key"_a, "value"_a,
-           "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
-           "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
-           "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
-           "dropout_seed"_a = 0, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
-           "alibi"_a = false, "weights_heads"_a = py::none(), "weights_rows"_a = py::none())
-      .def("__call__", &PyMultiheadAttention::forward, "__call__(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None, "
-           "average_attn_weights=True, is_causal=False, *, ...)\n\nSame as forward().", "query"_a, "key"_a, "value"_a,
-           "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
-           "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
-           "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "form"_a = "fused",
-           "dropout_seed"_a = 0, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
-           "alibi"_a = false, "weights_heads"_a = py::none(), "weights_rows"_a = py::none())
-      .def("forward_with_context", &PyMultiheadAttention::forward_with_context, kForwardWithContextDoc, "query"_a,
-           "key"_a, "value"_a, "key_padding_mask"_a = py::none(), "need_weights"_a = true, "attn_mask"_a = py::none(),
-           "average_attn_weights"_a = true, "is_causal"_a = false, py::kw_only(), "masked_rows"_a = "zeros",
-           "kernel"_a = "auto", "num_threads"_a = 0, "check_finite"_a = false, "dropout_seed"_a = 0,
-           "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(), "alibi"_a = false,
-           "weights_heads"_a = py::none(), "weights_rows"_a = py::none(), "context"_a = py::none())
       .def("backward", &PyMultiheadAttention::backward, kBackwardDoc, "context"_a, "d_output"_a)
       .def("update_parameters", &PyMultiheadAttention::update_parameters, "update"_a,
            "update_parameters(self, update) -> None\n\n"
@@ -733,6 +747,53 @@ PYBIND11_MODULE(_multihead, m) {
                ", batch_first=" + b(c.batch_first) + ", dtype=" + (s.dtype() == Precision::F64 ? "float64" : "float32") + ")";
       });
 
+  // The option-taking calls: their parameters, py::arg lists and docstrings
+  // come from the rows of options.hpp.
+  {
+    const ForwardCall d;
+    auto forward = [](PyMultiheadAttention& self, const py::object& query, const py::object& key,
+                      const py::object& value MULTIHEAD_FORWARD_ROWS(MULTIHEAD_FORWARD_FORM, MULTIHEAD_PY_PARAM)) {
+      ForwardCall c;
+      MULTIHEAD_FORWARD_ROWS(MULTIHEAD_FORWARD_FORM, MULTIHEAD_PY_STORE)
+      return self.forward(query, key, value, c, c.form);
+    };
+    for (const char* name : {"forward", "__call__"})
+      mha.def(name, forward, forward_doc<ForwardCall>(name).c_str(), "query"_a, "key"_a,
+              "value"_a MULTIHEAD_MODULE_POSITIONAL(MULTIHEAD_PY_ARG), py::kw_only()
+                  MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_ARG) MULTIHEAD_MODULE_KEYWORDS(MULTIHEAD_PY_ARG)
+                      MULTIHEAD_FORWARD_FORM(MULTIHEAD_PY_ARG));
+  }
+  {
+    const ForwardContextCall d;
+    mha.def(
+        "forward_with_context",
+        [](PyMultiheadAttention& self, const py::object& query, const py::object& key,
+           const py::object& value MULTIHEAD_FORWARD_ROWS(MULTIHEAD_FORWARD_CONTEXT, MULTIHEAD_PY_PARAM)) {
+          ForwardContextCall c;
+          MULTIHEAD_FORWARD_ROWS(MULTIHEAD_FORWARD_CONTEXT, MULTIHEAD_PY_STORE)
+          return self.forward_with_context(query, key, value, c, c.context);
+        },
+        forward_with_context_doc().c_str(), "query"_a, "key"_a,
+        "value"_a MULTIHEAD_MODULE_POSITIONAL(MULTIHEAD_PY_ARG), py::kw_only()
+            MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_ARG) MULTIHEAD_MODULE_KEYWORDS(MULTIHEAD_PY_ARG)
+                MULTIHEAD_FORWARD_CONTEXT(MULTIHEAD_PY_ARG));
+  }
+  {
+    const SdpaCall d;
+    m.def(
+        "scaled_dot_product_attention",
+        [](const py::object& query, const py::object& key, const py::object& value MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_PARAM)) {
+          SdpaCall c;
+          MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_STORE)
+          const py::array q = as_numpy(query);
+          const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
+          if (precision_of(q, "query") == Precision::F64) return sdpa<double>(q, k, v, c);
+          return sdpa<float>(q, k, v, c);
+        },
+        sdpa_doc().c_str(), "query"_a, "key"_a, "value"_a MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_ARG), py::kw_only()
+            MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_ARG) MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_ARG));
+  }
+
   py::class_<PyForwardContext>(m, "ForwardContext",
                                "What MultiheadAttention.forward_with_context keeps for backward(): copies of the\n"
                                "inputs, the projected Q/K/V, the attention output before out_proj, each attention\n"
@@ -744,37 +805,6 @@ PYBIND11_MODULE(_multihead, m) {
         return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
       });
 
-  m.def(
-      "scaled_dot_product_attention",
-      [](const py::object& query, const py::object& key, const py::object& value, const py::object& attn_mask,
-         double dropout_p, bool is_causal, std::optional<double> scale, bool need_weights, uint64_t dropout_seed,
-         const std::string& masked_rows, const std::string& kernel, int num_threads, bool check_finite,
-         const std::string& causal_align, std::optional<int64_t> window, std::optional<double> softcap,
-         std::vector<double> alibi_slopes) {
-        CallOptions o;
-        o.need_weights = need_weights;
-        o.dropout_p = dropout_p;
-        o.is_causal = is_causal;
-        o.scale = scale;
-        o.dropout_seed = dropout_seed;
-        o.masked_rows = masked_rows;
-        o.kernel = kernel;
-        o.num_threads = num_threads;
-        o.check_finite = check_finite;
-        o.causal_align = causal_align;
-        o.window = window;
-        o.softcap = softcap;
-        o.alibi_slopes = std::move(alibi_slopes);
-        const py::array q = as_numpy(query);
-        const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
-        if (precision_of(q, "query") == Precision::F64) return sdpa<double>(q, k, v, attn_mask, o);
-        return sdpa<float>(q, k, v, attn_mask, o);
-      },
-      kSdpaDoc, "query"_a, "key"_a, "value"_a, "attn_mask"_a = py::none(), "dropout_p"_a = 0.0,
-      "is_causal"_a = false, "scale"_a = py::none(), py::kw_only(), "need_weights"_a = false,
-      "dropout_seed"_a = 0, "masked_rows"_a = "zeros", "kernel"_a = "auto", "num_threads"_a = 0,
-      "check_finite"_a = false, "causal_align"_a = "top-left", "window"_a = py::none(), "softcap"_a = py::none(),
-      "alibi_slopes"_a = std::vector<double>{});
   m.def("alibi_slopes", &multihead::alibi_slopes, "heads"_a,
         "alibi_slopes(heads) -> list[float]\n\nALiBi's per-head slopes (Press et al. 2022): 2^(-8h/H) for H a "
         "power of two,\nelse the authors' interpolation (docs/semantics.md).");

@@ -1,8 +1,22 @@
-// python/src/options.hpp: the one place where Python keyword arguments become
-// the library's options structs. A new option of ForwardOptions or
-// AttentionOptions is added here (and to the signatures in module.cpp and
-// multihead/__init__.pyi), nowhere else.
+// python/src/options.hpp: the one table of the Python calls' keyword
+// arguments. Each keyword is one row, X(Type, name, default, into, doc):
+//   Type     the C++ type pybind11 converts the argument to;
+//   name     the Python keyword (also the member of the call struct below);
+//   default  its default (the member's initializer; the py::arg default and
+//            the docstring's "name=..." are read from that member);
+//   into     the statement that puts its value `v` into the library's
+//            options: `a` is the AttentionOptions, `f` the ForwardOptions<T>
+//            (empty: the binding reads the member itself);
+//   doc      its line in the docstring.
+// The rows generate the call structs (ModuleCall, SdpaCall), the bound
+// functions' parameters and py::arg lists (module.cpp), their docstrings'
+// signatures and keyword sections, and the conversion into the library's
+// options (forward_options, attention_options). A new keyword is one row
+// here, plus its line in multihead/__init__.pyi (python/tests/test_stubs.py
+// fails until the stub agrees with the binding).
 #pragma once
+
+#include <pybind11/pybind11.h>
 
 #include <cstdint>
 #include <optional>
@@ -13,32 +27,89 @@
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 
+// torch.nn.MultiheadAttention.forward's arguments after (query, key, value),
+// positional, in PyTorch's order (forward, __call__, forward_with_context).
+#define MULTIHEAD_MODULE_POSITIONAL(X)                                                                        \
+  X(py::object, key_padding_mask, py::none(), ,                                                               \
+    "(N, S) or (S) unbatched. Bool (or uint8): True marks a key to ignore. Float: added to the attention "    \
+    "scores (PyTorch 2.x semantics).")                                                                        \
+  X(bool, need_weights, true, f.need_weights = v, "If True, also return attn_output_weights. Default: True.") \
+  X(py::object, attn_mask, py::none(), ,                                                                      \
+    "(L, S) or (N*num_heads, L, S). Bool: True means \"may not attend\". Float: added to the attention "      \
+    "scores.")                                                                                                \
+  X(bool, average_attn_weights, true, f.average_attn_weights = v,                                             \
+    "If True, the returned weights are averaged over the heads, (N, L, S); else per head, (N, num_heads, "    \
+    "L, S). Default: True.")                                                                                  \
+  X(bool, is_causal, false, a.is_causal = v,                                                                  \
+    "If True, query i may not attend to key j > i (combined with attn_mask). Default: False.")
+
+// torch.nn.functional.scaled_dot_product_attention's (2.x) arguments after
+// (query, key, value), positional, in PyTorch's order.
+#define MULTIHEAD_SDPA_POSITIONAL(X)                                                                       \
+  X(py::object, attn_mask, py::none(), ,                                                                   \
+    "(L, S) or (..., L, S). Bool: True means \"may attend\" (as in torch's scaled_dot_product_attention, " \
+    "the opposite of MultiheadAttention's masks). Float: added to the scores.")                            \
+  X(double, dropout_p, 0.0, a.dropout_p = v,                                                               \
+    "Dropout probability on the weights (applied whenever > 0, as torch does). Default: 0.0.")             \
+  X(bool, is_causal, false, a.is_causal = v, "Query i may attend only to keys j <= i (top-left aligned).") \
+  X(std::optional<double>, scale, std::nullopt, a.scale = v,                                               \
+    "Multiplies query @ key^T. Default: None (1/sqrt(D)).")
+
+// Keyword-only, not in PyTorch: every attention call (the module's forwards
+// and scaled_dot_product_attention).
+#define MULTIHEAD_ATTENTION_KEYWORDS(X)                                                                   \
+  X(std::string, masked_rows, "zeros", a.masked_rows = parse_masked_rows(v),                              \
+    "What a query gets when every key is masked: 'zeros' (default: zero weights, attention output 0) or " \
+    "'nan' (PyTorch 1.13's result).")                                                                     \
+  X(std::string, kernel, "auto", a.kernel = parse_attention_kernel(v),                                    \
+    "'auto', 'reference', 'materialized' or 'flash'.")                                                    \
+  X(int, num_threads, 0, a.num_threads = v, "Threads of the attention loops; 0 = OpenMP's default.")      \
+  X(bool, check_finite, false, a.check_finite = v, "Reject NaN or Inf in the inputs (ValueError).")       \
+  X(uint64_t, dropout_seed, 0, a.dropout_seed = v,                                                        \
+    "Seed of the dropout mask (the module's dropout in training mode; dropout_p in "                      \
+    "scaled_dot_product_attention).")                                                                     \
+  X(std::string, causal_align, "top-left", a.causal_alignment = parse_causal_align(v),                    \
+    "Where query i sits when L != S: 'top-left' (position i, PyTorch's is_causal) or 'bottom-right' "     \
+    "(i + S - L). Used by is_causal, window and alibi (docs/semantics.md, \"Positions\").")               \
+  X(std::optional<int64_t>, window, std::nullopt, a.window = v,                                           \
+    "Sliding window of w keys: with is_causal a query sees its own position and the w - 1 before it; "    \
+    "without, keys less than w away.")                                                                    \
+  X(std::optional<double>, softcap, std::nullopt, a.softcap = v,                                          \
+    "Logit soft-cap c > 0: scores become c*tanh(score/c) (Gemma 2).")
+
+// Keyword-only, not in PyTorch: the module's forwards only.
+#define MULTIHEAD_MODULE_KEYWORDS(X)                                                                         \
+  X(bool, alibi, false, f.alibi = v, "ALiBi biases -m_h*|p_i - j| with the paper's slopes per head "         \
+    "(alibi_slopes(num_heads)).")                                                                            \
+  X(std::optional<std::vector<int64_t>>, weights_heads, std::nullopt,                                        \
+    f.weights_heads = v.value_or(std::vector<int64_t>{}),                                                    \
+    "Only these heads' weights (a sequence of head indices, each at most once, in the order given; None = "  \
+    "all). Per head the weights are (N, H', L, S); averaged, the mean over the H' selected heads. Needs "    \
+    "need_weights=True.")                                                                                    \
+  X(std::optional<std::vector<int64_t>>, weights_rows, std::nullopt,                                         \
+    f.weights_rows = v.value_or(std::vector<int64_t>{}),                                                     \
+    "Only these query rows' weights (indices, e.g. range(5, 9); None = all): (N, ..., L', S). On the flash " \
+    "kernel (float32, kernel='auto' or 'flash') only the selection is computed and held, recomputed from "   \
+    "each row's log-sum-exp (docs/explain.md).")
+
+// Keyword-only, not in PyTorch: scaled_dot_product_attention only.
+#define MULTIHEAD_SDPA_KEYWORDS(X)                                                        \
+  X(bool, need_weights, false, , "Also return the weights, (..., L, S). Default: False.") \
+  X(std::vector<double>, alibi_slopes, {}, a.alibi_slopes = v,                            \
+    "ALiBi, one slope per slice (the product of the leading dimensions); empty (default) = none.")
+
+// What the rows expand to. MULTIHEAD_OPTION_MEMBER declares a call struct's
+// member; MULTIHEAD_OPTION_INTO runs a row's `into` on a call struct `o`.
+#define MULTIHEAD_OPTION_MEMBER(Type, name, def, into, doc) Type name = def;
+#define MULTIHEAD_OPTION_INTO(Type, name, def, into, doc) \
+  {                                                       \
+    [[maybe_unused]] const auto& v = o.name;              \
+    into;                                                 \
+  }
+
 namespace multihead::python {
 
-// Every keyword a forward or a scaled_dot_product_attention call takes,
-// besides the tensors, with PyTorch's defaults.
-struct CallOptions {
-  bool need_weights = true;
-  bool average_attn_weights = true;
-  bool is_causal = false;
-  bool training = false;        // the module's .training (forward only)
-  double dropout_p = 0.0;       // scaled_dot_product_attention only (MHA: the module's dropout)
-  std::optional<double> scale;  // scaled_dot_product_attention only
-  uint64_t dropout_seed = 0;
-  std::string masked_rows = "zeros";  // "zeros" | "nan"
-  std::string kernel = "auto";        // "auto" | "reference" | "materialized" | "flash"
-  int num_threads = 0;
-  bool check_finite = false;
-  // The score variants (docs/semantics.md, "Positions").
-  std::string causal_align = "top-left";  // "top-left" | "bottom-right"
-  std::optional<int64_t> window;
-  std::optional<double> softcap;
-  bool alibi = false;                     // forward only: the paper's slopes per head
-  std::vector<double> alibi_slopes;       // scaled_dot_product_attention only: one per slice
-  // forward only: which heads' and query rows' weights need_weights returns
-  // (ForwardOptions::weights_heads / weights_rows; empty = all).
-  std::vector<int64_t> weights_heads, weights_rows;
-};
+namespace py = pybind11;
 
 inline CausalAlignment parse_causal_align(const std::string& s) {
   if (s == "top-left") return CausalAlignment::TopLeft;
@@ -52,39 +123,45 @@ inline MaskedRowPolicy parse_masked_rows(const std::string& s) {
   throw Error(Error::Kind::Value, "masked_rows: expected 'zeros' or 'nan', got '" + s + "'");
 }
 
-inline AttentionOptions attention_options(const CallOptions& o) {
+// A MultiheadAttention forward's arguments after (query, key, value),
+// defaults included (a default-constructed ModuleCall is the signature's
+// defaults; it holds Python objects, so it is made with the GIL held).
+struct ModuleCall {
+  MULTIHEAD_MODULE_POSITIONAL(MULTIHEAD_OPTION_MEMBER)
+  MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+  MULTIHEAD_MODULE_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+};
+
+// scaled_dot_product_attention's arguments after (query, key, value).
+struct SdpaCall {
+  MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_OPTION_MEMBER)
+  MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+  MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+};
+
+inline AttentionOptions attention_options(const SdpaCall& o) {
   AttentionOptions a;
-  a.scale = o.scale;
-  a.is_causal = o.is_causal;
-  a.causal_alignment = parse_causal_align(o.causal_align);
-  a.window = o.window;
-  a.softcap = o.softcap;
-  a.alibi_slopes = o.alibi_slopes;
-  a.dropout_p = o.dropout_p;
-  a.dropout_seed = o.dropout_seed;
-  a.masked_rows = parse_masked_rows(o.masked_rows);
-  a.kernel = parse_attention_kernel(o.kernel);
-  a.num_threads = o.num_threads;
-  a.check_finite = o.check_finite;
+  MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_OPTION_INTO)
+  MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_OPTION_INTO)
+  MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_OPTION_INTO)
   return a;
 }
 
+// The masks are the caller's (converted from o.key_padding_mask and
+// o.attn_mask, held while the call runs); training is the module's.
 template <class T>
-ForwardOptions<T> forward_options(const CallOptions& o, const Mask<T>* key_padding_mask,
+ForwardOptions<T> forward_options(const ModuleCall& o, bool training, const Mask<T>* key_padding_mask,
                                   const Mask<T>* attn_mask) {
   ForwardOptions<T> f;
   f.key_padding_mask = key_padding_mask;
   f.attn_mask = attn_mask;
-  f.need_weights = o.need_weights;
-  f.average_attn_weights = o.average_attn_weights;
-  f.training = o.training;
-  f.alibi = o.alibi;
-  f.weights_heads = o.weights_heads;
-  f.weights_rows = o.weights_rows;
-  // The attention step's options; its dropout rate is the module's, so
-  // attention.dropout_p stays 0.
-  f.attention = attention_options(o);
-  f.attention.dropout_p = 0.0;
+  f.training = training;
+  // The attention step's options. Its dropout rate is the module's, so
+  // attention.dropout_p stays 0 (no module row sets it).
+  AttentionOptions& a = f.attention;
+  MULTIHEAD_MODULE_POSITIONAL(MULTIHEAD_OPTION_INTO)
+  MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_OPTION_INTO)
+  MULTIHEAD_MODULE_KEYWORDS(MULTIHEAD_OPTION_INTO)
   return f;
 }
 

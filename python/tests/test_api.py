@@ -218,9 +218,7 @@ def test_stubs_name_every_public_function():
     for name in multihead.__all__:
         if name != "__version__":
             assert f"def {name}" in text or f"class {name}" in text, name
-    for method in ("forward", "__call__", "state_dict", "load_state_dict", "train", "eval",
-                   "forward_with_context", "backward", "update_parameters"):
-        assert f"def {method}(" in text and hasattr(multihead.MultiheadAttention, method), method
+    # Every method and parameter against the binding: test_stubs.py.
 
 
 def test_runtime_switches():

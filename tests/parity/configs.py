@@ -6,6 +6,14 @@ combination legal. Every option value named in the brief appears in some
 scenario, so any run with at least len(SCENARIOS) configurations covers all
 of them; `coverage` counts what a run actually drew.
 
+Two tests use it: the CLI's (parity.py, one RNG for the run) and the Python
+module's (python/tests/test_parity.py, draw(i, default_rng([seed, i])) per
+configuration). Some options mean something to one of them only: the CLI
+alone reads weights files (wdtype), metadata (bf_source, heads_source,
+zero_attn_source, dropout="meta") and --repeat; only Python hands arrays over
+as views or torch tensors (layout). The other test runs such a configuration
+with the option at its default.
+
 Legend: B batch, L query length, S key length, E embed, H heads, D = E / H,
 Ek = kdim, Ev = vdim.
 """
@@ -53,6 +61,7 @@ class Config:
     threads: Optional[int] = None
     repeat: Optional[int] = None
     check_finite: bool = False
+    layout: str = "contiguous"         # Python only: contiguous | strided (a transposed view) | torch (a tensor)
     scenario: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -102,6 +111,8 @@ class Config:
         for opt in ("training", "check_finite", "kv_other_dtype"):
             if getattr(self, opt):
                 parts.append(opt)
+        if self.layout != "contiguous":
+            parts.append(f"layout={self.layout}")
         if self.bool_mask_uint8 and self.has_bool_mask:
             parts.append("bool_mask_uint8")
         if self.float_mask_other_dtype and self.has_float_mask:
@@ -166,6 +177,14 @@ SCENARIOS = [
     ("dropout-meta-eval", dict(dropout="meta")),
     ("training-p0", dict(training=True)),
     ("check-finite", dict(check_finite=True, force_full=None)),
+    ("no-weights", dict(need_weights=False)),
+    ("uint8-masks", dict(attn_mask="bool2", kpm="bool", bool_mask_uint8=True)),
+    ("kv-other-dtype", dict(cross=True, kv_other_dtype=True)),
+    ("kernel-auto", dict(kernel="auto")),
+    ("threads-1", dict(threads=1)),
+    ("threads-2", dict(threads=2)),
+    ("strided", dict(layout="strided")),
+    ("torch-tensors", dict(layout="torch")),
 ]
 
 
@@ -214,6 +233,7 @@ def draw(idx, rng):
     c.threads = _pick(rng, [None, 1, 2], [0.5, 0.25, 0.25])
     c.repeat = _pick(rng, [None, 2, 3], [0.85, 0.1, 0.05])
     c.check_finite = bool(rng.random() < 0.15)
+    c.layout = _pick(rng, ["contiguous", "strided", "torch"], [0.7, 0.15, 0.15])
     extra = {}
     for key, value in forced.items():
         if key == "extra":
@@ -319,6 +339,7 @@ AXES = {
     "threads": lambda c: c.threads,
     "repeat": lambda c: c.repeat,
     "check_finite": lambda c: c.check_finite,
+    "input layout (Python)": lambda c: c.layout,
 }
 
 # Values that every run of at least len(SCENARIOS) configurations must contain.
@@ -339,11 +360,18 @@ REQUIRED = {
     "is_causal": {"alone", "with masks"},
     "need_weights": {"no", "averaged", "per-head"},
     "form": {"fused", "textbook"},
-    "kernel": {"reference", "materialized", "flash"},
     "weights dtype": {"F32", "F64", "F16", "BF16"},
     "query dtype": {"float32", "float64"},
     "masked_rows": {"zeros", "nan", None},
     "fully masked rows forced": {"kpm", "attn", "causal"},
+    "kernel": {"auto", "reference", "materialized", "flash"},
+    "key/value other dtype": {True},
+    "bool mask file": {"bool", "uint8"},
+    "dropout (eval)": {"meta", "flag"},
+    "training p=0": {True},
+    "threads": {None, 1, 2},
+    "check_finite": {True},
+    "input layout (Python)": {"contiguous", "strided", "torch"},
 }
 
 
