@@ -112,24 +112,10 @@ void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, int
 template <class T>
 void shape_gradients(const MultiheadAttentionConfig& c, const SavedForward<T>& s,
                      MultiheadAttentionGradients<T>& g) {
-  const int64_t E = c.embed_dim;
   std::map<std::string, Shape> shapes;
-  if (c.same_embed_dim()) {
-    shapes["in_proj_weight"] = {3 * E, E};
-  } else {
-    shapes["q_proj_weight"] = {E, E};
-    shapes["k_proj_weight"] = {E, c.key_dim()};
-    shapes["v_proj_weight"] = {E, c.value_dim()};
-  }
-  if (c.bias) {
-    shapes["in_proj_bias"] = {3 * E};
-    shapes["out_proj.bias"] = {E};
-  }
-  shapes["out_proj.weight"] = {E, E};
-  if (c.add_bias_kv) {
-    shapes["bias_k"] = {1, 1, E};
-    shapes["bias_v"] = {1, 1, E};
-  }
+  for_each_parameter(c, [&](const ParameterInfo& info) {
+    if (info.present) shapes.emplace(info.name, info.shape);
+  });
   for (auto it = g.parameters.begin(); it != g.parameters.end();)
     it = shapes.count(it->first) ? std::next(it) : g.parameters.erase(it);
   for (const auto& [name, shape] : shapes) gradient_slot(g, name, shape);
