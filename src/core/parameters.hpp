@@ -80,7 +80,8 @@ void parameters_from_map(const Config& config, Params& p, const std::map<std::st
     known += it != state_dict.end();
   });
   if (known != state_dict.size())
-    for (const auto& [name, tensor] : state_dict) {
+    for (const auto& entry : state_dict) {
+      const std::string& name = entry.first;  // not a structured binding: the lambda captures it
       bool found = false;
       for_each_parameter(config, [&](const ParameterInfo& info) { found = found || name == info.name; });
       if (!found)
