@@ -96,7 +96,7 @@ Problem make_problem(const GqaBwdCase& c) {
   Problem p;
   p.c = c;
   const GroupedQueryAttention<double> init(config_for(c), 7);
-  p.weights = init.named_tensors();
+  p.weights = init.state_dict();
   p.x = random_tensor(Shape{c.B, c.L, c.E}, 8);
   p.G = random_tensor(Shape{c.B, c.L, c.E}, 9);
   return p;

@@ -195,7 +195,7 @@ TEST_P(GqaModule, EqualsRepeatedKvModel) {
   const AttentionKernel kernel = GetParam().kernel;
   const GroupedQueryAttentionConfig cfg = config_for(c);
   const GroupedQueryAttention<double> m64(cfg, 42);
-  const std::map<std::string, Tensor<double>> w = m64.named_tensors();
+  const std::map<std::string, Tensor<double>> w = m64.state_dict();
   const int64_t D = m64.head_dim();
   std::mt19937_64 rng(std::hash<std::string>{}(c.name));
   const Tensor<double> x = test::random_tensor<double>(Shape{c.B, c.L, c.E}, rng);
@@ -231,7 +231,7 @@ INSTANTIATE_TEST_SUITE_P(Table, GqaModule, ::testing::ValuesIn(module_params()),
 TEST(GqaModuleChecker, WrongGroupingIsCaught) {
   const ModuleCase c = kModuleCases[0];
   const GroupedQueryAttention<double> m(config_for(c), 42);
-  std::map<std::string, Tensor<double>> w = m.named_tensors();
+  std::map<std::string, Tensor<double>> w = m.state_dict();
   std::mt19937_64 rng(3);
   const Tensor<double> x = test::random_tensor<double>(Shape{c.B, c.L, c.E}, rng);
   // Swap K/V heads 0 and 1: a model that pairs query head h with K/V head h % 2.
@@ -383,7 +383,7 @@ TEST(GqaCache, BytesOverflowAndGrowth) {
 TEST(GqaConfigValidation, ErrorsNameTheOption) {
   const auto message = [](const GroupedQueryAttentionConfig& c) -> std::string {
     try {
-      validate(c);
+      c.validate();
     } catch (const Error& e) {
       return e.what();
     }
@@ -407,7 +407,7 @@ TEST(GqaConfigValidation, ErrorsNameTheOption) {
   EXPECT_EQ(message(c), "no error");
   c.embed_dim = 30;
   m = message(c);
-  EXPECT_NE(m.find("not divisible by num_heads"), std::string::npos) << m;
+  EXPECT_NE(m.find("a divisor of embed_dim 30"), std::string::npos) << m;
 }
 
 }  // namespace

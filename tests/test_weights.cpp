@@ -125,8 +125,8 @@ TEST(LoadWeights, ErrorsListThePrefixesThatWouldWork) {
                               "enc.layers.1.self_attn. (pass one with --prefix)";
   EXPECT_EQ(message_of([&] { load_weights(f.path()); }),
             "enc.layers.0.linear1.weight: unexpected tensor in a MultiheadAttention state_dict (expected names: "
-            "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, q_proj_weight, k_proj_weight, "
-            "v_proj_weight, bias_k, bias_v) (in " + f.path() + ")" + modules)
+            "in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v, "
+            "out_proj.weight, out_proj.bias) (in " + f.path() + ")" + modules)
       << "without a prefix, the whole file must be one module";
   LoadOptions o;
   o.prefix = "dec.";
@@ -170,8 +170,8 @@ TEST(LoadWeights, NestedModulesAndSimilarPrefixesEachLoadTheirOwn) {
 // ---- integer tensors: a whole model's buffers ------------------------------------
 
 const std::string kExpectedNames =
-    "(expected names: in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, q_proj_weight, "
-    "k_proj_weight, v_proj_weight, bias_k, bias_v)";
+    "(expected names: in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, "
+    "bias_k, bias_v, out_proj.weight, out_proj.bias)";
 
 TEST(LoadWeights, IntegerBuffersOutsideThePrefixAreIgnored) {
   const Tensors model = two_layer_model();

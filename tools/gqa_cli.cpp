@@ -105,7 +105,7 @@ template GroupedQueryAttention<double> load_gqa<double>(const std::string&, cons
 
 std::string serialize_gqa(const GroupedQueryAttention<float>& module) {
   const GroupedQueryAttentionConfig& c = module.config();
-  return serialize_safetensors(module.named_tensors(),
+  return serialize_safetensors(module.state_dict(),
                                {{"module", "grouped_query_attention"},
                                 {"num_heads", std::to_string(c.num_heads)},
                                 {"num_kv_heads", std::to_string(module.kv_heads())},

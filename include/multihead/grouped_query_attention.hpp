@@ -15,12 +15,15 @@
 // E embed width, H query heads, Hkv K/V heads, D head width.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
 
 #include "multihead/attention.hpp"
+#include "multihead/parameter_table.hpp"
 #include "multihead/positions.hpp"
 #include "multihead/tensor.hpp"
 
@@ -39,13 +42,72 @@ struct GroupedQueryAttentionConfig {
   // P … P + L − 1 and see every earlier position (and, with a window, the
   // last `window` of them). Without a cache P = 0.
   bool causal = true;
+
+  int64_t resolved_kv_heads() const { return num_kv_heads > 0 ? num_kv_heads : num_heads; }
+  int64_t resolved_head_dim() const {
+    return head_dim > 0 ? head_dim : (num_heads > 0 ? embed_dim / num_heads : 0);
+  }
+  // Throws multihead::Error naming the field, expected and actual value:
+  // embed_dim/num_heads < 1, num_kv_heads not dividing num_heads (or < 0),
+  // head_dim < 0, H not dividing E when head_dim is 0, and RoPE with an odd
+  // head width, theta <= 0 or a position offset.
+  void validate() const;
 };
 
-// Throws multihead::Error naming the field: embed_dim/num_heads < 1,
-// num_kv_heads not dividing num_heads (or < 0), head_dim < 0, H not dividing
-// E when head_dim is 0, and RoPE with an odd head width, theta <= 0 or a
-// position offset.
-void validate(const GroupedQueryAttentionConfig& config);
+// The learnable tensors, under their state_dict names ("q_proj.weight", …).
+template <class T>
+struct GroupedQueryAttentionParameters {
+  Tensor<T> q_proj_weight;  // (H·D, E)    "q_proj.weight"
+  Tensor<T> q_proj_bias;    // (H·D)       "q_proj.bias",  when bias
+  Tensor<T> k_proj_weight;  // (Hkv·D, E)  "k_proj.weight"
+  Tensor<T> k_proj_bias;    // (Hkv·D)     "k_proj.bias",  when bias
+  Tensor<T> v_proj_weight;  // (Hkv·D, E)  "v_proj.weight"
+  Tensor<T> v_proj_bias;    // (Hkv·D)     "v_proj.bias",  when bias
+  Tensor<T> o_proj_weight;  // (E, H·D)    "o_proj.weight"
+  Tensor<T> o_proj_bias;    // (E)         "o_proj.bias",  when bias
+};
+
+namespace detail {
+// The parameter table, written once, in the order of Hugging Face's
+// LlamaAttention state_dict: row(info, get), get(parameters) its member.
+template <class Row>
+void grouped_query_attention_parameter_table(const GroupedQueryAttentionConfig& c, Row&& row) {
+  const int64_t E = c.embed_dim, HD = c.num_heads * c.resolved_head_dim();
+  const int64_t KD = c.resolved_kv_heads() * c.resolved_head_dim();
+  const char* why = c.bias ? "" : "bias is false";
+  row(ParameterInfo{"q_proj.weight", {HD, E}, true, ""}, [](auto& p) -> auto& { return p.q_proj_weight; });
+  row(ParameterInfo{"q_proj.bias", {HD}, c.bias, why}, [](auto& p) -> auto& { return p.q_proj_bias; });
+  row(ParameterInfo{"k_proj.weight", {KD, E}, true, ""}, [](auto& p) -> auto& { return p.k_proj_weight; });
+  row(ParameterInfo{"k_proj.bias", {KD}, c.bias, why}, [](auto& p) -> auto& { return p.k_proj_bias; });
+  row(ParameterInfo{"v_proj.weight", {KD, E}, true, ""}, [](auto& p) -> auto& { return p.v_proj_weight; });
+  row(ParameterInfo{"v_proj.bias", {KD}, c.bias, why}, [](auto& p) -> auto& { return p.v_proj_bias; });
+  row(ParameterInfo{"o_proj.weight", {E, HD}, true, ""}, [](auto& p) -> auto& { return p.o_proj_weight; });
+  row(ParameterInfo{"o_proj.bias", {E}, c.bias, why}, [](auto& p) -> auto& { return p.o_proj_bias; });
+}
+}  // namespace detail
+
+// The table's rows, as for MultiheadAttention (multihead/parameter_table.hpp).
+template <class Fn>
+void for_each_parameter(const GroupedQueryAttentionConfig& config, Fn&& fn) {
+  detail::grouped_query_attention_parameter_table(config, [&](const ParameterInfo& info, auto) { fn(info); });
+}
+template <class T, class Fn>
+void for_each_parameter(const GroupedQueryAttentionConfig& config, GroupedQueryAttentionParameters<T>& parameters,
+                        Fn&& fn) {
+  detail::grouped_query_attention_parameter_table(
+      config, [&](const ParameterInfo& info, auto get) { fn(info, get(parameters)); });
+}
+template <class T, class Fn>
+void for_each_parameter(const GroupedQueryAttentionConfig& config,
+                        const GroupedQueryAttentionParameters<T>& parameters, Fn&& fn) {
+  detail::grouped_query_attention_parameter_table(
+      config, [&](const ParameterInfo& info, auto get) { fn(info, get(parameters)); });
+}
+template <class A, class B, class Fn>
+void for_each_parameter(const GroupedQueryAttentionConfig& config, A& a, B& b, Fn&& fn) {
+  detail::grouped_query_attention_parameter_table(
+      config, [&](const ParameterInfo& info, auto get) { fn(info, get(a), get(b)); });
+}
 
 // The K/V of every token seen so far, for a batch of B sequences that
 // advance together: K and V [B][Hkv][capacity][D], positions 0 … length − 1
@@ -87,26 +149,43 @@ class KVCache {
 extern template class KVCache<float>;
 extern template class KVCache<double>;
 
+template <class T>
+class GroupedQueryAttention;
+
 // What a training forward keeps for the backward pass
 // (GroupedQueryAttention::forward with a context, then backward): a copy of
 // x; the projected q, k (after RoPE) and v as the kernel read them,
 // (B·L, H·D) and (B·L, Hkv·D) ×2; the merged heads before o_proj,
 // (B·L, H·D); each attention row's log-sum-exp, (B·H, L), never the (L, S)
 // weights (the backward recomputes them, and dropout's keep decisions from
-// the same seed); and the options. A later forward overwrites it.
+// the same seed); the options; and which parameters it was filled with.
+// Opaque, as MultiheadAttention's ForwardContext. A later forward
+// overwrites it.
 template <class T>
-struct GroupedQueryForwardContext {
-  Tensor<T> x, q, k, v, merged, lse;
-  AttentionOptions options;
-  // True until a training forward has filled it.
-  bool empty() const { return x.empty(); }
+class GroupedQueryForwardContext {
+ public:
+  // True until a training forward has filled it (and after clear()).
+  bool empty() const { return x_.empty(); }
+  // Bytes of the tensors it holds.
+  std::size_t bytes() const {
+    return static_cast<std::size_t>(x_.numel() + q_.numel() + k_.numel() + v_.numel() + merged_.numel() +
+                                    lse_.numel()) * sizeof(T);
+  }
+  // Frees every tensor; the context is empty again.
+  void clear() { *this = GroupedQueryForwardContext(); }
+
+ private:
+  friend class GroupedQueryAttention<T>;
+  Tensor<T> x_, q_, k_, v_, merged_, lse_;
+  AttentionOptions options_;
+  uint64_t parameters_token_ = 0;  // the module's, when filled
 };
 
 // dℓ/d(everything the forward read), for a given dℓ/d(output).
 template <class T>
 struct GroupedQueryAttentionGradients {
   Tensor<T> x;  // (B, L, E)
-  // Under the names named_tensors() uses: q_proj.weight, k_proj.weight,
+  // Under the state_dict names: q_proj.weight, k_proj.weight,
   // v_proj.weight, o_proj.weight (and the four biases with config.bias),
   // each of its parameter's shape.
   std::map<std::string, Tensor<T>> parameters;
@@ -118,20 +197,38 @@ class GroupedQueryAttention {
   // Random weights, seeded: each projection as nn.Linear's default
   // (kaiming_uniform_(a=√5): U(−1/√fan_in, 1/√fan_in)), biases U(same).
   explicit GroupedQueryAttention(const GroupedQueryAttentionConfig& config, uint64_t seed = 0);
+  // Takes given parameters; throws multihead::Error if any is missing, extra
+  // or of the wrong shape (naming it, with expected and actual shape).
+  GroupedQueryAttention(const GroupedQueryAttentionConfig& config, GroupedQueryAttentionParameters<T> parameters);
 
-  // Weights by their names above, with `prefix` (e.g. "model.layers.0.self_attn.")
-  // prepended. Throws an Error naming a missing or misshapen tensor, or an
-  // unexpected bias (a bias present when config.bias is false, or absent
-  // when it is true).
+  // The parameters under prefix + <state_dict name> in `tensors` (e.g.
+  // "model.layers.0.self_attn."), which may hold other tensors besides.
+  // Throws an Error naming a missing or misshapen tensor, or a bias present
+  // when config.bias is false.
   static GroupedQueryAttention from_tensors(const GroupedQueryAttentionConfig& config,
                                             const std::map<std::string, Tensor<T>>& tensors,
                                             const std::string& prefix = "");
-  // The weights under their names (no prefix), to save or inspect.
-  std::map<std::string, Tensor<T>> named_tensors() const;
+  // The parameters under their names (no prefix), to save or inspect:
+  // for_each_parameter's present rows.
+  std::map<std::string, Tensor<T>> state_dict() const;
+  // Takes every parameter from `state_dict` (copies), as PyTorch's
+  // load_state_dict(strict=True): a missing, misshapen or unexpected name
+  // throws an Error naming it and leaves the module as it was. Contexts
+  // filled before are refused by backward().
+  void load_state_dict(const std::map<std::string, Tensor<T>>& state_dict);
+  // Calls update(name, tensor) for every parameter under its state_dict
+  // name (in state_dict()'s order), e.g. an optimiser step, then checks
+  // every shape; an update that throws or reshapes a parameter (refused,
+  // naming it) leaves the module as it was. The module keeps no data
+  // derived from its parameters, so nothing else is rebuilt. Not
+  // thread-safe against concurrent forward/backward calls on this module.
+  // Contexts filled before the update are refused by backward().
+  void update_parameters(const std::function<void(const std::string& name, Tensor<T>& parameter)>& update);
 
   const GroupedQueryAttentionConfig& config() const { return config_; }
-  int64_t head_dim() const { return head_dim_; }
-  int64_t kv_heads() const { return kv_heads_; }
+  const GroupedQueryAttentionParameters<T>& parameters() const { return params_; }
+  int64_t head_dim() const { return config_.resolved_head_dim(); }
+  int64_t kv_heads() const { return config_.resolved_kv_heads(); }
 
   // A cache for `batch` sequences of up to max_len tokens.
   KVCache<T> make_cache(int64_t batch, int64_t max_len, bool grow = false) const;
@@ -158,18 +255,22 @@ class GroupedQueryAttention {
   // (B, L, E), dℓ/dx and dℓ/dθ for every weight. K/V heads get the sum
   // over their group's query heads (the kernels' grouped backward), RoPE
   // its transpose (rotary_embedding_backward). Throws an Error naming
-  // d_output if its shape is not the output's, or `saved` if it is empty.
+  // d_output if its shape is not the output's, or `saved` if it is empty,
+  // comes from another module or predates update_parameters() /
+  // load_state_dict().
   GroupedQueryAttentionGradients<T> backward(const GroupedQueryForwardContext<T>& saved,
                                              const Tensor<T>& d_output) const;
 
  private:
-  GroupedQueryAttention() = default;
   Tensor<T> run(const Tensor<T>& x, const AttentionOptions& options, KVCache<T>* cache,
                 GroupedQueryForwardContext<T>* save) const;
   GroupedQueryAttentionConfig config_;
-  int64_t head_dim_ = 0, kv_heads_ = 0;
-  Tensor<T> q_w_, k_w_, v_w_, o_w_;   // (H·D, E), (Hkv·D, E) ×2, (E, H·D)
-  Tensor<T> q_b_, k_b_, v_b_, o_b_;   // empty without bias
+  GroupedQueryAttentionParameters<T> params_;
+  // A process-unique token for this set of parameter values, drawn anew by
+  // the constructors, load_state_dict() and update_parameters(); a context
+  // records it, so backward() refuses one from another module or from
+  // before an update (as MultiheadAttention's).
+  uint64_t parameters_token_ = 0;
 };
 
 extern template class GroupedQueryAttention<float>;

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "multihead/attention.hpp"
+#include "multihead/parameter_table.hpp"
 #include "multihead/tensor.hpp"
 
 namespace multihead {
@@ -93,6 +94,64 @@ struct MultiheadAttentionParameters {
   Tensor<T> bias_k;          // (1, 1, E)        when add_bias_kv
   Tensor<T> bias_v;          // (1, 1, E)        when add_bias_kv
 };
+
+namespace detail {
+// The parameter table, written once: row(info, get) for each parameter in
+// the order of PyTorch's state_dict, where get(parameters) is its member
+// (of a MultiheadAttentionParameters of any element type, const or not).
+// A new parameter is one row here (and its field above).
+template <class Row>
+void multihead_attention_parameter_table(const MultiheadAttentionConfig& c, Row&& row) {
+  const int64_t E = c.embed_dim;
+  const bool packed = c.same_embed_dim();
+  const char* packed_why = "kdim and vdim equal embed_dim, so the packed in_proj_weight is used";
+  const char* separate_why = "kdim or vdim differs from embed_dim, so q/k/v_proj_weight are used";
+  const auto why = [](bool present, const char* because) { return present ? "" : because; };
+  row(ParameterInfo{"in_proj_weight", {3 * E, E}, packed, why(packed, separate_why)},
+      [](auto& p) -> auto& { return p.in_proj_weight; });
+  row(ParameterInfo{"q_proj_weight", {E, E}, !packed, why(!packed, packed_why)},
+      [](auto& p) -> auto& { return p.q_proj_weight; });
+  row(ParameterInfo{"k_proj_weight", {E, c.key_dim()}, !packed, why(!packed, packed_why)},
+      [](auto& p) -> auto& { return p.k_proj_weight; });
+  row(ParameterInfo{"v_proj_weight", {E, c.value_dim()}, !packed, why(!packed, packed_why)},
+      [](auto& p) -> auto& { return p.v_proj_weight; });
+  row(ParameterInfo{"in_proj_bias", {3 * E}, c.bias, why(c.bias, "bias is false")},
+      [](auto& p) -> auto& { return p.in_proj_bias; });
+  row(ParameterInfo{"bias_k", {1, 1, E}, c.add_bias_kv, why(c.add_bias_kv, "add_bias_kv is false")},
+      [](auto& p) -> auto& { return p.bias_k; });
+  row(ParameterInfo{"bias_v", {1, 1, E}, c.add_bias_kv, why(c.add_bias_kv, "add_bias_kv is false")},
+      [](auto& p) -> auto& { return p.bias_v; });
+  row(ParameterInfo{"out_proj.weight", {E, E}, true, ""}, [](auto& p) -> auto& { return p.out_proj_weight; });
+  row(ParameterInfo{"out_proj.bias", {E}, c.bias, why(c.bias, "bias is false")},
+      [](auto& p) -> auto& { return p.out_proj_bias; });
+}
+}  // namespace detail
+
+// The table's rows (multihead/parameter_table.hpp): fn(info) for each.
+template <class Fn>
+void for_each_parameter(const MultiheadAttentionConfig& config, Fn&& fn) {
+  detail::multihead_attention_parameter_table(config, [&](const ParameterInfo& info, auto) { fn(info); });
+}
+// fn(info, tensor) with each parameter's tensor in `parameters`.
+template <class T, class Fn>
+void for_each_parameter(const MultiheadAttentionConfig& config, MultiheadAttentionParameters<T>& parameters,
+                        Fn&& fn) {
+  detail::multihead_attention_parameter_table(
+      config, [&](const ParameterInfo& info, auto get) { fn(info, get(parameters)); });
+}
+template <class T, class Fn>
+void for_each_parameter(const MultiheadAttentionConfig& config, const MultiheadAttentionParameters<T>& parameters,
+                        Fn&& fn) {
+  detail::multihead_attention_parameter_table(
+      config, [&](const ParameterInfo& info, auto get) { fn(info, get(parameters)); });
+}
+// fn(info, a_tensor, b_tensor): two parameter sets side by side (a cast, a
+// gradient beside its parameter).
+template <class A, class B, class Fn>
+void for_each_parameter(const MultiheadAttentionConfig& config, A& a, B& b, Fn&& fn) {
+  detail::multihead_attention_parameter_table(
+      config, [&](const ParameterInfo& info, auto get) { fn(info, get(a), get(b)); });
+}
 
 // The fused form's fast paths, each with a switch to its plain alternative.
 // Every setting computes the same function (the tests run the form-agreement
@@ -292,10 +351,17 @@ class BasicMultiheadAttention {
                                     const ForwardOptions<T>& options = {}) const;
 
   // Parameters by state_dict name ("in_proj_weight", "out_proj.weight", …),
-  // only those this configuration has.
+  // only those this configuration has (for_each_parameter's present rows).
   std::map<std::string, Tensor<T>> state_dict() const;
+  // Takes every parameter from `state_dict` (copies), as PyTorch's
+  // load_state_dict(strict=True): a missing, misshapen or unexpected name
+  // throws multihead::Error naming it, and leaves the module as it was.
+  // Then as update_parameters: derived data rebuilt, earlier contexts stale.
+  void load_state_dict(const std::map<std::string, Tensor<T>>& state_dict);
 
  private:
+  // Installs checked parameters: rebuilds weights_t_, draws a new token.
+  void replace_parameters(MultiheadAttentionParameters<T> parameters);
   MultiheadAttentionConfig config_;
   MultiheadAttentionParameters<T> params_;
   // The projection weights transposed, as the fused form's products read

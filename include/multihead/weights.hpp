@@ -109,15 +109,9 @@ MultiheadAttentionParameters<To> cast_parameters(const MultiheadAttentionParamet
   auto c = [](const Tensor<From>& t) {
     return t.shape().empty() && t.empty() ? Tensor<To>() : tensor_cast<To>(t);
   };
-  r.in_proj_weight = c(p.in_proj_weight);
-  r.q_proj_weight = c(p.q_proj_weight);
-  r.k_proj_weight = c(p.k_proj_weight);
-  r.v_proj_weight = c(p.v_proj_weight);
-  r.in_proj_bias = c(p.in_proj_bias);
-  r.out_proj_weight = c(p.out_proj_weight);
-  r.out_proj_bias = c(p.out_proj_bias);
-  r.bias_k = c(p.bias_k);
-  r.bias_v = c(p.bias_v);
+  // Every row of the table (an absent parameter stays absent).
+  for_each_parameter(MultiheadAttentionConfig{}, p, r,
+                     [&](const ParameterInfo&, const Tensor<From>& from, Tensor<To>& to) { to = c(from); });
   return r;
 }
 

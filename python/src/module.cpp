@@ -16,7 +16,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -39,37 +38,22 @@
 namespace multihead::python {
 namespace {
 
-// state_dict names in torch.nn.MultiheadAttention's order.
-constexpr std::array<const char*, 9> kParameterNames = {
-    "in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias",
-    "bias_k",         "bias_v",        "out_proj.weight", "out_proj.bias"};
-
-template <class T>
-Tensor<T>& parameter(MultiheadAttentionParameters<T>& p, const std::string& name) {
-  if (name == "in_proj_weight") return p.in_proj_weight;
-  if (name == "q_proj_weight") return p.q_proj_weight;
-  if (name == "k_proj_weight") return p.k_proj_weight;
-  if (name == "v_proj_weight") return p.v_proj_weight;
-  if (name == "in_proj_bias") return p.in_proj_bias;
-  if (name == "bias_k") return p.bias_k;
-  if (name == "bias_v") return p.bias_v;
-  if (name == "out_proj.weight") return p.out_proj_weight;
-  if (name == "out_proj.bias") return p.out_proj_bias;
-  throw Error(Error::Kind::Value, name + ": not a MultiheadAttention parameter");
+// The parameters this configuration has (the present rows of the table,
+// for_each_parameter), in torch.nn.MultiheadAttention's state_dict order.
+std::vector<std::pair<std::string, Tensor<double>*>> present_parameters(const MultiheadAttentionConfig& c,
+                                                                        MultiheadAttentionParameters<double>& p) {
+  std::vector<std::pair<std::string, Tensor<double>*>> rows;
+  for_each_parameter(c, p, [&](const ParameterInfo& info, Tensor<double>& t) {
+    if (info.present) rows.emplace_back(info.name, &t);
+  });
+  return rows;
 }
 
-// The parameter names this configuration has (what state_dict() returns).
 std::vector<std::string> expected_names(const MultiheadAttentionConfig& c) {
   std::vector<std::string> names;
-  for (const char* n : kParameterNames) {
-    const std::string s = n;
-    const bool separate = s == "q_proj_weight" || s == "k_proj_weight" || s == "v_proj_weight";
-    if (s == "in_proj_weight" && !c.same_embed_dim()) continue;
-    if (separate && c.same_embed_dim()) continue;
-    if ((s == "in_proj_bias" || s == "out_proj.bias") && !c.bias) continue;
-    if ((s == "bias_k" || s == "bias_v") && !c.add_bias_kv) continue;
-    names.push_back(s);
-  }
+  for_each_parameter(c, [&](const ParameterInfo& info) {
+    if (info.present) names.emplace_back(info.name);
+  });
   return names;
 }
 
@@ -83,9 +67,10 @@ Precision parse_dtype(const py::object& dtype) {
 }
 
 // Rounds every parameter to float32 (a float32 module holds float32 values).
-void round_to_float(MultiheadAttentionParameters<double>& p) {
-  for (const char* n : kParameterNames)
-    for (double& x : parameter(p, n).vec()) x = static_cast<double>(static_cast<float>(x));
+void round_to_float(const MultiheadAttentionConfig& c, MultiheadAttentionParameters<double>& p) {
+  for_each_parameter(c, p, [](const ParameterInfo&, Tensor<double>& t) {
+    for (double& x : t.vec()) x = static_cast<double>(static_cast<float>(x));
+  });
 }
 
 // A float array (any float dtype, any layout) copied to double: parameters
@@ -135,7 +120,7 @@ class PyMultiheadAttention {
                        Precision dtype)
       : config_(config), dtype_(dtype), params_(std::move(params)) {
     config_.validate();
-    if (dtype_ == Precision::F32) round_to_float(params_);
+    if (dtype_ == Precision::F32) round_to_float(config_, params_);
     validate_parameters(config_, params_);
   }
 
@@ -221,13 +206,13 @@ class PyMultiheadAttention {
       throw py::type_error("update: expected a callable update(name, array), got " +
                            py::str(py::type::of(update)).cast<std::string>());
     MultiheadAttentionParameters<double> p = params_;
-    for (const std::string& n : expected_names(config_)) {
-      Tensor<double>& t = parameter(p, n);
+    for (auto& [n, slot] : present_parameters(config_, p)) {
+      Tensor<double>& t = *slot;
       py::array a = dtype_ == Precision::F64 ? to_numpy(Tensor<double>(t)) : to_numpy(tensor_cast<float>(t));
       const py::object r = update(py::str(n), a);
       t = parameter_tensor(r.is_none() ? py::object(a) : r, n);
     }
-    if (dtype_ == Precision::F32) round_to_float(p);
+    if (dtype_ == Precision::F32) round_to_float(config_, p);
     validate_parameters(config_, p);
     params_ = std::move(p);
     f32_.reset();
@@ -237,8 +222,8 @@ class PyMultiheadAttention {
   py::dict state_dict() const {
     py::dict d;
     MultiheadAttentionParameters<double> p = params_;
-    for (const std::string& n : expected_names(config_)) {
-      Tensor<double>& t = parameter(p, n);
+    for (auto& [n, slot] : present_parameters(config_, p)) {
+      Tensor<double>& t = *slot;
       if (dtype_ == Precision::F64) d[py::str(n)] = to_numpy(std::move(t));
       else d[py::str(n)] = to_numpy(tensor_cast<float>(t));
     }
@@ -250,22 +235,23 @@ class PyMultiheadAttention {
     if (!py::hasattr(state_dict, "items"))
       throw py::type_error("state_dict: expected a mapping of names to arrays, got " +
                            py::str(py::type::of(state_dict)).cast<std::string>());
-    const std::vector<std::string> expected = expected_names(config_);
-    const std::set<std::string> want(expected.begin(), expected.end());
+    MultiheadAttentionParameters<double> p = params_;
+    const std::vector<std::pair<std::string, Tensor<double>*>> rows = present_parameters(config_, p);
+    const std::map<std::string, Tensor<double>*> want(rows.begin(), rows.end());
     std::set<std::string> seen;
     std::vector<std::string> unexpected, missing;
-    MultiheadAttentionParameters<double> p = params_;
     for (const py::handle item : state_dict.attr("items")()) {
       const py::tuple kv = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
       const std::string name = py::str(kv[0]).cast<std::string>();
-      if (!want.count(name)) {
+      const auto slot = want.find(name);
+      if (slot == want.end()) {
         unexpected.push_back(name);
         continue;
       }
       seen.insert(name);
-      parameter(p, name) = parameter_tensor(kv[1], name);
+      *slot->second = parameter_tensor(kv[1], name);
     }
-    for (const std::string& n : expected)
+    for (const auto& [n, slot] : rows)
       if (!seen.count(n)) missing.push_back(n);
     if (strict && (!missing.empty() || !unexpected.empty())) {
       std::string msg = "Error(s) in loading state_dict for MultiheadAttention:";
@@ -279,7 +265,7 @@ class PyMultiheadAttention {
       list("Unexpected", unexpected);
       throw Error(Error::Kind::Missing, msg);
     }
-    if (dtype_ == Precision::F32) round_to_float(p);
+    if (dtype_ == Precision::F32) round_to_float(config_, p);
     validate_parameters(config_, p);  // names the parameter, expected and actual shape
     params_ = std::move(p);
     f32_.reset();

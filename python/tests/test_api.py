@@ -53,6 +53,21 @@ def test_state_dict_both_ways_with_torch(kw):
     np.testing.assert_allclose(w, t_w.detach().numpy(), rtol=0, atol=1e-12)
 
 
+# The parameter table (for_each_parameter, multihead/parameter_table.hpp)
+# feeds state_dict(): its names, their order and their shapes are torch's
+# over the whole grid of the options that change them.
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("add_bias_kv", [False, True], ids=["nobiaskv", "biaskv"])
+@pytest.mark.parametrize("kdim,vdim", [(None, None), (5, None), (None, 7), (5, 7), (6, 6)],
+                         ids=["packed", "kdim5", "vdim7", "kdim5-vdim7", "kdim6-vdim6"])
+def test_parameter_table_matches_torch(bias, add_bias_kv, kdim, vdim):
+    kw = dict(embed_dim=6, num_heads=3, bias=bias, add_bias_kv=add_bias_kv, kdim=kdim, vdim=vdim)
+    t = torch.nn.MultiheadAttention(**kw)
+    ours = multihead.MultiheadAttention(**kw)
+    assert [(k, tuple(v.shape)) for k, v in ours.state_dict().items()] == \
+        [(k, tuple(v.shape)) for k, v in t.state_dict().items()]
+
+
 def test_load_state_dict_non_strict_reports_keys():
     ours = multihead.MultiheadAttention(8, 2)
     before = ours.state_dict()

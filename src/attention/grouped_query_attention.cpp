@@ -34,34 +34,34 @@
 #include "attention/rope.hpp"
 #include "core/check.hpp"
 #include "core/linear.hpp"
+#include "core/parameters.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {
 namespace {
 
-[[noreturn]] void fail(const std::string& what) {
-  throw Error(Error::Kind::Value, "GroupedQueryAttention: " + what);
+[[noreturn]] void fail(const std::string& field, const std::string& expected, const std::string& got) {
+  throw Error(Error::Kind::Value, field + ": expected " + expected + ", got " + got);
 }
 
 }  // namespace
 
-void validate(const GroupedQueryAttentionConfig& c) {
-  if (c.embed_dim < 1) fail("embed_dim must be >= 1, got " + std::to_string(c.embed_dim));
-  if (c.num_heads < 1) fail("num_heads must be >= 1, got " + std::to_string(c.num_heads));
-  if (c.num_kv_heads < 0 || (c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads != 0))
-    throw Error(Error::Kind::Value, "num_kv_heads: expected a divisor of num_heads " + std::to_string(c.num_heads) +
-                                        " (each K/V head serves num_heads / num_kv_heads query heads), got " +
-                                        std::to_string(c.num_kv_heads));
-  if (c.head_dim < 0) fail("head_dim must be >= 0 (0 = embed_dim / num_heads), got " + std::to_string(c.head_dim));
-  if (c.head_dim == 0 && c.embed_dim % c.num_heads != 0)
-    fail("embed_dim " + std::to_string(c.embed_dim) + " is not divisible by num_heads " +
-         std::to_string(c.num_heads) + " (set head_dim to choose the head width)");
-  const int64_t D = c.head_dim > 0 ? c.head_dim : c.embed_dim / c.num_heads;
-  if (c.rope) {
-    validate_rope(*c.rope, D, "rope");
-    if (c.rope->position_offset != 0)
-      fail("rope.position_offset must be 0: positions come from the KV cache, got " +
-           std::to_string(c.rope->position_offset));
+void GroupedQueryAttentionConfig::validate() const {
+  if (embed_dim < 1) fail("embed_dim", "a positive integer", std::to_string(embed_dim));
+  if (num_heads < 1) fail("num_heads", "a positive integer", std::to_string(num_heads));
+  if (num_kv_heads < 0 || (num_kv_heads > 0 && num_heads % num_kv_heads != 0))
+    fail("num_kv_heads",
+         "0 (= num_heads) or a divisor of num_heads " + std::to_string(num_heads) +
+             " (each K/V head serves num_heads / num_kv_heads query heads)",
+         std::to_string(num_kv_heads));
+  if (head_dim < 0) fail("head_dim", "0 (= embed_dim / num_heads) or a positive integer", std::to_string(head_dim));
+  if (head_dim == 0 && embed_dim % num_heads != 0)
+    fail("num_heads", "a divisor of embed_dim " + std::to_string(embed_dim) + " (or set head_dim to choose the head width)",
+         std::to_string(num_heads));
+  if (rope) {
+    validate_rope(*rope, resolved_head_dim(), "rope");
+    if (rope->position_offset != 0)
+      fail("rope.position_offset", "0 (positions come from the KV cache)", std::to_string(rope->position_offset));
   }
 }
 
@@ -70,10 +70,9 @@ void validate(const GroupedQueryAttentionConfig& c) {
 template <class T>
 KVCache<T>::KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t max_len, bool grow)
     : batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim), capacity_(max_len), grow_(grow) {
-  if (batch < 1 || kv_heads < 1 || head_dim < 1)
-    throw Error(Error::Kind::Value, "KVCache: batch, kv_heads and head_dim must be >= 1, got " +
-                                        std::to_string(batch) + ", " + std::to_string(kv_heads) + ", " +
-                                        std::to_string(head_dim));
+  for (const auto& [name, value] : {std::pair<const char*, int64_t>{"batch", batch}, {"kv_heads", kv_heads},
+                                     {"head_dim", head_dim}})
+    if (value < 1) fail(std::string("KVCache ") + name, "a positive integer", std::to_string(value));
   if (max_len < 1 || max_len > (int64_t{1} << 40))
     throw Error(Error::Kind::Value, "max_len: expected a cache length of 1 to 2^40 tokens, got " +
                                         std::to_string(max_len));
@@ -108,82 +107,75 @@ template class KVCache<double>;
 // ---- the module -----------------------------------------------------------
 
 template <class T>
-GroupedQueryAttention<T>::GroupedQueryAttention(const GroupedQueryAttentionConfig& config, uint64_t seed) {
-  validate(config);
-  config_ = config;
-  head_dim_ = config.head_dim > 0 ? config.head_dim : config.embed_dim / config.num_heads;
-  kv_heads_ = config.num_kv_heads > 0 ? config.num_kv_heads : config.num_heads;
-  const int64_t E = config.embed_dim, HD = config.num_heads * head_dim_, KD = kv_heads_ * head_dim_;
+GroupedQueryAttention<T>::GroupedQueryAttention(const GroupedQueryAttentionConfig& config, uint64_t seed)
+    : config_(config) {
+  config_.validate();
   std::mt19937_64 rng(seed);
-  // nn.Linear(in, out): weight and bias U(−1/√in, 1/√in).
-  const auto linear = [&](Tensor<T>& w, Tensor<T>& b, int64_t out, int64_t in) {
-    std::uniform_real_distribution<double> u(-1.0 / std::sqrt(static_cast<double>(in)),
-                                             1.0 / std::sqrt(static_cast<double>(in)));
-    w = Tensor<T>(Shape{out, in});
-    for (int64_t e = 0; e < w.numel(); ++e) w[e] = static_cast<T>(u(rng));
-    if (config.bias) {
-      b = Tensor<T>(Shape{out});
-      for (int64_t e = 0; e < out; ++e) b[e] = static_cast<T>(u(rng));
-    }
-  };
-  linear(q_w_, q_b_, HD, E);
-  linear(k_w_, k_b_, KD, E);
-  linear(v_w_, v_b_, KD, E);
-  linear(o_w_, o_b_, E, HD);
+  // nn.Linear(in, out): weight and bias U(−1/√in, 1/√in), in = the weight's
+  // second extent; drawn in the table's order (q, k, v, o, each weight then
+  // bias), so the numbers stay those of every earlier version.
+  double bound = 0;
+  for_each_parameter(config_, params_, [&](const ParameterInfo& info, Tensor<T>& t) {
+    if (!info.present) return;
+    if (info.shape.size() == 2) bound = 1.0 / std::sqrt(static_cast<double>(info.shape[1]));
+    std::uniform_real_distribution<double> u(-bound, bound);
+    t = Tensor<T>(info.shape);
+    for (int64_t e = 0; e < t.numel(); ++e) t[e] = static_cast<T>(u(rng));
+  });
+  parameters_token_ = detail::new_parameters_token();
+}
+
+template <class T>
+GroupedQueryAttention<T>::GroupedQueryAttention(const GroupedQueryAttentionConfig& config,
+                                                GroupedQueryAttentionParameters<T> parameters)
+    : config_(config), params_(std::move(parameters)) {
+  config_.validate();
+  detail::check_parameters(config_, params_);
+  parameters_token_ = detail::new_parameters_token();
 }
 
 template <class T>
 GroupedQueryAttention<T> GroupedQueryAttention<T>::from_tensors(const GroupedQueryAttentionConfig& config,
                                                                 const std::map<std::string, Tensor<T>>& tensors,
                                                                 const std::string& prefix) {
-  validate(config);
-  GroupedQueryAttention m;
-  m.config_ = config;
-  m.head_dim_ = config.head_dim > 0 ? config.head_dim : config.embed_dim / config.num_heads;
-  m.kv_heads_ = config.num_kv_heads > 0 ? config.num_kv_heads : config.num_heads;
-  const int64_t E = config.embed_dim, HD = config.num_heads * m.head_dim_, KD = m.kv_heads_ * m.head_dim_;
-  const auto take = [&](const std::string& name, const Shape& shape) {
-    const auto it = tensors.find(prefix + name);
-    if (it == tensors.end()) throw Error(Error::Kind::Value, prefix + name + ": missing (expected shape " + shape_to_string(shape) + ")");
-    if (it->second.shape() != shape)
-      throw Error(Error::Kind::Value, prefix + name + ": expected shape " + shape_to_string(shape) + ", got " +
-                                          shape_to_string(it->second.shape()));
-    return it->second;
-  };
-  m.q_w_ = take("q_proj.weight", {HD, E});
-  m.k_w_ = take("k_proj.weight", {KD, E});
-  m.v_w_ = take("v_proj.weight", {KD, E});
-  m.o_w_ = take("o_proj.weight", {E, HD});
-  const bool has_bias = tensors.count(prefix + "q_proj.bias") || tensors.count(prefix + "k_proj.bias") ||
-                        tensors.count(prefix + "v_proj.bias") || tensors.count(prefix + "o_proj.bias");
-  if (has_bias && !config.bias)
-    throw Error(Error::Kind::Value, "bias: the weights have projection biases (" + prefix +
-                                        "*_proj.bias) but the configuration has bias off");
-  if (config.bias) {
-    m.q_b_ = take("q_proj.bias", {HD});
-    m.k_b_ = take("k_proj.bias", {KD});
-    m.v_b_ = take("v_proj.bias", {KD});
-    m.o_b_ = take("o_proj.bias", {E});
+  config.validate();
+  GroupedQueryAttentionParameters<T> p;
+  for_each_parameter(config, p, [&](const ParameterInfo& info, Tensor<T>& t) {
+    if (const auto it = tensors.find(prefix + info.name); it != tensors.end()) t = it->second;
+  });
+  try {
+    return GroupedQueryAttention(config, std::move(p));
+  } catch (const Error& e) {
+    throw Error(e.kind(), prefix + e.what());  // its messages start with the local name
   }
-  return m;
 }
 
 template <class T>
-std::map<std::string, Tensor<T>> GroupedQueryAttention<T>::named_tensors() const {
-  std::map<std::string, Tensor<T>> t{
-      {"q_proj.weight", q_w_}, {"k_proj.weight", k_w_}, {"v_proj.weight", v_w_}, {"o_proj.weight", o_w_}};
-  if (config_.bias) {
-    t["q_proj.bias"] = q_b_;
-    t["k_proj.bias"] = k_b_;
-    t["v_proj.bias"] = v_b_;
-    t["o_proj.bias"] = o_b_;
-  }
-  return t;
+std::map<std::string, Tensor<T>> GroupedQueryAttention<T>::state_dict() const {
+  return detail::parameter_map<T>(config_, params_);
+}
+
+template <class T>
+void GroupedQueryAttention<T>::load_state_dict(const std::map<std::string, Tensor<T>>& state_dict) {
+  GroupedQueryAttentionParameters<T> p;
+  detail::parameters_from_map(config_, p, state_dict, "GroupedQueryAttention");
+  params_ = std::move(p);
+  parameters_token_ = detail::new_parameters_token();  // contexts filled before are stale now
+}
+
+template <class T>
+void GroupedQueryAttention<T>::update_parameters(
+    const std::function<void(const std::string& name, Tensor<T>& parameter)>& update) {
+  // On a copy, installed only once every tensor has passed the checks.
+  GroupedQueryAttentionParameters<T> p = params_;
+  detail::update_present(config_, p, update);
+  params_ = std::move(p);
+  parameters_token_ = detail::new_parameters_token();
 }
 
 template <class T>
 KVCache<T> GroupedQueryAttention<T>::make_cache(int64_t batch, int64_t max_len, bool grow) const {
-  return KVCache<T>(batch, kv_heads_, head_dim_, max_len, grow);
+  return KVCache<T>(batch, kv_heads(), head_dim(), max_len, grow);
 }
 
 namespace {
@@ -245,30 +237,33 @@ Tensor<T> GroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionO
 template <class T>
 Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptions& options, KVCache<T>* cache,
                                         GroupedQueryForwardContext<T>* save) const {
-  const int64_t E = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads_, D = head_dim_;
+  const int64_t E = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads(), D = head_dim();
   if (x.dim() != 3 || x.size(2) != E)
-    fail("x: expected (batch, length, embed_dim = " + std::to_string(E) + "), got " + shape_to_string(x.shape()));
+    fail("x", "shape (batch, length, embed_dim = " + std::to_string(E) + ")", shape_to_string(x.shape()));
   const int64_t B = x.size(0), L = x.size(1);
   detail::validate_attention_options(options);
-  if (options.is_causal || options.causal_alignment != CausalAlignment::TopLeft || options.causal_query_offset != 0)
-    fail("is_causal, causal_alignment and causal_query_offset are the module's own (config.causal, "
-         "bottom-right over the cache); leave them unset");
+  // Causal masking and positions are the module's own (config.causal,
+  // bottom-right over the cache).
+  const char* own = " (the module's own causal rule is config.causal, bottom-right over the cache)";
+  if (options.is_causal) fail("is_causal", std::string("false") + own, "true");
+  if (options.causal_alignment != CausalAlignment::TopLeft)
+    fail("causal_alignment", std::string("the default, top-left") + own, "bottom-right");
+  if (options.causal_query_offset != 0)
+    fail("causal_query_offset", std::string("0") + own, std::to_string(options.causal_query_offset));
   if (!options.alibi_slopes.empty() && static_cast<int64_t>(options.alibi_slopes.size()) != H)
-    fail("alibi_slopes: expected one slope per query head (" + std::to_string(H) + "), got " +
+    fail("alibi_slopes", "one slope per query head (" + std::to_string(H) + ")",
          std::to_string(options.alibi_slopes.size()));
   if (cache) {
     if (cache->batch() != B || cache->kv_heads() != Hkv || cache->head_dim() != D)
-      fail("cache: expected batch " + std::to_string(B) + ", kv_heads " + std::to_string(Hkv) + ", head_dim " +
-           std::to_string(D) + ", got " + std::to_string(cache->batch()) + ", " + std::to_string(cache->kv_heads()) +
-           ", " + std::to_string(cache->head_dim()));
+      fail("cache", "batch " + std::to_string(B) + ", kv_heads " + std::to_string(Hkv) + ", head_dim " + std::to_string(D),
+           std::to_string(cache->batch()) + ", " + std::to_string(cache->kv_heads()) + ", " +
+               std::to_string(cache->head_dim()));
     cache->reserve_more(L);  // throws naming max_len before any work
   }
   if (options.check_finite) {
     detail::check_finite("x", x);
-    const std::pair<const char*, const Tensor<T>*> weights[] = {
-        {"q_proj.weight", &q_w_}, {"k_proj.weight", &k_w_}, {"v_proj.weight", &v_w_}, {"o_proj.weight", &o_w_},
-        {"q_proj.bias", &q_b_},   {"k_proj.bias", &k_b_},   {"v_proj.bias", &v_b_},   {"o_proj.bias", &o_b_}};
-    for (const auto& [name, t] : weights) detail::check_finite(name, *t);
+    for_each_parameter(config_, params_,
+                       [](const ParameterInfo& info, const Tensor<T>& t) { detail::check_finite(info.name, t); });
   }
   Tensor<T> out(Shape{B, L, E});
   if (B == 0 || L == 0) return out;
@@ -276,9 +271,10 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
 
   // in_projection
   Tensor<T> q(Shape{B * L, H * D}), k(Shape{B * L, Hkv * D}), v(Shape{B * L, Hkv * D});
-  linear(x.data(), B * L, E, q_w_, q_b_, q.data(), options.num_threads);
-  linear(x.data(), B * L, E, k_w_, k_b_, k.data(), options.num_threads);
-  linear(x.data(), B * L, E, v_w_, v_b_, v.data(), options.num_threads);
+  const GroupedQueryAttentionParameters<T>& p = params_;
+  linear(x.data(), B * L, E, p.q_proj_weight, p.q_proj_bias, q.data(), options.num_threads);
+  linear(x.data(), B * L, E, p.k_proj_weight, p.k_proj_bias, k.data(), options.num_threads);
+  linear(x.data(), B * L, E, p.v_proj_weight, p.v_proj_bias, v.data(), options.num_threads);
   if (config_.rope) {
     RopeOptions rope = *config_.rope;
     rope.position_offset = P;
@@ -321,15 +317,16 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
   detail::attention_forward(a, options.kernel);
 
   // out_projection
-  linear(merged.data(), B * L, H * D, o_w_, o_b_, out.data(), options.num_threads);
+  linear(merged.data(), B * L, H * D, p.o_proj_weight, p.o_proj_bias, out.data(), options.num_threads);
   if (save) {
-    save->x = x;
-    save->q = std::move(q);
-    save->k = std::move(k);
-    save->v = std::move(v);
-    save->merged = std::move(merged);
-    save->lse = std::move(lse);
-    save->options = options;
+    save->x_ = x;
+    save->q_ = std::move(q);
+    save->k_ = std::move(k);
+    save->v_ = std::move(v);
+    save->merged_ = std::move(merged);
+    save->lse_ = std::move(lse);
+    save->options_ = options;
+    save->parameters_token_ = parameters_token_;
   }
   return out;
 }
@@ -361,45 +358,53 @@ void linear_backward(const T* x, const T* d_y, int64_t rows, int64_t in, const T
 template <class T>
 GroupedQueryAttentionGradients<T> GroupedQueryAttention<T>::backward(const GroupedQueryForwardContext<T>& saved,
                                                                      const Tensor<T>& d_output) const {
-  if (saved.empty()) fail("saved: empty; run the training forward (with a GroupedQueryForwardContext) first");
-  const int64_t E = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads_, D = head_dim_;
-  const int64_t B = saved.x.size(0), L = saved.x.size(1);
-  if (d_output.shape() != saved.x.shape())
-    fail("d_output: expected the output's shape " + shape_to_string(saved.x.shape()) + ", got " +
-         shape_to_string(d_output.shape()));
+  if (saved.empty())
+    throw Error(Error::Kind::Value, "saved: empty GroupedQueryForwardContext; fill it with forward(x, options, "
+                                    "context) first");
+  if (saved.parameters_token_ != parameters_token_)
+    throw Error(Error::Kind::Value,
+                "saved: this GroupedQueryForwardContext was filled by another module or before "
+                "update_parameters() / load_state_dict(); run the forward again");
+  const int64_t E = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads(), D = head_dim();
+  const int64_t B = saved.x_.size(0), L = saved.x_.size(1);
+  if (d_output.shape() != saved.x_.shape())
+    fail("d_output", "the output's shape " + shape_to_string(saved.x_.shape()), shape_to_string(d_output.shape()));
   GroupedQueryAttentionGradients<T> g;
-  g.x = Tensor<T>(saved.x.shape(), T(0));
+  g.x = Tensor<T>(saved.x_.shape(), T(0));
   if (B == 0 || L == 0) {
-    for (const auto& [name, t] : named_tensors()) g.parameters[name] = Tensor<T>(t.shape(), T(0));
+    for_each_parameter(config_, [&](const ParameterInfo& info) {
+      if (info.present) g.parameters[info.name] = Tensor<T>(info.shape, T(0));
+    });
     return g;
   }
+  const GroupedQueryAttentionParameters<T>& p = params_;
 
   // Forward: out = merged W_oᵀ + b_o.
   Tensor<T> d_merged(Shape{B * L, H * D});
-  const int threads = saved.options.num_threads;
-  linear_backward(saved.merged.data(), d_output.data(), B * L, H * D, o_w_, config_.bias, g.parameters, "o_proj",
-                  d_merged.data(), false, threads);
+  const int threads = saved.options_.num_threads;
+  linear_backward(saved.merged_.data(), d_output.data(), B * L, H * D, p.o_proj_weight, config_.bias, g.parameters,
+                  "o_proj", d_merged.data(), false, threads);
 
   // Forward: a = attention(q, K, V), K/V head g serving its group; the
   // kernels' backward sums d_k, d_v over the group.
   detail::AttentionTensors<T> t;
-  t.q = saved.q.data();
+  t.q = saved.q_.data();
   t.q_layout = detail::SliceLayout{L * H * D, D, H * D};
-  t.k = saved.k.data();
-  t.v = saved.v.data();
+  t.k = saved.k_.data();
+  t.v = saved.v_.data();
   t.k_layout = t.v_layout = detail::SliceLayout{L * Hkv * D, D, Hkv * D};
-  t.out = const_cast<T*>(saved.merged.data());  // read only: the backward reads forward.out
+  t.out = const_cast<T*>(saved.merged_.data());  // read only: the backward reads forward.out
   t.out_layout = t.q_layout;
   std::vector<T> slopes;
   detail::AttentionBackwardArgs<T> b;
-  b.forward = module_attention_args(config_, Hkv, D, B, L, L, t, saved.options, slopes);
-  b.lse = saved.lse.data();
+  b.forward = module_attention_args(config_, Hkv, D, B, L, L, t, saved.options_, slopes);
+  b.lse = saved.lse_.data();
   b.d_out = d_merged.data();
   Tensor<T> d_q(Shape{B * L, H * D}), d_k(Shape{B * L, Hkv * D}), d_v(Shape{B * L, Hkv * D});
   b.d_q = d_q.data();
   b.d_k = d_k.data();
   b.d_v = d_v.data();
-  detail::attention_backward(b, saved.options.kernel);
+  detail::attention_backward(b, saved.options_.kernel);
 
   // Forward: q, k = rope(q, k) at positions 0 … L − 1, so d = Rᵀ d.
   if (config_.rope) {
@@ -408,10 +413,13 @@ GroupedQueryAttentionGradients<T> GroupedQueryAttention<T>::backward(const Group
   }
 
   // Forward: q = x W_qᵀ + b_q, k = x W_kᵀ + b_k, v = x W_vᵀ + b_v: d_x sums the three.
-  const T* x = saved.x.data();
-  linear_backward(x, d_q.data(), B * L, E, q_w_, config_.bias, g.parameters, "q_proj", g.x.data(), false, threads);
-  linear_backward(x, d_k.data(), B * L, E, k_w_, config_.bias, g.parameters, "k_proj", g.x.data(), true, threads);
-  linear_backward(x, d_v.data(), B * L, E, v_w_, config_.bias, g.parameters, "v_proj", g.x.data(), true, threads);
+  const T* x = saved.x_.data();
+  linear_backward(x, d_q.data(), B * L, E, p.q_proj_weight, config_.bias, g.parameters, "q_proj", g.x.data(), false,
+                  threads);
+  linear_backward(x, d_k.data(), B * L, E, p.k_proj_weight, config_.bias, g.parameters, "k_proj", g.x.data(), true,
+                  threads);
+  linear_backward(x, d_v.data(), B * L, E, p.v_proj_weight, config_.bias, g.parameters, "v_proj", g.x.data(), true,
+                  threads);
   return g;
 }
 

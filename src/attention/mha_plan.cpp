@@ -187,20 +187,13 @@ KernelMasks<T> build_kernel_masks(const ForwardPlan& p, const ForwardOptions<T>&
 }
 
 template <class T>
-void check_forward_finite(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
-                          const MultiheadAttentionParameters<T>& params) {
+void check_forward_finite(const MultiheadAttentionConfig& config, const Tensor<T>& query, const Tensor<T>& key,
+                          const Tensor<T>& value, const MultiheadAttentionParameters<T>& params) {
   check_finite("query", query);
   check_finite("key", key);
   check_finite("value", value);
-  check_finite("in_proj_weight", params.in_proj_weight);
-  check_finite("q_proj_weight", params.q_proj_weight);
-  check_finite("k_proj_weight", params.k_proj_weight);
-  check_finite("v_proj_weight", params.v_proj_weight);
-  check_finite("in_proj_bias", params.in_proj_bias);
-  check_finite("out_proj.weight", params.out_proj_weight);
-  check_finite("out_proj.bias", params.out_proj_bias);
-  check_finite("bias_k", params.bias_k);
-  check_finite("bias_v", params.bias_v);
+  for_each_parameter(config, params,
+                     [](const ParameterInfo& info, const Tensor<T>& t) { check_finite(info.name, t); });
 }
 
 void check_weights_fit(const ForwardPlan& p, int64_t heads, int64_t rows, std::size_t element_size) {
@@ -235,7 +228,8 @@ Shape output_shape(const ForwardPlan& p, const Shape& query_shape) {
                                        const Tensor<T>&, const Tensor<T>&,                         \
                                        const ForwardOptions<T>&);                                  \
   template KernelMasks<T> build_kernel_masks<T>(const ForwardPlan&, const ForwardOptions<T>&);     \
-  template void check_forward_finite<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,      \
+  template void check_forward_finite<T>(const MultiheadAttentionConfig&, const Tensor<T>&,        \
+                                        const Tensor<T>&, const Tensor<T>&,                         \
                                         const MultiheadAttentionParameters<T>&);
 MULTIHEAD_INSTANTIATE(float)
 MULTIHEAD_INSTANTIATE(double)

@@ -3,7 +3,6 @@
 // __init__ and _reset_parameters).
 #include "multihead/multihead_attention.hpp"
 
-#include <atomic>
 #include <cmath>
 #include <random>
 #include <string>
@@ -11,17 +10,11 @@
 #include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
 #include "core/check.hpp"
+#include "core/parameters.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {
 namespace {
-
-// A new value of BasicMultiheadAttention::parameters_token_: unique in the
-// process, so a context never matches a module it was not filled by.
-uint64_t new_parameters_token() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
-}
 
 [[noreturn]] void fail_config(const std::string& field, const std::string& expected, const std::string& got) {
   throw Error(Error::Kind::Value, field + ": expected " + expected + ", got " + got);
@@ -58,20 +51,6 @@ Tensor<T> xavier_normal_bias(int64_t E, std::mt19937_64& rng) {
   return b;
 }
 
-template <class T>
-void expect_param(const char* name, const Tensor<T>& t, bool wanted, const Shape& shape,
-                  const std::string& why_absent) {
-  if (wanted) {
-    if (t.empty() && t.shape().empty())
-      throw Error(Error::Kind::Missing, std::string(name) + ": missing; expected shape " +
-                                            shape_to_string(shape));
-    detail::expect_shape(name, t.shape(), shape);
-  } else if (!t.shape().empty()) {
-    throw Error(Error::Kind::Value, std::string(name) + ": unexpected tensor of shape " +
-                                        shape_to_string(t.shape()) + " (" + why_absent + ")");
-  }
-}
-
 }  // namespace
 
 void MultiheadAttentionConfig::validate() const {
@@ -89,19 +68,7 @@ void MultiheadAttentionConfig::validate() const {
 template <class T>
 void validate_parameters(const MultiheadAttentionConfig& c, const MultiheadAttentionParameters<T>& p) {
   c.validate();
-  const int64_t E = c.embed_dim;
-  const bool packed = c.same_embed_dim();
-  const std::string packed_why = "kdim and vdim equal embed_dim, so the packed in_proj_weight is used";
-  const std::string separate_why = "kdim or vdim differs from embed_dim, so q/k/v_proj_weight are used";
-  expect_param("in_proj_weight", p.in_proj_weight, packed, {3 * E, E}, separate_why);
-  expect_param("q_proj_weight", p.q_proj_weight, !packed, {E, E}, packed_why);
-  expect_param("k_proj_weight", p.k_proj_weight, !packed, {E, c.key_dim()}, packed_why);
-  expect_param("v_proj_weight", p.v_proj_weight, !packed, {E, c.value_dim()}, packed_why);
-  expect_param("in_proj_bias", p.in_proj_bias, c.bias, {3 * E}, "bias is false");
-  expect_param("out_proj.weight", p.out_proj_weight, true, {E, E}, "");
-  expect_param("out_proj.bias", p.out_proj_bias, c.bias, {E}, "bias is false");
-  expect_param("bias_k", p.bias_k, c.add_bias_kv, {1, 1, E}, "add_bias_kv is false");
-  expect_param("bias_v", p.bias_v, c.add_bias_kv, {1, 1, E}, "add_bias_kv is false");
+  detail::check_parameters(c, p);
 }
 
 template <class T>
@@ -129,7 +96,7 @@ BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConf
     params_.bias_v = xavier_normal_bias<T>(E, rng);
   }
   weights_t_ = detail::ProjectionWeights<T>::from(config_, params_);
-  parameters_token_ = new_parameters_token();
+  parameters_token_ = detail::new_parameters_token();
 }
 
 template <class T>
@@ -140,7 +107,7 @@ BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConf
       workspaces_(std::make_shared<detail::WorkspacePool<T>>()) {
   validate_parameters(config_, params_);
   weights_t_ = detail::ProjectionWeights<T>::from(config_, params_);
-  parameters_token_ = new_parameters_token();
+  parameters_token_ = detail::new_parameters_token();
 }
 
 template <class T>
@@ -151,33 +118,24 @@ void BasicMultiheadAttention<T>::update_parameters(
   // reshapes a parameter (refused, naming it), leaves the module as it was.
   // The copy costs 4·E² numbers per step, small beside the step itself.
   MultiheadAttentionParameters<T> p = params_;
-  // state_dict()'s names and order (std::map: sorted by name).
-  std::map<std::string, Tensor<T>*> by_name;
-  if (config_.same_embed_dim()) {
-    by_name["in_proj_weight"] = &p.in_proj_weight;
-  } else {
-    by_name["q_proj_weight"] = &p.q_proj_weight;
-    by_name["k_proj_weight"] = &p.k_proj_weight;
-    by_name["v_proj_weight"] = &p.v_proj_weight;
-  }
-  if (config_.bias) {
-    by_name["in_proj_bias"] = &p.in_proj_bias;
-    by_name["out_proj.bias"] = &p.out_proj_bias;
-  }
-  by_name["out_proj.weight"] = &p.out_proj_weight;
-  if (config_.add_bias_kv) {
-    by_name["bias_k"] = &p.bias_k;
-    by_name["bias_v"] = &p.bias_v;
-  }
-  for (auto& [name, tensor] : by_name) {
-    update(name, *tensor);
-    if (tensor->is_view()) *tensor = Tensor<T>(*tensor);  // own the values: a view's buffer may go away
-  }
-  validate_parameters(config_, p);
+  detail::update_present(config_, p, update);
+  replace_parameters(std::move(p));
+}
+
+template <class T>
+void BasicMultiheadAttention<T>::load_state_dict(const std::map<std::string, Tensor<T>>& state_dict) {
+  MultiheadAttentionParameters<T> p;
+  detail::parameters_from_map(config_, p, state_dict, "MultiheadAttention");
+  replace_parameters(std::move(p));
+}
+
+template <class T>
+void BasicMultiheadAttention<T>::replace_parameters(MultiheadAttentionParameters<T> p) {
+  // p has passed check_parameters; the module changes only from here on.
   auto weights_t = detail::ProjectionWeights<T>::from(config_, p);
   params_ = std::move(p);
   weights_t_ = std::move(weights_t);
-  parameters_token_ = new_parameters_token();  // contexts filled before are stale now
+  parameters_token_ = detail::new_parameters_token();  // contexts filled before are stale now
 }
 
 template <class T>
@@ -187,24 +145,7 @@ void BasicMultiheadAttention<T>::release_workspaces() const {
 
 template <class T>
 std::map<std::string, Tensor<T>> BasicMultiheadAttention<T>::state_dict() const {
-  std::map<std::string, Tensor<T>> d;
-  if (config_.same_embed_dim()) {
-    d["in_proj_weight"] = params_.in_proj_weight;
-  } else {
-    d["q_proj_weight"] = params_.q_proj_weight;
-    d["k_proj_weight"] = params_.k_proj_weight;
-    d["v_proj_weight"] = params_.v_proj_weight;
-  }
-  if (config_.bias) {
-    d["in_proj_bias"] = params_.in_proj_bias;
-    d["out_proj.bias"] = params_.out_proj_bias;
-  }
-  d["out_proj.weight"] = params_.out_proj_weight;
-  if (config_.add_bias_kv) {
-    d["bias_k"] = params_.bias_k;
-    d["bias_v"] = params_.bias_v;
-  }
-  return d;
+  return detail::parameter_map<T>(config_, params_);
 }
 
 template void validate_parameters<float>(const MultiheadAttentionConfig&,

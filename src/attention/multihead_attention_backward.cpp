@@ -93,33 +93,26 @@ T* input_gradient_slot(Tensor<T>& t, const Shape& shape) {
 int loop_threads(int num_threads) { return num_threads > 0 ? num_threads : omp_get_max_threads(); }
 
 // Every gradient tensor of `g` at its shape, and no stale parameter names.
+// Returns views of them under the parameters' own member names (d.bias_k is
+// dℓ/d bias_k), so the steps below name a gradient as the forward names its
+// parameter, and only the table (for_each_parameter) spells the names.
 template <class T>
-void shape_gradients(const MultiheadAttentionConfig& c, const SavedForward<T>& s,
-                     MultiheadAttentionGradients<T>& g) {
-  const int64_t E = c.embed_dim;
+MultiheadAttentionParameters<T> shape_gradients(const MultiheadAttentionConfig& c, const SavedForward<T>& s,
+                                                MultiheadAttentionGradients<T>& g) {
   std::map<std::string, Shape> shapes;
-  if (c.same_embed_dim()) {
-    shapes["in_proj_weight"] = {3 * E, E};
-  } else {
-    shapes["q_proj_weight"] = {E, E};
-    shapes["k_proj_weight"] = {E, c.key_dim()};
-    shapes["v_proj_weight"] = {E, c.value_dim()};
-  }
-  if (c.bias) {
-    shapes["in_proj_bias"] = {3 * E};
-    shapes["out_proj.bias"] = {E};
-  }
-  shapes["out_proj.weight"] = {E, E};
-  if (c.add_bias_kv) {
-    shapes["bias_k"] = {1, 1, E};
-    shapes["bias_v"] = {1, 1, E};
-  }
+  for_each_parameter(c, [&](const ParameterInfo& info) {
+    if (info.present) shapes.emplace(info.name, info.shape);
+  });
   for (auto it = g.parameters.begin(); it != g.parameters.end();)
     it = shapes.count(it->first) ? std::next(it) : g.parameters.erase(it);
-  for (const auto& [name, shape] : shapes) gradient_slot(g, name, shape);
+  MultiheadAttentionParameters<T> d;
+  for_each_parameter(c, d, [&](const ParameterInfo& info, Tensor<T>& t) {
+    if (info.present) t = Tensor<T>::view(info.shape, gradient_slot(g, info.name, info.shape));
+  });
   input_gradient_slot(g.query, s.query_shape);
   input_gradient_slot(g.key, s.key_shape);
   input_gradient_slot(g.value, s.value_shape);
+  return d;
 }
 
 // The gradients of the in-projection's outputs Q, K, V in token rows (the
@@ -139,6 +132,7 @@ struct BackwardCall {
   const SavedForward<T>& saved;
   ForwardWorkspace<T>& ws;  // scratch, from the module's pool
   MultiheadAttentionGradients<T>& g;
+  MultiheadAttentionParameters<T>& d;  // views of g.parameters (shape_gradients)
   int threads;  // for the loops below (BLAS keeps its own setting)
 };
 
@@ -152,8 +146,8 @@ T* out_projection_backward(const BackwardCall<T>& c, const T* d_output) {
   const T* W_O = c.params.out_proj_weight.data();  // (E out, E in), as nn.Linear stores it
   LinearGradients<T> d;
   d.d_x = d_concat;
-  d.d_W = c.g.parameters["out_proj.weight"].data();
-  d.d_b = c.config.bias ? c.g.parameters["out_proj.bias"].data() : nullptr;
+  d.d_W = c.d.out_proj_weight.data();
+  d.d_b = c.config.bias ? c.d.out_proj_bias.data() : nullptr;
   linear_backward<T>({rows, c.saved.concat(), E}, LinearWeight<T>::stored(W_O, E, E), d_output, E, d,
                      {false, c.threads});
   return d_concat;
@@ -243,8 +237,8 @@ ProjectionGradients<T> split_heads_backward(const BackwardCall<T>& c, const Head
   if (!s.paths.head_major)
     return {d_heads.q.data, d_heads.k.data, d_heads.v.data, s.paths.packed_self ? 3 * E : E};
   if (plan.bias_kv_col >= 0) {
-    extra_key_gradient(plan, d_heads.k.data, plan.bias_kv_col, c.g.parameters["bias_k"].data());
-    extra_key_gradient(plan, d_heads.v.data, plan.bias_kv_col, c.g.parameters["bias_v"].data());
+    extra_key_gradient(plan, d_heads.k.data, plan.bias_kv_col, c.d.bias_k.data());
+    extra_key_gradient(plan, d_heads.v.data, plan.bias_kv_col, c.d.bias_v.data());
   }
   T *q, *k, *v;
   int64_t ld;
@@ -282,10 +276,10 @@ void in_projection_backward(const BackwardCall<T>& c, const ProjectionGradients<
   const T* W_q = packed ? c.params.in_proj_weight.data() : c.params.q_proj_weight.data();
   const T* W_k = packed ? W_q + E * E : c.params.k_proj_weight.data();
   const T* W_v = packed ? W_q + 2 * E * E : c.params.v_proj_weight.data();
-  T* d_W_q = packed ? c.g.parameters["in_proj_weight"].data() : c.g.parameters["q_proj_weight"].data();
-  T* d_W_k = packed ? d_W_q + E * E : c.g.parameters["k_proj_weight"].data();
-  T* d_W_v = packed ? d_W_q + 2 * E * E : c.g.parameters["v_proj_weight"].data();
-  T* d_b = cfg.bias ? c.g.parameters["in_proj_bias"].data() : nullptr;
+  T* d_W_q = packed ? c.d.in_proj_weight.data() : c.d.q_proj_weight.data();
+  T* d_W_k = packed ? d_W_q + E * E : c.d.k_proj_weight.data();
+  T* d_W_v = packed ? d_W_q + 2 * E * E : c.d.v_proj_weight.data();
+  T* d_b = cfg.bias ? c.d.in_proj_bias.data() : nullptr;
   // The packed product's weight gradient is one (3E × tokens)·(tokens × E)
   // product, as the forward's was one; the per-part products below then
   // skip theirs.
@@ -331,14 +325,14 @@ void BasicMultiheadAttention<T>::backward(const ForwardContext<T>& saved, const 
   const ForwardPlan& plan = s.plan;
   expect_shape("d_output", d_output.shape(), output_shape(plan, s.query_shape));
   if (s.options.attention.check_finite) check_finite("d_output", d_output);
-  shape_gradients(config_, s, g);
+  MultiheadAttentionParameters<T> d = shape_gradients(config_, s, g);
   if (plan.B == 0 || plan.L == 0) {  // the forward did no work: nothing depends on anything
     for (auto& [name, t] : g.parameters) std::fill_n(t.data(), t.numel(), T(0));
     for (Tensor<T>* t : {&g.query, &g.key, &g.value}) std::fill_n(t->data(), t->numel(), T(0));
     return;
   }
   WorkspaceLease<T> ws(*workspaces_);
-  const BackwardCall<T> c{config_, params_, s, *ws, g, loop_threads(s.options.attention.num_threads)};
+  const BackwardCall<T> c{config_, params_, s, *ws, g, d, loop_threads(s.options.attention.num_threads)};
   T* d_concat = out_projection_backward(c, d_output.data());    // 4b
   const Heads<T> d_heads = attention_backward_step(c, d_concat);  // 4a, 3
   const ProjectionGradients<T> d_proj = split_heads_backward(c, d_heads);  // 2

@@ -60,10 +60,9 @@ std::map<std::string, Shape> Model<T>::parameter_shapes(const ModelConfig& c) {
   for (int64_t i = 0; i < c.layers; ++i) {
     s[layer(i, "norm1.weight")] = {E};
     s[layer(i, "norm1.bias")] = {E};
-    s[layer(i, "attn.in_proj_weight")] = {3 * E, E};
-    s[layer(i, "attn.in_proj_bias")] = {3 * E};
-    s[layer(i, "attn.out_proj.weight")] = {E, E};
-    s[layer(i, "attn.out_proj.bias")] = {E};
+    for_each_parameter(attention_config(c), [&](const ParameterInfo& info) {
+      if (info.present) s[layer(i, ("attn." + std::string(info.name)).c_str())] = info.shape;
+    });
     if (F > 0) {
       s[layer(i, "norm2.weight")] = {E};
       s[layer(i, "norm2.bias")] = {E};
@@ -139,11 +138,11 @@ Model<T>::Model(const ModelConfig& config, const std::map<std::string, Tensor<T>
   for (int64_t i = 0; i < config_.layers; ++i) {
     MultiheadAttentionParameters<T> p;
     const std::string pre = block_prefix(i);
-    p.in_proj_weight = parameters.at(pre + "in_proj_weight");
-    p.in_proj_bias = parameters.at(pre + "in_proj_bias");
-    p.out_proj_weight = parameters.at(pre + "out_proj.weight");
-    p.out_proj_bias = parameters.at(pre + "out_proj.bias");
-    attn_.push_back(std::make_unique<BasicMultiheadAttention<T>>(attention_config(config_), std::move(p)));
+    const MultiheadAttentionConfig attention = attention_config(config_);
+    for_each_parameter(attention, p, [&](const ParameterInfo& info, Tensor<T>& t) {
+      if (info.present) t = parameters.at(pre + info.name);
+    });
+    attn_.push_back(std::make_unique<BasicMultiheadAttention<T>>(attention, std::move(p)));
   }
 }
 

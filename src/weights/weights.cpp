@@ -27,9 +27,25 @@ struct Source {
   std::string in_file() const { return " (in " + path + ")"; }
 };
 
-const std::set<std::string> kStateDictNames = {"in_proj_weight", "q_proj_weight",   "k_proj_weight",
-                                               "v_proj_weight",  "in_proj_bias",    "out_proj.weight",
-                                               "out_proj.bias",  "bias_k",          "bias_v"};
+// Every name of the parameter table (for_each_parameter), whatever the
+// configuration: what a MultiheadAttention state_dict may hold.
+const std::set<std::string>& state_dict_names() {
+  static const std::set<std::string> names = [] {
+    std::set<std::string> n;
+    for_each_parameter(MultiheadAttentionConfig{}, [&](const ParameterInfo& info) { n.insert(info.name); });
+    return n;
+  }();
+  return names;
+}
+
+// "in_proj_weight, q_proj_weight, …": the same names in the table's order.
+std::string state_dict_name_list() {
+  std::string list;
+  for_each_parameter(MultiheadAttentionConfig{}, [&](const ParameterInfo& info) {
+    list += (list.empty() ? "" : ", ") + std::string(info.name);
+  });
+  return list;
+}
 
 int64_t parse_int(const std::string& key, const std::string& text, const Source& src) {
   errno = 0;
@@ -248,17 +264,16 @@ std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const S
       if (m.prefix.size() > src.prefix.size() && m.prefix.starts_with(src.prefix)) nested.push_back(m.prefix);
   auto in_nested = [&](const std::string& name) {
     return std::any_of(nested.begin(), nested.end(), [&](const std::string& p) {
-      return name.starts_with(p) && kStateDictNames.count(name.substr(p.size())) != 0;
+      return name.starts_with(p) && state_dict_names().count(name.substr(p.size())) != 0;
     });
   };
   std::vector<std::string> names;
   for (const std::string& name : tensor_names(file)) {
     if (!name.starts_with(src.prefix) || in_nested(name)) continue;
-    if (!kStateDictNames.count(name.substr(src.prefix.size())))
+    if (!state_dict_names().count(name.substr(src.prefix.size())))
       throw Error(Error::Kind::Format,
-                  name + ": unexpected tensor in a MultiheadAttention state_dict (expected names: "
-                         "in_proj_weight, in_proj_bias, out_proj.weight, out_proj.bias, "
-                         "q_proj_weight, k_proj_weight, v_proj_weight, bias_k, bias_v)" + src.in_file() +
+                  name + ": unexpected tensor in a MultiheadAttention state_dict (expected names: " +
+                      state_dict_name_list() + ")" + src.in_file() +
                       module_prefixes_hint(file, src));
     check_parameter_dtype(file, name, src);
     names.push_back(name);
@@ -292,17 +307,11 @@ MultiheadAttentionParameters<double> build_parameters(std::map<std::string, Tens
     packed.reserve(static_cast<std::size_t>(3 * E * E));
     for (const auto* w : {&q, &k, &v}) packed.insert(packed.end(), w->vec().begin(), w->vec().end());
     p.in_proj_weight = Tensor<double>({3 * E, E}, std::move(packed));
-  } else {
-    p.in_proj_weight = take("in_proj_weight");
-    p.q_proj_weight = take("q_proj_weight");
-    p.k_proj_weight = take("k_proj_weight");
-    p.v_proj_weight = take("v_proj_weight");
   }
-  p.out_proj_weight = take("out_proj.weight");
-  p.in_proj_bias = take("in_proj_bias");
-  p.out_proj_bias = take("out_proj.bias");
-  p.bias_k = take("bias_k");
-  p.bias_v = take("bias_v");
+  // Every row the packing above did not fill takes the tensor of its name.
+  for_each_parameter(c, p, [&](const ParameterInfo& info, Tensor<double>& tensor) {
+    if (tensor.shape().empty()) tensor = take(info.name);
+  });
   try {
     validate_parameters(c, p);
   } catch (const Error& e) {
@@ -354,13 +363,13 @@ std::vector<FoundModule> find_attention_modules(const SafetensorsFile& file, con
     if (!has_tensor(file, src.tensor("in_proj_weight")) && !has_tensor(file, src.tensor("q_proj_weight")))
       continue;
     ShapeMap shapes;
-    for (const std::string& local : kStateDictNames)
+    for (const std::string& local : state_dict_names())
       if (auto it = file.tensors.find(src.tensor(local)); it != file.tensors.end())
         shapes.emplace(local, it->second.values.shape());
     FoundModule m;
     m.prefix = src.prefix;
     try {
-      for (const std::string& local : kStateDictNames) check_parameter_dtype(file, src.tensor(local), src);
+      for (const std::string& local : state_dict_names()) check_parameter_dtype(file, src.tensor(local), src);
       const MultiheadAttentionConfig c = config_from_shapes(shapes, src);
       m.embed_dim = c.embed_dim, m.kdim = c.key_dim(), m.vdim = c.value_dim();
       m.bias = c.bias, m.add_bias_kv = c.add_bias_kv;
