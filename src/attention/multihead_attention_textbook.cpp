@@ -9,13 +9,42 @@
 // Step 2: scaled dot-product attention for each head, independently.
 // Step 3: concatenate the head outputs.
 // Step 4: the final linear projection W^O.
-// It shares no arithmetic with the fused form: the projections are plain
-// loops here, and step 2 runs the reference kernel's plain loops
-// (attention_forward_reference) whatever options.attention.kernel asks; no
-// BLAS, no SIMD, no split_heads. The tests that make the two forms agree
-// therefore check every kernel of the fused form against an independent
-// computation, and tests/CMakeLists.txt builds this form into a test binary
-// that links neither BLAS nor the SIMD code, to keep it so.
+//
+// What it shares with the fused form, and what it does not.
+//  - It shares the planning (src/attention/mha_plan.*, attention_call.*):
+//    plan_forward's validation (and check_forward_finite,
+//    check_weights_fit), B, L, S and the strides that find token
+//    (b, l) for batch_first, seq-first and unbatched input; S' and the
+//    columns of bias_k and the zero-attention key; build_kernel_masks (a
+//    bool mask to -inf by Mask::to_additive, attn_mask (L, S') or
+//    (B·H, L, S'), key_padding_mask (B, S'), both padded with zero columns
+//    for the extra keys, and the ALiBi slope per slice); the default scale
+//    1/√D, causal masking of the S given keys only, the dropout rate and
+//    its slice numbering (make_attention_args, module_attention_options);
+//    the weights' selection (select_weights), their shapes and the
+//    unbatched squeeze (attn_weights_shape, output_shape, empty_result).
+//    It also shares the score rule (src/kernel/score_rule.hpp: the order of
+//    the masks, causal and window visibility, the fully-masked-row fill,
+//    dropout's decisions), which every kernel obeys. An error in any of
+//    these would show in both forms alike, so the tests that make the two
+//    forms agree cannot see it. tests/oracle/test_mha_oracle.cpp holds both
+//    forms to an oracle with its own strides, mask expansion and padding,
+//    scale, causal rule, fully-masked-row fill and weights (average and
+//    selection) (tests/oracle/mha_oracle.hpp); ALiBi, the window, the soft
+//    cap and dropout it does not model (tests/cli/variants.py and
+//    tests/test_score_rule.cpp check those against float64 formulas).
+//  - It shares no arithmetic with the fused form: the projections, the
+//    extra keys, the concatenation, W^O and the mean over heads are plain
+//    loops here, and step 2 runs the reference kernel's plain loops
+//    (attention_forward_reference) whatever options.attention.kernel, the
+//    kernel_force() switch or MULTIHEAD_KERNEL ask; no BLAS, no SIMD, no
+//    split_heads. The tests that make the two forms agree therefore check
+//    the fused form's products, reshapes and every kernel against an
+//    independent computation of the same plan (with kernel = Reference the
+//    fused form's step 3 is this same reference kernel, so that pairing
+//    checks its projections and reshapes only), and tests/CMakeLists.txt
+//    builds this form into a test binary that links neither BLAS nor the
+//    SIMD code, to keep it so.
 //
 // Legend: B batch, L query length, S key length, S' = S (+1 bias_k)
 // (+1 zero attention), E embed_dim, H heads, D head width, Ek kdim, Ev vdim.
