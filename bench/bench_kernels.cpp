@@ -1,8 +1,8 @@
 // bench/bench_kernels.cpp: the attention kernels alone (no projections), in
 // GFLOP/s counted as issue "Fast" counts them: 4·N·L·S·D for QKᵀ and PV, the
 // full square also when causal. Per SIMD target and thread count:
-//   Flash/<target>/L/causal/threads        src/attention/flash.cpp
-//   Materialized/L/causal/threads          src/attention/materialized.cpp (BLAS)
+//   Flash/<target>/L/causal/threads        src/kernels/flash.cpp
+//   Materialized/L/causal/threads          src/kernels/materialized.cpp (BLAS)
 //   SgemmTiles/threads                     cblas_sgemm on one flash tile's two
 //                                          products: the alternative we measured
 //                                          against our own micro-kernels.
@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "attention/kernel.hpp"
 #include "core/gemm.hpp"
+#include "kernels/kernel.hpp"
 #include "simd/targets.hpp"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <limits>
 #include <random>
 
-#include "attention/kernel.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 #include "test_util.hpp"

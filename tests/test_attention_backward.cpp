@@ -1,5 +1,5 @@
 // tests/test_attention_backward.cpp: the attention kernels' backward passes
-// (the contract: AttentionBackwardArgs in src/kernel/attention_args.hpp).
+// (the contract: AttentionBackwardArgs in src/contract/attention_args.hpp).
 //
 //  - BackwardFiniteDifferences: the reference backward and the materialized
 //    backward in float64 against central differences of the float64
@@ -76,8 +76,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "attention/kernel.hpp"
-#include "kernel/score_rule.hpp"
+#include "contract/score_rule.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "multihead/runtime.hpp"
 
@@ -715,7 +715,7 @@ INSTANTIATE_TEST_SUITE_P(Small, BackwardFiniteDifferences, ::testing::ValuesIn(f
 
 // The flash backward runs whole slices per thread when N >= threads and
 // a two-pass split (key tiles for d_k, d_v; query tiles for d_q) when N <
-// threads (src/attention/flash.cpp); both must give the same bits. N = 1
+// threads (src/kernels/flash.cpp); both must give the same bits. N = 1
 // runs one pass at 1 thread and two at 2 and 3; N = 2 one pass at 1 and 2,
 // two at 3; N = 5 is split unevenly by 2 and 3 threads.
 std::vector<BwdCase> determinism_cases() {

@@ -1,4 +1,4 @@
-// tests/test_flash.cpp: the flash kernel (src/attention/flash.cpp +
+// tests/test_flash.cpp: the flash kernel (src/kernels/flash.cpp +
 // src/simd/flash_attention-inl.h) against the reference loops run in double
 // (detail::attention_forward_reference<double>) on the same float inputs, for
 // every SIMD target this machine runs, at 1 and 2 threads.
@@ -48,7 +48,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/kernel.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/softmax_row.hpp"
 #include "simd/targets.hpp"

@@ -3,7 +3,7 @@
 // Every kernel (reference, materialized, flash), on every SIMD target this
 // machine runs, at 1 and 2 threads, called with kv_heads K/V heads
 // (AttentionArgs::kv_heads, the mapping kv_slice() in
-// src/kernel/attention_args.hpp), is checked two ways:
+// src/contract/attention_args.hpp), is checked two ways:
 //  - against an independent float64 loop written here, over K/V with every
 //    head repeated heads / kv_heads times (Llama's repeat_kv, the
 //    "same model with its K/V heads repeated");
@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/kernel.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/targets.hpp"
 #include "test_util.hpp"
@@ -71,7 +71,7 @@ const GqaCase kCases[] = {
     {1, 8, 1, 70, 170, 8, 8, true, true},
     {3, 2, 1, 3, 1, 4, 4},
     // One decoded token (L = 1) with groups: the flash kernel packs each
-    // group's query heads into one slice (src/attention/flash.cpp,
+    // group's query heads into one slice (src/kernels/flash.cpp,
     // grouped_decode_args), with the window as a key range.
     {1, 32, 1, 1, 300, 64, 64, true},
     {2, 8, 2, 1, 200, 32, 32, true, true, 50},

@@ -8,7 +8,7 @@
 
 #include <random>
 
-#include "attention/kernel.hpp"
+#include "kernels/kernel.hpp"
 #include "test_util.hpp"
 
 namespace multihead::detail {

@@ -8,7 +8,7 @@
 //    policy, dropout and an extra position-less key (as bias_k) rotating
 //    through their values from case to case;
 // on every SIMD target this CPU runs (the flash kernel's vector twins of
-// src/kernel/score_rule.hpp) and at 1 and 2 threads. The same table checks
+// src/contract/score_rule.hpp) and at 1 and 2 threads. The same table checks
 // the flash forward's weights recomputed from its saved lse
 // (FlashWeightsRecompute, below).
 //
@@ -55,8 +55,8 @@
 #include <string>
 #include <vector>
 
-#include "attention/kernel.hpp"
-#include "kernel/score_rule.hpp"
+#include "contract/score_rule.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/runtime.hpp"
 
 namespace multihead {
@@ -203,7 +203,7 @@ Inputs make_inputs(const RuleCase& c) {
 
 // ---- the independent float64 oracle ----------------------------------------
 
-// Positions from the definitions in src/kernel/attention_args.hpp and
+// Positions from the definitions in src/contract/attention_args.hpp and
 // multihead/attention.hpp: TopLeft puts query i at position i + offset, key
 // j at j; BottomRight aligns the last query with the last positioned key
 // (cols − 1, cols = S − extra), so query i is L − 1 − i rows from the end
@@ -473,7 +473,7 @@ TEST(ScoreRuleChecker, CatchesOneChangedElement) {
   EXPECT_NE(compare("lse", lse, e.lse, e.lse_bound), "");
 }
 
-// ---- the weights recompute (src/kernel/attention_weights_args.hpp) --------
+// ---- the weights recompute (src/contract/attention_weights_args.hpp) --------
 //
 // The flash forward runs without weights, saving each row's lse; then
 // attention_weights_flash recomputes p'_ij = dropout(exp(s_ij − lse_i))

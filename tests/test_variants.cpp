@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/kernel.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 #include "multihead/runtime.hpp"

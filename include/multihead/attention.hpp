@@ -34,7 +34,7 @@ enum class MaskedRowPolicy { Zeros, NaN };
 enum class CausalAlignment { TopLeft, BottomRight };
 
 // Which implementation computes softmax(QKᵀ·scale + mask)V. All of them share
-// one internal interface (src/attention/kernel.hpp) and agree within the
+// one internal interface (src/kernels/kernel.hpp) and agree within the
 // tolerances documented in docs/semantics.md.
 //  - Auto: the fastest available for the request.
 //  - Reference: plain loops, never optimised; the oracle for the others.

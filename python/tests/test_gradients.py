@@ -148,7 +148,7 @@ def additive(m):
 
 def torch_forward(P, q, k, v, c, attn_mask=None, kpm=None, keep=None):
     """Our module's function in torch float64 ops (docs/semantics.md; the
-    order of operations of src/kernel/attention_args.hpp)."""
+    order of operations of src/contract/attention_args.hpp)."""
     E, H = c["E"], c["H"]
     D = E // H
     if c["unbatched"]:

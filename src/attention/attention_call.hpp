@@ -1,5 +1,5 @@
 // src/attention/attention_call.hpp: the one place where a call's options
-// become the kernel contract's arguments (src/kernel/attention_args.hpp),
+// become the kernel contract's arguments (src/contract/attention_args.hpp),
 // and the one validation of AttentionOptions.
 //
 // Legend: N slices, L queries, S keys, D query/key width, Dv value width.
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernel/attention_args.hpp"
+#include "contract/attention_args.hpp"
 #include "multihead/attention.hpp"
 
 namespace multihead::detail {

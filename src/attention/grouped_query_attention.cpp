@@ -13,7 +13,7 @@
 //   cache K/V ← k, v             [B][Hkv][capacity][D]   (with a cache)
 //   a = attention(q, K, V)       one kernel call over B·H slices; slice
 //                                b·H + h reads K/V head h / (H / Hkv) in
-//                                place (kv_slice, src/kernel/attention_args.hpp):
+//                                place (kv_slice, src/contract/attention_args.hpp):
 //                                no repeat_kv copy
 //   out = a W_oᵀ + b_o           (B·L, E)      out_projection
 // split_heads is a strided view (SliceLayout), merge_heads is the kernel
@@ -30,11 +30,11 @@
 #include <vector>
 
 #include "attention/attention_call.hpp"
-#include "attention/kernel.hpp"
 #include "attention/rope.hpp"
 #include "core/check.hpp"
 #include "core/linear.hpp"
 #include "core/parameters.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {

@@ -4,7 +4,7 @@
 //   4b. out_projection backward   output = concat W^Oᵀ + b^O
 //   4a. merge_heads backward      a reshape: d_concat read through the same view
 //   3.  scaled_dot_product_attention backward, through the kernel contract
-//       (AttentionBackwardArgs, src/kernel/attention_args.hpp): masks, causal
+//       (AttentionBackwardArgs, src/contract/attention_args.hpp): masks, causal
 //       and its alignment, window, softcap, ALiBi and dropout (its keep
 //       decisions regenerated from the forward's seed, no mask stored) are
 //       the kernel's, from the same arguments the forward built
@@ -28,12 +28,12 @@
 
 #include <omp.h>
 
-#include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
 #include "attention/multihead_attention_fused.hpp"
 #include "attention/workspace.hpp"
 #include "core/check.hpp"
 #include "core/linear.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 

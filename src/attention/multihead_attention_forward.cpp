@@ -24,12 +24,12 @@
 #include <omp.h>
 
 #include "attention/attention_call.hpp"
-#include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
 #include "attention/multihead_attention_fused.hpp"
 #include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
 #include "core/linear.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
 

@@ -12,7 +12,7 @@
 
 #include "attention/mha_plan.hpp"
 #include "attention/workspace.hpp"
-#include "kernel/attention_args.hpp"
+#include "contract/attention_args.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead::detail {

@@ -53,8 +53,8 @@
 #include <vector>
 
 #include "attention/attention_call.hpp"
-#include "attention/kernel.hpp"
 #include "attention/mha_plan.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead {

@@ -6,20 +6,12 @@
 
 #include <omp.h>
 
-#include "attention/kernel_force.hpp"
 #include "core/gemm.hpp"
+#include "kernels/kernel_force.hpp"
 #include "multihead/error.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead {
-namespace detail {
-
-std::atomic<AttentionKernel>& forced_kernel() {
-  static std::atomic<AttentionKernel> kernel{AttentionKernel::Auto};
-  return kernel;
-}
-
-}  // namespace detail
 
 void set_threads(int threads) {
   if (threads <= 0) return;

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "attention/attention_call.hpp"
-#include "attention/kernel.hpp"
 #include "core/check.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 

@@ -2,7 +2,7 @@
 // float32, written once against Highway and compiled once per SIMD target by
 // src/simd/flash_attention.cpp.
 //
-// Legend (as in src/kernel/attention_args.hpp): N slices, L queries, S keys,
+// Legend (as in src/contract/attention_args.hpp): N slices, L queries, S keys,
 // D query/key width, Dv value width; `lanes` floats per vector (16 on AVX3).
 //
 // What it computes (attention_args.hpp, for slice n and query row i):
@@ -42,7 +42,7 @@
 // (Exp2NonPositive, src/simd/exp2-inl.h).
 //
 // The score rules (masks, causal, window, soft-cap, ALiBi, fully masked rows)
-// are the vector twins of src/kernel/score_rule.hpp, each behind a branch
+// are the vector twins of src/contract/score_rule.hpp, each behind a branch
 // taken once per key tile, so that a call without them runs the loops it
 // ran before they existed; dropout calls its scalar dropout_keep per
 // element, so every kernel drops the same elements.
@@ -61,9 +61,9 @@
 #include <cstdint>
 #include <limits>
 
+#include "contract/score_rule.hpp"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
-#include "kernel/score_rule.hpp"
 #include "simd/exp2-inl.h"
 #include "simd/flash_attention.hpp"
 

@@ -1,6 +1,6 @@
 // src/simd/flash_attention.cpp: compiles flash_attention-inl.h once per
 // Highway target and looks a target's kernel up by its Highway bit, so
-// src/attention/flash.cpp can dispatch once per call to the target chosen in
+// src/kernels/flash.cpp can dispatch once per call to the target chosen in
 // src/simd/targets.cpp (best supported, or forced).
 #include <algorithm>
 #include <cstddef>

@@ -1,5 +1,5 @@
 // src/simd/flash_attention.hpp: the per-target flash attention kernel, as
-// seen from src/attention/flash.cpp (which validates, threads and calls it).
+// seen from src/kernels/flash.cpp (which validates, threads and calls it).
 //
 // Legend (as in kernel.hpp): N slices, L queries, S keys, D query/key width,
 // Dv value width.
@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernel/attention_args.hpp"
+#include "contract/attention_args.hpp"
 
 namespace multihead::detail {
 
@@ -31,7 +31,7 @@ class FlashScratch {
 // One Highway target's flash kernel.
 struct FlashAttentionKernel {
   // Writes out rows [row_begin, row_end) of slice `slice`, as kernel.hpp's
-  // contract (src/kernel/attention_args.hpp) says. Reads args.q/k/v/masks, never args.weights. Rows are
+  // contract (src/contract/attention_args.hpp) says. Reads args.q/k/v/masks, never args.weights. Rows are
   // independent: the result of a row does not depend on which other rows
   // share the call, so any partition gives bit-identical outputs.
   void (*rows)(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin, int64_t row_end,

@@ -2,12 +2,12 @@
 // backward in float32, written once against Highway and compiled once per
 // SIMD target by src/simd/flash_attention_backward.cpp.
 //
-// Legend (as in src/kernel/attention_args.hpp): N slices, L queries, S keys,
+// Legend (as in src/contract/attention_args.hpp): N slices, L queries, S keys,
 // D query/key width, Dv value width; `lanes` floats per vector; bq queries
 // per query tile (NVQ·lanes), keys per key tile as the forward's KeyTile.
 //
 // What it computes: the backward contract (AttentionBackwardArgs in
-// src/kernel/attention_args.hpp), FlashAttention-2's Algorithm 2 (Dao 2023):
+// src/contract/attention_args.hpp), FlashAttention-2's Algorithm 2 (Dao 2023):
 // the L×S weights are never stored; each (query tile, key tile) pair
 // recomputes its scores from q, k and the forward's saved lse:
 //   st[j][q]  = scale·<q_q, k_j>, shaped by the forward's own vector twins
@@ -35,7 +35,7 @@
 // range of keys (their d_k, d_v) or a range of query rows (their d_q); both ways
 // every element gets the same operations in the same order, so each
 // d_q/d_k/d_v row has one writer and the same bits whatever the thread
-// count (src/attention/flash.cpp, attention_backward_flash, says which
+// count (src/kernels/flash.cpp, attention_backward_flash, says which
 // split runs when).
 // Memory beyond the inputs and outputs: the scratch of one query tile,
 // O((D + Dv + key tile)·bq) floats (BackwardScratchFloats).
@@ -53,8 +53,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "contract/score_rule.hpp"
 #include "hwy/highway.h"
-#include "kernel/score_rule.hpp"
 #include "simd/exp2-inl.h"
 #include "simd/flash_attention-inl.h"
 #include "simd/flash_attention.hpp"
@@ -478,7 +478,7 @@ inline void FlashAttentionBackwardGroupF32(const AttentionBackwardArgs<float>& b
   }
 }
 
-// The two-pass split of one group (src/attention/flash.cpp says when):
+// The two-pass split of one group (src/kernels/flash.cpp says when):
 // d_k and d_v rows [key_begin, key_end) of K/V slice `kv`, from the
 // group's query slices in increasing n, each from every query tile in
 // increasing order; and d_q rows [row_begin, row_end) of query slice

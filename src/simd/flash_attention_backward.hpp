@@ -1,5 +1,5 @@
 // src/simd/flash_attention_backward.hpp: the per-target flash attention
-// backward kernel, as seen from src/attention/flash.cpp (which
+// backward kernel, as seen from src/kernels/flash.cpp (which
 // validates, threads and calls it).
 //
 // Legend (as in kernel.hpp): N slices, L queries, S keys, D query/key width,
@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "kernel/attention_args.hpp"
+#include "contract/attention_args.hpp"
 #include "simd/flash_attention.hpp"
 
 namespace multihead::detail {

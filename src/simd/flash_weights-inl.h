@@ -3,11 +3,11 @@
 // against Highway and compiled once per SIMD target by
 // src/simd/flash_weights.cpp.
 //
-// Legend (as in src/kernel/attention_args.hpp): N slices, L queries, S keys,
+// Legend (as in src/contract/attention_args.hpp): N slices, L queries, S keys,
 // D query/key width; `lanes` floats per vector; bq = NVQ·lanes queries per
 // query tile.
 //
-// What it computes: the contract of src/kernel/attention_weights_args.hpp,
+// What it computes: the contract of src/contract/attention_weights_args.hpp,
 //   weights[i][j] = dropout(exp(s_ij − lse_i))
 // for the query rows of one slice, one query tile at a time and one key tile
 // at a time, as the forward (flash_attention-inl.h) and the backward
@@ -16,7 +16,7 @@
 //   st       = score rules                 the forward's ApplyScoreModifiers
 //                                          (soft-cap, ALiBi, masks, padding,
 //                                          causal, window: the vector twins
-//                                          of src/kernel/score_rule.hpp)
+//                                          of src/contract/score_rule.hpp)
 //   st[j][q] = exp(min(st − lse_q, 0))     the backward's recompute
 //   st       = keep ? st/(1 − p) : 0       the forward's DropoutTile
 // and each tile is stored transposed into the caller's [rows][S] rows. Key
@@ -39,9 +39,9 @@
 #include <cstdint>
 #include <limits>
 
+#include "contract/attention_weights_args.hpp"
+#include "contract/score_rule.hpp"
 #include "hwy/highway.h"
-#include "kernel/attention_weights_args.hpp"
-#include "kernel/score_rule.hpp"
 #include "simd/exp2-inl.h"
 #include "simd/flash_attention-inl.h"
 #include "simd/flash_attention.hpp"

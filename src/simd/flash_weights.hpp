@@ -1,5 +1,5 @@
 // src/simd/flash_weights.hpp: the per-target weights recompute
-// (flash_weights-inl.h), as seen from src/attention/flash_weights.cpp (which
+// (flash_weights-inl.h), as seen from src/kernels/flash_weights.cpp (which
 // validates, threads and calls it).
 //
 // Legend (as in kernel.hpp): N slices, L queries, S keys.
@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernel/attention_weights_args.hpp"
+#include "contract/attention_weights_args.hpp"
 #include "simd/flash_attention.hpp"
 
 namespace multihead::detail {
@@ -16,7 +16,7 @@ namespace multihead::detail {
 struct FlashWeightsKernel {
   // Writes the weights of query rows [row_begin, row_end) of slice `slice`
   // into out [row_end − row_begin][S] (rows S apart), as
-  // src/kernel/attention_weights_args.hpp says; ignores args.slices,
+  // src/contract/attention_weights_args.hpp says; ignores args.slices,
   // args.rows and args.weights. Rows are independent: a row's weights do not
   // depend on which other rows share the call.
   void (*rows)(const AttentionWeightsArgs& args, int64_t slice, int64_t row_begin, int64_t row_end, float* out,

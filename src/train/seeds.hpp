@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernel/score_rule.hpp"
+#include "contract/score_rule.hpp"
 
 namespace multihead::train {
 

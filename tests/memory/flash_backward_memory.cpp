@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "attention/kernel.hpp"
+#include "kernels/kernel.hpp"
 
 namespace {
 

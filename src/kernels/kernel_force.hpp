@@ -1,5 +1,6 @@
-// src/attention/kernel_force.hpp: the process-wide forced kernel behind
-// multihead::kernel_force (runtime.cpp), read by the dispatcher.
+// src/kernels/kernel_force.hpp: the process-wide forced kernel behind
+// multihead::kernel_force (src/attention/runtime.cpp), defined and read by
+// the dispatcher (dispatch.cpp).
 #pragma once
 
 #include <atomic>

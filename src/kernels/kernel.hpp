@@ -1,11 +1,11 @@
-// src/attention/kernel.hpp: the attention kernels behind the one contract of
-// src/kernel/attention_args.hpp, and the dispatcher that picks one.
+// src/kernels/kernel.hpp: the attention kernels behind the one contract of
+// src/contract/attention_args.hpp, and the dispatcher that picks one.
 //
 // Legend: N slices, L queries, S keys, D query/key width, Dv value width.
 #pragma once
 
-#include "kernel/attention_args.hpp"
-#include "kernel/attention_weights_args.hpp"
+#include "contract/attention_args.hpp"
+#include "contract/attention_weights_args.hpp"
 #include "multihead/attention.hpp"
 
 namespace multihead::detail {
@@ -21,7 +21,7 @@ template <class T>
 void attention_forward_materialized(const AttentionArgs<T>& args);
 
 // Tiled online softmax (Highway SIMD). float only, weights must be nullptr.
-// Defined in src/attention/flash.cpp.
+// Defined in src/kernels/flash.cpp.
 void attention_forward_flash(const AttentionArgs<float>& args);
 
 // Choosing a kernel is done once per call (a module call: its forward, and
@@ -50,13 +50,13 @@ void attention_forward(const AttentionArgs<T>& args, AttentionKernel requested);
 
 // The weights of a flash forward's selected slices and rows, recomputed
 // tile by tile from its saved lse (the contract:
-// src/kernel/attention_weights_args.hpp); no L×S buffer beyond the caller's.
-// Defined in src/attention/flash_weights.cpp; kernel in
+// src/contract/attention_weights_args.hpp); no L×S buffer beyond the caller's.
+// Defined in src/kernels/flash_weights.cpp; kernel in
 // src/simd/flash_weights-inl.h.
 void attention_weights_flash(const AttentionWeightsArgs& args);
 
 // The backward passes (the contract: AttentionBackwardArgs in
-// src/kernel/attention_args.hpp), each beside its forward.
+// src/contract/attention_args.hpp), each beside its forward.
 template <class T>
 void attention_backward_reference(const AttentionBackwardArgs<T>& args);
 
@@ -67,7 +67,7 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& args);
 
 // FlashAttention-2's backward (Highway SIMD): scores recomputed tile by
 // tile, no L×S storage; deterministic for any thread count. float only.
-// Defined in src/attention/flash.cpp, beside the forward.
+// Defined in src/kernels/flash.cpp, beside the forward.
 void attention_backward_flash(const AttentionBackwardArgs<float>& args);
 
 // The backward of a chosen kernel (resolve_forward_kernel chose it), and

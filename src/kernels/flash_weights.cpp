@@ -1,9 +1,9 @@
-// src/attention/flash_weights.cpp: the attention weights of a flash forward,
+// src/kernels/flash_weights.cpp: the attention weights of a flash forward,
 // recomputed from its saved row log-sum-exps (the contract:
-// src/kernel/attention_weights_args.hpp), for only the slices and rows asked
+// src/contract/attention_weights_args.hpp), for only the slices and rows asked
 // for.
 //
-// Legend (src/kernel/attention_args.hpp): N slices (B·H), L queries, S keys.
+// Legend (src/contract/attention_args.hpp): N slices (B·H), L queries, S keys.
 //
 // This file validates the call, cuts the selected rows into runs of
 // consecutive rows and the runs into query tiles, and runs the
@@ -26,7 +26,7 @@
 
 #include <omp.h>
 
-#include "attention/kernel.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_weights.hpp"
 #include "simd/targets.hpp"

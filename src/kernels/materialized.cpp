@@ -1,4 +1,4 @@
-// src/attention/materialized.cpp: attention with the L×S scores stored, the
+// src/kernels/materialized.cpp: attention with the L×S scores stored, the
 // two products through BLAS. This is the path PyTorch 1.13 takes
 // (torch/nn/functional.py, multi_head_attention_forward: baddbmm, softmax,
 // dropout, bmm), and ours whenever attention weights are requested. Its
@@ -12,9 +12,9 @@
 
 #include <omp.h>
 
-#include "attention/kernel.hpp"
+#include "contract/score_rule.hpp"
 #include "core/gemm.hpp"
-#include "kernel/score_rule.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/tensor.hpp"
 #include "simd/softmax_row.hpp"
 #include "simd/targets.hpp"
@@ -113,7 +113,7 @@ template void attention_forward_materialized<double>(const AttentionArgs<double>
 
 // ---- backward ---------------------------------------------------------------
 //
-// The backward contract (AttentionBackwardArgs, src/kernel/attention_args.hpp)
+// The backward contract (AttentionBackwardArgs, src/contract/attention_args.hpp)
 // with the L×S products through BLAS, one slice at a time. Memory: two L×S
 // buffers (the recomputed weights, and dP' turned into dX in place),
 // allocated once per call and reused for every slice.

@@ -1,4 +1,4 @@
-// src/kernel/attention_args.hpp: the one contract every attention kernel
+// src/contract/attention_args.hpp: the one contract every attention kernel
 // implements (reference loops, BLAS materialised, SIMD flash). This layer
 // sits below src/simd/ and src/attention/: it includes only the public
 // headers and the standard library, and everything above includes it.

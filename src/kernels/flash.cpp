@@ -1,7 +1,7 @@
-// src/attention/flash.cpp: the fused (flash) attention forward, float32,
+// src/kernels/flash.cpp: the fused (flash) attention forward, float32,
 // and its backward (attention_backward_flash, at the end).
 //
-// Legend (src/kernel/attention_args.hpp): N slices (B·H), L queries, S keys, D head width,
+// Legend (src/contract/attention_args.hpp): N slices (B·H), L queries, S keys, D head width,
 // Dv value width.
 //
 // This file validates the call, splits it into work items of
@@ -17,7 +17,7 @@
 // BLAS threads. Memory beyond the inputs and the output: one grow-only
 // scratch of O(tile·(D + Dv + key tile)) floats per thread, kept across calls.
 //
-// Inputs and output may be strided views (SliceLayout in src/kernel/attention_args.hpp), e.g.
+// Inputs and output may be strided views (SliceLayout in src/contract/attention_args.hpp), e.g.
 // the heads of a (L, B, E) projection read in place: K and V rows are read
 // where they are, Q rows are packed per query tile anyway, and output rows
 // are written where the layout puts them.
@@ -30,8 +30,8 @@
 
 #include <omp.h>
 
-#include "attention/kernel.hpp"
-#include "kernel/score_rule.hpp"
+#include "contract/score_rule.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_attention.hpp"
 #include "simd/flash_attention_backward.hpp"

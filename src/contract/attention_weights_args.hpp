@@ -1,4 +1,4 @@
-// src/kernel/attention_weights_args.hpp: the contract of the weights
+// src/contract/attention_weights_args.hpp: the contract of the weights
 // recompute, beside the forward's (attention_args.hpp). A forward that ran
 // without weights (the flash kernel, weights == nullptr) but saved each
 // row's log-sum-exp can give back the exact weights of any slices and rows
@@ -22,7 +22,7 @@
 
 #include <cstdint>
 
-#include "kernel/attention_args.hpp"
+#include "contract/attention_args.hpp"
 
 namespace multihead::detail {
 

@@ -1,4 +1,4 @@
-// src/kernel/score_rule.hpp: the single scalar definition of every rule that
+// src/contract/score_rule.hpp: the single scalar definition of every rule that
 // shapes attention scores and weights. The reference and materialized
 // kernels call these functions element by element; the flash kernel carries
 // their vector twins (src/simd/flash_attention-inl.h, ApplyScoreModifiers and
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "kernel/attention_args.hpp"
+#include "contract/attention_args.hpp"
 
 namespace multihead::detail {
 

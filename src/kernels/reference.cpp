@@ -1,4 +1,4 @@
-// src/attention/reference.cpp: scaled dot-product attention as plain loops.
+// src/kernels/reference.cpp: scaled dot-product attention as plain loops.
 //
 // This is the oracle every other kernel is tested against. It is written to
 // be read next to the formula, templated so tests run it in double, and never
@@ -11,13 +11,13 @@
 //   lse    = log Σ_j exp(scores)          (L), when asked for
 //
 // and its backward pass (attention_backward_reference, below), the formulas
-// of the backward contract in src/kernel/attention_args.hpp as loops.
+// of the backward contract in src/contract/attention_args.hpp as loops.
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "attention/kernel.hpp"
-#include "kernel/score_rule.hpp"
+#include "contract/score_rule.hpp"
+#include "kernels/kernel.hpp"
 
 namespace multihead::detail {
 namespace {

@@ -1,13 +1,21 @@
-// src/attention/dispatch.cpp: choosing a kernel behind the one interface.
+// src/kernels/dispatch.cpp: choosing a kernel behind the one interface.
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
 
-#include "attention/kernel.hpp"
-#include "attention/kernel_force.hpp"
+#include "kernels/kernel.hpp"
+#include "kernels/kernel_force.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead::detail {
+
+// Defined beside its one reader; runtime.cpp's kernel_force() writes it.
+std::atomic<AttentionKernel>& forced_kernel() {
+  static std::atomic<AttentionKernel> kernel{AttentionKernel::Auto};
+  return kernel;
+}
+
 namespace {
 
 // kernel_force() (multihead/runtime.hpp), else MULTIHEAD_KERNEL, forces a
