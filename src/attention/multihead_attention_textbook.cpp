@@ -23,7 +23,7 @@
 //    its slice numbering (make_attention_args, module_attention_options);
 //    the weights' selection (select_weights), their shapes and the
 //    unbatched squeeze (attn_weights_shape, output_shape, empty_result).
-//    It also shares the score rule (src/kernel/score_rule.hpp: the order of
+//    It also shares the score rule (src/contract/score_rule.hpp: the order of
 //    the masks, causal and window visibility, the fully-masked-row fill,
 //    dropout's decisions), which every kernel obeys. An error in any of
 //    these would show in both forms alike, so the tests that make the two
