@@ -9,7 +9,7 @@ run and on one machine, every measurement in its own subprocess:
     Python module, at bench_train_vs_pytorch.py's shapes (its child script);
   * decoding: `multihead decode` (bench_decode.py's E = 4096, H = 32 setting,
     after a context of --context tokens) at 32, 8 and 1 K/V heads;
-  * the FMA peak (bench/fma_peak.cpp of the --after build) at the start and
+  * the FMA peak (bench/fma_peak.cpp, from whichever build has it) at the start and
     at the end, so the report shows the ceiling of this run.
 The host is shared and noisy, so the builds alternate round by round (before
 then after in even rounds, after then before in odd ones, so that neither
@@ -21,7 +21,7 @@ Usage:
   /usr/bin/python3 bench/compare_builds.py --before OLD_BUILD_DIR --after NEW_BUILD_DIR
       [--threads 2] [--rounds 5] [--repeat 5] [--quick] [--only forward,train,decode]
 Both build directories need the command-line program and the Python module;
---after needs -DMULTIHEAD_BUILD_BENCHMARKS=ON for the FMA probe.
+one of them -DMULTIHEAD_BUILD_BENCHMARKS=ON for the FMA probe.
 """
 import argparse
 import os
@@ -37,9 +37,13 @@ import bench_vs_pytorch as forward_bench  # noqa: E402
 DECODE_SETTING = (4096, 32, (32, 8, 1))  # E, H, K/V heads
 
 
-def fma_peak(build_dir, threads):
-    peak, _target = train_bench.fma_peak(build_dir, threads)
-    return peak
+def fma_peak(build_dirs, threads):
+    """The machine's FMA peak, from the first build that has the probe."""
+    for build_dir in build_dirs:
+        peak, _target = train_bench.fma_peak(build_dir, threads)
+        if peak is not None:
+            return peak
+    return None
 
 
 def forward_ms(build_dir, shape, threads, repeat):
@@ -93,7 +97,7 @@ def main():
         context = 64 if args.quick else args.context
         rows += [("decode", (E, H, kv), lambda b, s, t, r, c=context: decode_ms(b, s, t, r, c)) for kv in kvs]
 
-    peaks = [fma_peak(args.after, args.threads)]
+    peaks = [fma_peak((args.after, args.before), args.threads)]
     print(f"threads {args.threads}, {args.rounds} rounds alternated, each the median of {args.repeat} calls")
     print()
     print("| measurement | before ms | after ms | before / after | after min..max of rounds |")
@@ -108,7 +112,7 @@ def main():
         b, a = statistics.median(times["before"]), statistics.median(times["after"])
         print(f"| {label(kind, shape)} | {b:.3f} | {a:.3f} | {b / a:.3f} | "
               f"{min(times['after']):.3f}..{max(times['after']):.3f} |", flush=True)
-    peaks.append(fma_peak(args.after, args.threads))
+    peaks.append(fma_peak((args.after, args.before), args.threads))
     if all(p is not None for p in peaks):
         print(f"\nFMA peak at the start and the end of the run: {peaks[0]:.0f} and {peaks[1]:.0f} GFLOP/s "
               f"({args.threads} threads)")
