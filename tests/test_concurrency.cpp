@@ -315,8 +315,8 @@ TEST(Concurrency, CheckerFailsWhenOneElementIsPerturbed) {
 // The fused forward at num_threads 1 and 2 gives the same bits: with
 // need_weights = false (float32: the flash kernel; float64: materialized)
 // and with need_weights = true (materialized, L·S = 23040 > 16384 so its
-// OpenMP region runs). BLAS keeps its own thread setting; only our loops
-// change.
+// OpenMP region runs). The projections (the linear layer's fixed blocks)
+// and our loops change their team; BLAS runs each block on one thread.
 struct ThreadCase {
   bool need_weights;
   bool causal;

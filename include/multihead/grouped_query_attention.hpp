@@ -178,7 +178,8 @@ class GroupedQueryForwardContext {
   friend class GroupedQueryAttention<T>;
   Tensor<T> x_, q_, k_, v_, merged_, lse_;
   AttentionOptions options_;
-  uint64_t parameters_token_ = 0;  // the module's, when filled
+  AttentionKernel kernel_ = AttentionKernel::Auto;  // the kernel the forward ran: the backward runs its backward
+  uint64_t parameters_token_ = 0;                    // the module's, when filled
 };
 
 // dℓ/d(everything the forward read), for a given dℓ/d(output).

@@ -81,15 +81,13 @@ Tensor<double> parameter_tensor(const py::handle& obj, const std::string& name) 
 }
 
 // What forward_with_context returns as its third element: the library's
-// ForwardContext in the computation's dtype, plus the masks it points to
-// (ForwardContext keeps mask pointers, so they live here until backward).
+// ForwardContext in the computation's dtype (which keeps its own copy of
+// the masks: the caller's arrays are not held).
 class PyForwardContext {
  public:
   Precision dtype = Precision::F32;
   std::unique_ptr<ForwardContext<float>> f32;
   std::unique_ptr<ForwardContext<double>> f64;
-  HeldMask<float> kpm32, am32;
-  HeldMask<double> kpm64, am64;
 
   template <class T>
   ForwardContext<T>& get() {
@@ -99,15 +97,6 @@ class PyForwardContext {
     } else {
       if (!f32) f32 = std::make_unique<ForwardContext<float>>();
       return *f32;
-    }
-  }
-  // The key padding mask (which = 0) or the attention mask (1) in T.
-  template <class T>
-  HeldMask<T>& mask(int which) {
-    if constexpr (std::is_same_v<T, double>) {
-      return which == 0 ? kpm64 : am64;
-    } else {
-      return which == 0 ? kpm32 : am32;
     }
   }
   bool empty() const { return dtype == Precision::F64 ? (!f64 || f64->empty()) : (!f32 || f32->empty()); }
@@ -328,13 +317,10 @@ class PyMultiheadAttention {
     HeldTensor<T> q = float_tensor<T>(query, "query");
     HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
     HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
-    // The context holds the masks first: the library keeps pointers to
-    // these Mask objects until backward.
-    HeldMask<T> kpm = mask_arg<T>(o.key_padding_mask, "key_padding_mask");  // may throw: nothing changed yet
-    HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask");
-    c.mask<T>(0) = std::move(kpm);  // the forward below marks ctx unfilled before anything else
-    c.mask<T>(1) = std::move(am);
-    const ForwardOptions<T> fo = forward_options<T>(o, training, c.mask<T>(0).get(), c.mask<T>(1).get());
+    // The masks live for this call only: the context copies them.
+    const HeldMask<T> kpm = mask_arg<T>(o.key_padding_mask, "key_padding_mask");
+    const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask");
+    const ForwardOptions<T> fo = forward_options<T>(o, training, kpm.get(), am.get());
     const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
     ForwardContext<T>& ctx = c.get<T>();
     c.dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
@@ -500,8 +486,8 @@ arguments are forward()'s.
 Returns:
     (attn_output, attn_output_weights, context): context is a
     ForwardContext (the one given as context=, refilled, or a new one). It
-    holds references to the masks; no gradient flows through the returned
-    weights.
+    keeps its own copy of the masks (the arrays passed in may change or go
+    afterwards); no gradient flows through the returned weights.
 )doc";
 
 const char* const kBackwardDoc = R"doc(backward(context, d_output) -> dict

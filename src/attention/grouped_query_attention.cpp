@@ -314,7 +314,10 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
     lse = Tensor<T>(Shape{B * H, L});
     a.lse = lse.data();
   }
-  detail::attention_forward(a, options.kernel);
+  // The kernel, chosen once for the call; a training forward keeps it for
+  // the backward.
+  const AttentionKernel kernel = detail::resolve_forward_kernel<T>(options.kernel, /*stores_weights=*/false);
+  detail::run_attention_forward(a, kernel);
 
   // out_projection
   linear(merged.data(), B * L, H * D, p.o_proj_weight, p.o_proj_bias, out.data(), options.num_threads);
@@ -326,6 +329,7 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
     save->merged_ = std::move(merged);
     save->lse_ = std::move(lse);
     save->options_ = options;
+    save->kernel_ = kernel;
     save->parameters_token_ = parameters_token_;
   }
   return out;
@@ -404,7 +408,7 @@ GroupedQueryAttentionGradients<T> GroupedQueryAttention<T>::backward(const Group
   b.d_q = d_q.data();
   b.d_k = d_k.data();
   b.d_v = d_v.data();
-  detail::attention_backward(b, saved.options_.kernel);
+  detail::run_attention_backward(b, saved.kernel_);  // the kernel the forward ran
 
   // Forward: q, k = rope(q, k) at positions 0 … L − 1, so d = Rᵀ d.
   if (config_.rope) {

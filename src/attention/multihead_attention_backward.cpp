@@ -59,7 +59,9 @@ std::size_t ForwardContext<T>::bytes() const {
   const detail::SavedForward<T>& s = *saved_;
   const std::size_t n = s.ws.proj_q.capacity() + s.ws.proj_k.capacity() + s.ws.proj_v.capacity() +
                         s.ws.q.capacity() + s.ws.k.capacity() + s.ws.v.capacity() + s.ws.concat.capacity() +
-                        s.lse.capacity() + static_cast<std::size_t>(s.query.numel() + s.key.numel() + s.value.numel());
+                        s.lse.capacity() + static_cast<std::size_t>(s.query.numel() + s.key.numel() + s.value.numel()) +
+                        static_cast<std::size_t>(s.masks.attn_mask.numel() + s.masks.key_padding.numel()) +
+                        s.masks.alibi_slopes.capacity();
   return n * sizeof(T);
 }
 
@@ -133,7 +135,7 @@ struct BackwardCall {
   ForwardWorkspace<T>& ws;  // scratch, from the module's pool
   MultiheadAttentionGradients<T>& g;
   MultiheadAttentionParameters<T>& d;  // views of g.parameters (shape_gradients)
-  int threads;  // for the loops below (BLAS keeps its own setting)
+  int threads;  // for the loops and the linear layer's products below
 };
 
 // Step 4b backward. In the forward pass this was (out_projection):

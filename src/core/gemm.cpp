@@ -7,7 +7,13 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <utility>
 #include <stdexcept>
 
 #include "multihead/error.hpp"
@@ -74,14 +80,73 @@ GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K) {
 
 namespace {
 
+// OpenBLAS (Debian's, the pthreads build) has one process-wide thread count
+// and no per-call one, and it picks its kernel by that count (a
+// single-threaded "direct" sgemm below a size, its threaded driver above),
+// so a block's bits would depend on it. While one of our blocked products
+// runs on OpenBLAS (always in float64; in float32 when the build has no
+// oneDNN), the count is held at 1, since our team threads the blocks, and
+// restored when the last such product ends. set_blas_threads() during a hold
+// sets the count restored. (A host calling OpenBLAS itself, on another
+// thread, during one of our products runs single-threaded meanwhile.)
+class OpenBlasHeldToOneThread {
+ public:
+  OpenBlasHeldToOneThread() {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (state().holders++ == 0) {
+      state().saved = openblas_get_num_threads();
+      if (state().saved != 1) openblas_set_num_threads(1);
+    }
+  }
+  ~OpenBlasHeldToOneThread() {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (--state().holders == 0 && state().saved != 1) openblas_set_num_threads(state().saved);
+  }
+  OpenBlasHeldToOneThread(const OpenBlasHeldToOneThread&) = delete;
+  OpenBlasHeldToOneThread& operator=(const OpenBlasHeldToOneThread&) = delete;
+
+  struct State {
+    int holders = 0;
+    int saved = 1;
+  };
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static State& state() {
+    static State s;
+    return s;
+  }
+};
+
+#if MULTIHEAD_WITH_ONEDNN
+constexpr bool kFloatOnOneDnn = true;
+#else
+constexpr bool kFloatOnOneDnn = false;
+#endif
+template <class T>
+constexpr bool kOnOpenBlas = !std::is_same_v<T, float> || !kFloatOnOneDnn;
+
 template <class T>
 void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
              int64_t ldb, T beta, T* C, int64_t ldc, int threads) {
   if (M == 0 || N == 0) return;
+  if constexpr (kOnOpenBlas<T>) {
+    // Every block's dimensions are at most these: refused here, not by a
+    // throw inside the parallel region below.
+    for (const auto& [v, what] : {std::pair{M, "M"}, {N, "N"}, {K, "K"}, {lda, "lda"}, {ldb, "ldb"}, {ldc, "ldc"}})
+      checked_int(v, what);
+  }
   const GemmBlocks size = gemm_blocks(M, N, K);
   const int64_t row_blocks = (M + size.rows - 1) / size.rows, col_blocks = (N + size.cols - 1) / size.cols;
   const int64_t blocks = row_blocks * col_blocks;
   const int team = static_cast<int>(std::min<int64_t>(blocks, threads > 0 ? threads : omp_get_max_threads()));
+  std::optional<OpenBlasHeldToOneThread> hold;
+  if constexpr (kOnOpenBlas<T>) hold.emplace();
+  // The first failure of a block (oneDNN's status), rethrown after the
+  // region: an exception must not leave an OpenMP region.
+  std::exception_ptr failure;
+  std::atomic<bool> failed{false};
 #pragma omp parallel num_threads(team)
   {
     // This implicit task's own nthreads ICV: BLAS (oneDNN reads
@@ -90,15 +155,23 @@ void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, in
     omp_set_num_threads(1);
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
+      if (failed.load(std::memory_order_relaxed)) continue;
       const int64_t m0 = blk / col_blocks * size.rows, rows = std::min(size.rows, M - m0);
       const int64_t n0 = blk % col_blocks * size.cols, cols = std::min(size.cols, N - n0);
       // Row m0 of op(A): row m0 of A, or column m0 of A when transposed;
       // column n0 of op(B): column n0 of B, or row n0 of B when transposed.
       const T* a = ta == Trans::No ? A + m0 * lda : A + m0;
       const T* b = tb == Trans::No ? B + n0 : B + n0 * ldb;
-      gemm(ta, tb, rows, cols, K, T(1), a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
+      try {
+        gemm(ta, tb, rows, cols, K, T(1), a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
+      } catch (...) {
+#pragma omp critical(multihead_gemm_blocked_failure)
+        if (!failure) failure = std::current_exception();
+        failed.store(true, std::memory_order_relaxed);
+      }
     }
   }
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace
@@ -109,13 +182,24 @@ void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const flo
 }
 
 void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
-                  const double* B, int64_t ldb, double beta, double* C, int64_t ldc, int /*threads*/) {
-  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, 1);
+                  const double* B, int64_t ldb, double beta, double* C, int64_t ldc, int threads) {
+  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
 }
 
 void set_blas_threads(int threads) {
-  if (threads > 0) openblas_set_num_threads(threads);
+  if (threads <= 0) return;
+  std::lock_guard<std::mutex> lock(OpenBlasHeldToOneThread::mutex());
+  if (OpenBlasHeldToOneThread::state().holders > 0) {
+    OpenBlasHeldToOneThread::state().saved = threads;  // set when the hold ends
+  } else {
+    openblas_set_num_threads(threads);
+  }
 }
-int blas_threads() { return openblas_get_num_threads(); }
+
+int blas_threads() {
+  std::lock_guard<std::mutex> lock(OpenBlasHeldToOneThread::mutex());
+  return OpenBlasHeldToOneThread::state().holders > 0 ? OpenBlasHeldToOneThread::state().saved
+                                                       : openblas_get_num_threads();
+}
 
 }  // namespace multihead::detail

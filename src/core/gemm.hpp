@@ -35,9 +35,11 @@ void gemm(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, double 
 // small-M, small-N, large-K shapes, the shape of a weight gradient
 // d_W = d_yᵀ x), or choose another kernel by thread count (OpenBLAS's
 // single-threaded small-matrix path), and bit-identical results should not
-// rest on a library's heuristics. threads <= 0: OpenMP's default.
-// (float64 runs one block at a time: OpenBLAS, its BLAS, keeps its own
-// thread pool and is not called concurrently here.)
+// rest on a library's heuristics. threads <= 0: OpenMP's default. On
+// OpenBLAS (float64, and float32 without oneDNN), which has only a
+// process-wide thread count, that count is held at 1 while such a product
+// runs (gemm.cpp says how). A failing block (oneDNN's status) throws after
+// the parallel region, never from inside it.
 void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads);
 void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,

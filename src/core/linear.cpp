@@ -31,10 +31,11 @@ void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, boo
 template <class T>
 void linear_forward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* b, T* y, int64_t ldy,
                     const LinearOptions& o) {
-  const int64_t rows = x.rows;
+  const int64_t rows = x.rows, ldx = x.ldx > 0 ? x.ldx : w.in;
+  if (ldy <= 0) ldy = w.out;
   if (rows == 0 || w.out == 0) return;
   // y (+)= x · Wᵀ: from Wᵀ (in × out) as it is, from W (out × in) transposed.
-  gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, x.ldx, w.data, w.ld,
+  gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld,
                o.accumulate ? T(1) : T(0), y, ldy, o.threads);
   // + b, after the product (as torch's addmm rounds x·Wᵀ first, then adds).
   if (b != nullptr)
@@ -45,7 +46,8 @@ void linear_forward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* b
 template <class T>
 void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* d_y, int64_t ld_dy,
                      const LinearGradients<T>& g, const LinearOptions& o) {
-  const int64_t rows = x.rows, in = w.in, out = w.out;
+  const int64_t rows = x.rows, in = w.in, out = w.out, ldx = x.ldx > 0 ? x.ldx : in;
+  if (ld_dy <= 0) ld_dy = out;
   const T beta = o.accumulate ? T(1) : T(0);
   // forward: y = x · Wᵀ + b
   //   =>  d_x (+)= d_y · W     (rows × out · out × in): W as stored, or (Wᵀ)ᵀ
@@ -55,7 +57,7 @@ void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* 
   //   =>  d_W (+)= d_yᵀ · x    (out × rows · rows × in): d_W's rows in fixed
   //       blocks, each summing all rows of x in one product
   if (g.d_W != nullptr)
-    gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, x.ldx, beta, g.d_W, in, o.threads);
+    gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, ldx, beta, g.d_W, in, o.threads);
   //   =>  d_b (+)= Σ_rows d_y
   if (g.d_b != nullptr) column_sums(rows, out, d_y, ld_dy, g.d_b, o.accumulate, o.threads);
 }

@@ -49,8 +49,7 @@ struct LinearOptions {
   int threads = 0;          // <= 0: OpenMP's default (omp_get_max_threads())
 };
 
-// Rows of x and of y (forward), of x, d_y and d_x (backward): `rows` rows of
-// the given strides (>= the row width).
+// The `rows` rows of x, ldx apart (0: in, rows packed).
 template <class T>
 struct LinearRows {
   int64_t rows = 0;
@@ -58,7 +57,7 @@ struct LinearRows {
   int64_t ldx = 0;
 };
 
-// y = x · Wᵀ + b (b may be null: no bias), y's rows ldy apart.
+// y = x · Wᵀ + b (b may be null: no bias), y's rows ldy apart (0: out).
 template <class T>
 void linear_forward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* b, T* y, int64_t ldy,
                     const LinearOptions& options = {});
@@ -72,7 +71,7 @@ struct LinearGradients {
   T* d_b = nullptr;  // (out)
 };
 
-// Given d_y (rows × out, rows ld_dy apart), the gradients of
+// Given d_y (rows × out, rows ld_dy apart; 0: out), the gradients of
 // y = x · Wᵀ + b with respect to x, W and b.
 template <class T>
 void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* d_y, int64_t ld_dy,

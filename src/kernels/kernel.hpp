@@ -71,7 +71,7 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& args);
 void attention_backward_flash(const AttentionBackwardArgs<float>& args);
 
 // The backward of a chosen kernel (resolve_forward_kernel chose it), and
-// both steps at once (GroupedQueryAttention's backward, from its options).
+// both steps at once (for a caller with a single backward call: the kernel tests).
 template <class T>
 void run_attention_backward(const AttentionBackwardArgs<T>& args, AttentionKernel chosen);
 template <class T>

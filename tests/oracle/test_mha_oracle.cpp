@@ -186,8 +186,11 @@ const Target kTargets32[] = {
 // The per-element bound of a case in units of max|oracle| (top of file).
 template <class T>
 double rtol_of(const Case& c) {
-  const int64_t Ek = c.kdim ? c.kdim : c.E, St = c.S + c.bias_kv + c.zero_attn;
-  const double n = static_cast<double>(Ek + c.E / c.H + 2 * St + c.E);
+  // The longest chain of accumulations an output element goes through: the
+  // query/key projection (Ek, or E) and their dot product (D), or the value
+  // projection (Ev, or E); then the softmax and PV (2·S'), then W^O (E).
+  const int64_t Ek = c.kdim ? c.kdim : c.E, Ev = c.vdim ? c.vdim : c.E, St = c.S + c.bias_kv + c.zero_attn;
+  const double n = static_cast<double>(std::max(Ek + c.E / c.H, Ev) + 2 * St + c.E);
   const double u = std::numeric_limits<T>::epsilon() / 2 + std::numeric_limits<double>::epsilon() / 2;
   return 10 * std::sqrt(n) * u;
 }
@@ -537,19 +540,25 @@ TEST(OracleChecker, OnePerturbedElementFails_Output_Weights_NaN) {
 struct Ablation {
   const char* name;
   std::size_t case_index;
+  bool (*has)(const Case&);  // the case has the feature (checked: a reordered table fails loudly)
   void (*apply)(Problem&);
 };
 const Ablation kAblations[] = {
-    {"attn_mask_2dbool", 2, [](Problem& p) { p.call.attn_mask.kind = KN; }},
-    {"attn_mask_3dfloat", 5, [](Problem& p) { p.call.attn_mask.kind = KN; }},
-    {"key_padding_bool", 6, [](Problem& p) { p.call.key_padding_mask.kind = KN; }},
-    {"key_padding_float", 12, [](Problem& p) { p.call.key_padding_mask.kind = KN; }},
-    {"causal", 5, [](Problem& p) { p.call.is_causal = false; }},
-    {"bias_kv", 12, [](Problem& p) { p.config.add_bias_kv = false; }},
-    {"zero_attn", 13, [](Problem& p) { p.config.add_zero_attn = false; }},
-    {"scale", 17, [](Problem& p) { p.call.scale.reset(); }},
-    {"nan_rows", 4, [](Problem& p) { p.call.nan_rows = false; }},
-    {"batch_first", 19, [](Problem& p) {
+    {"attn_mask_2dbool", 2, [](const Case& c) { return c.mask == AttnMask::Bool2D; },
+     [](Problem& p) { p.call.attn_mask.kind = KN; }},
+    {"attn_mask_3dfloat", 5, [](const Case& c) { return c.mask == AttnMask::Float3D; },
+     [](Problem& p) { p.call.attn_mask.kind = KN; }},
+    {"key_padding_bool", 6, [](const Case& c) { return c.kpm == oracle::MaskKind::Bool; },
+     [](Problem& p) { p.call.key_padding_mask.kind = KN; }},
+    {"key_padding_float", 12, [](const Case& c) { return c.kpm == oracle::MaskKind::Float; },
+     [](Problem& p) { p.call.key_padding_mask.kind = KN; }},
+    {"causal", 5, [](const Case& c) { return c.causal; }, [](Problem& p) { p.call.is_causal = false; }},
+    {"bias_kv", 12, [](const Case& c) { return c.bias_kv; }, [](Problem& p) { p.config.add_bias_kv = false; }},
+    {"zero_attn", 13, [](const Case& c) { return c.zero_attn; }, [](Problem& p) { p.config.add_zero_attn = false; }},
+    {"scale", 17, [](const Case& c) { return c.scale != 0; }, [](Problem& p) { p.call.scale.reset(); }},
+    {"nan_rows", 4, [](const Case& c) { return c.nan_rows && (c.masked_row || c.padded_row); },
+     [](Problem& p) { p.call.nan_rows = false; }},
+    {"batch_first", 19, [](const Case& c) { return c.layout == Layout::BatchFirst; }, [](Problem& p) {
        // The same numbers read as (L, B, ·) instead of (B, L, ·).
        p.config.batch_first = false;
        for (oracle::Array<double>* a : {&p.call.query, &p.call.key, &p.call.value})
@@ -561,6 +570,7 @@ class OracleSensitivity : public ::testing::TestWithParam<Ablation> {};
 TEST_P(OracleSensitivity, OracleWithoutTheFeatureDisagrees) {
   const Ablation& a = GetParam();
   const Case& c = kCases[a.case_index];
+  ASSERT_TRUE(a.has(c)) << c.name() << " lacks the feature " << a.name << ": the ablation table points at the wrong case";
   const double rtol = rtol_of<double>(c);
   Problem p = make_problem<double>(c);
   const LibraryRun<double> got = run_library<double>(p, kTargets64[5]);
