@@ -411,6 +411,8 @@ std::size_t feed_fifo(const std::string& fifo, const std::string& head, char fil
   return written;
 }
 
+std::map<std::string, Tensor<float>> sample_model();  // below, with the safetensors tests
+
 // A pipe that does not end (`cat q.npy /dev/zero |`, `yes |`) is read only as
 // far as its header says, not until memory runs out.
 TEST(ReadFile, EndlessPipeIsReadOnlyAsFarAsTheHeaderSays) {
@@ -430,6 +432,7 @@ TEST(ReadFile, EndlessPipeIsReadOnlyAsFarAsTheHeaderSays) {
       {"", 'y', [&] { (void)read_npy(fifo, "query"); }, "not a .npy file"},
       {"", '\0', [&] { (void)read_safetensors(fifo); }, "not valid JSON"},
       {"", 'y', [&] { (void)read_safetensors(fifo); }, "header length"},
+      {serialize_safetensors(sample_model()), '\0', [&] { (void)read_safetensors(fifo); }, "trailing data"},
   };
   for (const Case& c : cases) {
     std::size_t written = 0;
