@@ -29,12 +29,14 @@
 #include <future>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "io/half.hpp"
+#include "io/metadata.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/tensor.hpp"
@@ -409,6 +411,8 @@ std::size_t feed_fifo(const std::string& fifo, const std::string& head, char fil
   return written;
 }
 
+std::map<std::string, Tensor<float>> sample_model();  // below, with the safetensors tests
+
 // A pipe that does not end (`cat q.npy /dev/zero |`, `yes |`) is read only as
 // far as its header says, not until memory runs out.
 TEST(ReadFile, EndlessPipeIsReadOnlyAsFarAsTheHeaderSays) {
@@ -428,6 +432,7 @@ TEST(ReadFile, EndlessPipeIsReadOnlyAsFarAsTheHeaderSays) {
       {"", 'y', [&] { (void)read_npy(fifo, "query"); }, "not a .npy file"},
       {"", '\0', [&] { (void)read_safetensors(fifo); }, "not valid JSON"},
       {"", 'y', [&] { (void)read_safetensors(fifo); }, "header length"},
+      {serialize_safetensors(sample_model()), '\0', [&] { (void)read_safetensors(fifo); }, "trailing data"},
   };
   for (const Case& c : cases) {
     std::size_t written = 0;
@@ -815,6 +820,11 @@ INSTANTIATE_TEST_SUITE_P(
                         "\"mid\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},"
                         "\"z\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[20,24]}}", 24),
                 Kind::Format, {"'big'", "'mid'", "overlap"}},
+        // The crate's MetadataIncompleteBuffer: the file ends at the last tensor.
+        BadCase{"trailing_data", st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]"), 5),
+                Kind::Format, {"trailing data: the tensors end at byte 4 of the 5-byte data buffer"}},
+        BadCase{"trailing_data_no_tensors", st_file("{\"__metadata__\":{}}", 3), Kind::Format,
+                {"trailing data: the tensors end at byte 0 of the 3-byte data buffer"}},
         BadCase{"metadata_not_object", st_file("{\"__metadata__\":[\"a\"]}", 0), Kind::Format,
                 {"__metadata__ is array", "expected an object"}},
         BadCase{"metadata_number_value", st_file("{\"__metadata__\":{\"epoch\":3}}", 0), Kind::Format,
@@ -838,7 +848,7 @@ TEST(Safetensors, GapsAndEmptyTensorsAreAccepted) {
   const std::string file = st_file(
       "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]},"
       "\"e\":{\"dtype\":\"F64\",\"shape\":[0,2],\"data_offsets\":[10,10]}}",
-      16);
+      12);
   const SafetensorsFile f = parse_safetensors(bytes_of(file), file.size(), "gap");
   EXPECT_EQ(f.tensors.at("a").values[0], 0.0);
   EXPECT_EQ(f.tensors.at("e").values.numel(), 0);
@@ -922,6 +932,113 @@ TEST(Safetensors, EveryTruncationIsAnError) {
       expect_error([&] { parse_safetensors(bytes_of(file), len, "cut"); }, Kind::Format, {"cut: "});
     }
   }
+}
+
+// ============================================================================
+// __metadata__ values: the one rule (io/metadata.hpp)
+// ============================================================================
+
+// One value read as one type: accepted with `value`, or refused with the
+// message "KEY: expected WHAT, got 'TEXT'".
+struct MetadataCase {
+  std::string name;
+  char type;  // 'i' integer, 'u' unsigned, 'n' number, 'b' boolean
+  std::string text;
+  std::optional<double> value;  // nullopt: refused
+  std::string expected;         // the message's "expected ..." when refused
+};
+void PrintTo(const MetadataCase& c, std::ostream* os) { *os << c.type << " '" << c.text << "'"; }
+
+double read_as(const MetadataCase& c) {
+  switch (c.type) {
+    case 'i': return static_cast<double>(detail::metadata_integer("__metadata__.k", c.text));
+    case 'u': return static_cast<double>(detail::metadata_unsigned("__metadata__.k", c.text));
+    case 'n': return detail::metadata_number("__metadata__.k", c.text);
+    default: return detail::metadata_boolean("__metadata__.k", c.text) ? 1.0 : 0.0;
+  }
+}
+
+class MetadataRule : public testing::TestWithParam<MetadataCase> {};
+
+TEST_P(MetadataRule, AcceptsOrRefusesTheWholeString) {
+  const MetadataCase& c = GetParam();
+  if (c.value) {
+    EXPECT_EQ(read_as(c), *c.value) << c.text;
+    return;
+  }
+  try {
+    (void)read_as(c);
+    ADD_FAILURE() << "'" << c.text << "' was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), Kind::Format);
+    EXPECT_EQ(std::string(e.what()), "__metadata__.k: expected " + c.expected + ", got '" + c.text + "'");
+  }
+}
+
+const char kInt64Range[] = "an integer in [-9223372036854775808, 9223372036854775807]";
+
+INSTANTIATE_TEST_SUITE_P(
+    Io, MetadataRule,
+    testing::Values(
+        MetadataCase{"int_plain", 'i', "12", 12.0, ""},
+        MetadataCase{"int_negative", 'i', "-7", -7.0, ""},
+        MetadataCase{"int_zero", 'i', "0", 0.0, ""},
+        MetadataCase{"int_max", 'i', "9223372036854775807", 9223372036854775807.0, ""},
+        MetadataCase{"int_trailing_letters", 'i', "12abc", std::nullopt, "an integer"},
+        MetadataCase{"int_leading_space", 'i', " 12", std::nullopt, "an integer"},
+        MetadataCase{"int_trailing_space", 'i', "12 ", std::nullopt, "an integer"},
+        MetadataCase{"int_plus_sign", 'i', "+12", std::nullopt, "an integer"},
+        MetadataCase{"int_exponent", 'i', "1e3", std::nullopt, "an integer"},
+        MetadataCase{"int_decimal_point", 'i', "12.0", std::nullopt, "an integer"},
+        MetadataCase{"int_empty", 'i', "", std::nullopt, "an integer"},
+        MetadataCase{"int_hex", 'i', "0x10", std::nullopt, "an integer"},
+        MetadataCase{"int_overflow", 'i', "9223372036854775808", std::nullopt, kInt64Range},
+        MetadataCase{"int_underflow", 'i', "-9223372036854775809", std::nullopt, kInt64Range},
+        MetadataCase{"unsigned_max", 'u', "18446744073709551615", 18446744073709551615.0, ""},
+        MetadataCase{"unsigned_negative", 'u', "-1", std::nullopt, "an unsigned integer"},
+        MetadataCase{"unsigned_overflow", 'u', "18446744073709551616", std::nullopt, "an unsigned integer below 2^64"},
+        MetadataCase{"unsigned_trailing", 'u', "5s", std::nullopt, "an unsigned integer"},
+        MetadataCase{"number_plain", 'n', "0.1", 0.1, ""},
+        MetadataCase{"number_17_digits", 'n', "0.10000000000000001", 0.1, ""},
+        MetadataCase{"number_exponent", 'n', "1e-05", 1e-05, ""},
+        MetadataCase{"number_integer", 'n', "3", 3.0, ""},
+        MetadataCase{"number_negative", 'n', "-2.5", -2.5, ""},
+        MetadataCase{"number_nan", 'n', "nan", std::nullopt, "a finite number"},
+        MetadataCase{"number_inf", 'n', "inf", std::nullopt, "a finite number"},
+        MetadataCase{"number_minus_inf", 'n', "-inf", std::nullopt, "a finite number"},
+        MetadataCase{"number_overflow", 'n', "1e999", std::nullopt, "a finite number"},
+        MetadataCase{"number_trailing", 'n', "0.5x", std::nullopt, "a finite number"},
+        MetadataCase{"number_leading_space", 'n', " 0.5", std::nullopt, "a finite number"},
+        MetadataCase{"number_hex", 'n', "0x1p3", std::nullopt, "a finite number"},
+        MetadataCase{"number_empty", 'n', "", std::nullopt, "a finite number"},
+        MetadataCase{"bool_true", 'b', "true", 1.0, ""},
+        MetadataCase{"bool_false", 'b', "false", 0.0, ""},
+        MetadataCase{"bool_python_True", 'b', "True", std::nullopt, "true or false"},
+        MetadataCase{"bool_python_False", 'b', "False", std::nullopt, "true or false"},
+        MetadataCase{"bool_one", 'b', "1", std::nullopt, "true or false"},
+        MetadataCase{"bool_zero", 'b', "0", std::nullopt, "true or false"},
+        MetadataCase{"bool_trailing_space", 'b', "true ", std::nullopt, "true or false"},
+        MetadataCase{"bool_empty", 'b', "", std::nullopt, "true or false"}),
+    [](const auto& info) { return info.param.name; });
+
+// A value quoted in the message stays one line and short.
+TEST(MetadataRule, QuotesAHostileValuePrintably) {
+  try {
+    (void)detail::metadata_integer("__metadata__.k", "1\n" + std::string(500, '2'));
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), 150u) << msg;
+    EXPECT_NE(msg.find("'1\\x0a222"), std::string::npos) << msg;
+  }
+}
+
+// Every double survives to_exact_string and the number rule bit for bit.
+TEST(MetadataRule, ExactStringReadsBackExactly) {
+  for (const double v : {0.1, 1.0 / 3.0, 1e-308, 4.9406564584124654e-324, -2.5e300, 0.0, 1e-05})
+    EXPECT_EQ(std::bit_cast<uint64_t>(detail::metadata_number("k", to_exact_string(v))), std::bit_cast<uint64_t>(v))
+        << to_exact_string(v);
 }
 
 // ============================================================================
@@ -1021,6 +1138,118 @@ TEST(ReadFile, ErrorsNameTheFileAndTheTensor) {
   write_file_atomic(path, file);
   expect_error([&] { read_npy(path, "query"); }, Kind::Format,
                {"query (" + path + "): truncated data: header says shape (4, 5) float32 = 80 bytes, file has 12"});
+}
+
+// ---- a huge file is judged by its header (the file is mapped, not read) --------
+
+// What a read in a child process cost: whether it did what was asked
+// (`body` returned true), its peak resident set above the parent's (wait4),
+// and its wall time. A child, so the peak is the read's alone, not the test
+// binary's high-water mark.
+struct ChildCost {
+  bool ok = false;
+  long peak_above_parent_kib = 0;
+  double seconds = 0;
+};
+long resident_kib() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  return 0;
+}
+ChildCost cost_in_child(const std::function<bool()>& body) {
+  const long parent_kib = resident_kib();
+  const auto start = std::chrono::steady_clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    bool ok = false;
+    try {
+      ok = body();
+    } catch (...) {
+    }
+    ::_exit(ok ? 0 : 1);
+  }
+  ChildCost c;
+  if (pid < 0) return c;
+  int status = 0;
+  struct rusage usage {};
+  if (::wait4(pid, &status, 0, &usage) != pid) return c;
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  c.ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  c.peak_above_parent_kib = usage.ru_maxrss - parent_kib;
+  return c;
+}
+
+// A file of `head`, then zeros (a hole: no disk blocks) to `size` bytes,
+// then `tail` (so a tensor can sit past the hole).
+void sparse_file(const std::string& path, const std::string& head, uint64_t size, const std::string& tail = "") {
+  write_file_atomic(path, head);
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(size)), 0) << path;
+  if (tail.empty()) return;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, tail.data(), tail.size()), static_cast<ssize_t>(tail.size()));
+  ::close(fd);
+}
+
+// True when `read` throws a Format error holding every one of `words`.
+bool refused_with(const std::function<void()>& read, const std::vector<std::string>& words) {
+  try {
+    read();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (e.kind() != Kind::Format || msg.find('\n') != std::string::npos) return false;
+    for (const std::string& w : words)
+      if (msg.find(w) == std::string::npos) return false;
+    return true;
+  }
+  return false;
+}
+
+// Issue 22, defect 1: a 10 GiB file was read whole (10.5 GB peak, ~20 s)
+// before its header was looked at. Bounds: 300 MiB above the parent's
+// resident set (the one small tensor and the page tables of the mapping
+// need a few MiB) and 10 s on a loaded machine (a whole read takes 20 s).
+TEST(ReadFile, TenGiBFileIsJudgedByItsHeaderAlone) {
+  TempDir dir;
+  const uint64_t ten_gib = uint64_t{10} << 30;
+  const std::string one_tensor = "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+  const std::string after_gap = "{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" +
+                                std::to_string(ten_gib) + "," + std::to_string(ten_gib + 4) + "]}}";
+  const std::string p = dir.file("z.bin");
+  struct Case {
+    std::string name;
+    std::function<void()> make;
+    std::function<bool()> read;
+  };
+  const std::vector<Case> cases = {
+      {"safetensors_header_length_0", [&] { sparse_file(p, u64_le(0), ten_gib); },
+       [&] { return refused_with([&] { (void)read_safetensors(p); }, {p + ": ", "not valid JSON"}); }},
+      {"safetensors_valid_header_then_padding", [&] { sparse_file(p, st_file(one_tensor, 4), ten_gib); },
+       [&] {
+         return refused_with([&] { (void)read_safetensors(p); },
+                             {p + ": trailing data: the tensors end at byte 4 of the "});
+       }},
+      {"npy_valid_header_then_padding",
+       [&] { sparse_file(p, serialize_npy(sample_tensor<float>({2, 3})), ten_gib); },
+       [&] { return refused_with([&] { (void)read_npy(p, "query"); }, {"query (" + p + "): trailing data"}); }},
+      // A gap is accepted and never read: the tensor past it is loaded.
+      {"safetensors_tensor_after_a_10GiB_gap",
+       [&] {
+         const std::string head = u64_le(after_gap.size()) + after_gap;
+         sparse_file(p, head, head.size() + ten_gib, f32_bytes({2.5f}));
+       },
+       [&] { return read_safetensors(p).tensors.at("w").values[0] == 2.5; }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    c.make();
+    const ChildCost cost = cost_in_child(c.read);
+    EXPECT_TRUE(cost.ok) << c.name << ": not the expected answer";
+    EXPECT_LT(cost.peak_above_parent_kib, 300 * 1024) << c.name << ": peak resident set, KiB above the parent";
+    EXPECT_LT(cost.seconds, 10.0) << c.name << ": seconds";
+    ::unlink(p.c_str());
+  }
 }
 
 // A path may hold any byte but '\0'; a message naming it stays one line.

@@ -271,7 +271,7 @@ TEST(TrainedModel, RejectsMetadataThatDoesNotParseNamingKeyAndValue) {
   const std::string maybe = "maybe", abc = "abc", x32 = "32x";
   EXPECT_EQ(message("heads", nullptr), "'m.safetensors': model metadata lacks 'heads'");
   EXPECT_EQ(message("causal", &maybe), "'m.safetensors': model metadata 'causal': expected true or false, got 'maybe'");
-  EXPECT_EQ(message("dropout", &abc), "'m.safetensors': model metadata 'dropout': expected a number, got 'abc'");
+  EXPECT_EQ(message("dropout", &abc), "'m.safetensors': model metadata 'dropout': expected a finite number, got 'abc'");
   EXPECT_EQ(message("d_model", &x32), "'m.safetensors': model metadata 'd_model': expected an integer, got '32x'");
 }
 

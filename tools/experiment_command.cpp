@@ -19,6 +19,7 @@
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/experiment.hpp"
+#include "multihead/io.hpp"
 #include "multihead/lesson_tasks.hpp"
 
 namespace multihead::cli {
@@ -51,11 +52,7 @@ std::string join(const std::vector<T>& v) {
   return s;
 }
 
-std::string number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
+std::string number(double v) { return to_exact_string(v); }
 
 // Every setting that decides the numbers, spelled out (--workers and the
 // output paths do not change them).

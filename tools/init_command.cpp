@@ -36,7 +36,7 @@ void write_gqa(const Args& a) {
   GqaFlags flags = a.gqa;
   flags.rope.clear();
   const GroupedQueryAttention<float> m(gqa_config(E, H, a.head_dim.value_or(E / H), flags, !a.no_bias, true), a.seed);
-  std::string bytes = serialize_gqa(m);
+  std::string bytes = serialize_gqa_weights(m);
   const std::size_t size = bytes.size();
   write_outputs({{{"--out", a.out}, std::move(bytes)}});
   if (a.verbose)

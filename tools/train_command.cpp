@@ -144,12 +144,9 @@ std::string gradient_file(const Trainer& t) {
   tensors["targets"] = ids(b.targets);
   tensors["mask"] = ids(b.mask);
   for (const auto& [name, g] : d.gradients) tensors["grad." + name] = g;
-  char loss[64], acc[64];
-  std::snprintf(loss, sizeof loss, "%.17g", d.loss);
-  std::snprintf(acc, sizeof acc, "%.17g", d.accuracy);
   return serialize_safetensors(tensors, {{"format", "multihead-train-gradients-1"},
-                                         {"loss", loss},
-                                         {"accuracy", acc},
+                                         {"loss", to_exact_string(d.loss)},
+                                         {"accuracy", to_exact_string(d.accuracy)},
                                          {"step", std::to_string(t.step())}});
 }
 

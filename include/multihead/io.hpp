@@ -6,6 +6,10 @@
 // against the file's actual size before anything is allocated, shapes whose
 // product overflows are rejected, and every failure is a multihead::Error with
 // one line naming the file (and tensor) and the expected and actual values.
+// A regular file is memory-mapped, not read whole: its header is checked
+// first, and only the tensors are then read, so a bad header costs no time
+// and no memory however large the file (a pipe is read only as far as its
+// header says).
 // Writers are atomic: they write a temporary file in the destination folder
 // and rename it over the target, so a failed run never leaves a partial file
 // and never clobbers the previous one. A symlink is written through (its
@@ -62,7 +66,10 @@ std::string serialize_npy(const Tensor<T>& tensor);
 // {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, …,
 //  "__metadata__": {"key": "value", …}}, then the data buffer. Offsets are
 // relative to the buffer; tensors must lie inside it, must not overlap, and
-// must have exactly numel × itemsize bytes.
+// must have exactly numel × itemsize bytes. The buffer ends where the last
+// tensor ends: bytes past it are an error ("trailing data"), as in the
+// safetensors crate (MetadataIncompleteBuffer). Gaps between tensors, which
+// the crate refuses too, are accepted and skipped.
 //
 // Every dtype of the format is accepted: BOOL, U8, I8, U16, I16, U32, I32,
 // U64, I64, F16, BF16, F32, F64 (others, such as F8_E4M3, are an error that
@@ -93,6 +100,11 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
                        const std::map<std::string, std::string>& metadata = {});
 std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
+
+// v with 17 significant digits ("%.17g": 0.10000000000000001, 1.0000000000000001e-05,
+// 2), which strtod reads back as exactly v: how multihead writes a double
+// into any text it writes (metadata, JSON reports, reproduce commands).
+std::string to_exact_string(double v);
 
 // ---- what a file is ------------------------------------------------------------
 // Users pass a .npy as --weights, or a torch.save checkpoint as either; each

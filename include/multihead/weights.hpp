@@ -13,6 +13,9 @@
 // "<prefix>num_heads" (e.g. "encoder.layers.0.self_attn.num_heads") if the
 // file has it, else the bare "num_heads", which then applies to every module
 // in the file. Any field of WeightOverrides that is set replaces both.
+//
+// The grouped-query module (GroupedQueryAttention) has its own format,
+// Hugging Face Llama's names: see "grouped-query attention" below.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "multihead/grouped_query_attention.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
 
@@ -100,6 +104,57 @@ void save_weights(const std::string& path, const BasicMultiheadAttention<T>& mod
 // The bytes save_weights writes (for a stream, or several files at once).
 template <class T>
 std::string serialize_weights(const BasicMultiheadAttention<T>& module);
+
+// ---- grouped-query attention ---------------------------------------------------
+// A GroupedQueryAttention module's file, as `multihead init --num-kv-heads`
+// writes it and `multihead forward --num-kv-heads` and `multihead decode`
+// read it: a safetensors with
+//   q_proj.weight (H·D, E), k_proj.weight and v_proj.weight (Hkv·D, E),
+//   o_proj.weight (E, H·D) and, all or none, the four *.bias,
+// under an optional prefix (Hugging Face Llama's names:
+// "model.layers.0.self_attn.", used as given), and __metadata__
+//   module = "grouped_query_attention", num_heads = H, num_kv_heads = Hkv,
+//   head_dim = D
+// read by the one metadata rule (integers, the whole string). A Llama
+// checkpoint has no metadata: num_heads is then an option, and the K/V heads
+// follow from k_proj.weight's rows over D = q_proj.weight's rows / H.
+struct GqaLoadOptions {
+  std::string prefix;
+  // Replace the metadata's; num_heads is needed when the file has none.
+  std::optional<int64_t> num_heads;
+  std::optional<int64_t> num_kv_heads;
+  // Not in the file: the module's other settings.
+  bool causal = true;
+};
+
+// The configuration the file implies (rope unset; set it before module()
+// if the model uses it) and its tensors, exact in double.
+struct LoadedGqaWeights {
+  GroupedQueryAttentionConfig config;
+  std::map<std::string, Tensor<double>> tensors;  // prefix + name
+  std::map<std::string, std::string> metadata;
+  std::string prefix;
+  // GroupedQueryAttention<T>::from_tensors(config, tensors as T, prefix).
+  template <class T>
+  GroupedQueryAttention<T> module() const;
+};
+
+// Throws multihead::Error naming the tensor or key, the expected and the
+// actual value, and the file: q_proj/k_proj.weight missing or not 2-D;
+// num_heads missing, not an integer >= 1 or not dividing q_proj.weight's
+// rows; head_dim or num_kv_heads in the metadata disagreeing with the
+// shapes; num_kv_heads not dividing num_heads. A message about a value an
+// option gave starts with the option's name ("num_kv_heads: …"), one about
+// a metadata value with "__metadata__.KEY: …".
+LoadedGqaWeights load_gqa_weights(const std::string& path, const GqaLoadOptions& options = {});
+LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string& name,
+                                  const GqaLoadOptions& options = {});
+
+// The metadata above for `module`, its weights as F32 safetensors bytes,
+// and those bytes written atomically.
+std::map<std::string, std::string> gqa_config_metadata(const GroupedQueryAttention<float>& module);
+std::string serialize_gqa_weights(const GroupedQueryAttention<float>& module);
+void save_gqa_weights(const std::string& path, const GroupedQueryAttention<float>& module);
 
 // Parameters converted to another element type (e.g. the double a file
 // loads to, into the float a float32 forward runs in).

@@ -15,16 +15,14 @@
 namespace multihead::detail {
 
 // A number as a person writes it: 0.5, 1e-09, 2 (std::to_string gives 2.000000).
+// The shortest "%.Ng" that reads back the same; N = 17 always does
+// (to_exact_string, multihead/io.hpp, is that form).
 inline std::string format_number(double x) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", x);
-  // Shortest form that reads back the same.
-  for (int precision = 1; precision < 17; ++precision) {
-    char shorter[64];
-    std::snprintf(shorter, sizeof shorter, "%.*g", precision, x);
-    if (std::strtod(shorter, nullptr) == x) return shorter;
+  for (int precision = 1;; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, x);
+    if (precision == 17 || std::strtod(buf, nullptr) == x) return buf;
   }
-  return buf;
 }
 
 [[noreturn]] inline void fail_shape(const std::string& name, const std::string& expected,

@@ -168,7 +168,7 @@ std::optional<uint64_t> npy_size(const uint8_t* data, std::size_t size) {
 }  // namespace
 
 LoadedTensor read_npy(const std::string& path, const std::string& name) {
-  const std::vector<uint8_t> bytes = detail::read_file(path, name, npy_size);
+  const detail::FileBytes bytes = detail::map_file(path, name, npy_size);
   return parse_npy(bytes.data(), bytes.size(), name + " (" + path + ")");
 }
 

@@ -1,13 +1,18 @@
-// src/io/read_file.cpp: read a whole file for the .npy and safetensors
-// readers, which then check every header size against the byte count.
+// src/io/read_file.cpp: a file's bytes for the .npy and safetensors readers
+// (file_util.hpp): a regular file mapped, so each reader checks its header
+// against the file's size before it touches the data; a pipe read only as
+// far as its header says.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <limits>
 #include <optional>
 #include <system_error>
+#include <utility>
 
 #include "io/file_util.hpp"
 #include "multihead/error.hpp"
@@ -44,7 +49,26 @@ Error::Kind kind_of(int err) { return (err == ENOENT || err == ENOTDIR) ? Error:
 
 }  // namespace
 
-std::vector<uint8_t> read_file(const std::string& path, const std::string& name, const ExpectedSize& expected) {
+FileBytes::FileBytes(FileBytes&& other) noexcept
+    : map_(std::exchange(other.map_, nullptr)),
+      map_size_(std::exchange(other.map_size_, 0)),
+      read_(std::move(other.read_)) {}
+
+FileBytes& FileBytes::operator=(FileBytes&& other) noexcept {
+  if (this != &other) {
+    if (map_) ::munmap(map_, map_size_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_size_ = std::exchange(other.map_size_, 0);
+    read_ = std::move(other.read_);
+  }
+  return *this;
+}
+
+FileBytes::~FileBytes() {
+  if (map_) ::munmap(map_, map_size_);
+}
+
+FileBytes map_file(const std::string& path, const std::string& name, const ExpectedSize& expected) {
   const std::string where = name + ": cannot read '" + path + "': ";
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) {
@@ -56,10 +80,24 @@ std::vector<uint8_t> read_file(const std::string& path, const std::string& name,
   if (const std::string refusal = input_refusal(st.st_mode); !refusal.empty())
     throw Error(Error::Kind::IO, where + refusal);
 
-  // Read until EOF rather than trusting st_size, so a file that changes size
-  // underneath us is read as whatever it is now (the parsers check sizes).
-  // Past the expected end we probe with a small buffer before growing, so a
-  // regular file costs exactly one allocation of its size.
+  FileBytes out;
+  // A regular file: mapped, so the reader's header checks come before any
+  // data is read (file_util.hpp). Size 0 cannot be mapped, and a file
+  // system may refuse to map (ENODEV): both are read below instead.
+  if (S_ISREG(st.st_mode) && st.st_size > 0 &&
+      static_cast<uint64_t>(st.st_size) <= std::numeric_limits<std::size_t>::max()) {
+    const auto size = static_cast<std::size_t>(st.st_size);
+    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, f.fd, 0);
+    if (map != MAP_FAILED) {
+      out.map_ = map;
+      out.map_size_ = size;
+      return out;
+    }
+  }
+
+  // A pipe: read until EOF, or to one byte past the size its first bytes
+  // give. Past that size a pipe is probed with a small buffer before the
+  // buffer grows, so it never holds more than its header claims plus 4 KiB.
   auto read_some = [&](uint8_t* dst, std::size_t len) -> std::size_t {
     for (;;) {
       const ssize_t n = ::read(f.fd, dst, len);
@@ -67,11 +105,11 @@ std::vector<uint8_t> read_file(const std::string& path, const std::string& name,
       if (errno != EINTR) throw Error(Error::Kind::IO, where + errno_text(errno));
     }
   };
-  std::vector<uint8_t> bytes(S_ISREG(st.st_mode) ? static_cast<std::size_t>(st.st_size) : 0);
+  std::vector<uint8_t>& bytes = out.read_;
   std::size_t used = 0;
-  std::optional<uint64_t> total;  // a pipe's size, once its first bytes tell
+  std::optional<uint64_t> total;  // the file's size, once its first bytes tell
   for (;;) {
-    if (!S_ISREG(st.st_mode) && expected) {
+    if (expected) {
       if (!total) total = expected(bytes.data(), used);
       if (total && used > *total) break;
     }
@@ -91,7 +129,7 @@ std::vector<uint8_t> read_file(const std::string& path, const std::string& name,
     used += n;
   }
   bytes.resize(used);
-  return bytes;
+  return out;
 }
 
 }  // namespace multihead::detail

@@ -196,7 +196,8 @@ Entry read_entry(const std::string& key, const json& v, uint64_t buffer_size, co
 // Two tensors sharing bytes would alias. After sorting by begin, any overlap
 // shows up between neighbours. Empty tensors hold no bytes and are skipped.
 // (The Rust crate also rejects gaps between tensors; a gap is harmless to
-// us, so we accept it.)
+// us, since its bytes are never read, so we accept it. Bytes past the last
+// tensor are refused: check_no_trailing_data.)
 void check_no_overlap(std::vector<const Entry*> entries, const std::string& name) {
   std::erase_if(entries, [](const Entry* e) { return e->begin == e->end; });
   std::sort(entries.begin(), entries.end(), [](const Entry* a, const Entry* b) {
@@ -210,6 +211,23 @@ void check_no_overlap(std::vector<const Entry*> entries, const std::string& name
                      ") and '" + detail::printable(b.key) + "' (data_offsets " +
                      offsets_text(b.begin, b.end) + ") overlap");
     }
+  }
+}
+
+// The data buffer ends where the last tensor ends. The Rust crate refuses
+// any other size (SafeTensors::read_metadata: `buffer_end + 8 + n !=
+// buffer_len` is MetadataIncompleteBuffer, "The last offset **must** be the
+// end of the file"), and so do we: bytes past the last tensor are a file
+// cut short or padded by something that is not a safetensors writer, and a
+// size that disagrees with the header is refused, as the .npy reader
+// refuses trailing data. The bytes are never read (the file is mapped),
+// so a 10 GB tail costs no memory and no time.
+void check_no_trailing_data(const std::vector<Entry>& entries, uint64_t buffer_size, const std::string& name) {
+  uint64_t end = 0;
+  for (const Entry& e : entries) end = std::max(end, e.end);
+  if (end != buffer_size) {
+    fail(name, "trailing data: the tensors end at byte " + std::to_string(end) + " of the " +
+                   std::to_string(buffer_size) + "-byte data buffer (the format ends the file at the last tensor)");
   }
 }
 
@@ -267,6 +285,7 @@ SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const s
   std::vector<const Entry*> pointers;
   for (const Entry& e : entries) pointers.push_back(&e);
   check_no_overlap(std::move(pointers), name);
+  check_no_trailing_data(entries, buffer_size, name);
 
   for (const Entry& e : entries) add_tensor(e, buffer, out);
   return out;
@@ -301,7 +320,7 @@ std::optional<uint64_t> safetensors_size(const uint8_t* data, std::size_t size) 
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path) {
-  const std::vector<uint8_t> bytes = detail::read_file(path, path, safetensors_size);
+  const detail::FileBytes bytes = detail::map_file(path, path, safetensors_size);
   return parse_safetensors(bytes.data(), bytes.size(), path);
 }
 

@@ -1,17 +1,9 @@
 // src/train/checkpoint_metadata.cpp: train/checkpoint_metadata.hpp.
 #include "train/checkpoint_metadata.hpp"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
+#include "io/metadata.hpp"
 
 namespace multihead::train {
-
-std::string exact(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
 
 void bad_file(const std::string& path, Error::Kind kind, const std::string& what) {
   throw Error(kind, "'" + path + "': " + what);
@@ -24,7 +16,7 @@ void write_model_config(const ModelConfig& c, std::map<std::string, std::string>
   out["heads"] = std::to_string(c.heads);
   out["layers"] = std::to_string(c.layers);
   out["ff"] = std::to_string(c.ff);
-  out["dropout"] = exact(c.dropout);
+  out["dropout"] = to_exact_string(c.dropout);
   out["causal"] = c.causal ? "true" : "false";
 }
 
@@ -38,40 +30,44 @@ const std::string& MetadataReader::text(const std::string& key) const {
   return it->second;
 }
 
-int64_t MetadataReader::integer(const std::string& key) const {
+// The one rule (io/metadata.hpp), with the key named as "'KEY'" after the
+// file and noun: "'PATH': checkpoint metadata 'step': expected an integer, got '12abc'".
+template <class Read>
+auto MetadataReader::read(const std::string& key, Read read) const {
   const std::string& s = text(key);
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE)
-    fail("'" + key + "': expected an integer, got '" + s + "'");
-  return v;
+  try {
+    return read("'" + key + "'", s);
+  } catch (const Error& e) {
+    fail(e.what());
+  }
+}
+
+int64_t MetadataReader::integer(const std::string& key) const {
+  return read(key, [](const std::string& name, const std::string& s) { return detail::metadata_integer(name, s); });
 }
 
 uint64_t MetadataReader::unsigned_integer(const std::string& key) const {
-  const std::string& s = text(key);
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-  if (s.empty() || s[0] == '-' || end != s.c_str() + s.size() || errno == ERANGE)
-    fail("'" + key + "': expected an unsigned integer, got '" + s + "'");
-  return v;
+  return read(key, [](const std::string& name, const std::string& s) { return detail::metadata_unsigned(name, s); });
 }
 
 double MetadataReader::number(const std::string& key) const {
-  const std::string& s = text(key);
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || end != s.c_str() + s.size() || errno == ERANGE)
-    fail("'" + key + "': expected a number, got '" + s + "'");
-  return v;
+  return read(key, [](const std::string& name, const std::string& s) { return detail::metadata_number(name, s); });
 }
 
 bool MetadataReader::boolean(const std::string& key) const {
-  const std::string& s = text(key);
-  if (s != "true" && s != "false") fail("'" + key + "': expected true or false, got '" + s + "'");
-  return s == "true";
+  return read(key, [](const std::string& name, const std::string& s) { return detail::metadata_boolean(name, s); });
+}
+
+Tensor<float> MetadataReader::float32_tensor(const std::string& name, const Shape& shape) const {
+  const auto it = file_.tensors.find(name);
+  if (it == file_.tensors.end())
+    bad_file(path_, Error::Kind::Missing, "tensor '" + name + "' is missing (expected shape " + shape_to_string(shape) + ")");
+  if (it->second.dtype != DType::F32)
+    bad_file(path_, Error::Kind::Format, "tensor '" + name + "': expected dtype float32, got " + to_string(it->second.dtype));
+  if (it->second.values.shape() != shape)
+    bad_file(path_, Error::Kind::Shape, "tensor '" + name + "': expected shape " + shape_to_string(shape) + ", got " +
+                                            shape_to_string(it->second.values.shape()));
+  return tensor_cast<float>(it->second.values);
 }
 
 ModelConfig MetadataReader::model_config() const {

@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "multihead/error.hpp"
+#include "multihead/io.hpp"
 #include "multihead/lesson_tasks.hpp"
 #include "multihead/runtime.hpp"
 #include "train/statistics.hpp"
@@ -185,11 +186,7 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
 
 namespace {
 
-std::string number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
+std::string number(double v) { return to_exact_string(v); }
 
 std::string exact_list(const std::vector<double>& v) {
   std::string s;

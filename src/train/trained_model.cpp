@@ -50,17 +50,9 @@ namespace {
 // The parameters of configuration c, float32, from a parsed file.
 std::map<std::string, Tensor<float>> parameters_of(const SafetensorsFile& f, const ModelConfig& c,
                                                    const std::string& path) {
+  const train::MetadataReader r(f, path, "model");
   std::map<std::string, Tensor<float>> params;
-  for (const auto& [name, shape] : train::Model<float>::parameter_shapes(c)) {
-    const auto it = f.tensors.find(name);
-    if (it == f.tensors.end())
-      bad_file(path, Error::Kind::Missing, "tensor '" + name + "' is missing (expected shape " +
-                                               shape_to_string(shape) + ")");
-    if (it->second.dtype != DType::F32)
-      bad_file(path, Error::Kind::Format, "tensor '" + name + "': expected dtype float32, got " +
-                                              to_string(it->second.dtype));
-    params[name] = tensor_cast<float>(it->second.values);
-  }
+  for (const auto& [name, shape] : train::Model<float>::parameter_shapes(c)) params[name] = r.float32_tensor(name, shape);
   return params;
 }
 

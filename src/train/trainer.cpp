@@ -28,7 +28,6 @@ namespace multihead {
 namespace {
 
 using train::bad_file;
-using train::exact;
 using train::kCheckpointFormat;
 constexpr const char* kExpAvg = "optimizer.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
@@ -41,14 +40,14 @@ std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOpt
           {"step", std::to_string(step)},
           {"steps", std::to_string(o.steps)},
           {"batch", std::to_string(o.batch)},
-          {"lr", exact(o.lr)},
+          {"lr", to_exact_string(o.lr)},
           {"warmup", std::to_string(o.warmup)},
           {"schedule", to_string(o.schedule)},
-          {"weight_decay", exact(o.weight_decay)},
-          {"beta1", exact(o.beta1)},
-          {"beta2", exact(o.beta2)},
-          {"eps", exact(o.eps)},
-          {"clip", exact(o.clip)}};
+          {"weight_decay", to_exact_string(o.weight_decay)},
+          {"beta1", to_exact_string(o.beta1)},
+          {"beta2", to_exact_string(o.beta2)},
+          {"eps", to_exact_string(o.eps)},
+          {"clip", to_exact_string(o.clip)}};
   train::write_model_config(m, out);
   // Each attention module's settings under its prefix, as the weights
   // loader reads them (src/weights/weights.cpp): `multihead forward
@@ -230,23 +229,11 @@ Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> tas
                                            " steps done, got " + std::to_string(options.steps));
   // Every tensor as float32, as save_checkpoint wrote it.
   const auto shapes = train::Model<float>::parameter_shapes(impl->model_config);
+  const train::MetadataReader r(file, path, "checkpoint");
   std::map<std::string, Tensor<float>> params;
-  auto take = [&](const std::string& name, const Shape& shape) {
-    const auto it = file.tensors.find(name);
-    if (it == file.tensors.end())
-      bad_file(path, Error::Kind::Missing, "tensor '" + name + "' is missing (expected shape " +
-                                               shape_to_string(shape) + ")");
-    if (it->second.dtype != DType::F32)
-      bad_file(path, Error::Kind::Format, "tensor '" + name + "': expected dtype float32, got " +
-                                              to_string(it->second.dtype));
-    if (it->second.values.shape() != shape)
-      bad_file(path, Error::Kind::Shape, "tensor '" + name + "': expected shape " + shape_to_string(shape) +
-                                             ", got " + shape_to_string(it->second.values.shape()));
-    return tensor_cast<float>(it->second.values);
-  };
   for (const auto& [name, shape] : shapes) {
-    params[name] = take(name, shape);
-    impl->moments[name] = {take(kExpAvg + name, shape), take(kExpAvgSq + name, shape)};
+    params[name] = r.float32_tensor(name, shape);
+    impl->moments[name] = {r.float32_tensor(kExpAvg + name, shape), r.float32_tensor(kExpAvgSq + name, shape)};
   }
   // Nothing else: a tensor this model does not have means another model's file.
   auto known = [&](const std::string& name) {

@@ -3,15 +3,15 @@
 #include "multihead/weights.hpp"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdlib>
 #include <optional>
 #include <set>
 #include <type_traits>
 #include <utility>
 
 #include "core/check.hpp"
+#include "io/metadata.hpp"
+#include "weights/gqa_format.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 
@@ -47,30 +47,23 @@ std::string state_dict_name_list() {
   return list;
 }
 
+// A metadata value by the one rule (io/metadata.hpp), the file named last.
+template <class Read>
+auto read_value(const std::string& key, const Source& src, Read read) {
+  try {
+    return read("__metadata__." + key);
+  } catch (const Error& e) {
+    throw Error(e.kind(), std::string(e.what()) + src.in_file());
+  }
+}
 int64_t parse_int(const std::string& key, const std::string& text, const Source& src) {
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE)
-    throw Error(Error::Kind::Format,
-                "__metadata__." + key + ": expected an integer, got '" + text + "'" + src.in_file());
-  return v;
+  return read_value(key, src, [&](const std::string& name) { return detail::metadata_integer(name, text); });
 }
-
 double parse_real(const std::string& key, const std::string& text, const Source& src) {
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
-    throw Error(Error::Kind::Format, "__metadata__." + key + ": expected a number, got '" + text + "'" + src.in_file());
-  return v;
+  return read_value(key, src, [&](const std::string& name) { return detail::metadata_number(name, text); });
 }
-
 bool parse_bool(const std::string& key, const std::string& text, const Source& src) {
-  if (text == "true" || text == "True" || text == "1") return true;
-  if (text == "false" || text == "False" || text == "0") return false;
-  throw Error(Error::Kind::Format,
-              "__metadata__." + key + ": expected true or false, got '" + text + "'" + src.in_file());
+  return read_value(key, src, [&](const std::string& name) { return detail::metadata_boolean(name, text); });
 }
 
 using Metadata = std::map<std::string, std::string>;
@@ -325,11 +318,9 @@ MultiheadAttentionParameters<double> build_parameters(std::map<std::string, Tens
 
 std::map<std::string, std::string> config_metadata(const MultiheadAttentionConfig& c) {
   auto b = [](bool x) { return std::string(x ? "true" : "false"); };
-  char dropout[64];
-  std::snprintf(dropout, sizeof dropout, "%.17g", c.dropout);
   return {{"embed_dim", std::to_string(c.embed_dim)},
           {"num_heads", std::to_string(c.num_heads)},
-          {"dropout", dropout},
+          {"dropout", to_exact_string(c.dropout)},
           {"bias", b(c.bias)},
           {"add_bias_kv", b(c.add_bias_kv)},
           {"add_zero_attn", b(c.add_zero_attn)},
@@ -342,6 +333,9 @@ std::map<std::string, std::string> config_metadata(const MultiheadAttentionConfi
 LoadedWeights load_weights(const std::string& path, const LoadOptions& options) {
   SafetensorsFile file = read_safetensors(path);
   const Source src{path, normalize_prefix(options.prefix)};
+  // A grouped-query module's file would fail on its first unexpected name;
+  // say what it is, and how to read it, instead.
+  if (auto gqa = detail::gqa_module_message(file, src.prefix, path)) throw Error(Error::Kind::Format, *gqa);
   std::map<std::string, Tensor<double>> tensors = take_module(file, src);
   LoadedWeights r;
   r.prefix = src.prefix;

@@ -669,10 +669,10 @@ def _(ctx):
 
 # -- grouped-query attention (forward --num-kv-heads) and `multihead decode`:
 # the module's weights are q_proj/k_proj/v_proj/o_proj.weight (tools/gqa_cli.hpp).
-def gqa_weights(ctx, heads=H, kv_heads=1, head_dim=E // H):
+def gqa_weights(ctx, heads=H, kv_heads=1, head_dim=E // H, metadata=None):
     t = {"q_proj.weight": ctx.randn(heads * head_dim, E) / 3, "k_proj.weight": ctx.randn(kv_heads * head_dim, E) / 3,
          "v_proj.weight": ctx.randn(kv_heads * head_dim, E) / 3, "o_proj.weight": ctx.randn(E, heads * head_dim) / 3}
-    return ctx.weights("gqa.safetensors", tensors=t, metadata={"num_heads": str(heads)})
+    return ctx.weights("gqa.safetensors", tensors=t, metadata={"num_heads": str(heads), **(metadata or {})})
 
 
 def gqa_forward(ctx, extra, weights=None):
@@ -732,6 +732,43 @@ def _(ctx):
     t["k_proj.weight"][1, 2] = np.nan
     return gqa_forward(ctx, ["--num-kv-heads", "1", "--check-finite"],
                        weights=ctx.weights("gqa_nan.safetensors", tensors=t, metadata={"num_heads": str(H)}))
+
+
+# Issue 22, defect 6: a grouped-query file given to the MultiheadAttention
+# loader says what it is and which flag reads it (it said "k_proj.bias:
+# unexpected tensor in a MultiheadAttention state_dict").
+@case("forward on a GQA file without --num-kv-heads", "q_proj.weight", "grouped-query", "--num-kv-heads 1",
+      "the file's num_kv_heads")
+def _(ctx):
+    return gqa_forward(ctx, [], weights=gqa_weights(ctx, metadata={"num_kv_heads": "1"}))
+
+
+@case("forward on a GQA file without --num-kv-heads or its metadata", "q_proj.weight", "grouped-query",
+      "--num-kv-heads N")
+def _(ctx):
+    return gqa_forward(ctx, [])
+
+
+def decode_weights(ctx, weights):
+    return [ctx.cli, "decode", "--weights", weights, "--prompt-len", "3", "--tokens", "4", "--out", ctx.out]
+
+
+@case("decode --weights, num_kv_heads '1x' in the metadata", "__metadata__.num_kv_heads", "expected an integer",
+      "'1x'", "gqa.safetensors")
+def _(ctx):
+    return decode_weights(ctx, gqa_weights(ctx, metadata={"num_kv_heads": "1x"}))
+
+
+@case("decode --weights, metadata num_kv_heads 2 but k_proj.weight for 1", "__metadata__.num_kv_heads",
+      "k_proj.weight", shape(8, 8), shape(4, 8))
+def _(ctx):
+    return decode_weights(ctx, gqa_weights(ctx, metadata={"num_kv_heads": "2"}))
+
+
+@case("decode --weights, metadata head_dim 3 but q_proj.weight gives 4", "__metadata__.head_dim", "says 3",
+      "give 4")
+def _(ctx):
+    return decode_weights(ctx, gqa_weights(ctx, metadata={"head_dim": "3"}))
 
 
 @case("decode cache overflow (--max-len 5 < 3 + 4)", "--max-len", "5", "need 7")

@@ -18,7 +18,11 @@ script and the documented commands are the ones tested:
   - the layout hint for shapes that fit only the other layout, and not for a
     plain wrong shape;
   - each reader given another format names it (.npy, safetensors, the
-    torch.save zip and the legacy pickle).
+    torch.save zip and the legacy pickle);
+  - a 10 GiB file with a bad header (or a good header and 10 GiB of
+    padding) is refused in seconds and a bounded peak by every reader:
+    train --resume, inspect, explain --model, forward, decode, and Python's
+    load_weights (peak resident set from wait4).
 
 Usage: /usr/bin/python3 tests/cli/checkpoints.py --multihead PATH --workdir DIR [--readme README.md]
 Prints one line per check and `N passed, M failed`; exit 1 on any failure.
@@ -418,17 +422,91 @@ def inspect_hostile_names(env):
     return problems
 
 
+def run_measured(argv, cwd, env=None):
+    """(exit code, stderr, seconds, peak resident KiB) of one child, the peak from wait4."""
+    import time
+    start = time.monotonic()
+    with open(os.path.join(cwd, "measured.err"), "w+b") as err:
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            _, status, usage = os.wait4(p.pid, 0)
+        finally:
+            p.returncode = 0  # reaped by wait4: keep Popen from waiting again
+        seconds = time.monotonic() - start
+        err.seek(0)
+        stderr = err.read().decode("utf-8", "replace")
+    return os.waitstatus_to_exitcode(status), stderr, seconds, usage.ru_maxrss
+
+
+@check
+def huge_files_judged_by_header(env):
+    """A 10 GiB file is refused by its header in bounded time and memory, by every reader (issue 22, defect 1)."""
+    # Two sparse files (truncate -s: no disk blocks): header length 0, and a
+    # valid one-tensor header followed by 10 GiB of zeros. Before the fix each
+    # reader read the whole file first: ~20 s and ~10.5 GB peak. Bounds: 10 s
+    # on a loaded machine, 300 MiB peak (the CLI itself needs ~12 MiB).
+    ten_gib = 10 << 30
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    files = {"z.bin": struct.pack("<Q", 0), "padded.safetensors": struct.pack("<Q", len(header)) + header + bytes(4)}
+    # What each says (inspect looks at the format first: a header length of 0
+    # is no safetensors it knows).
+    words = {"z.bin": ("header is not valid JSON", "file of unknown format"), "padded.safetensors": ("trailing data",)}
+    np.save(env.path("q_huge.npy"), np.zeros((3, 2, 8), dtype=np.float32))
+    py_env = dict(os.environ, PYTHONPATH=env.python_path)
+    have_python = os.path.isdir(os.path.join(env.python_path, "multihead"))
+    problems = []
+    try:
+        for name, head in files.items():
+            path = env.path(name)
+            with open(path, "wb") as f:
+                f.write(head)
+            os.truncate(path, ten_gib)
+            runs = [
+                [env.cli, "train", "--resume", name, "--steps", "3"],
+                [env.cli, "inspect", name],
+                [env.cli, "explain", "--model", name],
+                [env.cli, "forward", "--weights", name, "--query", "q_huge.npy", "--out", "o_huge.npy"],
+                [env.cli, "decode", "--weights", name, "--prompt-len", "1", "--tokens", "1"],
+            ]
+            if have_python:
+                runs.append(["/usr/bin/python3", "-c", f"import multihead; multihead.load_weights({name!r})"])
+            else:
+                print(f"     (skipped Python's load_weights: no module under {env.python_path})")
+            for argv in runs:
+                what = f"{' '.join(os.path.basename(a) for a in argv[:3])} on {name}"
+                code, err, seconds, peak_kib = run_measured(argv, env.dir, py_env)
+                if argv[0] == "/usr/bin/python3":
+                    # One exception, naming the file and the reason.
+                    if code != 1 or f"{name}: " not in err or not any(w in err for w in words[name]):
+                        problems.append(f"{what}: exit {code}, stderr {err[-300:]!r}")
+                else:
+                    problems += expect_one_error_line(code, err, what)
+                    if name not in err or not any(w in err for w in words[name]):
+                        problems.append(f"{what}: message {err!r} lacks {name!r} or {words[name]!r}")
+                if seconds > 10 or peak_kib > 300 * 1024:
+                    problems.append(f"{what}: {seconds:.1f} s, {peak_kib} KiB peak (bounds 10 s, 300 MiB)")
+    finally:
+        for name in files:
+            if os.path.exists(env.path(name)):
+                os.remove(env.path(name))
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description="PyTorch checkpoints through `multihead inspect` / `forward`")
     ap.add_argument("--multihead", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--readme", default=os.path.join(HERE, "..", "..", "README.md"))
     ap.add_argument("--only", nargs="*", help="check names (substring match)")
+    ap.add_argument("--python-path", help="folder holding the built multihead Python package "
+                    "(default: the build's python/ beside tools/)")
     args = ap.parse_args()
     workdir = os.path.abspath(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
     env = Env(os.path.abspath(args.multihead), workdir, args.readme)
+    env.python_path = os.path.abspath(args.python_path or os.path.join(
+        os.path.dirname(os.path.abspath(args.multihead)), "..", "python"))
     passed = failed = 0
     for fn in CHECKS:
         if args.only and not any(o in fn.__name__ for o in args.only):

@@ -11,7 +11,8 @@ Weights come from `multihead init --num-kv-heads`, read back here.
   - forward: a table of K/V heads x RoPE x causal/window x kernel.
   - decode: the N generated vectors equal the full causal forward over the
     sequence the command fed itself (prompt, then each output as the next
-    input), rows P .. P + N - 1.
+    input), rows P .. P + N - 1. One run gives no --num-kv-heads: the
+    count comes from the file's metadata.
 Bounds: float32 end to end, 2e-5 relative to the output's largest
 magnitude (a few hundred roundings of 2^-24 over E = 32 terms, a softmax of
 at most 20 keys and three products); float64 inputs run in float64: 1e-12.
@@ -135,13 +136,16 @@ def main():
         pp, out = os.path.join(a.workdir, "prompt.npy"), os.path.join(a.workdir, "gen.npy")
         np.save(pp, prompt)
         n = 6
-        argv = [cli, "decode", "--weights", wp, "--num-kv-heads", str(kv), "--prompt", pp, "--tokens", str(n),
-                "--out", out]
+        # kv=2 without --num-kv-heads: the file's num_kv_heads, as `multihead init`
+        # wrote it (issue 22, defect 6: decode used num_heads K/V heads instead).
+        kv_flag = [] if kv == 2 else ["--num-kv-heads", str(kv)]
+        argv = [cli, "decode", "--weights", wp, *kv_flag, "--prompt", pp, "--tokens", str(n), "--out", out]
         if rope_conv:
             argv += ["--rope", rope_conv]
         if window:
             argv += ["--window", str(window)]
-        name = f"decode kv={kv} rope={rope_conv} window={window} prompt={prompt_len} tokens={n}"
+        name = (f"decode kv={kv}{'' if kv_flag else ' (from the file)'} rope={rope_conv} window={window} "
+                f"prompt={prompt_len} tokens={n}")
         try:
             report = run(argv).stdout.decode()
             gen = np.load(out)

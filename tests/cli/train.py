@@ -6,7 +6,9 @@ file and what was wrong, and no --checkpoint-out file written):
   bad flag values, '-' as an output, an output that is the --resume input,
   and hostile --resume files: missing, empty, truncated, random bytes, a
   weights file that is no checkpoint, a checkpoint whose settings disagree
-  with a given flag, one with a tensor missing or of the wrong shape.
+  with a given flag, one with a tensor missing or of the wrong shape, and
+  metadata that breaks the one metadata rule (src/io/metadata.hpp): "12abc",
+  " 12", "1e3", "+1", int64 and uint64 overflow, "nan", "inf", "True", "1".
 Good runs (stdout is a pipe here, so never a terminal):
   - plain log lines "step=K loss=… accuracy=… lr=… grad_norm=… tokens_per_s=…
     elapsed_s=…" every --log-interval steps and at the last, then one "done:"
@@ -68,13 +70,20 @@ def bad_cases(cli, work):
     weights = os.path.join(work, "weights.safetensors")
     subprocess.run([cli, "init", "--embed-dim", "16", "--num-heads", "2", "--out", weights], check=True)
 
-    def rewritten(name, drop=None, reshape=None):
+    def rewritten(name, drop=None, reshape=None, metadata=None):
         t = {k: (v, "F32") for k, (v, _) in tensors.items() if k != drop}
         if reshape:
             t[reshape] = (t[reshape][0][:-1], "F32")
         p = os.path.join(work, name)
-        safetensors_io.write(p, t, meta)
+        safetensors_io.write(p, t, {**meta, **(metadata or {})})
         return p
+
+    # The one metadata rule (src/io/metadata.hpp): the whole string, finite
+    # numbers, exactly true/false; each refusal names the key and the value.
+    def bad_metadata(key, value, expected):
+        path = rewritten(f"meta-{key}-{len(value)}.safetensors", metadata={key: value})
+        return (f"--resume with metadata {key}={value!r}", ["--resume", path],
+                ["--resume", f"checkpoint metadata '{key}': expected {expected}, got '{value}'"])
 
     missing = rewritten("missing-tensor.safetensors", drop="readout.bias")
     short = rewritten("short-tensor.safetensors", reshape="embedding.weight")
@@ -112,6 +121,17 @@ def bad_cases(cli, work):
          ["--resume", "'embedding.weight'", "expected shape (6, 16)"]),
         ("--checkpoint-out is the --resume input", ["--resume", good, "--checkpoint-out", good],
          ["--checkpoint-out", "--resume input"]),
+        bad_metadata("step", "12abc", "an integer"),
+        bad_metadata("steps", " 12", "an integer"),
+        bad_metadata("batch", "1e3", "an integer"),
+        bad_metadata("warmup", "+1", "an integer"),
+        bad_metadata("step", "9223372036854775808", "an integer in [-9223372036854775808, 9223372036854775807]"),
+        bad_metadata("seed", "18446744073709551616", "an unsigned integer below 2^64"),
+        bad_metadata("lr", "nan", "a finite number"),
+        bad_metadata("clip", "inf", "a finite number"),
+        bad_metadata("eps", "1e-8x", "a finite number"),
+        bad_metadata("causal", "True", "true or false"),
+        bad_metadata("causal", "1", "true or false"),
     ], out
 
 

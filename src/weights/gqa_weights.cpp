@@ -1,0 +1,167 @@
+// src/weights/gqa_weights.cpp: GroupedQueryAttention weights in safetensors
+// files, both directions (multihead/weights.hpp, "grouped-query attention").
+#include <string>
+#include <utility>
+
+#include "io/metadata.hpp"
+#include "weights/gqa_format.hpp"
+#include "multihead/error.hpp"
+#include "multihead/io.hpp"
+#include "multihead/weights.hpp"
+
+namespace multihead {
+namespace {
+
+std::string in_file(const std::string& path) { return " (in " + path + ")"; }
+
+// A metadata integer >= 1 by the one rule (io/metadata.hpp), or nothing.
+std::optional<int64_t> metadata_count(const SafetensorsFile& file, const std::string& key, const std::string& path) {
+  const auto it = file.metadata.find(key);
+  if (it == file.metadata.end()) return std::nullopt;
+  try {
+    return detail::metadata_integer("__metadata__." + key, it->second, 1);
+  } catch (const Error& e) {
+    throw Error(e.kind(), std::string(e.what()) + in_file(path));
+  }
+}
+
+const Tensor<double>& weight(const SafetensorsFile& file, const std::string& name, const std::string& path) {
+  const auto it = file.tensors.find(name);
+  if (it == file.tensors.end()) {
+    const bool integer = file.integer_tensors.count(name) != 0;
+    throw Error(integer ? Error::Kind::Format : Error::Kind::Missing,
+                name + (integer ? ": an integer tensor, expected floating point"
+                                : ": missing; a grouped-query attention file holds q_proj/k_proj/v_proj/"
+                                  "o_proj.weight (`multihead init --num-kv-heads` writes one)") +
+                    in_file(path));
+  }
+  if (it->second.values.dim() != 2)
+    throw Error(Error::Kind::Shape, name + ": expected 2 dimensions (out_features, in_features), got shape " +
+                                        shape_to_string(it->second.values.shape()) + in_file(path));
+  return it->second.values;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::optional<std::string> gqa_module_message(const SafetensorsFile& file, const std::string& prefix,
+                                              const std::string& path) {
+  auto has = [&](const char* name) {
+    return file.tensors.count(prefix + name) != 0 || file.integer_tensors.count(prefix + name) != 0;
+  };
+  if (!has("q_proj.weight") || !has("o_proj.weight")) return std::nullopt;
+  std::string count = "N";
+  if (const auto it = file.metadata.find("num_kv_heads"); it != file.metadata.end()) {
+    try {
+      count = std::to_string(metadata_integer("num_kv_heads", it->second, 1)) + " (the file's num_kv_heads)";
+    } catch (const Error&) {
+    }
+  }
+  return prefix + "q_proj.weight: a grouped-query attention module (q_proj/k_proj/v_proj/o_proj.weight), not a "
+                  "MultiheadAttention state_dict; read it with load_gqa_weights, on the command line with "
+                  "--num-kv-heads " + count + in_file(path);
+}
+
+}  // namespace detail
+
+LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string& path, const GqaLoadOptions& options) {
+  const std::string& p = options.prefix;
+  const Tensor<double>& q = weight(file, p + "q_proj.weight", path);
+  const Tensor<double>& k = weight(file, p + "k_proj.weight", path);
+  const int64_t rows = q.size(0), E = q.size(1);
+
+  // num_heads: the option, else the metadata; the file's shapes cannot tell.
+  const std::optional<int64_t> meta_heads = metadata_count(file, "num_heads", path);
+  const std::string heads_name = options.num_heads ? "num_heads" : "__metadata__.num_heads";
+  if (options.num_heads && *options.num_heads < 1)
+    throw Error(Error::Kind::Value, "num_heads: expected >= 1, got " + std::to_string(*options.num_heads));
+  if (!options.num_heads && !meta_heads)
+    throw Error(Error::Kind::Missing, "num_heads: not in the weights' __metadata__; pass --num-heads" + in_file(path));
+  const int64_t H = options.num_heads ? *options.num_heads : *meta_heads;
+  if (rows % H != 0)
+    throw Error(Error::Kind::Shape, heads_name + ": " + p + "q_proj.weight's " + std::to_string(rows) +
+                                        " rows are not " + std::to_string(H) + " heads of equal width" + in_file(path));
+  const int64_t D = rows / H;
+  if (const auto meta_d = metadata_count(file, "head_dim", path); meta_d && *meta_d != D)
+    throw Error(Error::Kind::Format, "__metadata__.head_dim: says " + std::to_string(*meta_d) + " but " + p +
+                                         "q_proj.weight's " + std::to_string(rows) + " rows over num_heads " +
+                                         std::to_string(H) + " give " + std::to_string(D) + in_file(path));
+
+  // num_kv_heads: the option, else the metadata (as `multihead init` writes
+  // it), else k_proj.weight's rows over the head width.
+  const std::optional<int64_t> meta_kv = metadata_count(file, "num_kv_heads", path);
+  std::string kv_name = "num_kv_heads";
+  int64_t kv = 0;
+  if (options.num_kv_heads) {
+    kv = *options.num_kv_heads;
+  } else if (meta_kv) {
+    kv = *meta_kv, kv_name = "__metadata__.num_kv_heads";
+  } else {
+    if (k.size(0) % D != 0)
+      throw Error(Error::Kind::Shape, p + "k_proj.weight: " + std::to_string(k.size(0)) +
+                                          " rows are not K/V heads of the query heads' width " + std::to_string(D) +
+                                          in_file(path));
+    kv = k.size(0) / D, kv_name = p + "k_proj.weight";
+  }
+  if (kv < 1 || H % kv != 0)
+    throw Error(Error::Kind::Value, kv_name + ": expected a divisor of num_heads " + std::to_string(H) +
+                                        " (each K/V head serves num_heads / num_kv_heads query heads), got " +
+                                        std::to_string(kv) + in_file(path));
+  if (k.shape() != Shape{kv * D, E})
+    throw Error(Error::Kind::Shape, kv_name + ": " + std::to_string(kv) + " K/V heads of width " + std::to_string(D) +
+                                        " need " + p + "k_proj.weight " + shape_to_string({kv * D, E}) +
+                                        ", the file's is " + shape_to_string(k.shape()) + in_file(path));
+
+  LoadedGqaWeights r;
+  r.config.embed_dim = E;
+  r.config.num_heads = H;
+  r.config.num_kv_heads = kv;
+  r.config.head_dim = D;
+  r.config.causal = options.causal;
+  r.prefix = p;
+  // Every row of the module's parameter table, biases included; the biases
+  // found say `bias` (from_tensors checks they are all there or none).
+  GroupedQueryAttentionConfig every_row = r.config;
+  every_row.bias = true;
+  for_each_parameter(every_row, [&](const ParameterInfo& info) {
+    const auto it = file.tensors.find(p + info.name);
+    if (it == file.tensors.end()) return;
+    r.tensors.emplace(p + info.name, it->second.values);
+    r.config.bias = r.config.bias || std::string(info.name).ends_with(".bias");
+  });
+  r.metadata = file.metadata;
+  return r;
+}
+
+LoadedGqaWeights load_gqa_weights(const std::string& path, const GqaLoadOptions& options) {
+  return load_gqa_weights(read_safetensors(path), path, options);
+}
+
+template <class T>
+GroupedQueryAttention<T> LoadedGqaWeights::module() const {
+  std::map<std::string, Tensor<T>> cast;
+  for (const auto& [name, t] : tensors) cast.emplace(name, tensor_cast<T>(t));
+  return GroupedQueryAttention<T>::from_tensors(config, cast, prefix);
+}
+
+std::map<std::string, std::string> gqa_config_metadata(const GroupedQueryAttention<float>& module) {
+  const GroupedQueryAttentionConfig& c = module.config();
+  return {{"module", "grouped_query_attention"},
+          {"num_heads", std::to_string(c.num_heads)},
+          {"num_kv_heads", std::to_string(module.kv_heads())},
+          {"head_dim", std::to_string(module.head_dim())}};
+}
+
+std::string serialize_gqa_weights(const GroupedQueryAttention<float>& module) {
+  return serialize_safetensors(module.state_dict(), gqa_config_metadata(module));
+}
+
+void save_gqa_weights(const std::string& path, const GroupedQueryAttention<float>& module) {
+  write_file_atomic(path, serialize_gqa_weights(module));
+}
+
+template GroupedQueryAttention<float> LoadedGqaWeights::module<float>() const;
+template GroupedQueryAttention<double> LoadedGqaWeights::module<double>() const;
+
+}  // namespace multihead
