@@ -22,6 +22,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -34,6 +35,7 @@
 #include "multihead/error.hpp"
 #include "multihead/grouped_query_attention.hpp"
 #include "multihead/io.hpp"
+#include "multihead/runtime.hpp"
 
 namespace multihead {
 namespace {
@@ -314,6 +316,48 @@ TEST(GqaBackwardTorch, MatchesAutogradFloat64) {
     std::cout << "  " << path << ": worst |ours − torch| " << worst << "\n";
   }
   EXPECT_GT(files, 0) << "no case*.safetensors in " << dir;
+}
+
+}  // namespace
+}  // namespace multihead
+
+namespace multihead {
+namespace {
+
+// As MHA's (MhaBackward.BackwardRunsTheForwardsKernel): the backward runs
+// the kernel the forward ran, whatever kernel_force says by then. float32,
+// where flash serves Auto; the reference and flash backwards are first
+// shown to differ in their last bits, so the comparison can tell them apart.
+TEST(GqaBackward, BackwardRunsTheForwardsKernel_Float32_E64_H4_Kv2_L70) {
+  GroupedQueryAttentionConfig config;
+  config.embed_dim = 64;
+  config.num_heads = 4;
+  config.num_kv_heads = 2;
+  const GroupedQueryAttention<float> m(config, 7);
+  Tensor<float> x(Shape{2, 70, 64}), G(Shape{2, 70, 64});
+  std::mt19937_64 rng(3);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int64_t i = 0; i < x.numel(); ++i) x[i] = n(rng), G[i] = n(rng);
+  const auto step = [&](AttentionKernel before_forward, AttentionKernel before_backward) {
+    GroupedQueryForwardContext<float> ctx;
+    kernel_force(before_forward);
+    m.forward(x, AttentionOptions{}, ctx);
+    kernel_force(before_backward);
+    GroupedQueryAttentionGradients<float> g = m.backward(ctx, G);
+    kernel_force(AttentionKernel::Auto);
+    return g;
+  };
+  const auto same = [](const GroupedQueryAttentionGradients<float>& a, const GroupedQueryAttentionGradients<float>& b) {
+    if (std::memcmp(a.x.data(), b.x.data(), sizeof(float) * a.x.numel()) != 0) return false;
+    for (const auto& [name, t] : a.parameters)
+      if (std::memcmp(t.data(), b.parameters.at(name).data(), sizeof(float) * t.numel()) != 0) return false;
+    return true;
+  };
+  const GroupedQueryAttentionGradients<float> flash = step(AttentionKernel::Auto, AttentionKernel::Auto);
+  const GroupedQueryAttentionGradients<float> reference = step(AttentionKernel::Reference, AttentionKernel::Reference);
+  ASSERT_FALSE(same(flash, reference)) << "the two kernels agree to the bit here: the test could not tell them apart";
+  EXPECT_TRUE(same(flash, step(AttentionKernel::Auto, AttentionKernel::Reference)));
+  EXPECT_TRUE(same(reference, step(AttentionKernel::Reference, AttentionKernel::Flash)));
 }
 
 }  // namespace
