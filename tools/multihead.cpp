@@ -28,6 +28,7 @@
 
 #include "cli_manners.hpp"
 #include "commands.hpp"
+#include "interrupts.hpp"
 #include "multihead/error.hpp"
 #include "multihead/version.hpp"
 #include "multihead/runtime.hpp"
@@ -61,6 +62,7 @@ int flushed(int status) {
 
 int main(int argc, char** argv) {
   using namespace multihead::cli;
+  install_interrupt_handlers();
   CLI::App app{"multihead: exact, fast multi-head attention (torch.nn.MultiheadAttention on the CPU)",
                "multihead"};
   app.require_subcommand(0, 1);
