@@ -739,6 +739,14 @@ def _(ctx):
     return decode(ctx, ["--max-len", "5"])
 
 
+# 2 x 2 K/V heads x 2^40 positions x head_dim 4 x 4 bytes = 64 TiB: refused
+# before any allocation (issue 22: a bare "out of memory" after 2.4 GB).
+@case("decode --max-len 2^40, a cache larger than memory", "--max-len", "1099511627776 positions",
+      "70368744177664 bytes", "more than this machine's", "GiB of memory")
+def _(ctx):
+    return decode(ctx, ["--max-len", str(2 ** 40)])
+
+
 @case("decode --num-kv-heads 3 with 2 heads", "--num-kv-heads", "divisor", "got 3")
 def _(ctx):
     return decode(ctx, ["--num-kv-heads", "3"])
