@@ -105,8 +105,9 @@ struct AttentionOptions {
   //    (2w − 1 positions centred on p_i). Unset = no window. At most 2^40.
   std::optional<int64_t> window;
   // Logit soft-capping (Gemma 2): s <- softcap·tanh(s / softcap) on the
-  // scaled dot product, before any mask or bias is added. softcap > 0;
-  // unset = off.
+  // scaled dot product, before any mask or bias is added. softcap in
+  // [2^-126, 2^126] (the cap and 1/cap normal float32 numbers; beyond them
+  // float32 would give NaN or no cap at all); unset = off.
   std::optional<double> softcap;
   // ALiBi (Press et al. 2022): −m_n·|p_i − j| added to the score of slice n.
   // Empty = off; otherwise one finite slope per slice (N values, slice n =

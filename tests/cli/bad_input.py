@@ -628,6 +628,26 @@ for flag, value, expected in (("--window", "0", "1 to 2^40"), ("--window", "-3",
     case(f"{flag} {value}", (flag[2:], flag[2:].replace("-", "_")), value, expected)(_variant)
 
 
+# Beyond float32's normal range the cap became inf (all-NaN output) or 0 (no
+# cap), with exit 0 (issue 22): refused in the library's one validation, so
+# MHA, the grouped-query forward and decode all say so.
+SOFTCAP_RANGE = "[2^-126, 2^126]"
+for value, shown in (("1e39", "1e+39"), ("1e-300", "1e-300")):
+    def _softcap(ctx, value=value):
+        return ctx.args(extra=["--softcap", value])
+    case(f"--softcap {value}, outside float32's normal range", "softcap", SOFTCAP_RANGE, shown)(_softcap)
+
+
+@case("forward --num-kv-heads --softcap 1e300", "softcap", SOFTCAP_RANGE, "1e+300")
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--softcap", "1e300"])
+
+
+@case("decode --softcap 1e39", "softcap", SOFTCAP_RANGE, "1e+39")
+def _(ctx):
+    return decode(ctx, ["--softcap", "1e39"])
+
+
 @case("--causal-align without --is-causal, --window or --alibi", "causal-align", "is-causal", "bottom-right")
 def _(ctx):
     return ctx.args(extra=["--causal-align", "bottom-right"])
