@@ -208,7 +208,16 @@ Runner add_decode_command(CLI::App& app) {
   c->add_option("--out", a->out, "The N generated vectors as .npy (B, N, E) ('-' = standard output; the report "
                                  "then goes to stderr)")
       ->check(path());
-  return [a] {
+  return [a, c] {
+    const auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
+    // Flags that would change nothing in this combination (issue 22).
+    if (!a->prompt.empty() && given("--batch"))
+      fail("--batch: not used with --prompt (the file gives the batch)");
+    if (!a->weights.empty() && a->bias) fail("--bias: not used with --weights (the file has biases or not)");
+    if (!a->weights.empty() && !a->prompt.empty() && given("--seed"))
+      fail("--seed: not used with --weights and --prompt (nothing is random)");
+    if (a->grow && !a->max_len)
+      fail("--grow: needs --max-len (the default cache, prompt + tokens, never fills)");
     check_files({{"--weights", a->weights}, {"--prompt", a->prompt}}, {{"--out", a->out}});
     if (a->gqa.rope.empty() && a->gqa.rope_theta_option->count() > 0)
       fail("--rope-theta: needs --rope (interleaved or half-split)");

@@ -312,7 +312,14 @@ Runner add_forward_command(CLI::App& app) {
                 "them (`multihead init --num-kv-heads` writes them), the query is (B, L, E) batch first, "
                 "self-attention; --is-causal, --window, --softcap, --alibi, --rope apply");
 
-  return [args, batch_first, add_zero_attn] {
+  return [args, batch_first, add_zero_attn, c] {
+    const auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
+    // Flags that would change nothing in this combination (issue 22).
+    if (given("--dropout-seed") && !args->training)
+      throw Error(Error::Kind::Value, "--dropout-seed: needs --training (dropout applies only in training mode)");
+    if (given("--kernel") && args->kernel != "auto" && args->form == "textbook")
+      throw Error(Error::Kind::Value, "--kernel: not used with --form textbook (the textbook form runs its own plain "
+                                      "loops, whatever the kernel)");
     if (args->need_weights && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--need-weights: needs --attn-weights-out to write the weights to");
     if (args->no_average && args->attn_weights_out.empty())

@@ -782,6 +782,40 @@ def _(ctx):
     return decode(ctx, ["--window", "-3"])
 
 
+# -- flags that would change nothing in their combination (issue 22: `init
+# --rope half-split` and `--rope-theta` were accepted and did nothing). Each is
+# refused, naming the flag; init has no --rope at all (its --help lists none).
+def init(ctx, extra):
+    return [ctx.cli, "init", "--embed-dim", str(E), "--num-heads", str(H), *extra,
+            "--out", os.path.join(ctx.outdir, "w.safetensors")]
+
+
+for name, build, words in (
+        ("init --rope half-split", lambda ctx: init(ctx, ["--rope", "half-split"]), ("--rope",)),
+        ("init --rope-theta 500000", lambda ctx: init(ctx, ["--rope-theta", "500000"]), ("--rope-theta",)),
+        ("init --num-kv-heads 1 --rope interleaved", lambda ctx: init(ctx, ["--num-kv-heads", "1", "--rope", "interleaved"]),
+         ("--rope",)),
+        ("init --head-dim without --num-kv-heads", lambda ctx: init(ctx, ["--head-dim", "2"]),
+         ("--head-dim", "needs --num-kv-heads")),
+        ("init --num-kv-heads --dropout", lambda ctx: init(ctx, ["--num-kv-heads", "1", "--dropout", "0.5"]),
+         ("--dropout", "not used with --num-kv-heads")),
+        ("forward --dropout-seed without --training", lambda ctx: ctx.args(extra=["--dropout-seed", "3"]),
+         ("--dropout-seed", "needs --training")),
+        ("forward --form textbook --kernel flash", lambda ctx: ctx.args(extra=["--form", "textbook", "--kernel", "flash"]),
+         ("--kernel", "--form textbook")),
+        ("decode --prompt with --batch",
+         lambda ctx: [ctx.cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--prompt",
+                      ctx.npy("p.npy", ctx.randn(3, E)), "--batch", "2", "--tokens", "4", "--out", ctx.out],
+         ("--batch", "not used with --prompt")),
+        ("decode --grow without --max-len", lambda ctx: decode(ctx, ["--grow"]), ("--grow", "needs --max-len")),
+        ("train --checkpoint-every without --checkpoint-out",
+         lambda ctx: [ctx.cli, "train", "--steps", "2", "--checkpoint-every", "1"],
+         ("--checkpoint-every", "needs --checkpoint-out")),
+        ("train --task lesson --symbols 4", lambda ctx: [ctx.cli, "train", "--task", "lesson", "--symbols", "4"],
+         ("--symbols", "not used with --task lesson"))):
+    case(name, *words)(build)
+
+
 # ---- running --------------------------------------------------------------------
 def _snapshot(folder):
     snap = {}
