@@ -63,7 +63,7 @@ void run_random_demo(const DemoArgs& a) {
   for (int64_t i = 0; i < L; ++i)
     if (kSentence[i] == a.focus) focus = i;
   if (focus < 0)
-    throw Error(Error::Kind::Value, "--focus: expected a word of the sentence, got '" + a.focus + "'");
+    throw Error(Error::Kind::Value, "--focus: expected a word of the sentence, got " + quote_input(a.focus));
   MultiheadAttentionConfig config;
   config.embed_dim = E;
   config.num_heads = H;
@@ -157,7 +157,7 @@ void run_trained_demo(const DemoArgs& a) {
   int64_t focus = -1;
   for (int64_t i = 0; i < n; ++i)
     if (words[static_cast<std::size_t>(i)] == a.focus) focus = i;
-  if (focus < 0) throw Error(Error::Kind::Value, "--focus: expected a word of the sentence, got '" + a.focus + "'");
+  if (focus < 0) throw Error(Error::Kind::Value, "--focus: expected a word of the sentence, got " + quote_input(a.focus));
   const Batch b = task.sentence_batch(ids);
   const Evaluation e = model.evaluate(b, true);
 

@@ -15,7 +15,7 @@ namespace multihead::cli {
 namespace {
 
 [[noreturn]] void refuse(const FileFlag& f, const std::string& reason) {
-  throw Error(Error::Kind::IO, f.flag + ": cannot write '" + f.path + "': " + reason);
+  throw Error(Error::Kind::IO, f.flag + ": cannot write " + quote_input(f.path) + ": " + reason);
 }
 
 // The library's message with the flag in front.

@@ -53,7 +53,7 @@ struct ForwardArgs {
 std::vector<int64_t> parse_index_list(const std::string& flag, const std::string& text) {
   const auto fail = [&] {
     return Error(Error::Kind::Value, flag + ": expected comma-separated indices or ranges a:b (b excluded), e.g. "
-                                            "0,3 or 5:9, got '" + text + "'");
+                                            "0,3 or 5:9, got " + quote_input(text));
   };
   const auto number = [&](const std::string& s) {
     if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) throw fail();
@@ -332,8 +332,8 @@ Runner add_forward_command(CLI::App& app) {
     if (!args->weights_rows.empty()) (void)parse_index_list("--weights-rows", args->weights_rows);
     if (!args->causal_align.empty() && !args->is_causal && !args->window && !args->alibi)
       throw Error(Error::Kind::Value, "--causal-align: expected with --is-causal, --window or --alibi "
-                                      "(it places the queries' positions), got '" +
-                                          args->causal_align + "' alone");
+                                      "(it places the queries' positions), got " +
+                                          quote_input(args->causal_align) + " alone");
     check_files({{"--weights", args->weights}, {"--query", args->query}, {"--key", args->key},
                  {"--value", args->value}, {"--key-padding-mask", args->key_padding_mask},
                  {"--attn-mask", args->attn_mask}},

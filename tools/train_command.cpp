@@ -45,7 +45,7 @@ CLI::Validator non_negative_number() {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v >= 0.0) || !std::isfinite(v))
-          return "expected a finite number >= 0, got '" + text + "'";
+          return "expected a finite number >= 0, got " + quote_input(text);
         return "";
       },
       "number >= 0");
@@ -59,7 +59,7 @@ CLI::Validator unit_interval_open(const std::string& what) {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v >= 0.0 && v < 1.0))
-          return "expected " + what + " in [0, 1), got '" + text + "'";
+          return "expected " + what + " in [0, 1), got " + quote_input(text);
         return "";
       },
       "in [0, 1)");

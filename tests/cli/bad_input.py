@@ -816,6 +816,26 @@ for name, build, words in (
     case(name, *words)(build)
 
 
+# -- quoted input is cut (issue 22: a 100,000-character word made a
+# 100,178-byte "one-line" error): each message shows the start and the length,
+# and stays under 600 bytes (run_case checks the length of every message).
+LONG = "w" * 100000
+for name, build in (
+        ("explain, a 100000-character word", lambda ctx: [ctx.cli, "explain", f"the {LONG} sat"]),
+        ("init --embed-dim, a 100000-character value",
+         lambda ctx: [ctx.cli, "init", "--embed-dim", LONG, "--num-heads", "2", "--out", ctx.out]),
+        ("init --seed, a 100000-character value (CLI11's own message)",
+         lambda ctx: [ctx.cli, "init", "--embed-dim", "8", "--num-heads", "2", "--seed", LONG, "--out", ctx.out]),
+        ("forward --kernel, a 100000-character value", lambda ctx: ctx.args(extra=["--kernel", LONG])),
+        ("forward, a 100000-character flag", lambda ctx: ctx.args(extra=["--" + LONG])),
+        ("forward --out, a 100000-character file name",
+         lambda ctx: ctx.args(out=os.path.join(ctx.outdir, LONG))),
+        ("forward --query, a 100000-character file name",
+         lambda ctx: [ctx.cli, "forward", "--weights", ctx.weights(), "--query", os.path.join(ctx.outdir, LONG),
+                      "--out", ctx.out])):
+    case(name, "www...", " bytes)")(build)  # the length: 100000 and what surrounds it
+
+
 # ---- running --------------------------------------------------------------------
 def _snapshot(folder):
     snap = {}
@@ -859,6 +879,8 @@ def run_case(ctx, argv, words):
             problems.append(f"{label}: exit {r.returncode}, expected 2")
         if not stderr.strip() or len(lines) != 1 or not stderr.endswith("\n"):
             problems.append(f"{label}: stderr is {len(lines)} line(s), expected exactly one: {stderr!r}")
+        if len(stderr) > 600:
+            problems.append(f"{label}: message is {len(stderr)} bytes, expected at most 600 (quoted input is cut)")
         long_number = re.search(r"\d{21,}", stderr)
         if long_number:
             problems.append(f"{label}: message holds an illegible {len(long_number.group())}-digit number "
