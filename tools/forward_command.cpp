@@ -267,7 +267,9 @@ Runner add_forward_command(CLI::App& app) {
       ->check(integer_in(1, int64_t{1} << 40, "a window of 1 to 2^40 keys"));
   c->add_option("--softcap", args->softcap, "Logit soft-cap C: scores become C*tanh(score/C) (Gemma 2)")
       ->check(positive_number());
-  c->add_flag("--alibi", args->alibi, "ALiBi position biases with the paper's per-head slopes");
+  c->add_flag("--alibi", args->alibi,
+              "ALiBi position biases with the paper's per-head slopes (the paper's are causal; without "
+              "--is-causal, -m*|i-j| is an extension)");
   c->add_option("--num-heads", args->num_heads, "Heads (overrides the weights' metadata)")
       ->check(positive_integer());
   // A plain bool plus the option's count: CLI11 2.1 assigns an optional<bool>
