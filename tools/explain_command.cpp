@@ -266,6 +266,8 @@ Runner add_explain_command(CLI::App& app) {
   c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr (for a trained model also its 16 token ids)");
 
   return [a] {
+    if (a->ascii && a->format != "text")
+      throw Error(Error::Kind::Value, "--ascii: applies to --format text only, got --format " + a->format);
     const bool plain = !a->weights.empty() || !a->input.empty();
     if (plain && (a->weights.empty() || a->input.empty()))
       throw Error(Error::Kind::Missing,

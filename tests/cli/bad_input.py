@@ -819,7 +819,20 @@ for name, build, words in (
          lambda ctx: [ctx.cli, "train", "--steps", "2", "--checkpoint-every", "1"],
          ("--checkpoint-every", "needs --checkpoint-out")),
         ("train --task lesson --symbols 4", lambda ctx: [ctx.cli, "train", "--task", "lesson", "--symbols", "4"],
-         ("--symbols", "not used with --task lesson"))):
+         ("--symbols", "not used with --task lesson")),
+        ("demo --seed without --random", lambda ctx: [ctx.cli, "demo", "--seed", "3"], ("--seed", "needs --random")),
+        ("demo --random --sentence", lambda ctx: [ctx.cli, "demo", "--random", "--sentence", "the dog"],
+         ("--sentence", "not used with --random")),
+        ("explain --ascii --format html", lambda ctx: [ctx.cli, "explain", "--ascii", "--format", "html", "--out",
+                                                       ctx.out], ("--ascii", "--format text")),
+        ("experiment --quick --steps 10", lambda ctx: [ctx.cli, "experiment", "--quick", "--steps", "10"],
+         ("--steps", "not used with --quick")),
+        ("experiment --save-model --seeds 3",
+         lambda ctx: [ctx.cli, "experiment", "--save-model", ctx.out, "--tasks", "lesson", "--heads", "1", "--layers",
+                      "1", "--seeds", "3"], ("--seeds", "not used with --save-model")),
+        ("bench --kernel reference --simd-target SCALAR",
+         lambda ctx: [ctx.cli, "bench", "--kernel", "reference", "--simd-target", "SCALAR"],
+         ("--simd-target", "flash kernel only"))):
     case(name, *words)(build)
 
 
