@@ -5,7 +5,7 @@
 #
 # It builds a minimal Debian 12 root (debootstrap --variant=minbase: no
 # compiler, no recommended packages) in a folder of its own, puts a clean
-# clone of this repository's HEAD inside, and runs README's command there with
+# clone of this repository's HEAD inside at /src, and runs README's command there with
 # chroot, as root, as a new user would. It always unmounts and removes what it
 # made, on success, failure or Ctrl-C.
 #
@@ -15,6 +15,11 @@
 # Environment:
 #   FRESH_ROOT_PARENT  where the root's folder is made (default /var/tmp)
 #   FRESH_KEEP=1       keep the root afterwards (mounts are still removed)
+#   FRESH_CLONE_DIR    where the clone goes inside the root (default /src:
+#                      a short path that is also a piece of other paths,
+#                      such as python/src/module.cpp, so a test that looks
+#                      for the source folder as plain text, not as a whole
+#                      path, fails here; issue 22 found install_consumer's)
 #
 # The mirror is read from this machine's own apt configuration (apt-get
 # indextargets), so nothing here names a host. The root's apt sources are the
@@ -123,14 +128,15 @@ done
 
 # A clean clone of HEAD: only committed files, as a new user would get them.
 # (The minimal root has no git yet; the host clones into it.)
-git clone -q --no-hardlinks "$repo" "$root/root/multihead"
-say "cloned $(git -C "$root/root/multihead" rev-parse --short HEAD) into the root"
+clone_dir=${FRESH_CLONE_DIR:-/src}
+git clone -q --no-hardlinks "$repo" "$root$clone_dir"
+say "cloned $(git -C "$root$clone_dir" rev-parse --short HEAD) into the root at $clone_dir"
 
 say "running '$command' in the fresh root"
 t1=$(date +%s)
 status=0
 chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  LANG=C.UTF-8 TERM=dumb /bin/bash -c "cd /root/multihead && $command" || status=$?
+  LANG=C.UTF-8 TERM=dumb /bin/bash -c "cd '$clone_dir' && $command" || status=$?
 t2=$(date +%s)
 if ((status != 0)); then
   echo "check-fresh-machine: '$command' FAILED in a fresh Debian 12 root (exit $status) after $((t2 - t1)) s" >&2

@@ -377,7 +377,30 @@ TEST(GqaCache, BytesOverflowAndGrowth) {
     EXPECT_EQ(test::rel_error(a, b), 0.0) << "step " << step;
   }
   EXPECT_EQ(grows.length(), 20);
-  EXPECT_GE(grows.capacity(), 20);
+  // Each growth goes to max(2 x capacity, needed): 1 -> 4 (4 needed) -> 8 ->
+  // 16 (12 needed) -> 32 (20 needed).
+  EXPECT_EQ(grows.capacity(), 32);
+}
+
+// A cache that could never fit is refused before any allocation, naming
+// max_len, the bytes and the machine's memory (issue 22: decode with
+// --max-len 4000000 failed with a bare std::bad_alloc after committing
+// 2.4 GB). 2 x 32 K/V heads x 2^40 positions x 128 x 4 bytes = 2^55 bytes.
+TEST(GqaCache, LargerThanMemoryIsRefusedBeforeAllocating) {
+  GroupedQueryAttentionConfig cfg;
+  cfg.embed_dim = 64;
+  cfg.num_heads = 32;
+  cfg.head_dim = 128;
+  const GroupedQueryAttention<float> m(cfg, 1);
+  std::string msg = "no error";
+  try {
+    (void)m.make_cache(1, int64_t{1} << 40);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(msg.rfind("max_len: a KV cache of 1099511627776 positions", 0), 0u) << msg;
+  EXPECT_NE(msg.find("(36028797018963968 bytes), more than this machine's"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("GiB of memory"), std::string::npos) << msg;
 }
 
 TEST(GqaConfigValidation, ErrorsNameTheOption) {

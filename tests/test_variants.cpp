@@ -164,14 +164,53 @@ TEST(VariantOptions, RejectedWithTheirValues) {
   expect_rejected(o, "got -4");
   o = {};
   o.softcap = 0.0;
-  expect_rejected(o, "softcap: expected a finite cap > 0, got 0");
+  expect_rejected(o, "softcap: expected a cap in [2^-126, 2^126] (about 1.2e-38 to 8.5e+37, where the cap and 1/cap are both normal float32 numbers), got 0");
   o.softcap = std::numeric_limits<double>::infinity();
   expect_rejected(o, "softcap");
+  // Outside float32's normal range (issue 22: 1e39 and 1e300 gave all-NaN
+  // outputs, 1e-300 the uncapped one, with no error).
+  for (double cap : {1e39, 1e300, 0x1p126 * 1.0000001, 1e-300, 1e-39, 0x1p-126 * 0.9999999}) {
+    o.softcap = cap;
+    expect_rejected(o, "softcap: expected a cap in [2^-126, 2^126]");
+  }
   o = {};
   o.alibi_slopes = {0.5};
   expect_rejected(o, "alibi_slopes: expected one slope per slice, 2 (the product of the leading dims), got 1");
   o.alibi_slopes = {0.5, std::nan("")};
   expect_rejected(o, "alibi_slopes[1]: expected a finite slope");
+}
+
+// The ends of the accepted range give the two limits, in float32 on every
+// kernel: a cap of 2^126 is no cap (within float32 rounding of the uncapped
+// output), and one of 2^-126 flattens every score to ±2^-126, so each
+// output row is the mean of the value rows (relative 1e-6: a few roundings
+// of 2^-24 in a 5-term mean).
+TEST(VariantOptions, SoftcapAtTheEndsOfItsRangeGivesItsLimits) {
+  Tensor<float> q({2, 3, 4}), k({2, 5, 4}), v({2, 5, 4});
+  // Scores up to about 30: s / 2^-126 overflows to inf, whose tanh must be 1.
+  for (int64_t x = 0; x < q.numel(); ++x) q[x] = static_cast<float>(x % 7) * 3.0f - 9.0f;
+  for (int64_t x = 0; x < k.numel(); ++x) {
+    k[x] = static_cast<float>(x % 5) * 0.4f - 0.8f;
+    v[x] = static_cast<float>(x % 11) - 5.0f;
+  }
+  for (AttentionKernel kernel : {AttentionKernel::Reference, AttentionKernel::Materialized, AttentionKernel::Flash}) {
+    AttentionOptions o;
+    o.kernel = kernel;
+    const Tensor<float> plain = scaled_dot_product_attention(q, k, v, nullptr, o);
+    o.softcap = 0x1p126;
+    const Tensor<float> huge = scaled_dot_product_attention(q, k, v, nullptr, o);
+    o.softcap = 0x1p-126;
+    const Tensor<float> tiny = scaled_dot_product_attention(q, k, v, nullptr, o);
+    for (int64_t s = 0; s < 2; ++s)
+      for (int64_t i = 0; i < 3; ++i)
+        for (int64_t d = 0; d < 4; ++d) {
+          double mean = 0;
+          for (int64_t j = 0; j < 5; ++j) mean += v[(s * 5 + j) * 4 + d] / 5.0;
+          const int64_t x = (s * 3 + i) * 4 + d;
+          EXPECT_NEAR(huge[x], plain[x], 1e-6 * std::abs(plain[x]) + 1e-6) << to_string(kernel) << " element " << x;
+          EXPECT_NEAR(tiny[x], mean, 1e-6 * std::abs(mean) + 1e-6) << to_string(kernel) << " element " << x;
+        }
+  }
 }
 
 // Through the public entry point: a window of 1 with causal attends to the

@@ -42,6 +42,8 @@ Runner add_bench_command(CLI::App& app) {
   c->add_option("--simd-target", a->simd_target,
                 "Force a SIMD target for the flash kernel (e.g. AVX3, AVX2, SSE4, SCALAR)");
   return [a] {
+    if (!a->simd_target.empty() && (a->kernel == "reference" || a->kernel == "materialized"))
+      throw Error(Error::Kind::Value, "--simd-target: applies to the flash kernel only, got --kernel " + a->kernel);
     apply_threads(a->threads);
     if (!a->simd_target.empty()) {
       try {

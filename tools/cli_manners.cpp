@@ -5,6 +5,8 @@
 #include <cctype>
 #include <memory>
 
+#include "multihead/error.hpp"
+
 namespace multihead::cli {
 namespace {
 
@@ -88,7 +90,7 @@ CLI::Validator one_of(const std::vector<std::string>& names) {
             return "";
           }
         }
-        return "expected one of " + join(names, ", ") + "; got '" + text + "'";
+        return "expected one of " + join(names, ", ") + "; got " + quote_input(text);
       },
       description);
 }
@@ -137,7 +139,7 @@ namespace {
 
 // "unknown argument '--querry'; did you mean '--query'?"
 std::string unknown_argument(CLI::App& app, CLI::App& where, const std::string& arg) {
-  std::string msg = (&where == &app ? "unknown command or argument '" : "unknown argument '") + arg + "'";
+  std::string msg = (&where == &app ? "unknown command or argument " : "unknown argument ") + quote_input(arg);
   if (const std::string guess = closest(arg, candidates_for(where, arg)); !guess.empty())
     return msg + "; did you mean '" + guess + "'?";
   if (const std::string owners = &where == &app ? commands_with(app, arg) : ""; !owners.empty())
@@ -146,6 +148,19 @@ std::string unknown_argument(CLI::App& app, CLI::App& where, const std::string& 
 }
 
 }  // namespace
+
+std::string cut_long_words(const std::string& message) {
+  std::string out;
+  std::size_t at = 0;
+  while (at < message.size()) {
+    const std::size_t end = std::min(message.find(' ', at), message.size());
+    const std::string_view word(message.data() + at, end - at);
+    out += word.size() > 2 * kQuoteLimit ? shortened(word) : std::string(word);
+    if (end < message.size()) out += ' ';
+    at = end + 1;
+  }
+  return out;
+}
 
 std::string describe_parse_error(CLI::App& app, const CLI::ParseError& e) {
   CLI::App* where = failed_in(app);

@@ -39,6 +39,12 @@ void show_defaults(CLI::App& app);
 // and "(run 'multihead forward --help')" naming the subcommand that failed.
 std::string describe_parse_error(CLI::App& app, const CLI::ParseError& e);
 
+// `message` with every run of non-space bytes longer than 2 x kQuoteLimit
+// cut by multihead::shortened: the backstop for text that CLI11 quotes itself
+// ("--seed: Value ... could not be converted") or that reaches a message
+// uncut. main() passes every error line through it.
+std::string cut_long_words(const std::string& message);
+
 // What `multihead` alone prints: one line per subcommand and where to go next.
 std::string usage(CLI::App& app);
 

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <new>
 #include <optional>
 #include <random>
 #include <string>
@@ -79,6 +80,30 @@ Tensor<float> make_prompt(const DecodeArgs& a, int64_t E) {
   return x;
 }
 
+// The library names the cache's length max_len; here it is --max-len.
+[[noreturn]] void rethrow_as_flag(const Error& e) {
+  const std::string what = e.what();
+  if (what.rfind("max_len: ", 0) == 0) throw Error(e.kind(), "--max-len: " + what.substr(9));
+  throw e;
+}
+
+// The cache, refused before any allocation when it cannot fit in memory
+// (the library's check); an allocation that fails anyway (a ulimit below
+// the machine's memory) names the flag and the bytes too.
+KVCache<float> make_cache(const GroupedQueryAttention<float>& m, int64_t batch, int64_t max_len, bool grow) {
+  try {
+    return m.make_cache(batch, max_len, grow);
+  } catch (const Error& e) {
+    rethrow_as_flag(e);
+  } catch (const std::bad_alloc&) {
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "%.0f bytes",
+                  KVCache<float>::bytes_for(batch, m.kv_heads(), m.head_dim(), max_len));
+    fail("--max-len: a KV cache of " + std::to_string(max_len) + " positions needs " + msg +
+         ", and allocating them failed: out of memory");
+  }
+}
+
 void run_decode(const DecodeArgs& a) {
   const GroupedQueryAttention<float> m = make_module(a);
   const int64_t E = m.config().embed_dim;
@@ -95,11 +120,20 @@ void run_decode(const DecodeArgs& a) {
   if (a.alibi) o.alibi_slopes = alibi_slopes(m.config().num_heads);
   o.kernel = parse_attention_kernel(a.kernel);
   o.num_threads = a.threads;
-  KVCache<float> cache = m.make_cache(B, max_len, a.grow);
+  KVCache<float> cache = make_cache(m, B, max_len, a.grow);
 
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
-  const Tensor<float> prefill = m.forward(prompt, o, &cache);
+  // With --grow the cache may grow past the machine's memory: that Error
+  // names max_len too.
+  auto forward = [&](const Tensor<float>& x) {
+    try {
+      return m.forward(x, o, &cache);
+    } catch (const Error& e) {
+      rethrow_as_flag(e);
+    }
+  };
+  const Tensor<float> prefill = forward(prompt);
   const auto t1 = clock::now();
   // Step t's input: the previous output row (B, 1, E).
   Tensor<float> x(Shape{B, 1, E});
@@ -108,7 +142,7 @@ void run_decode(const DecodeArgs& a) {
   std::vector<double> step_s(static_cast<std::size_t>(N));
   for (int64_t t = 0; t < N; ++t) {
     const auto s0 = clock::now();
-    x = m.forward(x, o, &cache);
+    x = forward(x);
     step_s[static_cast<std::size_t>(t)] = std::chrono::duration<double>(clock::now() - s0).count();
     for (int64_t b = 0; b < B; ++b) std::copy_n(x.data() + b * E, E, generated.data() + (b * N + t) * E);
   }
@@ -162,7 +196,8 @@ Runner add_decode_command(CLI::App& app) {
   c->add_option("--tokens", a->tokens, "Tokens to generate")->required()->check(non_negative_integer());
   c->add_option("--max-len", a->max_len, "Cache length, preallocated (default: prompt + tokens)")
       ->check(integer_in(1, int64_t{1} << 40, "a cache length of 1 to 2^40 tokens"));
-  c->add_flag("--grow", a->grow, "Let the cache double when full instead of failing");
+  c->add_flag("--grow", a->grow,
+              "Let the cache grow when full instead of failing: to max(2 x capacity, positions needed)");
   c->add_option("--window", a->window, "Sliding window: each token sees its own and the W-1 previous positions")
       ->check(integer_in(1, int64_t{1} << 40, "a window of 1 to 2^40 keys"));
   c->add_option("--softcap", a->softcap, "Logit soft-cap C: scores become C*tanh(score/C)")->check(positive_number());
@@ -173,7 +208,16 @@ Runner add_decode_command(CLI::App& app) {
   c->add_option("--out", a->out, "The N generated vectors as .npy (B, N, E) ('-' = standard output; the report "
                                  "then goes to stderr)")
       ->check(path());
-  return [a] {
+  return [a, c] {
+    const auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
+    // Flags that would change nothing in this combination (issue 22).
+    if (!a->prompt.empty() && given("--batch"))
+      fail("--batch: not used with --prompt (the file gives the batch)");
+    if (!a->weights.empty() && a->bias) fail("--bias: not used with --weights (the file has biases or not)");
+    if (!a->weights.empty() && !a->prompt.empty() && given("--seed"))
+      fail("--seed: not used with --weights and --prompt (nothing is random)");
+    if (a->grow && !a->max_len)
+      fail("--grow: needs --max-len (the default cache, prompt + tokens, never fills)");
     check_files({{"--weights", a->weights}, {"--prompt", a->prompt}}, {{"--out", a->out}});
     if (a->gqa.rope.empty() && a->gqa.rope_theta_option->count() > 0)
       fail("--rope-theta: needs --rope (interleaved or half-split)");

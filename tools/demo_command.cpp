@@ -63,7 +63,7 @@ void run_random_demo(const DemoArgs& a) {
   for (int64_t i = 0; i < L; ++i)
     if (kSentence[i] == a.focus) focus = i;
   if (focus < 0)
-    throw Error(Error::Kind::Value, "--focus: expected a word of the sentence, got '" + a.focus + "'");
+    throw Error(Error::Kind::Value, "--focus: expected a word of the sentence, got " + quote_input(a.focus));
   MultiheadAttentionConfig config;
   config.embed_dim = E;
   config.num_heads = H;
@@ -157,7 +157,7 @@ void run_trained_demo(const DemoArgs& a) {
   int64_t focus = -1;
   for (int64_t i = 0; i < n; ++i)
     if (words[static_cast<std::size_t>(i)] == a.focus) focus = i;
-  if (focus < 0) throw Error(Error::Kind::Value, "--focus: expected a word of the sentence, got '" + a.focus + "'");
+  if (focus < 0) throw Error(Error::Kind::Value, "--focus: expected a word of the sentence, got " + quote_input(a.focus));
   const Batch b = task.sentence_batch(ids);
   const Evaluation e = model.evaluate(b, true);
 
@@ -245,7 +245,16 @@ Runner add_demo_command(CLI::App& app) {
   c->add_option("--num-heads", args->num_heads, "Heads (must divide the embedding width; --random)")->check(integer_in(1, 4096, "an integer in [1, 4096]"));
   c->add_option("--seed", args->seed, "Seed of the random weights and embeddings (--random)");
   c->add_option("--focus", args->focus, "The word whose attention is shown");
-  return [args] {
+  return [args, c] {
+    // Flags that would change nothing in this combination (issue 22).
+    const auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
+    for (const char* flag : {"--embed-dim", "--num-heads", "--seed"})
+      if (!args->random && given(flag))
+        throw Error(Error::Kind::Value, std::string(flag) + ": needs --random (the trained model has its own)");
+    for (const char* flag : {"--model", "--sentence"})
+      if (args->random && given(flag))
+        throw Error(Error::Kind::Value, std::string(flag) + ": not used with --random (it shows the lesson's "
+                                                            "sentence through seeded random weights)");
     if (!args->model.empty()) check_files({{"--model", args->model}}, {});
     run_demo(*args);
   };

@@ -167,7 +167,21 @@ Runner add_experiment_command(CLI::App& app) {
                 "Train one run (one --tasks, --heads, --layers value; seed --first-seed) and write the model file "
                 "(safetensors, settings and the command in __metadata__) here")
       ->check(path());
-  return [a] { run_experiment_command(*a); };
+  return [a, c] {
+    // Flags that would change nothing in this combination (issue 22).
+    const auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
+    if (a->quick)
+      for (const char* flag : {"--heads", "--layers", "--seeds", "--steps", "--curve-points", "--save-model"})
+        if (given(flag))
+          throw Error(Error::Kind::Value, std::string(flag) + ": not used with --quick (which sets the heads, layers, "
+                                                              "seeds, steps and curve points, and saves no model)");
+    if (!a->save_model.empty())
+      for (const char* flag : {"--seeds", "--curve-points", "--workers", "--json", "--markdown"})
+        if (given(flag))
+          throw Error(Error::Kind::Value, std::string(flag) + ": not used with --save-model (one run, seed "
+                                                              "--first-seed, is trained and saved)");
+    run_experiment_command(*a);
+  };
 }
 
 }  // namespace multihead::cli

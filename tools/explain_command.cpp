@@ -72,7 +72,7 @@ int64_t resolve_token(const std::string& text, const std::vector<std::string>& l
   for (int64_t i = 0; i < L; ++i)
     if (labels[static_cast<std::size_t>(i)] == text) return i;
   throw Error(Error::Kind::Value, "--token: expected a position 0 to " + std::to_string(L - 1) +
-                                      " or one of the token labels, got '" + text + "'");
+                                      " or one of the token labels, got " + quote_input(text));
 }
 
 template <class T>
@@ -129,7 +129,7 @@ std::vector<int32_t> lesson_ids(const LessonTask& task, const std::vector<std::s
         for (std::size_t i = 0; i < std::min<std::size_t>(2, list->size()); ++i) known += (*list)[i] + ", ";
       throw Error(Error::Kind::Value, "TEXT: expected words of the model's vocabulary (" +
                                           std::to_string(task.vocabulary()) + " ids, e.g. the, didn't, " + known +
-                                          "because, it, was, too), got '" + w + "'");
+                                          "because, it, was, too), got " + quote_input(w));
     }
   }
   return task.ids(words);
@@ -266,6 +266,8 @@ Runner add_explain_command(CLI::App& app) {
   c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr (for a trained model also its 16 token ids)");
 
   return [a] {
+    if (a->ascii && a->format != "text")
+      throw Error(Error::Kind::Value, "--ascii: applies to --format text only, got --format " + a->format);
     const bool plain = !a->weights.empty() || !a->input.empty();
     if (plain && (a->weights.empty() || a->input.empty()))
       throw Error(Error::Kind::Missing,

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <system_error>
 
+#include "interrupts.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 
@@ -14,7 +15,7 @@ namespace multihead::cli {
 namespace {
 
 [[noreturn]] void refuse(const FileFlag& f, const std::string& reason) {
-  throw Error(Error::Kind::IO, f.flag + ": cannot write '" + f.path + "': " + reason);
+  throw Error(Error::Kind::IO, f.flag + ": cannot write " + quote_input(f.path) + ": " + reason);
 }
 
 // The library's message with the flag in front.
@@ -88,6 +89,9 @@ void write_outputs(std::vector<Output> outputs) {
       done += static_cast<std::size_t>(n);
     }
   }
+  // From the first temporary to the last rename, SIGINT and SIGTERM wait
+  // (interrupts.hpp): they cannot leave a NAME.tmp.XXXXXX behind.
+  const DeferInterrupts defer;
   write_files_atomic(files);
 }
 

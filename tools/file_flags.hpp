@@ -38,7 +38,8 @@ struct Output {
 
 // Writes every output. Standard output goes first, since a stream cannot be
 // taken back; then the files, all or nothing (write_files_atomic): a failure
-// changes none of them.
+// changes none of them, and SIGINT or SIGTERM takes effect only once they
+// are in place (interrupts.hpp).
 void write_outputs(std::vector<Output> outputs);
 
 }  // namespace multihead::cli

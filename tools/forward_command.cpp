@@ -53,7 +53,7 @@ struct ForwardArgs {
 std::vector<int64_t> parse_index_list(const std::string& flag, const std::string& text) {
   const auto fail = [&] {
     return Error(Error::Kind::Value, flag + ": expected comma-separated indices or ranges a:b (b excluded), e.g. "
-                                            "0,3 or 5:9, got '" + text + "'");
+                                            "0,3 or 5:9, got " + quote_input(text));
   };
   const auto number = [&](const std::string& s) {
     if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) throw fail();
@@ -267,7 +267,9 @@ Runner add_forward_command(CLI::App& app) {
       ->check(integer_in(1, int64_t{1} << 40, "a window of 1 to 2^40 keys"));
   c->add_option("--softcap", args->softcap, "Logit soft-cap C: scores become C*tanh(score/C) (Gemma 2)")
       ->check(positive_number());
-  c->add_flag("--alibi", args->alibi, "ALiBi position biases with the paper's per-head slopes");
+  c->add_flag("--alibi", args->alibi,
+              "ALiBi position biases with the paper's per-head slopes (the paper's are causal; without "
+              "--is-causal, -m*|i-j| is an extension)");
   c->add_option("--num-heads", args->num_heads, "Heads (overrides the weights' metadata)")
       ->check(positive_integer());
   // A plain bool plus the option's count: CLI11 2.1 assigns an optional<bool>
@@ -312,7 +314,14 @@ Runner add_forward_command(CLI::App& app) {
                 "them (`multihead init --num-kv-heads` writes them), the query is (B, L, E) batch first, "
                 "self-attention; --is-causal, --window, --softcap, --alibi, --rope apply");
 
-  return [args, batch_first, add_zero_attn] {
+  return [args, batch_first, add_zero_attn, c] {
+    const auto given = [c](const char* flag) { return c->get_option(flag)->count() > 0; };
+    // Flags that would change nothing in this combination (issue 22).
+    if (given("--dropout-seed") && !args->training)
+      throw Error(Error::Kind::Value, "--dropout-seed: needs --training (dropout applies only in training mode)");
+    if (given("--kernel") && args->kernel != "auto" && args->form == "textbook")
+      throw Error(Error::Kind::Value, "--kernel: not used with --form textbook (the textbook form runs its own plain "
+                                      "loops, whatever the kernel)");
     if (args->need_weights && args->attn_weights_out.empty())
       throw Error(Error::Kind::Value, "--need-weights: needs --attn-weights-out to write the weights to");
     if (args->no_average && args->attn_weights_out.empty())
@@ -325,8 +334,8 @@ Runner add_forward_command(CLI::App& app) {
     if (!args->weights_rows.empty()) (void)parse_index_list("--weights-rows", args->weights_rows);
     if (!args->causal_align.empty() && !args->is_causal && !args->window && !args->alibi)
       throw Error(Error::Kind::Value, "--causal-align: expected with --is-causal, --window or --alibi "
-                                      "(it places the queries' positions), got '" +
-                                          args->causal_align + "' alone");
+                                      "(it places the queries' positions), got " +
+                                          quote_input(args->causal_align) + " alone");
     check_files({{"--weights", args->weights}, {"--query", args->query}, {"--key", args->key},
                  {"--value", args->value}, {"--key-padding-mask", args->key_padding_mask},
                  {"--attn-mask", args->attn_mask}},

@@ -11,8 +11,9 @@
 
 namespace multihead::cli {
 
-void add_gqa_flags(CLI::App& c, GqaFlags& flags, const std::string& kv_help) {
+void add_gqa_flags(CLI::App& c, GqaFlags& flags, const std::string& kv_help, bool rope) {
   c.add_option("--num-kv-heads", flags.num_kv_heads, kv_help)->check(positive_integer());
+  if (!rope) return;
   c.add_option("--rope", flags.rope,
                "Rotary position embedding of q and k (Su et al. 2021): interleaved (pairs 2i, 2i+1: the "
                "paper, GPT-J, Meta's Llama code) or half-split (pairs i, i+D/2: Hugging Face Llama, NeoX). "

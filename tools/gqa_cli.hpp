@@ -26,8 +26,9 @@ struct GqaFlags {
   CLI::Option* rope_theta_option = nullptr;
 };
 
-// Registers --num-kv-heads (with `kv_help`), --rope and --rope-theta.
-void add_gqa_flags(CLI::App& c, GqaFlags& flags, const std::string& kv_help);
+// Registers --num-kv-heads (with `kv_help`) and, with `rope`, --rope and
+// --rope-theta (init writes weights only: RoPE is chosen when running).
+void add_gqa_flags(CLI::App& c, GqaFlags& flags, const std::string& kv_help, bool rope = true);
 
 // Throws a one-line Error naming the flag: --num-kv-heads not dividing
 // --num-heads, --rope with an odd head width, --rope-theta without --rope.

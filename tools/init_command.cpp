@@ -25,17 +25,15 @@ template <class Args>
 void write_gqa(const Args& a) {
   for (const auto& [flag, given] : {std::pair{"--kdim", a.config.kdim != 0}, {"--vdim", a.config.vdim != 0},
                                     {"--add-bias-kv", a.config.add_bias_kv}, {"--add-zero-attn", a.config.add_zero_attn},
-                                    {"--batch-first", a.config.batch_first}, {"--rope", !a.gqa.rope.empty()}})
+                                    {"--batch-first", a.config.batch_first}, {"--dropout", a.dropout_given}})
     if (given)
       throw multihead::Error(multihead::Error::Kind::Value, std::string(flag) + ": not used with --num-kv-heads (the grouped-query module has "
-                                                          "no such setting; RoPE is chosen when running it)");
+                                                          "no such setting)");
   const int64_t E = a.config.embed_dim, H = a.config.num_heads;
   if (!a.head_dim && E % H != 0)
     throw multihead::Error(multihead::Error::Kind::Value, "--num-heads: " + std::to_string(H) + " does not divide --embed-dim " +
                                         std::to_string(E) + " (or give --head-dim)");
-  GqaFlags flags = a.gqa;
-  flags.rope.clear();
-  const GroupedQueryAttention<float> m(gqa_config(E, H, a.head_dim.value_or(E / H), flags, !a.no_bias, true), a.seed);
+  const GroupedQueryAttention<float> m(gqa_config(E, H, a.head_dim.value_or(E / H), a.gqa, !a.no_bias, true), a.seed);
   std::string bytes = serialize_gqa_weights(m);
   const std::size_t size = bytes.size();
   write_outputs({{{"--out", a.out}, std::move(bytes)}});
@@ -58,6 +56,7 @@ Runner add_init_command(CLI::App& app) {
     bool verbose = false;
     GqaFlags gqa;  // --num-kv-heads: the grouped-query module's weights instead (write_gqa below)
     std::optional<int64_t> head_dim;
+    bool dropout_given = false;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("init", "Write freshly initialised weights (PyTorch's scheme) as safetensors");
@@ -65,8 +64,8 @@ Runner add_init_command(CLI::App& app) {
   c->add_option("--num-heads", a->config.num_heads, "num_heads")->required()->check(positive_integer());
   c->add_option("--kdim", a->config.kdim, "Key width")->check(positive_integer())->default_str("embed_dim");
   c->add_option("--vdim", a->config.vdim, "Value width")->check(positive_integer())->default_str("embed_dim");
-  c->add_option("--dropout", a->config.dropout, "Dropout probability stored in the metadata")
-      ->check(probability());
+  CLI::Option* dropout = c->add_option("--dropout", a->config.dropout, "Dropout probability stored in the metadata")
+                             ->check(probability());
   c->add_flag("--no-bias", a->no_bias, "bias=False");
   c->add_flag("--add-bias-kv", a->config.add_bias_kv, "add_bias_kv=True");
   c->add_flag("--add-zero-attn", a->config.add_zero_attn, "add_zero_attn=True");
@@ -76,13 +75,21 @@ Runner add_init_command(CLI::App& app) {
       ->required()
       ->check(path());
   c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr");
+  // No --rope here: the weights do not depend on it (forward and decode
+  // take --rope when running the module).
   add_gqa_flags(*c, a->gqa,
                 "Write a grouped-query module with N K/V heads instead: q_proj/k_proj/v_proj/o_proj.weight "
                 "(+ .bias unless --no-bias), nn.Linear's initialisation, num_heads/num_kv_heads/head_dim in the "
-                "metadata (for `multihead forward --num-kv-heads` and `multihead decode`)");
+                "metadata (for `multihead forward --num-kv-heads` and `multihead decode`)",
+                false);
   c->add_option("--head-dim", a->head_dim, "With --num-kv-heads: head width (default embed_dim / num_heads)")
       ->check(positive_integer());
-  return [a] {
+  return [a, dropout] {
+    a->dropout_given = dropout->count() > 0;
+    if (a->head_dim && !a->gqa.num_kv_heads)
+      throw multihead::Error(multihead::Error::Kind::Value,
+                             "--head-dim: needs --num-kv-heads (multi-head attention's head width is embed_dim / "
+                             "num_heads)");
     check_files({}, {{"--out", a->out}});
     if (a->gqa.num_kv_heads) return write_gqa(*a);
     const auto t0 = std::chrono::steady_clock::now();

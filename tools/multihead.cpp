@@ -28,6 +28,7 @@
 
 #include "cli_manners.hpp"
 #include "commands.hpp"
+#include "interrupts.hpp"
 #include "multihead/error.hpp"
 #include "multihead/version.hpp"
 #include "multihead/runtime.hpp"
@@ -61,6 +62,7 @@ int flushed(int status) {
 
 int main(int argc, char** argv) {
   using namespace multihead::cli;
+  install_interrupt_handlers();
   CLI::App app{"multihead: exact, fast multi-head attention (torch.nn.MultiheadAttention on the CPU)",
                "multihead"};
   app.require_subcommand(0, 1);
@@ -89,7 +91,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return flushed(app.exit(e));
   } catch (const CLI::ParseError& e) {
-    std::cerr << "multihead: error: " << describe_parse_error(app, e) << "\n";
+    std::cerr << "multihead: error: " << cut_long_words(describe_parse_error(app, e)) << "\n";
     return 2;
   }
   try {
@@ -104,13 +106,13 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("experiment")) experiment();
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
-    std::cerr << "multihead: error: " << e.what() << "\n";
+    std::cerr << "multihead: error: " << cut_long_words(e.what()) << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
     std::cerr << "multihead: error: out of memory\n";
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "multihead: internal error: " << e.what() << "\n";
+    std::cerr << "multihead: internal error: " << cut_long_words(e.what()) << "\n";
     return 1;
   }
   return flushed(0);

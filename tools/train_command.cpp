@@ -45,7 +45,7 @@ CLI::Validator non_negative_number() {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v >= 0.0) || !std::isfinite(v))
-          return "expected a finite number >= 0, got '" + text + "'";
+          return "expected a finite number >= 0, got " + quote_input(text);
         return "";
       },
       "number >= 0");
@@ -59,7 +59,7 @@ CLI::Validator unit_interval_open(const std::string& what) {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v >= 0.0 && v < 1.0))
-          return "expected " + what + " in [0, 1), got '" + text + "'";
+          return "expected " + what + " in [0, 1), got " + quote_input(text);
         return "";
       },
       "in [0, 1)");
@@ -158,6 +158,15 @@ void run_train(TrainArgs& a, const CLI::App& c) {
                                           ": expected a file path, got '-' (standard output carries the progress)");
   check_files({{"--resume", a.resume}}, {{"--checkpoint-out", a.checkpoint_out}, {"--dump-gradients", a.dump_gradients}});
   apply_threads(a.train.threads);
+  // Flags that would change nothing in this combination (issue 22).
+  auto given = [&](const char* flag) { return c.get_option(flag)->count() > 0; };
+  if (a.checkpoint_every > 0 && a.checkpoint_out.empty())
+    throw Error(Error::Kind::Value, "--checkpoint-every: needs --checkpoint-out (the file to write every N steps)");
+  if (a.resume.empty() && (a.task == "lesson" || a.task == "lookup2"))
+    for (const char* flag : {"--symbols", "--length"})
+      if (given(flag))
+        throw Error(Error::Kind::Value, std::string(flag) + ": not used with --task " + a.task +
+                                            " (the task has its own vocabulary and length)");
   a.train.schedule = parse_schedule(a.schedule);
   if (a.resume.empty() && a.model.d_model % a.model.heads != 0)
     throw Error(Error::Kind::Value, "--heads: expected a divisor of --d-model " + std::to_string(a.model.d_model) +
@@ -173,7 +182,6 @@ void run_train(TrainArgs& a, const CLI::App& c) {
     // the same way).
     try {
       const CheckpointInfo ck = read_checkpoint_info(a.resume);
-      auto given = [&](const char* flag) { return c.get_option(flag)->count() > 0; };
       ModelConfig m = ck.model;
       TrainOptions o = ck.options;
       std::string task = ck.task;
@@ -254,7 +262,7 @@ Runner add_train_command(CLI::App& app) {
   CLI::App* c = app.add_subcommand(
       "train", "Train a small Transformer encoder (embedding, positions, attention blocks) on a built-in task");
   c->add_option("--task", a->task, "copy (targets = inputs), reverse (targets = inputs reversed), or lesson, lookup2 "
-                                   "(multihead experiment's tasks: their own vocabulary and length; --symbols, --length unused)")
+                                   "(multihead experiment's tasks: their own vocabulary and length; --symbols, --length refused)")
       ->transform(one_of(task_names()));
   c->add_option("--symbols", a->symbols, "Vocabulary: token ids 0 … N-1")
       ->check(integer_in(2, 65536, "2 to 65536 symbols"));

@@ -10,6 +10,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "multihead/error.hpp"
+
 namespace multihead::cli {
 
 inline CLI::Validator integer_in(long long minimum, long long maximum, const std::string& description) {
@@ -19,7 +21,7 @@ inline CLI::Validator integer_in(long long minimum, long long maximum, const std
         char* end = nullptr;
         const long long v = std::strtoll(text.c_str(), &end, 10);
         if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < minimum || v > maximum)
-          return "expected " + description + ", got '" + text + "'";
+          return "expected " + description + ", got " + quote_input(text);
         return "";
       },
       description);
@@ -38,7 +40,7 @@ inline CLI::Validator probability() {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v >= 0.0 && v <= 1.0))
-          return "expected a probability in [0, 1], got '" + text + "'";
+          return "expected a probability in [0, 1], got " + quote_input(text);
         return "";
       },
       "probability in [0, 1]");
@@ -53,7 +55,7 @@ inline CLI::Validator positive_number() {
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v > 0.0) ||
             v > std::numeric_limits<double>::max())
-          return "expected a finite number > 0, got '" + text + "'";
+          return "expected a finite number > 0, got " + quote_input(text);
         return "";
       },
       "number > 0");

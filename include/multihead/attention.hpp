@@ -101,14 +101,19 @@ struct AttentionOptions {
   // hides them and ALiBi adds nothing to them.
   //  - window w >= 1 (sliding-window / local attention): with is_causal,
   //    query i sees keys p_i − w < j <= p_i, w keys including its own
-  //    position (Mistral's convention); without, keys |p_i − j| < w
+  //    position (as Hugging Face's Mistral masking and Mistral's reference
+  //    code count; the paper's "between i − W and i" would be W + 1);
+  //    without, keys |p_i − j| < w
   //    (2w − 1 positions centred on p_i). Unset = no window. At most 2^40.
   std::optional<int64_t> window;
   // Logit soft-capping (Gemma 2): s <- softcap·tanh(s / softcap) on the
-  // scaled dot product, before any mask or bias is added. softcap > 0;
-  // unset = off.
+  // scaled dot product, before any mask or bias is added. softcap in
+  // [2^-126, 2^126] (the cap and 1/cap normal float32 numbers; beyond them
+  // float32 would give NaN or no cap at all); unset = off.
   std::optional<double> softcap;
   // ALiBi (Press et al. 2022): −m_n·|p_i − j| added to the score of slice n.
+  // The paper defines the causal case (j <= p_i); the symmetric bias of
+  // non-causal attention is an extension.
   // Empty = off; otherwise one finite slope per slice (N values, slice n =
   // the flattened leading index). alibi_slopes(H) gives the paper's slopes
   // per head; MultiheadAttention applies them itself (ForwardOptions::alibi).

@@ -7,8 +7,10 @@
 // Only the command-line tool turns an Error into an exit code (2).
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace multihead {
 
@@ -29,6 +31,33 @@ inline std::string escape_control_bytes(const std::string& text) {
     out += kHex[c & 15];
   }
   return out;
+}
+
+// The most of a quoted value a message shows: a word, a flag value, a path
+// or a tensor name from a file can be any length (a 100,000-character word
+// made a 100,178-byte "one-line" error). 256 bytes holds any file name
+// (NAME_MAX is 255) and the usual path whole; past it the start is enough
+// to recognise the value.
+inline constexpr std::size_t kQuoteLimit = 256;
+
+// `text` cut to at most `limit` bytes, on a UTF-8 character boundary, with
+// "..." and its length when it was longer: "abc... (100000 bytes)". Every
+// message that quotes input goes through it (or through quote_input()).
+inline std::string shortened(std::string_view text, std::size_t limit = kQuoteLimit) {
+  if (text.size() <= limit) return std::string(text);
+  std::size_t cut = limit;
+  // Back off continuation bytes (10xxxxxx), so no character is split.
+  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;
+  return std::string(text.substr(0, cut)) + "... (" + std::to_string(text.size()) + " bytes)";
+}
+
+// `text` in single quotes for a message, cut as shortened() cuts it, the
+// length outside the quotes: 'abc' or 'abc...' (100000 bytes).
+inline std::string quote_input(std::string_view text, std::size_t limit = kQuoteLimit) {
+  if (text.size() <= limit) return "'" + std::string(text) + "'";
+  const std::string cut = shortened(text, limit);
+  const std::size_t dots = cut.rfind("... (");
+  return "'" + cut.substr(0, dots + 3) + "'" + cut.substr(dots + 3);
 }
 
 class Error : public std::runtime_error {

@@ -111,9 +111,12 @@ void for_each_parameter(const GroupedQueryAttentionConfig& config, A& a, B& b, F
 
 // The K/V of every token seen so far, for a batch of B sequences that
 // advance together: K and V [B][Hkv][capacity][D], positions 0 … length − 1
-// filled. Preallocated to max_len; with grow = true it doubles instead of
-// overflowing (copying what it holds), otherwise appending past max_len
-// throws an Error naming max_len. K is stored after RoPE, as Llama's cache.
+// filled. Preallocated to max_len. When an append needs more positions than
+// it has: with grow = true it grows, to max(2 x capacity, positions needed),
+// copying what it holds; otherwise it throws an Error naming max_len. A
+// capacity whose K and V would not fit in the machine's memory is refused
+// with an Error naming max_len, the bytes and the memory, before anything
+// is allocated. K is stored after RoPE, as Llama's cache.
 template <class T>
 class KVCache {
  public:
@@ -126,7 +129,13 @@ class KVCache {
   int64_t capacity() const { return capacity_; }
   bool grows() const { return grow_; }
   // Bytes the cache holds (K and V at capacity), which is what it occupies.
-  int64_t bytes() const { return 2 * batch_ * kv_heads_ * capacity_ * head_dim_ * static_cast<int64_t>(sizeof(T)); }
+  int64_t bytes() const { return static_cast<int64_t>(bytes_for(batch_, kv_heads_, head_dim_, capacity_)); }
+  // The bytes of a cache of this shape: 2·B·Hkv·capacity·D·sizeof(T), as a
+  // double, which cannot overflow.
+  static double bytes_for(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity) {
+    return 2.0 * static_cast<double>(batch) * static_cast<double>(kv_heads) * static_cast<double>(capacity) *
+           static_cast<double>(head_dim) * static_cast<double>(sizeof(T));
+  }
   // Forget every token (keeps the memory).
   void clear() { length_ = 0; }
 

@@ -315,6 +315,25 @@ def test_softcap_and_bad_variant_values():
         multihead.scaled_dot_product_attention(q, k, v, alibi_slopes=[0.5])
 
 
+def test_softcap_outside_float32_normal_range_is_refused():
+    # Issue 22: softcap=1e39 gave an all-NaN output, 1e-300 the uncapped one.
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 4, 6)).astype(np.float32) for _ in range(3))
+    mha = multihead.MultiheadAttention(8, 2)
+    x = np.zeros((3, 1, 8), np.float32)
+    for cap in (1e39, 1e300, 1e-300, 2.0 ** 126 * 1.0000001):
+        with pytest.raises(ValueError, match=r"softcap: expected a cap in \[2\^-126, 2\^126\]"):
+            multihead.scaled_dot_product_attention(q, k, v, softcap=cap)
+        with pytest.raises(ValueError, match=r"softcap: expected a cap in \[2\^-126, 2\^126\]"):
+            mha(x, x, x, softcap=cap)
+    # The ends of the range are accepted and give the limits: no cap, a flat row.
+    plain = multihead.scaled_dot_product_attention(q, k, v)
+    np.testing.assert_allclose(multihead.scaled_dot_product_attention(q, k, v, softcap=2.0 ** 126), plain,
+                               rtol=1e-6, atol=1e-6)
+    flat = multihead.scaled_dot_product_attention(q, k, v, softcap=2.0 ** -126)
+    np.testing.assert_allclose(flat, np.broadcast_to(v.mean(axis=1, keepdims=True), flat.shape), rtol=1e-6, atol=1e-6)
+
+
 def test_selected_weights_heads_and_rows():
     """weights_heads / weights_rows: the selected slice of the full per-head
     weights (bit-for-bit: on the flash kernel each weight is recomputed from

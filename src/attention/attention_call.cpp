@@ -10,6 +10,10 @@
 
 namespace multihead::detail {
 
+namespace {
+constexpr double kMinSoftcap = 0x1p-126, kMaxSoftcap = 0x1p126;
+}  // namespace
+
 void validate_attention_options(const AttentionOptions& o) {
   if (!(o.dropout_p >= 0.0 && o.dropout_p <= 1.0))
     throw Error(Error::Kind::Value,
@@ -26,8 +30,16 @@ void validate_attention_options(const AttentionOptions& o) {
   if (o.window && (*o.window < 1 || *o.window > kMaxOffset))
     throw Error(Error::Kind::Value,
                 "window: expected a window of 1 to 2^40 keys, got " + std::to_string(*o.window));
-  if (o.softcap && !(*o.softcap > 0.0 && std::isfinite(*o.softcap)))
-    throw Error(Error::Kind::Value, "softcap: expected a finite cap > 0, got " + format_number(*o.softcap));
+  // The float32 kernels compute cap·tanh(s·(1/cap)) in float32: a cap past
+  // FLT_MAX becomes inf (inf·0 = NaN everywhere), one below FLT_MIN becomes
+  // 0 or a denormal (0 means "no cap", the opposite of the limit, a flat row).
+  // [2^-126, 2^126] keeps both the cap and 1/cap normal float32 numbers; one
+  // rule for every dtype, so float64 and float32 accept the same caps.
+  if (o.softcap && !(*o.softcap >= kMinSoftcap && *o.softcap <= kMaxSoftcap))
+    throw Error(Error::Kind::Value,
+                "softcap: expected a cap in [2^-126, 2^126] (about 1.2e-38 to 8.5e+37, where the cap and 1/cap are "
+                "both normal float32 numbers), got " +
+                    format_number(*o.softcap));
   for (std::size_t n = 0; n < o.alibi_slopes.size(); ++n)
     if (!std::isfinite(o.alibi_slopes[n]))
       throw Error(Error::Kind::Value, "alibi_slopes[" + std::to_string(n) + "]: expected a finite slope, got " +

@@ -38,7 +38,8 @@ struct AttentionTensors {
 
 // Throws multihead::Error naming the field: dropout_p outside [0, 1], a
 // non-finite scale, num_threads < 0, |causal_query_offset| > 2^40, a window
-// outside [1, 2^40], a softcap not > 0 and finite, a non-finite ALiBi slope.
+// outside [1, 2^40], a softcap outside [2^-126, 2^126] (float32's normal
+// range for the cap and 1/cap), a non-finite ALiBi slope.
 // (The number of slopes is the caller's to check: it knows N.)
 void validate_attention_options(const AttentionOptions& options);
 

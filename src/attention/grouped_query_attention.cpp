@@ -67,6 +67,23 @@ void GroupedQueryAttentionConfig::validate() const {
 
 // ---- KVCache --------------------------------------------------------------
 
+namespace {
+
+// K and V, [B][Hkv][capacity][D] each, must fit in memory before they are
+// allocated (issue 22: a cache of 4,000,000 positions committed 2.4 GB over
+// 11 s before failing with a bare std::bad_alloc).
+template <class T>
+void check_cache_fits(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim, const std::string& hint) {
+  detail::check_fits_in_memory("max_len",
+                               "a KV cache of " + std::to_string(capacity) + " positions (batch " +
+                                   std::to_string(batch) + ", " + std::to_string(kv_heads) + " K/V heads x head_dim " +
+                                   std::to_string(head_dim) + ", K and V in " + std::to_string(8 * sizeof(T)) +
+                                   "-bit floats)",
+                               KVCache<T>::bytes_for(batch, kv_heads, head_dim, capacity), hint);
+}
+
+}  // namespace
+
 template <class T>
 KVCache<T>::KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t max_len, bool grow)
     : batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim), capacity_(max_len), grow_(grow) {
@@ -76,6 +93,7 @@ KVCache<T>::KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t m
   if (max_len < 1 || max_len > (int64_t{1} << 40))
     throw Error(Error::Kind::Value, "max_len: expected a cache length of 1 to 2^40 tokens, got " +
                                         std::to_string(max_len));
+  check_cache_fits<T>(batch, kv_heads, max_len, head_dim, "");
   const int64_t elements = shape_numel(Shape{batch, kv_heads, max_len, head_dim});
   k_.resize(static_cast<std::size_t>(elements));
   v_.resize(static_cast<std::size_t>(elements));
@@ -90,6 +108,9 @@ void KVCache<T>::reserve_more(int64_t count) {
                                         std::to_string(capacity_) + " tokens; appending " + std::to_string(count) +
                                         " would overflow it (raise max_len or let the cache grow)");
   const int64_t fresh_capacity = std::max(need, 2 * capacity_);
+  check_cache_fits<T>(batch_, kv_heads_, fresh_capacity, head_dim_,
+                   "the cache holds " + std::to_string(length_) + " tokens and grows to max(2 x capacity " +
+                       std::to_string(capacity_) + ", " + std::to_string(need) + " needed)");
   Storage<T> k(static_cast<std::size_t>(shape_numel(Shape{batch_, kv_heads_, fresh_capacity, head_dim_})));
   Storage<T> v(k.size());
   for (int64_t bg = 0; bg < batch_ * kv_heads_; ++bg) {

@@ -4,8 +4,6 @@
 // the tensor and give the expected and the actual shape.
 #include "attention/mha_plan.hpp"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <limits>
 #include <string>
@@ -199,17 +197,8 @@ void check_forward_finite(const MultiheadAttentionConfig& config, const Tensor<T
 void check_weights_fit(const ForwardPlan& p, int64_t heads, int64_t rows, std::size_t element_size) {
   const double bytes = static_cast<double>(p.B) * static_cast<double>(heads) * static_cast<double>(rows) *
                        static_cast<double>(p.S_total) * static_cast<double>(element_size);
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-  const double memory = pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
-  if (memory > 0 && bytes > memory) {
-    char msg[256];
-    std::snprintf(msg, sizeof msg,
-                  "attn_weights: shape (%lld, %lld, %lld, %lld) would need %.1f GiB, more than this "
-                  "machine's %.1f GiB of memory (set need_weights=false)",
-                  static_cast<long long>(p.B), static_cast<long long>(heads), static_cast<long long>(rows),
-                  static_cast<long long>(p.S_total), bytes / 1073741824.0, memory / 1073741824.0);
-    throw Error(Error::Kind::Value, msg);
-  }
+  check_fits_in_memory("attn_weights", "shape " + shape_to_string({p.B, heads, rows, p.S_total}), bytes,
+                       "set need_weights=false");
 }
 
 Shape attn_weights_shape(const ForwardPlan& p, bool average) {

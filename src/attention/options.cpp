@@ -37,8 +37,8 @@ AttentionKernel parse_attention_kernel(const std::string& name) {
   for (AttentionKernel k : {AttentionKernel::Auto, AttentionKernel::Reference,
                             AttentionKernel::Materialized, AttentionKernel::Flash})
     if (name == to_string(k)) return k;
-  throw Error(Error::Kind::Value, "kernel: expected one of auto, reference, materialized, flash; got '" +
-                                      name + "'");
+  throw Error(Error::Kind::Value, "kernel: expected one of auto, reference, materialized, flash; got " +
+                                      quote_input(name));
 }
 
 // ALiBi slopes, as get_slopes in the authors' code

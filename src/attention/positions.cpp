@@ -44,7 +44,7 @@ std::string to_string(RopeConvention convention) {
 RopeConvention parse_rope_convention(const std::string& name, const std::string& what) {
   if (name == "interleaved") return RopeConvention::Interleaved;
   if (name == "half-split") return RopeConvention::HalfSplit;
-  throw Error(Error::Kind::Value, what + ": expected interleaved or half-split, got '" + name + "'");
+  throw Error(Error::Kind::Value, what + ": expected interleaved or half-split, got " + quote_input(name));
 }
 
 void validate_rope(const RopeOptions& o, int64_t head_dim, const std::string& what) {

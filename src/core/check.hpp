@@ -3,6 +3,8 @@
 // expected and the actual value, in the same words everywhere.
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +25,27 @@ inline std::string format_number(double x) {
     std::snprintf(buf, sizeof buf, "%.*g", precision, x);
     if (precision == 17 || std::strtod(buf, nullptr) == x) return buf;
   }
+}
+
+// This machine's physical memory in bytes, or 0 when sysconf cannot tell.
+inline double physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
+// Refuses, before allocating, a buffer larger than the machine's memory,
+// which could never be held: the alternative is a std::bad_alloc (or the OOM
+// killer) after the allocator has committed what it could. The one message:
+//   "NAME: WHAT would need 122.1 GiB (131072000000 bytes), more than this
+//    machine's 15.6 GiB of memory (HINT)"
+inline void check_fits_in_memory(const std::string& name, const std::string& what, double bytes,
+                                 const std::string& hint) {
+  const double memory = physical_memory_bytes();
+  if (!(memory > 0 && bytes > memory)) return;
+  char msg[160];
+  std::snprintf(msg, sizeof msg, " would need %.1f GiB (%.0f bytes), more than this machine's %.1f GiB of memory",
+                bytes / 1073741824.0, bytes, memory / 1073741824.0);
+  throw Error(Error::Kind::Value, name + ": " + what + msg + (hint.empty() ? "" : " (" + hint + ")"));
 }
 
 [[noreturn]] inline void fail_shape(const std::string& name, const std::string& expected,

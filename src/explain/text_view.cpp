@@ -54,7 +54,7 @@ std::string percent(double w) {
   return buffer;
 }
 
-std::string quoted(const std::string& s) { return "\"" + escape_control_bytes(s) + "\""; }
+std::string quote_input(const std::string& s) { return "\"" + escape_control_bytes(s) + "\""; }
 
 // A report's free text in the text view's alphabet: in ASCII mode the
 // measure names' arrow "→" becomes "->" (the rest of the view is ASCII
@@ -92,7 +92,7 @@ std::string text_view(const Report& r, const TextOptions& o) {
   if (!r.title.empty()) out += escape_control_bytes(r.title) + "\n";
   if (!r.source.empty()) out += escape_control_bytes(r.source) + "\n";
   out += layer.name.empty() ? std::string() : escape_control_bytes(layer.name) + " of " + std::to_string(r.layers.size()) + ", ";
-  out += "query token " + std::to_string(i) + " " + quoted(r.query_tokens[static_cast<std::size_t>(i)]) +
+  out += "query token " + std::to_string(i) + " " + quote_input(r.query_tokens[static_cast<std::size_t>(i)]) +
          ": its attention over the keys, in percent (each row sums to 100)\n\n";
 
   const int label = 6;
@@ -122,7 +122,7 @@ std::string text_view(const Report& r, const TextOptions& o) {
          "' from 15%, '" + shades[3] + "' from 30%, '" + shades[4] + "' from 50%\n";
   out += "mean: the average over heads, what need_weights returns by default; it hides which head looks where.\n";
   if (r.answer) {
-    out += "\nanswer: " + escape_control_bytes(r.answer->question) + " " + quoted(r.answer->answer);
+    out += "\nanswer: " + escape_control_bytes(r.answer->question) + " " + quote_input(r.answer->answer);
     if (r.answer->confidence) {
       char buf[32];
       std::snprintf(buf, sizeof buf, " (%.0f%%)", 100.0 * *r.answer->confidence);

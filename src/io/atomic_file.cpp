@@ -54,8 +54,8 @@ mode_t file_mode() {
 // The start of every message about writing `path`. Through a symlink it also
 // names the target, which is what the reason is usually about.
 std::string cannot_write(const std::string& path, const std::string& target) {
-  std::string what = "cannot write '" + path + "'";
-  if (target != path) what += " (a symlink to '" + target + "')";
+  std::string what = "cannot write " + quote_input(path);
+  if (target != path) what += " (a symlink to " + quote_input(target) + ")";
   return what + ": ";
 }
 
@@ -115,12 +115,12 @@ std::string folder_refusal(const std::string& folder) {
   struct stat st {};
   if (::stat(folder.c_str(), &st) != 0) {
     const int err = errno;
-    if (err == ENOENT) return "folder '" + folder + "' does not exist";
-    return "folder '" + folder + "': " + errno_text(err);
+    if (err == ENOENT) return "folder " + quote_input(folder) + " does not exist";
+    return "folder " + quote_input(folder) + ": " + errno_text(err);
   }
-  if (!S_ISDIR(st.st_mode)) return "'" + folder + "' is not a folder";
+  if (!S_ISDIR(st.st_mode)) return quote_input(folder) + " is not a folder";
   if (::faccessat(AT_FDCWD, folder.c_str(), W_OK | X_OK, AT_EACCESS) != 0)
-    return "folder '" + folder + "' is not writable (" + errno_text(errno) + ")";
+    return "folder " + quote_input(folder) + " is not writable (" + errno_text(errno) + ")";
   return "";
 }
 
@@ -231,7 +231,7 @@ OutputFile resolve_output_file(const std::string& path) {
   out.target = follow_symlinks(path);
   const std::string what = cannot_write(path, out.target);
   if (const std::string fd = descriptor_link(path); !fd.empty())
-    throw Error(Error::Kind::IO, what + "'" + fd + "' is an open file descriptor of this process; replacing "
+    throw Error(Error::Kind::IO, what + quote_input(fd) + " is an open file descriptor of this process; replacing "
                                      "its file would discard what the file held (a shell's >>); for standard "
                                      "output, write '-'");
   if (::stat(out.target.c_str(), &st) == 0) out.kind = OutputFile::Kind::Replace;
@@ -280,7 +280,7 @@ void write_all_or_nothing(const std::vector<Pending>& files) {
     what.push_back(prefixed(files[i].name, cannot_write(files[i].path, targets[i].target)));
     for (std::size_t j = 0; j < i; ++j)
       if (same_file(files[i].path, files[j].path))
-        throw Error(Error::Kind::IO, what[i] + "the same file as '" + files[j].path + "'");
+        throw Error(Error::Kind::IO, what[i] + "the same file as " + quote_input(files[j].path));
   }
   std::vector<std::unique_ptr<StagedFile>> staged;  // removed on the way out unless committed
   for (std::size_t i = 0; i < files.size(); ++i)

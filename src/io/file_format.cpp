@@ -45,7 +45,7 @@ FileFormat detect_file_format(const uint8_t* data, std::size_t size) { return de
 FileFormat detect_file_format(const std::string& path) {
   // Only the first bytes are read: a checkpoint may be gigabytes. O_NONBLOCK:
   // opening a FIFO nobody writes would block forever.
-  const std::string where = "cannot read '" + path + "': ";
+  const std::string where = "cannot read " + quote_input(path) + ": ";
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;

@@ -18,7 +18,7 @@ namespace {
 
 // A JSON string literal. nlohmann refuses invalid UTF-8, which the format
 // forbids too.
-std::string quoted(const std::string& s, const char* what) {
+std::string quote_input(const std::string& s, const char* what) {
   try {
     return nlohmann::json(s).dump();
   } catch (const nlohmann::json::exception&) {
@@ -35,7 +35,7 @@ std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& te
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
     for (const auto& [key, value] : metadata)
-      header += quoted(key, "metadata key") + ":" + quoted(value, "metadata value") + ",";
+      header += quote_input(key, "metadata key") + ":" + quote_input(value, "metadata value") + ",";
     header.back() = '}';
     header += ",";
   }
@@ -56,7 +56,7 @@ std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& te
       dims += std::to_string(d);
     }
     const uint64_t end = offset + static_cast<uint64_t>(t.numel()) * sizeof(float);
-    header += quoted(key, "tensor name") + ":{\"dtype\":\"F32\",\"shape\":[" + dims + "],\"data_offsets\":[" +
+    header += quote_input(key, "tensor name") + ":{\"dtype\":\"F32\",\"shape\":[" + dims + "],\"data_offsets\":[" +
               std::to_string(offset) + "," + std::to_string(end) + "]},";
     offset = end;
   }

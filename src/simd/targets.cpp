@@ -85,7 +85,7 @@ int64_t simd_target_parse(const std::string& name, const std::string& what) {
     return bit;
   }
   throw Error(Error::Kind::Value,
-              what + ": unknown SIMD target '" + name + "'; available: " + join_available());
+              what + ": unknown SIMD target " + quote_input(name) + "; available: " + join_available());
 }
 
 int64_t simd_target_bit() {

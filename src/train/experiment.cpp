@@ -43,7 +43,7 @@ class OneThread {
 std::shared_ptr<const HeldOutTask> held_out_task(const std::string& name) {
   std::shared_ptr<const Task> t = make_task(name, 2, 1);
   auto h = std::dynamic_pointer_cast<const HeldOutTask>(t);
-  if (!h) bad("task", "a task with a held-out test set (lesson, lookup2)", "'" + name + "'");
+  if (!h) bad("task", "a task with a held-out test set (lesson, lookup2)", quote_input(name));
   return h;
 }
 

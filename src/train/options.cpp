@@ -54,7 +54,7 @@ std::string to_string(Schedule schedule) { return schedule == Schedule::Constant
 Schedule parse_schedule(const std::string& name) {
   if (name == "constant") return Schedule::Constant;
   if (name == "cosine") return Schedule::Cosine;
-  throw Error(Error::Kind::Value, "schedule: expected one of constant, cosine; got '" + name + "'");
+  throw Error(Error::Kind::Value, "schedule: expected one of constant, cosine; got " + quote_input(name));
 }
 
 double learning_rate(const TrainOptions& o, int64_t step) {

@@ -62,7 +62,7 @@ std::unique_ptr<Task> make_task(const std::string& name, int64_t symbols, int64_
   // These fix their own vocabulary and length (multihead/lesson_tasks.hpp).
   if (name == "lesson") return std::make_unique<LessonTask>();
   if (name == "lookup2") return std::make_unique<TwoLookupsTask>();
-  throw Error(Error::Kind::Value, "task: expected one of copy, reverse, lesson, lookup2; got '" + name + "'");
+  throw Error(Error::Kind::Value, "task: expected one of copy, reverse, lesson, lookup2; got " + quote_input(name));
 }
 
 }  // namespace multihead

@@ -212,7 +212,7 @@ std::vector<int32_t> LessonTask::ids(const std::vector<std::string>& words) cons
   for (const auto& w : words) {
     const auto it = std::find(vocab_.begin(), vocab_.end(), w);
     if (it == vocab_.end() || it == vocab_.begin())
-      throw Error(Error::Kind::Value, "lesson sentence: '" + w + "' is not a word of the task's vocabulary");
+      throw Error(Error::Kind::Value, "lesson sentence: " + quote_input(w) + " is not a word of the task's vocabulary");
     out.push_back(static_cast<int32_t>(it - vocab_.begin()));
   }
   return out;
@@ -248,7 +248,7 @@ Batch LessonTask::encode(const std::vector<LessonSentence>& sentences) const {
   for (std::size_t b = 0; b < sentences.size(); ++b) {
     const LessonSentence& s = sentences[b];
     if (static_cast<int64_t>(s.words.size()) > kLength || s.it < 0 || s.referent() < 0)
-      throw Error(Error::Kind::Value, "lesson sentence '" + s.text() + "': expected at most " +
+      throw Error(Error::Kind::Value, "lesson sentence " + quote_input(s.text()) + ": expected at most " +
                                           std::to_string(kLength) + " words with \"it\" and a referent");
     const std::vector<int32_t> w = ids(s.words);
     const std::size_t row = b * static_cast<std::size_t>(kLength);

@@ -272,7 +272,7 @@ std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const S
     names.push_back(name);
   }
   if (names.empty() && !src.prefix.empty())
-    throw Error(Error::Kind::Missing, "--prefix '" + src.prefix + "': no tensor in " + src.path +
+    throw Error(Error::Kind::Missing, "--prefix " + quote_input(src.prefix) + ": no tensor in " + src.path +
                                           " starts with it" + module_prefixes_hint(file, src));
   std::map<std::string, Tensor<double>> out;
   for (const std::string& name : names)

@@ -628,6 +628,26 @@ for flag, value, expected in (("--window", "0", "1 to 2^40"), ("--window", "-3",
     case(f"{flag} {value}", (flag[2:], flag[2:].replace("-", "_")), value, expected)(_variant)
 
 
+# Beyond float32's normal range the cap became inf (all-NaN output) or 0 (no
+# cap), with exit 0 (issue 22): refused in the library's one validation, so
+# MHA, the grouped-query forward and decode all say so.
+SOFTCAP_RANGE = "[2^-126, 2^126]"
+for value, shown in (("1e39", "1e+39"), ("1e-300", "1e-300")):
+    def _softcap(ctx, value=value):
+        return ctx.args(extra=["--softcap", value])
+    case(f"--softcap {value}, outside float32's normal range", "softcap", SOFTCAP_RANGE, shown)(_softcap)
+
+
+@case("forward --num-kv-heads --softcap 1e300", "softcap", SOFTCAP_RANGE, "1e+300")
+def _(ctx):
+    return gqa_forward(ctx, ["--num-kv-heads", "1", "--softcap", "1e300"])
+
+
+@case("decode --softcap 1e39", "softcap", SOFTCAP_RANGE, "1e+39")
+def _(ctx):
+    return decode(ctx, ["--softcap", "1e39"])
+
+
 @case("--causal-align without --is-causal, --window or --alibi", "causal-align", "is-causal", "bottom-right")
 def _(ctx):
     return ctx.args(extra=["--causal-align", "bottom-right"])
@@ -776,6 +796,14 @@ def _(ctx):
     return decode(ctx, ["--max-len", "5"])
 
 
+# 2 x 2 K/V heads x 2^40 positions x head_dim 4 x 4 bytes = 64 TiB: refused
+# before any allocation (issue 22: a bare "out of memory" after 2.4 GB).
+@case("decode --max-len 2^40, a cache larger than memory", "--max-len", "1099511627776 positions",
+      "70368744177664 bytes", "more than this machine's", "GiB of memory")
+def _(ctx):
+    return decode(ctx, ["--max-len", str(2 ** 40)])
+
+
 @case("decode --num-kv-heads 3 with 2 heads", "--num-kv-heads", "divisor", "got 3")
 def _(ctx):
     return decode(ctx, ["--num-kv-heads", "3"])
@@ -789,6 +817,80 @@ def _(ctx):
 @case("decode --window -3", "window", "-3", "1 to 2^40")
 def _(ctx):
     return decode(ctx, ["--window", "-3"])
+
+
+# -- flags that would change nothing in their combination (issue 22: `init
+# --rope half-split` and `--rope-theta` were accepted and did nothing). Each is
+# refused, naming the flag; init has no --rope at all (its --help lists none).
+def init(ctx, extra):
+    return [ctx.cli, "init", "--embed-dim", str(E), "--num-heads", str(H), *extra,
+            "--out", os.path.join(ctx.outdir, "w.safetensors")]
+
+
+for name, build, words in (
+        ("init --rope half-split", lambda ctx: init(ctx, ["--rope", "half-split"]), ("--rope",)),
+        ("init --rope-theta 500000", lambda ctx: init(ctx, ["--rope-theta", "500000"]), ("--rope-theta",)),
+        ("init --num-kv-heads 1 --rope interleaved", lambda ctx: init(ctx, ["--num-kv-heads", "1", "--rope", "interleaved"]),
+         ("--rope",)),
+        ("init --head-dim without --num-kv-heads", lambda ctx: init(ctx, ["--head-dim", "2"]),
+         ("--head-dim", "needs --num-kv-heads")),
+        ("init --num-kv-heads --dropout", lambda ctx: init(ctx, ["--num-kv-heads", "1", "--dropout", "0.5"]),
+         ("--dropout", "not used with --num-kv-heads")),
+        ("forward --dropout-seed without --training", lambda ctx: ctx.args(extra=["--dropout-seed", "3"]),
+         ("--dropout-seed", "needs --training")),
+        ("forward --form textbook --kernel flash", lambda ctx: ctx.args(extra=["--form", "textbook", "--kernel", "flash"]),
+         ("--kernel", "--form textbook")),
+        ("decode --prompt with --batch",
+         lambda ctx: [ctx.cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--prompt",
+                      ctx.npy("p.npy", ctx.randn(3, E)), "--batch", "2", "--tokens", "4", "--out", ctx.out],
+         ("--batch", "not used with --prompt")),
+        ("decode --grow without --max-len", lambda ctx: decode(ctx, ["--grow"]), ("--grow", "needs --max-len")),
+        ("decode --weights with --bias",
+         lambda ctx: [ctx.cli, "decode", "--weights", gqa_weights(ctx), "--num-kv-heads", "1", "--prompt-len", "3",
+                      "--tokens", "4", "--bias", "--out", ctx.out], ("--bias", "not used with --weights")),
+        ("decode --weights --prompt with --seed",
+         lambda ctx: [ctx.cli, "decode", "--weights", gqa_weights(ctx), "--num-kv-heads", "1", "--prompt",
+                      ctx.npy("p.npy", ctx.randn(3, E)), "--tokens", "4", "--seed", "5", "--out", ctx.out],
+         ("--seed", "not used with --weights and --prompt")),
+        ("train --checkpoint-every without --checkpoint-out",
+         lambda ctx: [ctx.cli, "train", "--steps", "2", "--checkpoint-every", "1"],
+         ("--checkpoint-every", "needs --checkpoint-out")),
+        ("train --task lesson --symbols 4", lambda ctx: [ctx.cli, "train", "--task", "lesson", "--symbols", "4"],
+         ("--symbols", "not used with --task lesson")),
+        ("demo --seed without --random", lambda ctx: [ctx.cli, "demo", "--seed", "3"], ("--seed", "needs --random")),
+        ("demo --random --sentence", lambda ctx: [ctx.cli, "demo", "--random", "--sentence", "the dog"],
+         ("--sentence", "not used with --random")),
+        ("explain --ascii --format html", lambda ctx: [ctx.cli, "explain", "--ascii", "--format", "html", "--out",
+                                                       ctx.out], ("--ascii", "--format text")),
+        ("experiment --quick --steps 10", lambda ctx: [ctx.cli, "experiment", "--quick", "--steps", "10"],
+         ("--steps", "not used with --quick")),
+        ("experiment --save-model --seeds 3",
+         lambda ctx: [ctx.cli, "experiment", "--save-model", ctx.out, "--tasks", "lesson", "--heads", "1", "--layers",
+                      "1", "--seeds", "3"], ("--seeds", "not used with --save-model")),
+        ("bench --kernel reference --simd-target SCALAR",
+         lambda ctx: [ctx.cli, "bench", "--kernel", "reference", "--simd-target", "SCALAR"],
+         ("--simd-target", "flash kernel only"))):
+    case(name, *words)(build)
+
+
+# -- quoted input is cut (issue 22: a 100,000-character word made a
+# 100,178-byte "one-line" error): each message shows the start and the length,
+# and stays under 600 bytes (run_case checks the length of every message).
+LONG = "w" * 100000
+for name, build in (
+        ("explain, a 100000-character word", lambda ctx: [ctx.cli, "explain", f"the {LONG} sat"]),
+        ("init --embed-dim, a 100000-character value",
+         lambda ctx: [ctx.cli, "init", "--embed-dim", LONG, "--num-heads", "2", "--out", ctx.out]),
+        ("init --seed, a 100000-character value (CLI11's own message)",
+         lambda ctx: [ctx.cli, "init", "--embed-dim", "8", "--num-heads", "2", "--seed", LONG, "--out", ctx.out]),
+        ("forward --kernel, a 100000-character value", lambda ctx: ctx.args(extra=["--kernel", LONG])),
+        ("forward, a 100000-character flag", lambda ctx: ctx.args(extra=["--" + LONG])),
+        ("forward --out, a 100000-character file name",
+         lambda ctx: ctx.args(out=os.path.join(ctx.outdir, LONG))),
+        ("forward --query, a 100000-character file name",
+         lambda ctx: [ctx.cli, "forward", "--weights", ctx.weights(), "--query", os.path.join(ctx.outdir, LONG),
+                      "--out", ctx.out])):
+    case(name, "www...", " bytes)")(build)  # the length: 100000 and what surrounds it
 
 
 # ---- running --------------------------------------------------------------------
@@ -834,6 +936,8 @@ def run_case(ctx, argv, words):
             problems.append(f"{label}: exit {r.returncode}, expected 2")
         if not stderr.strip() or len(lines) != 1 or not stderr.endswith("\n"):
             problems.append(f"{label}: stderr is {len(lines)} line(s), expected exactly one: {stderr!r}")
+        if len(stderr) > 600:
+            problems.append(f"{label}: message is {len(stderr)} bytes, expected at most 600 (quoted input is cut)")
         long_number = re.search(r"\d{21,}", stderr)
         if long_number:
             problems.append(f"{label}: message holds an illegible {len(long_number.group())}-digit number "

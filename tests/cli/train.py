@@ -19,6 +19,11 @@ Good runs (stdout is a pipe here, so never a terminal):
   - the loss of a 100-step run falls below a quarter of its first value;
   - on a (pseudo-)terminal, and with --progress bar, a bar drawn with carriage
     returns; --help names every option.
+Interrupts: `train --checkpoint-every 1` (a 4.8 MB checkpoint written every
+step) stopped 20 times by SIGINT and 10 times by SIGTERM at delays from 0.1
+to 0.5 s: killed by that signal each time, no out.safetensors.tmp.* left
+behind, and the checkpoint, when one was written, complete (inspect reads it).
+Before the fix about one run in five left a temporary.
 
 Usage: /usr/bin/python3 tests/cli/train.py --multihead PATH --workdir DIR
 """
@@ -228,6 +233,39 @@ def test_learns_and_bar(cli, work):
     check("--help documents every option", code == 0 and not missing, f"missing {missing}")
 
 
+def test_interrupts(cli, work):
+    import glob
+    import signal
+    import time
+    folder = os.path.join(work, "interrupts")
+    os.makedirs(folder)
+    ck, out = os.path.join(folder, "ck.safetensors"), os.path.join(folder, "out.safetensors")
+    code, _, err = run(cli, "--steps", "5", "--d-model", "128", "--heads", "4", "--layers", "2", "--ff", "512",
+                       "--batch", "2", "--checkpoint-out", ck)
+    assert code == 0, err
+    for sig, runs in ((signal.SIGINT, 20), (signal.SIGTERM, 10)):
+        problems = []
+        for i in range(runs):
+            for f in glob.glob(out + "*"):
+                os.unlink(f)
+            p = subprocess.Popen([cli, "train", "--resume", ck, "--steps", "1000000", "--checkpoint-every", "1",
+                                  "--checkpoint-out", out, "--progress", "none"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+            delay = 0.1 + 0.05 * (i % 9)
+            time.sleep(delay)
+            p.send_signal(sig)
+            _, err = p.communicate(timeout=60)
+            left = glob.glob(out + ".tmp.*")
+            if p.returncode != -sig or left:
+                problems.append(f"run {i} (after {delay:.2f} s): status {p.returncode}, left {left}, stderr {err!r}")
+            elif os.path.exists(out):
+                r = subprocess.run([cli, "inspect", out], capture_output=True)
+                if r.returncode != 0:
+                    problems.append(f"run {i}: the checkpoint does not read back: {r.stderr!r}")
+        check(f"{sig.name} x{runs} during --checkpoint-every 1: killed by it, no temporary left, checkpoint whole",
+              not problems, "; ".join(problems[:3]) + f" ({len(problems)} of {runs} runs)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--multihead", required=True)
@@ -239,6 +277,7 @@ def main():
     test_plain_lines(args.multihead, args.workdir)
     test_threads_and_resume(args.multihead, args.workdir)
     test_learns_and_bar(args.multihead, args.workdir)
+    test_interrupts(args.multihead, args.workdir)
     print(f"{len(PASSED)} passed, {len(FAILURES)} failed")
     return 1 if FAILURES else 0
 

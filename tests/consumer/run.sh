@@ -26,12 +26,30 @@ version=$(sed -n 's/^project(multihead VERSION \([0-9.]*\).*/\1/p' "$source_dir/
 major=${version%%.*}; rest=${version#*.}; minor=${rest%%.*}
 if [[ $major == 0 ]]; then soversion=$major.$minor; else soversion=$major; fi
 
+# An extended regular expression matching `dir` as a whole path or the start
+# of one: not preceded by a path character, followed by '/' or the end of the
+# path. A checkout at /src must not match "python/src/module.cpp" (the .pyi
+# stub's first line names it; issue 22): a plain `grep -e /src` did.
+whole_path() {
+  local escaped
+  escaped=$(printf '%s' "$1" | sed 's/[][\.*^$+?(){}|]/\\&/g')
+  printf '(^|[^[:alnum:]._/~-])%s(/|[^[:alnum:]._~-]|$)' "$escaped"
+}
+# The matcher, checked on the case that broke it and on real leaks.
+for probe in '# Type stubs for the multihead extension module (python/src/module.cpp).' 'x/src/y' '/srcdir/a'; do
+  if printf '%s\n' "$probe" | grep -Eq "$(whole_path /src)"; then fail "whole_path /src matches '$probe'"; fi
+done
+for probe in '/src/include/multihead/tensor.hpp' 'set(_IMPORT_PREFIX "/src")' 'INCLUDE=/src:/usr' '/src'; do
+  printf '%s\n' "$probe" | grep -Eq "$(whole_path /src)" || fail "whole_path /src misses '$probe'"
+done
+
 # Install, then move the prefix: what is installed must not know where.
 install_moved() {  # build-dir name -> prints the moved prefix
   cmake --install "$1" --prefix "$work/$2.installed" >/dev/null
   mv "$work/$2.installed" "$work/$2"
-  if grep -rqs -e "$work/$2.installed" -e "$source_dir" -e "$build_dir" "$work/$2/lib" "$work/$2/share" 2>/dev/null; then
-    fail "$2: the installed package names a build-machine path: $(grep -rls -e "$work/$2.installed" -e "$source_dir" -e "$build_dir" "$work/$2/lib")"
+  local leaks=(-e "$(whole_path "$work/$2.installed")" -e "$(whole_path "$source_dir")" -e "$(whole_path "$build_dir")")
+  if grep -rEqs "${leaks[@]}" "$work/$2/lib" "$work/$2/share" 2>/dev/null; then
+    fail "$2: the installed package names a build-machine path: $(grep -rlEs "${leaks[@]}" "$work/$2/lib" "$work/$2/share")"
   fi
   # No library named by absolute path (a consumer's machine may keep it
   # elsewhere): dependencies are imported targets found again by the config.

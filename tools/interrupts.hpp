@@ -1,0 +1,35 @@
+// tools/interrupts.hpp: SIGINT and SIGTERM never leave a temporary file.
+//
+// An output is written under a temporary name (NAME.tmp.XXXXXX) and renamed
+// into place (write_files_atomic). The default action of SIGINT or SIGTERM
+// ends the process wherever it is, so a signal between the temporary's
+// creation and its rename left the temporary behind (issue 22, defect 2).
+// While a write is in progress (a DeferInterrupts is alive) the handler only
+// records the signal; when the write has finished, renamed or removed, the
+// signal is raised again with its default action, so the exit status is
+// still "killed by SIGINT" (a shell's 130) and the output is complete. With
+// no write in progress the handler raises it at once.
+//
+// A second signal during one write does not wait: it ends the process at
+// once, as SIGKILL always does. Either can leave one NAME.tmp.XXXXXX next
+// to each output being written (partial, never renamed); the outputs
+// themselves hold their old bytes or their new ones, never a mix.
+#pragma once
+
+namespace multihead::cli {
+
+// Installs the handler for SIGINT and SIGTERM (a signal ignored when the
+// program started, as for a background job, stays ignored). Call once, from
+// main, before any work.
+void install_interrupt_handlers();
+
+// A scope in which SIGINT and SIGTERM wait for the end of the scope.
+class DeferInterrupts {
+ public:
+  DeferInterrupts();
+  ~DeferInterrupts();
+  DeferInterrupts(const DeferInterrupts&) = delete;
+  DeferInterrupts& operator=(const DeferInterrupts&) = delete;
+};
+
+}  // namespace multihead::cli
