@@ -150,7 +150,7 @@ class PyMultiheadAttention {
   py::tuple forward(const py::object& query, const py::object& key, const py::object& value, const ModuleCall& o,
                     const std::string& form) {
     if (form != "fused" && form != "textbook")
-      throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got '" + form + "'");
+      throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got " + quote_input(form));
     const py::array q = as_numpy(query);
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;

@@ -75,7 +75,7 @@
     "Sliding window of w keys: with is_causal a query sees its own position and the w - 1 before it; "    \
     "without, keys less than w away.")                                                                    \
   X(std::optional<double>, softcap, std::nullopt, a.softcap = v,                                          \
-    "Logit soft-cap c > 0: scores become c*tanh(score/c) (Gemma 2).")
+    "Logit soft-cap c in [2^-126, 2^126]: scores become c*tanh(score/c) (Gemma 2).")
 
 // Keyword-only, not in PyTorch: the module's forwards only.
 #define MULTIHEAD_MODULE_KEYWORDS(X)                                                                         \
@@ -114,13 +114,13 @@ namespace py = pybind11;
 inline CausalAlignment parse_causal_align(const std::string& s) {
   if (s == "top-left") return CausalAlignment::TopLeft;
   if (s == "bottom-right") return CausalAlignment::BottomRight;
-  throw Error(Error::Kind::Value, "causal_align: expected 'top-left' or 'bottom-right', got '" + s + "'");
+  throw Error(Error::Kind::Value, "causal_align: expected 'top-left' or 'bottom-right', got " + quote_input(s));
 }
 
 inline MaskedRowPolicy parse_masked_rows(const std::string& s) {
   if (s == "zeros") return MaskedRowPolicy::Zeros;
   if (s == "nan") return MaskedRowPolicy::NaN;
-  throw Error(Error::Kind::Value, "masked_rows: expected 'zeros' or 'nan', got '" + s + "'");
+  throw Error(Error::Kind::Value, "masked_rows: expected 'zeros' or 'nan', got " + quote_input(s));
 }
 
 // A MultiheadAttention forward's arguments after (query, key, value),

@@ -69,7 +69,7 @@ FileBytes::~FileBytes() {
 }
 
 FileBytes map_file(const std::string& path, const std::string& name, const ExpectedSize& expected) {
-  const std::string where = name + ": cannot read '" + path + "': ";
+  const std::string where = name + ": cannot read " + quote_input(path) + ": ";
   Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
   if (f.fd < 0) {
     const int err = errno;
@@ -139,7 +139,7 @@ namespace multihead {
 // stat(2) and access(2) only: opening a FIFO to check it could block, or
 // steal the bytes its writer meant for the real read.
 void check_input_file(const std::string& path) {
-  const std::string where = "cannot read '" + path + "': ";
+  const std::string where = "cannot read " + quote_input(path) + ": ";
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;

@@ -6,7 +6,7 @@
 namespace multihead::train {
 
 void bad_file(const std::string& path, Error::Kind kind, const std::string& what) {
-  throw Error(kind, "'" + path + "': " + what);
+  throw Error(kind, quote_input(path) + ": " + what);
 }
 
 void write_model_config(const ModelConfig& c, std::map<std::string, std::string>& out) {
@@ -61,11 +61,11 @@ bool MetadataReader::boolean(const std::string& key) const {
 Tensor<float> MetadataReader::float32_tensor(const std::string& name, const Shape& shape) const {
   const auto it = file_.tensors.find(name);
   if (it == file_.tensors.end())
-    bad_file(path_, Error::Kind::Missing, "tensor '" + name + "' is missing (expected shape " + shape_to_string(shape) + ")");
+    bad_file(path_, Error::Kind::Missing, "tensor " + quote_input(name) + " is missing (expected shape " + shape_to_string(shape) + ")");
   if (it->second.dtype != DType::F32)
-    bad_file(path_, Error::Kind::Format, "tensor '" + name + "': expected dtype float32, got " + to_string(it->second.dtype));
+    bad_file(path_, Error::Kind::Format, "tensor " + quote_input(name) + ": expected dtype float32, got " + to_string(it->second.dtype));
   if (it->second.values.shape() != shape)
-    bad_file(path_, Error::Kind::Shape, "tensor '" + name + "': expected shape " + shape_to_string(shape) + ", got " +
+    bad_file(path_, Error::Kind::Shape, "tensor " + quote_input(name) + ": expected shape " + shape_to_string(shape) + ", got " +
                                             shape_to_string(it->second.values.shape()));
   return tensor_cast<float>(it->second.values);
 }

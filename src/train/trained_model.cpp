@@ -68,7 +68,7 @@ TrainedModel TrainedModel::from_file(const SafetensorsFile& f, const std::string
     bad_file(path, Error::Kind::Format,
              std::string("not a multihead model (expected __metadata__ format '") + kModelFormat + "' or '" +
                  kCheckpointFormat + "' from a path, got " +
-                 (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
+                 (format == f.metadata.end() ? std::string("none") : quote_input(format->second)) + ")");
   const train::MetadataReader r(f, path, "model");
   const std::string task = r.text("task");
   const ModelConfig c = r.model_config();

@@ -65,7 +65,7 @@ CheckpointInfo info_of(const SafetensorsFile& f, const std::string& path) {
   if (format == f.metadata.end() || format->second != kCheckpointFormat)
     bad_file(path, Error::Kind::Format,
              "not a multihead train checkpoint (expected __metadata__ format '" + std::string(kCheckpointFormat) +
-                 "', got " + (format == f.metadata.end() ? std::string("none") : "'" + format->second + "'") + ")");
+                 "', got " + (format == f.metadata.end() ? std::string("none") : quote_input(format->second)) + ")");
   const train::MetadataReader r(f, path, "checkpoint");
   CheckpointInfo c;
   c.task = r.text("task");
@@ -242,9 +242,9 @@ Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> tas
     return false;
   };
   for (const auto& [name, t] : file.tensors)
-    if (!known(name)) bad_file(path, Error::Kind::Format, "tensor '" + name + "' is not part of this model");
+    if (!known(name)) bad_file(path, Error::Kind::Format, "tensor " + quote_input(name) + " is not part of this model");
   for (const auto& [name, t] : file.integer_tensors)
-    bad_file(path, Error::Kind::Format, "tensor '" + name + "' is not part of this model (dtype " +
+    bad_file(path, Error::Kind::Format, "tensor " + quote_input(name) + " is not part of this model (dtype " +
                                             to_string(t.dtype) + ")");
   impl->model = std::make_unique<train::Model<float>>(impl->model_config, params);
   impl->step = ck.step;
