@@ -24,14 +24,32 @@ namespace multihead::detail {
 // maximum (multihead::set_threads, OMP_NUM_THREADS).
 inline int requested_threads(int requested) { return requested > 0 ? requested : omp_get_max_threads(); }
 
+// The grain: below this much work (multiply-adds, or their equivalent) a
+// loop runs on the calling thread alone. An OpenMP team costs its fork and
+// join, and on a loaded machine a woken thread may wait a time slice for a
+// core, which dwarfs a small call (issue 22, defect 8: a tiny decode step
+// took 12-26 ms on 2 threads against 0.003-0.008 ms on one). The value and
+// the measurement that chose it: docs/threads.md.
+inline constexpr int64_t kParallelGrain = int64_t{1} << 20;
+
+// The team a loop of `items` items of `item_cost` each gets when `threads`
+// are asked for: never more than the items, and 1 when the whole loop is
+// under the grain (CTranslate2's parallel_for has the same rule).
+inline int parallel_team(int64_t items, int threads, int64_t item_cost) {
+  if (items <= 1 || threads <= 1) return 1;
+  const int64_t cost = std::max<int64_t>(item_cost, 1);
+  if (items < kParallelGrain / cost) return 1;  // items · cost < grain, without overflow
+  return static_cast<int>(std::min<int64_t>(items, threads));
+}
+
 // Runs fn(item) for every item in [0, items) on up to `threads` OpenMP
-// threads (never more than there are items), handing out one item at a
-// time (schedule(dynamic, 1): items of unequal cost still end together).
-// Returns the number of threads the loop was given.
+// threads, as parallel_team decides from `item_cost` (the work of one item,
+// in multiply-adds), handing out one item at a time (schedule(dynamic, 1):
+// items of unequal cost still end together). Returns the team size used.
 template <class Fn>
-int parallel_items(int64_t items, int threads, const Fn& fn) {
+int parallel_items(int64_t items, int threads, int64_t item_cost, const Fn& fn) {
   if (items <= 0) return 0;
-  const int team = static_cast<int>(std::clamp<int64_t>(items, 1, std::max(threads, 1)));
+  const int team = parallel_team(items, threads, item_cost);
   std::exception_ptr error;
   std::mutex error_mutex;
   std::atomic<bool> failed{false};

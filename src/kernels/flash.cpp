@@ -136,7 +136,9 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
   // items share K and V in cache. With causal masking a query tile's cost
   // grows with its index; within a slice the tiles go heaviest first so
   // that the dynamic schedule ends on small items.
-  parallel_items(items, requested_threads(args.num_threads), [&](int64_t it) {
+  // An item's work: its rows' scores and values, row_tile·S·(D + Dv).
+  const int64_t item_cost = std::min(args.q_len, kernel.row_tile) * args.kv_len * (args.head_dim + args.value_dim);
+  parallel_items(items, requested_threads(args.num_threads), item_cost, [&](int64_t it) {
     // Per-thread scratch, grown on demand and kept for the next call.
     thread_local FlashScratch scratch;
     const int64_t slice = it / tiles_per_slice;
@@ -219,7 +221,10 @@ void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
   const int64_t key_items = two_pass ? (a.kv_len + kernel.key_tile - 1) / kernel.key_tile : 0;
   const int64_t query_items = two_pass ? (a.q_len + kernel.row_tile - 1) / kernel.row_tile : 0;
   const int64_t items = two_pass ? groups * key_items + a.slices * query_items : groups;
-  parallel_items(items, max_threads, [&](int64_t it) {
+  // An item's work, on average: the 5 tile products of every (query,
+  // key) pair, (5/2)·L·S·(D + Dv) per query slice, spread over the items.
+  const int64_t item_cost = 5 * a.slices * a.q_len * a.kv_len * (a.head_dim + a.value_dim) / (2 * std::max<int64_t>(items, 1));
+  parallel_items(items, max_threads, item_cost, [&](int64_t it) {
     thread_local FlashScratch scratch;  // grown on demand, kept for the next call
     if (!two_pass) {
       kernel.group(args, it, scratch);

@@ -88,7 +88,9 @@ void attention_weights_flash(const AttentionWeightsArgs& args) {
     }
   }
   const int64_t count = static_cast<int64_t>(items.size());
-  parallel_items(count, requested_threads(a.num_threads), [&](int64_t it) {
+  // An item's work: at most row_tile rows of S scores, D each.
+  const int64_t item_cost = std::min(rows, kernel.row_tile) * a.kv_len * std::max<int64_t>(a.head_dim, 1);
+  parallel_items(count, requested_threads(a.num_threads), item_cost, [&](int64_t it) {
     thread_local FlashScratch scratch;  // grown on demand, kept for the next call
     const Item& item = items[static_cast<std::size_t>(it)];
     float* out = args.weights + (item.selected * rows + item.out_row) * a.kv_len;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -257,7 +258,8 @@ ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& c
   std::mutex lock;
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(specs.size());
-  detail::parallel_items(total, o.workers, [&](int64_t k) {
+  // A run is a whole training: far above any grain.
+  detail::parallel_items(total, o.workers, std::numeric_limits<int64_t>::max(), [&](int64_t k) {
     // Each run on this one thread (run_one holds it there).
     const std::size_t i = order[static_cast<std::size_t>(k)];
     RunResult r = run_one(specs[i], o);
