@@ -30,7 +30,7 @@ inline int requested_threads(int requested) { return requested > 0 ? requested :
 // core, which dwarfs a small call (issue 22, defect 8: a tiny decode step
 // took 12-26 ms on 2 threads against 0.003-0.008 ms on one). The value and
 // the measurement that chose it: docs/threads.md.
-inline constexpr int64_t kParallelGrain = int64_t{1} << 20;
+inline constexpr int64_t kParallelGrain = int64_t{1} << 17;
 
 // The team a loop of `items` items of `item_cost` each gets when `threads`
 // are asked for: never more than the items, and 1 when the whole loop is
