@@ -608,3 +608,65 @@ TEST(ScoreRuleCausal, BottomRightDiagonal) {
 
 }  // namespace
 }  // namespace multihead
+
+// ---- visible_key_range (score_rule.hpp) ----------------------------------
+// Exhaustive over small shapes: for every S, cols (fewer, equal, more keys
+// with a position), causal on/off, window 0..4, shift -5..5 (the causal
+// alignments and query offsets reduce to it) and every query range
+// [i0, i1) of L = 4 queries, key j is in [begin, end) ∪ [rest, S) exactly
+// when causal_visible and window_visible let some query of the range see
+// it. Also the form: begin <= end <= rest <= S, and without causal and
+// window the single range {0, S, S}.
+namespace multihead::detail {
+namespace {
+
+TEST(VisibleKeyRange, MatchesCausalAndWindowVisibleExhaustively) {
+  int64_t checked = 0;
+  for (int64_t S = 0; S <= 6; ++S)
+    for (int64_t cols = 0; cols <= S + 2; ++cols)
+      for (const bool causal : {false, true})
+        for (int64_t window = 0; window <= 4; ++window)
+          for (int64_t shift = -5; shift <= 5; ++shift)
+            for (int64_t i0 = 0; i0 < 4; ++i0)
+              for (int64_t i1 = i0 + 1; i1 <= 4; ++i1) {
+                CausalRule c;
+                c.enabled = causal;
+                c.cols = cols;
+                const VisibleKeys k = visible_key_range(c, window, shift, S, i0, i1);
+                const std::string name = "S=" + std::to_string(S) + " cols=" + std::to_string(cols) +
+                                         " causal=" + std::to_string(causal) + " window=" + std::to_string(window) +
+                                         " shift=" + std::to_string(shift) + " rows=[" + std::to_string(i0) + "," +
+                                         std::to_string(i1) + ") -> {" + std::to_string(k.begin) + "," +
+                                         std::to_string(k.end) + "," + std::to_string(k.rest) + "}";
+                ASSERT_TRUE(0 <= k.begin && k.begin <= k.end && k.end <= k.rest && k.rest <= S) << name;
+                if (!causal && window == 0) {
+                  ASSERT_TRUE(k.begin == 0 && k.end == S && k.rest == S) << name;
+                }
+                for (int64_t j = 0; j < S; ++j) {
+                  bool seen = false;
+                  for (int64_t i = i0; i < i1; ++i)
+                    seen = seen || (causal_visible(c, shift, i, j) && window_visible(c, window, shift, i, j));
+                  const bool in_range = (j >= k.begin && j < k.end) || j >= k.rest;
+                  ASSERT_EQ(in_range, seen) << name << " key " << j;
+                  ++checked;
+                }
+              }
+  EXPECT_GT(checked, 10000);
+}
+
+// The checker catches a range one key too short: the last visible
+// positional key of a causal query left out must fail the comparison.
+TEST(VisibleKeyRange, CheckerCatchesARangeOneKeyShort) {
+  CausalRule c;
+  c.enabled = true;
+  c.cols = 6;
+  VisibleKeys k = visible_key_range(c, 0, 1, 6, 0, 2);  // queries at 1, 2: keys [0, 3)
+  ASSERT_EQ(k.end, 3);
+  k.end -= 1;
+  const int64_t j = 2;
+  const bool in_range = (j >= k.begin && j < k.end) || j >= k.rest;
+  EXPECT_NE(in_range, causal_visible(c, 1, 1, j));
+}
+
+}  // namespace
+}  // namespace multihead::detail

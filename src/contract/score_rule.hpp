@@ -9,6 +9,7 @@
 // row, j key column.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -34,6 +35,31 @@ inline bool window_visible(const CausalRule& c, int64_t window, int64_t shift, i
   if (window <= 0 || j >= c.cols) return true;
   const int64_t p = i + shift;
   return j > p - window && (c.enabled || j < p + window);
+}
+
+// Rule: the keys that the causal rule and the window leave visible to at
+// least one of the queries [row_begin, row_end) (row_begin < row_end), in
+// closed form: [begin, end) ∪ [rest, S), begin <= end <= rest <= S. Key j is
+// in it iff causal_visible and window_visible hold for some such i (exact:
+// tests/test_score_rule.cpp checks it against both predicates). The
+// positional keys j < cols that a query at p = i + shift sees are (p − w, p]
+// with causal and window, [0, p] with causal only, (p − w, p + w) with the
+// window only; over consecutive queries they join into one interval. Keys
+// from cols on have no position and are always seen (rest = clamp(cols, 0,
+// S)). Without causal and window every key is seen: {0, S, S}, one range, so
+// that a tiled kernel cuts it as it always has. The flash kernels skip the
+// key tiles outside it (VisitKeyTiles); grouped decoding reads only its keys.
+struct VisibleKeys {
+  int64_t begin, end, rest;
+};
+inline VisibleKeys visible_key_range(const CausalRule& c, int64_t window, int64_t shift, int64_t kv_len,
+                                     int64_t row_begin, int64_t row_end) {
+  if (!c.enabled && window <= 0) return {0, kv_len, kv_len};
+  const int64_t rest = std::clamp<int64_t>(c.cols, 0, kv_len);
+  const int64_t first = row_begin + shift, last = row_end - 1 + shift;  // the queries' positions
+  const int64_t begin = window > 0 ? std::clamp<int64_t>(first - window + 1, 0, rest) : 0;  // j > p − w
+  const int64_t end = std::clamp<int64_t>(c.enabled ? last + 1 : last + window, begin, rest);  // j <= p, j < p + w
+  return {begin, end, rest};
 }
 
 // Rule: logit soft-capping (Gemma 2), cap·tanh(s / cap); cap 0 = off.

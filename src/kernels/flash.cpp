@@ -22,15 +22,12 @@
 // where they are, Q rows are packed per query tile anyway, and output rows
 // are written where the layout puts them.
 #include <algorithm>
-#include <exception>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <string>
 
-#include <omp.h>
-
 #include "contract/score_rule.hpp"
+#include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_attention.hpp"
@@ -87,9 +84,8 @@ void validate(const AttentionArgs<float>& a) {
 // query would leave empty. Only where every row of the packed slice sees the
 // same keys: no per-slice mask, padding, ALiBi slope or dropout, and the
 // positions of the one query (p = causal_shift) turn causal and window into
-// one key range [lo, hi), the closed form of causal_visible and
-// window_visible (score_rule.hpp) for that query when every key has a
-// position (cols >= S). nullopt when the call does not qualify.
+// one key range [lo, hi), visible_key_range (score_rule.hpp) for that query
+// when every key has a position (cols >= S). nullopt when the call does not qualify.
 std::optional<AttentionArgs<float>> grouped_decode_args(const AttentionArgs<float>& a) {
   const int64_t Hkv = a.kv_heads_or_heads(), S = a.kv_len;
   const ScoreModifiers<float>& m = a.modifiers;
@@ -97,14 +93,9 @@ std::optional<AttentionArgs<float>> grouped_decode_args(const AttentionArgs<floa
   if (a.q_len != 1 || Hkv == a.heads || a.slices % a.heads != 0 || m.attn_mask || m.key_padding ||
       m.alibi_slopes || a.dropout.p > 0.0 || a.weights || a.lse || (positional && m.causal.cols < S))
     return std::nullopt;
-  int64_t lo = 0, hi = S;
-  const int64_t p = causal_shift(m.causal, 1);
-  if (m.causal.enabled) hi = std::clamp<int64_t>(p + 1, 0, S);  // j <= p
-  if (m.window > 0) {
-    lo = std::clamp<int64_t>(p - m.window + 1, 0, S);  // j > p − w
-    if (!m.causal.enabled) hi = std::clamp<int64_t>(p + m.window, 0, S);  // j < p + w
-  }
-  hi = std::max(hi, lo);
+  // The one query's keys (visible_key_range; rest = S, as cols >= S).
+  const VisibleKeys keys = visible_key_range(m.causal, m.window, causal_shift(m.causal, 1), S, 0, 1);
+  const int64_t lo = keys.begin, hi = keys.end;
   const int64_t G = a.heads / Hkv;
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, 1, a.head_dim);
   const SliceLayout ol = resolve_layout(a.out_layout, a.heads, 1, a.value_dim);
@@ -140,17 +131,14 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
   const FlashAttentionKernel kernel = flash_attention_kernel_for(simd_target_bit());
   const int64_t tiles_per_slice = (args.q_len + kernel.row_tile - 1) / kernel.row_tile;
   const int64_t items = args.slices * tiles_per_slice;
-  const int threads = static_cast<int>(
-      std::min<int64_t>(items, args.num_threads > 0 ? args.num_threads : omp_get_max_threads()));
 
   // Work item `it` = (slice, query tile), slice-major so that consecutive
   // items share K and V in cache. With causal masking a query tile's cost
   // grows with its index; within a slice the tiles go heaviest first so
   // that the dynamic schedule ends on small items.
-  std::exception_ptr error;
-  std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-  for (int64_t it = 0; it < items; ++it) {
+  // An item's work: its rows' scores and values, row_tile·S·(D + Dv).
+  const int64_t item_cost = std::min(args.q_len, kernel.row_tile) * args.kv_len * (args.head_dim + args.value_dim);
+  parallel_items(items, requested_threads(args.num_threads), item_cost, [&](int64_t it) {
     // Per-thread scratch, grown on demand and kept for the next call.
     thread_local FlashScratch scratch;
     const int64_t slice = it / tiles_per_slice;
@@ -158,14 +146,8 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
     if (args.modifiers.causal.enabled) tile = tiles_per_slice - 1 - tile;
     const int64_t row_begin = tile * kernel.row_tile;
     const int64_t row_end = std::min(args.q_len, row_begin + kernel.row_tile);
-    try {
-      kernel.rows(args, slice, row_begin, row_end, scratch);
-    } catch (...) {  // only allocation can throw; never let it cross OpenMP
-      const std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+    kernel.rows(args, slice, row_begin, row_end, scratch);
+  });
 }
 
 // ---- backward -----------------------------------------------------------------
@@ -230,7 +212,7 @@ void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
   const AttentionArgs<float>& a = args.forward;
   if (a.slices == 0) return;
   const FlashBackwardKernel kernel = flash_backward_kernel_for(simd_target_bit());
-  const int max_threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
+  const int max_threads = requested_threads(a.num_threads);
   // Work items: whole groups, or (groups < threads) each group's key tiles
   // (d_k, d_v; the heavier items, first) then each query slice's query
   // tiles (d_q).
@@ -239,29 +221,22 @@ void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
   const int64_t key_items = two_pass ? (a.kv_len + kernel.key_tile - 1) / kernel.key_tile : 0;
   const int64_t query_items = two_pass ? (a.q_len + kernel.row_tile - 1) / kernel.row_tile : 0;
   const int64_t items = two_pass ? groups * key_items + a.slices * query_items : groups;
-  const int threads = static_cast<int>(std::min<int64_t>(items, max_threads));
-  std::exception_ptr error;
-  std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-  for (int64_t it = 0; it < items; ++it) {
+  // An item's work, on average: the 5 tile products of every (query,
+  // key) pair, (5/2)·L·S·(D + Dv) per query slice, spread over the items.
+  const int64_t item_cost = 5 * a.slices * a.q_len * a.kv_len * (a.head_dim + a.value_dim) / (2 * std::max<int64_t>(items, 1));
+  parallel_items(items, max_threads, item_cost, [&](int64_t it) {
     thread_local FlashScratch scratch;  // grown on demand, kept for the next call
-    try {
-      if (!two_pass) {
-        kernel.group(args, it, scratch);
-      } else if (it < groups * key_items) {
-        const int64_t g = it / key_items, j0 = (it % key_items) * kernel.key_tile;
-        kernel.keys(args, g, j0, std::min(a.kv_len, j0 + kernel.key_tile), scratch);
-      } else {
-        const int64_t q = it - groups * key_items;
-        const int64_t n = q / query_items, i0 = (q % query_items) * kernel.row_tile;
-        kernel.queries(args, n, i0, std::min(a.q_len, i0 + kernel.row_tile), scratch);
-      }
-    } catch (...) {  // only allocation can throw; never let it cross OpenMP
-      const std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
+    if (!two_pass) {
+      kernel.group(args, it, scratch);
+    } else if (it < groups * key_items) {
+      const int64_t g = it / key_items, j0 = (it % key_items) * kernel.key_tile;
+      kernel.keys(args, g, j0, std::min(a.kv_len, j0 + kernel.key_tile), scratch);
+    } else {
+      const int64_t q = it - groups * key_items;
+      const int64_t n = q / query_items, i0 = (q % query_items) * kernel.row_tile;
+      kernel.queries(args, n, i0, std::min(a.q_len, i0 + kernel.row_tile), scratch);
     }
-  }
-  if (error) std::rethrow_exception(error);
+  });
 }
 
 }  // namespace multihead::detail

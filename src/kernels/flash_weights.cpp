@@ -19,13 +19,10 @@
 // floats: the list of work items and one grow-only scratch of
 // O(tile·(D + key tile)) floats per thread.
 #include <algorithm>
-#include <exception>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include <omp.h>
-
+#include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_weights.hpp"
@@ -91,23 +88,14 @@ void attention_weights_flash(const AttentionWeightsArgs& args) {
     }
   }
   const int64_t count = static_cast<int64_t>(items.size());
-  const int threads =
-      static_cast<int>(std::min<int64_t>(count, a.num_threads > 0 ? a.num_threads : omp_get_max_threads()));
-  std::exception_ptr error;
-  std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
-  for (int64_t it = 0; it < count; ++it) {
+  // An item's work: at most row_tile rows of S scores, D each.
+  const int64_t item_cost = std::min(rows, kernel.row_tile) * a.kv_len * std::max<int64_t>(a.head_dim, 1);
+  parallel_items(count, requested_threads(a.num_threads), item_cost, [&](int64_t it) {
     thread_local FlashScratch scratch;  // grown on demand, kept for the next call
     const Item& item = items[static_cast<std::size_t>(it)];
     float* out = args.weights + (item.selected * rows + item.out_row) * a.kv_len;
-    try {
-      kernel.rows(args, item.slice, item.row_begin, item.row_begin + item.count, out, scratch);
-    } catch (...) {  // only allocation can throw; never let it cross OpenMP
-      const std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+    kernel.rows(args, item.slice, item.row_begin, item.row_begin + item.count, out, scratch);
+  });
 }
 
 }  // namespace multihead::detail

@@ -10,10 +10,9 @@
 #include <limits>
 #include <type_traits>
 
-#include <omp.h>
-
 #include "contract/score_rule.hpp"
 #include "core/gemm.hpp"
+#include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/tensor.hpp"
 #include "simd/softmax_row.hpp"
@@ -21,6 +20,10 @@
 
 namespace multihead::detail {
 namespace {
+
+// The work of one score element of a softmax row, in multiply-adds for
+// parallel_items' grain: the score rule, an exp (about 8) and the scaling.
+constexpr int64_t kRowElementCost = 12;
 
 // row[j] = exp(row[j] - row_max) in place; returns Σ_j row[j].
 template <class T>
@@ -100,8 +103,8 @@ void attention_forward_materialized(const AttentionArgs<T>& a) {
     gemm(Trans::No, Trans::Yes, L, S, D, a.scale, slice_start(a.q, ql, n, a.heads), ql.row,
          kv_slice_start(a.k, kl, n, a.heads, Hkv), kl.row, T(0), scores, S);
     // Rows are independent: one thread writes each row.
-#pragma omp parallel for schedule(static) num_threads(a.num_threads > 0 ? a.num_threads : omp_get_max_threads()) if (L * S > 16384)
-    for (int64_t i = 0; i < L; ++i) score_softmax_dropout_row(a, n, i, scores + i * S, exp_row);
+    parallel_items(L, requested_threads(a.num_threads), kRowElementCost * S,
+                   [&](int64_t i) { score_softmax_dropout_row(a, n, i, scores + i * S, exp_row); });
     // out = P V   (L×S)·(S×Dv)
     gemm(Trans::No, Trans::No, L, Dv, S, T(1), scores, S, kv_slice_start(a.v, vl, n, a.heads, Hkv), vl.row,
          T(0), slice_start(a.out, ol, n, a.heads), ol.row);
@@ -162,7 +165,7 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& b) {
   const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
   const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
   const SliceLayout ol = resolve_layout(a.out_layout, a.heads, L, Dv);
-  const int threads = a.num_threads > 0 ? a.num_threads : omp_get_max_threads();
+  const int threads = requested_threads(a.num_threads);
   for (int64_t n = 0; n < a.slices; ++n) {
     const T* q = slice_start(a.q, ql, n, a.heads);
     const T* k = kv_slice_start(a.k, kl, n, a.heads, Hkv);
@@ -176,13 +179,12 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& b) {
     // Forward: out = P' V, so dP' = dO Vᵀ   (L×Dv)·(Dv×S).
     gemm(Trans::No, Trans::Yes, L, S, Dv, T(1), d_out, ol.row, v, vl.row, T(0), dx, S);
     const SliceModifiers<T> mods = slice_modifiers(a.modifiers, n, a.heads, L, S);
-#pragma omp parallel for schedule(static) num_threads(threads) if (L * S > 16384)
-    for (int64_t i = 0; i < L; ++i) {
+    parallel_items(L, threads, kRowElementCost * S + Dv, [&](int64_t i) {
       // delta_i = <d_out_i, out_i> (= Σ_j p_ij dp_ij, the contract's form).
       T delta = 0;
       for (int64_t c = 0; c < Dv; ++c) delta += d_out[i * ol.row + c] * out[i * ol.row + c];
       backward_row(b, mods, n, i, delta, x + i * S, dx + i * S);
-    }
+    });
     // K/V slice g is read by the group's query slices, consecutive in n:
     // the first one writes its d_k/d_v (beta 0, so the caller's buffer is
     // written, not accumulated) and the others add (beta 1), in order of n.

@@ -510,33 +510,17 @@ HWY_INLINE void KeyRange(int64_t begin, int64_t end, const Step& step) {
 
 // The key tiles that query rows [i0, i0 + rows) must visit, step(j0, keys)
 // for each, in increasing j0: tiles that the causal rule or the window hide
-// from every row of the query tile are skipped whole. The forward and the
-// backward (flash_attention_backward-inl.h) visit the same tiles.
+// from every row of the query tile are skipped whole (the rule:
+// visible_key_range, score_rule.hpp). The forward, the backward
+// (flash_attention_backward-inl.h) and the weights recompute
+// (flash_weights-inl.h) visit the same tiles.
 template <size_t NVQ, class Step>
 HWY_INLINE void VisitKeyTiles(const AttentionArgs<float>& a, const QueryTileInputs& in, int64_t i0, size_t rows,
                               const Step& step) {
-  if (in.mods.window > 0) {
-    // The tile's queries sit at positions [first, last]; keys j <
-    // position_cols outside every one of their windows are skipped whole,
-    // on both sides: [0, first − w] and, past last, (last, …) with causal
-    // or [last + w, …) without. Keys from position_cols on are always seen.
-    const int64_t first = i0 + in.mods.shift, last = first + static_cast<int64_t>(rows) - 1;
-    const int64_t w = in.mods.window;
-    const int64_t begin = std::clamp<int64_t>(first - w + 1, 0, in.position_cols);
-    const int64_t end =
-        std::clamp<int64_t>(in.mods.causal.enabled ? last + 1 : last + w, begin, in.position_cols);
-    KeyRange<NVQ>(begin, end, step);
-    KeyRange<NVQ>(in.position_cols, a.kv_len, step);
-  } else if (in.causal_cols > 0) {
-    // Keys j < causal_cols are visible to row i only if j <= i + shift: the
-    // tile needs [0, i0 + rows + shift); tiles past it are skipped whole
-    // (the causal saving). Keys from causal_cols on are never masked.
-    const int64_t end = i0 + static_cast<int64_t>(rows) + in.causal_shift;
-    KeyRange<NVQ>(0, std::clamp<int64_t>(end, 0, in.causal_cols), step);
-    KeyRange<NVQ>(in.causal_cols, a.kv_len, step);
-  } else {
-    KeyRange<NVQ>(0, a.kv_len, step);
-  }
+  const VisibleKeys keys = visible_key_range(in.mods.causal, in.mods.window, in.mods.shift, a.kv_len, i0,
+                                             i0 + static_cast<int64_t>(rows));
+  KeyRange<NVQ>(keys.begin, keys.end, step);
+  KeyRange<NVQ>(keys.rest, a.kv_len, step);
 }
 
 // Slice n's inputs for a query tile, with the causal rule resolved.
@@ -557,19 +541,28 @@ inline QueryTileInputs TileInputs(const AttentionArgs<float>& a, int64_t slice) 
   return in;
 }
 
-// qt [D][bq] = scale · q[i0 + r][d]; padding queries (r >= rows) are 0 and
-// their results are never stored. ot = 0, m = -inf, l = 0.
+// qt [D][bq] = scale · q[i0 + r][d] of slice `slice`, for rows r < rows;
+// padding queries (r >= rows) are 0 and their results are never stored.
+// The query tile of the forward, the backward and the weights recompute.
 template <size_t NVQ>
-HWY_INLINE void StartTile(const AttentionArgs<float>& a, const TileState& t, float* HWY_RESTRICT qt) {
+HWY_INLINE void PackQueryTile(const AttentionArgs<float>& a, int64_t slice, int64_t i0, size_t rows,
+                              float* HWY_RESTRICT qt) {
   const size_t bq = NVQ * hn::Lanes(DF32());
   const size_t head_dim = static_cast<size_t>(a.head_dim);
   const SliceLayout q_layout = resolve_layout(a.q_layout, a.heads, a.q_len, a.head_dim);
-  const float* HWY_RESTRICT q = slice_start(a.q, q_layout, t.slice, a.heads) + t.i0 * q_layout.row;
+  const float* HWY_RESTRICT q = slice_start(a.q, q_layout, slice, a.heads) + i0 * q_layout.row;
   std::fill(qt, qt + head_dim * bq, 0.0f);
-  for (size_t r = 0; r < t.rows; ++r) {
+  for (size_t r = 0; r < rows; ++r) {
     const float* HWY_RESTRICT q_row = q + static_cast<int64_t>(r) * q_layout.row;
     for (size_t d = 0; d < head_dim; ++d) qt[d * bq + r] = a.scale * q_row[d];
   }
+}
+
+// qt as PackQueryTile; ot = 0, m = -inf, l = 0.
+template <size_t NVQ>
+HWY_INLINE void StartTile(const AttentionArgs<float>& a, const TileState& t, float* HWY_RESTRICT qt) {
+  const size_t bq = NVQ * hn::Lanes(DF32());
+  PackQueryTile<NVQ>(a, t.slice, t.i0, t.rows, qt);
   std::fill(t.ot, t.ot + static_cast<size_t>(a.value_dim) * bq, 0.0f);
   std::fill(t.m, t.m + bq, -std::numeric_limits<float>::infinity());
   std::fill(t.l, t.l + bq, 0.0f);
@@ -630,27 +623,36 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
   StoreTile<NVQ>(a, t);
 }
 
-template <size_t NVQ>
-HWY_INLINE void QueryTileDispatch(size_t nvq, const AttentionArgs<float>& a, int64_t slice,
-                                  int64_t i0, size_t rows, FlashScratch& scratch) {
+// The one query-tile driver: rows [row_begin, row_end) in query tiles of
+// up to kMaxQueryVectors vectors, the last taking as few vectors as cover it,
+// tile.template operator()<NVQ>(i0, rows) for each (NVQ a compile-time
+// constant, so each tile size has its own unrolled code). The forward, the
+// backward and the weights recompute all cut their rows here.
+template <size_t NVQ, class Tile>
+HWY_INLINE void DispatchQueryVectors(size_t nvq, const Tile& tile, int64_t i0, size_t rows) {
   if constexpr (NVQ > 0) {
-    if (nvq == NVQ) return QueryTile<NVQ>(a, slice, i0, rows, scratch);
-    QueryTileDispatch<NVQ - 1>(nvq, a, slice, i0, rows, scratch);
+    if (nvq == NVQ) return tile.template operator()<NVQ>(i0, rows);
+    DispatchQueryVectors<NVQ - 1>(nvq, tile, i0, rows);
   }
 }
-
-// Rows [row_begin, row_end) of slice n, in query tiles of up to
-// kMaxQueryVectors vectors; the last tile takes as few vectors as cover it.
-inline void FlashAttentionRowsF32(const AttentionArgs<float>& a, int64_t slice, int64_t row_begin,
-                                  int64_t row_end, FlashScratch& scratch) {
+template <class Tile>
+HWY_INLINE void ForEachQueryTile(int64_t row_begin, int64_t row_end, const Tile& tile) {
   const size_t lanes = hn::Lanes(DF32());
   for (int64_t i0 = row_begin; i0 < row_end;) {
     const size_t remaining = static_cast<size_t>(row_end - i0);
     const size_t nvq = std::min(kMaxQueryVectors, (remaining + lanes - 1) / lanes);
     const size_t rows = std::min(remaining, nvq * lanes);
-    QueryTileDispatch<kMaxQueryVectors>(nvq, a, slice, i0, rows, scratch);
+    DispatchQueryVectors<kMaxQueryVectors>(nvq, tile, i0, rows);
     i0 += static_cast<int64_t>(rows);
   }
+}
+
+// Rows [row_begin, row_end) of slice n.
+inline void FlashAttentionRowsF32(const AttentionArgs<float>& a, int64_t slice, int64_t row_begin,
+                                  int64_t row_end, FlashScratch& scratch) {
+  ForEachQueryTile(row_begin, row_end, [&]<size_t NVQ>(int64_t i0, size_t rows) {
+    QueryTile<NVQ>(a, slice, i0, rows, scratch);
+  });
 }
 
 inline int64_t FlashAttentionRowTileF32() {

@@ -333,9 +333,9 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   bt.out_row = static_cast<size_t>(ol.row);
   const float* out = slice_start(a.out, ol, slice, a.heads) + i0 * ol.row;
 
-  // As the forward's StartTile: qt [D][bq] = scale·q, padding lanes 0; and
-  // dot [Dv][bq] = d_outᵀ, delta, lse and fill per lane.
-  std::fill(qt, qt + head_dim * bq, 0.0f);
+  // qt as the forward's (PackQueryTile); dot [Dv][bq] = d_outᵀ, delta, lse
+  // and fill per lane.
+  PackQueryTile<NVQ>(a, slice, i0, rows, qt);
   std::fill(bt.dqt, bt.dqt + head_dim * bq, 0.0f);
   std::fill(bt.dot, bt.dot + value_dim * bq, 0.0f);
   const float inf = std::numeric_limits<float>::infinity();
@@ -345,8 +345,6 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   std::fill(bt.ones, bt.ones + bq, 1.0f);
   bt.nan_rows = false;
   for (size_t r = 0; r < rows; ++r) {
-    const float* HWY_RESTRICT q_row = bt.q + r * bt.q_row;
-    for (size_t d = 0; d < head_dim; ++d) qt[d * bq + r] = a.scale * q_row[d];
     const float* HWY_RESTRICT g = bt.d_out + r * bt.out_row;
     const float* HWY_RESTRICT o = out + r * bt.out_row;
     // delta = <d_out, out> (the contract's form; = Σ_j p dp).
@@ -385,30 +383,14 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
     for (size_t d = 0; d < head_dim; ++d) d_q[r * bt.q_row + d] = bt.dqt[d * bq + r];
 }
 
-template <size_t NVQ>
-HWY_INLINE void BackwardQueryTileDispatch(size_t nvq, const AttentionBackwardArgs<float>& b, int64_t slice,
-                                          int64_t i0, size_t rows, int64_t key_begin, int64_t key_end,
-                                          BackwardParts parts, FlashScratch& scratch) {
-  if constexpr (NVQ > 0) {
-    if (nvq == NVQ) return BackwardQueryTile<NVQ>(b, slice, i0, rows, key_begin, key_end, parts, scratch);
-    BackwardQueryTileDispatch<NVQ - 1>(nvq, b, slice, i0, rows, key_begin, key_end, parts, scratch);
-  }
-}
-
-// Query rows [row_begin, row_end) of a slice in query tiles of up to
-// kMaxQueryVectors vectors, the last taking as few vectors as cover it (as
-// the forward's FlashAttentionRowsF32). row_begin is 0 or a multiple of
+// Query rows [row_begin, row_end) of a slice, cut by the forward's driver
+// (ForEachQueryTile). row_begin is 0 or a multiple of
 // FlashAttentionBackwardRowTileF32(), so every pass tiles the rows alike.
 inline void BackwardRows(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t row_begin, int64_t row_end,
                          int64_t key_begin, int64_t key_end, BackwardParts parts, FlashScratch& scratch) {
-  const size_t lanes = hn::Lanes(DF32());
-  for (int64_t i0 = row_begin; i0 < row_end;) {
-    const size_t remaining = static_cast<size_t>(row_end - i0);
-    const size_t nvq = std::min(kMaxQueryVectors, (remaining + lanes - 1) / lanes);
-    const size_t rows = std::min(remaining, nvq * lanes);
-    BackwardQueryTileDispatch<kMaxQueryVectors>(nvq, b, slice, i0, rows, key_begin, key_end, parts, scratch);
-    i0 += static_cast<int64_t>(rows);
-  }
+  ForEachQueryTile(row_begin, row_end, [&]<size_t NVQ>(int64_t i0, size_t rows) {
+    BackwardQueryTile<NVQ>(b, slice, i0, rows, key_begin, key_end, parts, scratch);
+  });
 }
 
 // MaskedRowPolicy::NaN: a fully masked row's p is NaN for every key, also

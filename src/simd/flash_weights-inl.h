@@ -101,14 +101,7 @@ HWY_NOINLINE void WeightsQueryTile(const AttentionWeightsArgs& w, int64_t slice,
   }
   if (!any || S == 0) return;
 
-  // As the forward's StartTile: qt [D][bq] = scale·q, padding lanes 0.
-  const SliceLayout q_layout = resolve_layout(a.q_layout, a.heads, a.q_len, a.head_dim);
-  const float* HWY_RESTRICT q = slice_start(a.q, q_layout, slice, a.heads) + i0 * q_layout.row;
-  std::fill(qt, qt + head_dim * bq, 0.0f);
-  for (size_t r = 0; r < rows; ++r) {
-    const float* HWY_RESTRICT q_row = q + static_cast<int64_t>(r) * q_layout.row;
-    for (size_t d = 0; d < head_dim; ++d) qt[d * bq + r] = a.scale * q_row[d];
-  }
+  PackQueryTile<NVQ>(a, slice, i0, rows, qt);  // as the forward's
 
   // Dropout's 1/(1 − p), and 0 when every weight is dropped (p >= 1).
   const bool dropout = a.dropout.p > 0.0;
@@ -142,30 +135,14 @@ HWY_NOINLINE void WeightsQueryTile(const AttentionWeightsArgs& w, int64_t slice,
   });
 }
 
-template <size_t NVQ>
-HWY_INLINE void WeightsQueryTileDispatch(size_t nvq, const AttentionWeightsArgs& w, int64_t slice, int64_t i0,
-                                         size_t rows, float* out, FlashScratch& scratch) {
-  if constexpr (NVQ > 0) {
-    if (nvq == NVQ) return WeightsQueryTile<NVQ>(w, slice, i0, rows, out, scratch);
-    WeightsQueryTileDispatch<NVQ - 1>(nvq, w, slice, i0, rows, out, scratch);
-  }
-}
-
 // Rows [row_begin, row_end) of slice `slice` into out [row_end − row_begin][S],
-// in query tiles of up to kMaxQueryVectors vectors, the last taking as few
-// vectors as cover it (as the forward's FlashAttentionRowsF32).
+// cut by the forward's driver (ForEachQueryTile).
 inline void FlashWeightsRowsF32(const AttentionWeightsArgs& w, int64_t slice, int64_t row_begin, int64_t row_end,
                                 float* out, FlashScratch& scratch) {
-  const size_t lanes = hn::Lanes(DF32());
   const size_t S = static_cast<size_t>(w.forward.kv_len);
-  for (int64_t i0 = row_begin; i0 < row_end;) {
-    const size_t remaining = static_cast<size_t>(row_end - i0);
-    const size_t nvq = std::min(kMaxQueryVectors, (remaining + lanes - 1) / lanes);
-    const size_t rows = std::min(remaining, nvq * lanes);
-    WeightsQueryTileDispatch<kMaxQueryVectors>(nvq, w, slice, i0, rows,
-                                               out + static_cast<size_t>(i0 - row_begin) * S, scratch);
-    i0 += static_cast<int64_t>(rows);
-  }
+  ForEachQueryTile(row_begin, row_end, [&]<size_t NVQ>(int64_t i0, size_t rows) {
+    WeightsQueryTile<NVQ>(w, slice, i0, rows, out + static_cast<size_t>(i0 - row_begin) * S, scratch);
+  });
 }
 
 }  // namespace HWY_NAMESPACE

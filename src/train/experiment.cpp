@@ -6,13 +6,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cmath>
-#include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 
 #include <omp.h>
 
+#include "core/parallel.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/lesson_tasks.hpp"
@@ -252,29 +253,18 @@ ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& c
 
   std::vector<RunResult> runs(specs.size());
   std::mutex lock;
-  std::exception_ptr failure;
   int64_t done = 0;
   const int64_t total = static_cast<int64_t>(specs.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(o.workers)
-  for (int64_t k = 0; k < total; ++k) {
+  // A run is a whole training: far above any grain.
+  detail::parallel_items(total, o.workers, std::numeric_limits<int64_t>::max(), [&](int64_t k) {
     // Each run on this one thread (run_one holds it there).
     const std::size_t i = order[static_cast<std::size_t>(k)];
-    try {
-      {
-        std::lock_guard<std::mutex> g(lock);
-        if (failure) continue;
-      }
-      RunResult r = run_one(specs[i], o);
-      std::lock_guard<std::mutex> g(lock);
-      runs[i] = std::move(r);
-      ++done;
-      if (progress) progress(runs[i], done, total);
-    } catch (...) {
-      std::lock_guard<std::mutex> g(lock);
-      if (!failure) failure = std::current_exception();
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+    RunResult r = run_one(specs[i], o);
+    std::lock_guard<std::mutex> g(lock);
+    runs[i] = std::move(r);
+    ++done;
+    if (progress) progress(runs[i], done, total);
+  });
 
   ExperimentReport rep;
   rep.options = o;
