@@ -33,6 +33,7 @@
 #include "attention/workspace.hpp"
 #include "core/check.hpp"
 #include "core/linear.hpp"
+#include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -204,12 +205,11 @@ template <class T>
 void gather_heads(const ForwardPlan& plan, const T* src, int64_t total_len, int64_t len, int64_t batch_stride,
                   int64_t seq_stride, T* dst, int64_t ld, int threads) {
   const int64_t H = plan.H, D = plan.D, slices = plan.B * H;
-#pragma omp parallel for schedule(static) num_threads(threads) if (slices * len * D >= (int64_t{1} << 16))
-  for (int64_t n = 0; n < slices; ++n) {
+  parallel_items(slices, threads, /*item_cost=*/len * D, [&](int64_t n) {
     const int64_t b = n / H, h = n % H;
     for (int64_t l = 0; l < len; ++l)
       std::copy_n(src + (n * total_len + l) * D, D, dst + (b * batch_stride + l * seq_stride) * ld + h * D);
-  }
+  });
 }
 
 // d_bias[h·D + d] = Σ_b d_heads[b][h][col][d]: bias_k (or bias_v) was the

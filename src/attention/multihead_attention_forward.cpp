@@ -29,6 +29,7 @@
 #include "attention/projection_weights.hpp"
 #include "attention/workspace.hpp"
 #include "core/linear.hpp"
+#include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -240,8 +241,7 @@ void in_projection_split_heads(const HeadMajorProjection<T>& p, const ForwardPla
   for (int64_t r0 = 0; r0 < tokens; r0 += block) {
     const int64_t rows = std::min(block, tokens - r0);
     linear_forward<T>({rows, p.x + r0 * p.w.in, p.w.in}, p.w, p.bias, y, out, {false, threads});
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows * out >= (int64_t{1} << 16))
-    for (int64_t i = 0; i < rows; ++i) scatter_heads(p, plan, r0 + i, y + i * out);
+    parallel_items(rows, threads, /*item_cost=*/out, [&](int64_t i) { scatter_heads(p, plan, r0 + i, y + i * out); });
   }
 }
 

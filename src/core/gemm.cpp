@@ -7,15 +7,14 @@
 #endif
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
-#include <exception>
 #include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
 #include <stdexcept>
 
+#include "core/parallel.hpp"
 #include "multihead/error.hpp"
 
 #include <omp.h>
@@ -140,38 +139,25 @@ void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, in
   const GemmBlocks size = gemm_blocks(M, N, K);
   const int64_t row_blocks = (M + size.rows - 1) / size.rows, col_blocks = (N + size.cols - 1) / size.cols;
   const int64_t blocks = row_blocks * col_blocks;
-  const int team = static_cast<int>(std::min<int64_t>(blocks, threads > 0 ? threads : omp_get_max_threads()));
   std::optional<OpenBlasHeldToOneThread> hold;
   if constexpr (kOnOpenBlas<T>) hold.emplace();
-  // The first failure of a block (oneDNN's status), rethrown after the
-  // region: an exception must not leave an OpenMP region.
-  std::exception_ptr failure;
-  std::atomic<bool> failed{false};
-#pragma omp parallel num_threads(team)
-  {
-    // This implicit task's own nthreads ICV: BLAS (oneDNN reads
-    // omp_get_max_threads()) runs each block on this one thread, also when
-    // the team has a single member and the region is inactive.
-    omp_set_num_threads(1);
-#pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      if (failed.load(std::memory_order_relaxed)) continue;
-      const int64_t m0 = blk / col_blocks * size.rows, rows = std::min(size.rows, M - m0);
-      const int64_t n0 = blk % col_blocks * size.cols, cols = std::min(size.cols, N - n0);
-      // Row m0 of op(A): row m0 of A, or column m0 of A when transposed;
-      // column n0 of op(B): column n0 of B, or row n0 of B when transposed.
-      const T* a = ta == Trans::No ? A + m0 * lda : A + m0;
-      const T* b = tb == Trans::No ? B + n0 : B + n0 * ldb;
-      try {
-        gemm(ta, tb, rows, cols, K, T(1), a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
-      } catch (...) {
-#pragma omp critical(multihead_gemm_blocked_failure)
-        if (!failure) failure = std::current_exception();
-        failed.store(true, std::memory_order_relaxed);
-      }
-    }
-  }
-  if (failure) std::rethrow_exception(failure);
+  // One block per item, each the whole K (parallel_items rethrows a block's
+  // failure, oneDNN's status, after its region, and runs a product below
+  // its grain on this thread alone).
+  parallel_items(blocks, requested_threads(threads), /*item_cost=*/size.rows * size.cols * std::max<int64_t>(K, 1),
+                 [&](int64_t blk) {
+                   // This implicit task's own nthreads ICV: BLAS (oneDNN reads
+                   // omp_get_max_threads()) runs the block on this one thread.
+                   omp_set_num_threads(1);
+                   const int64_t m0 = blk / col_blocks * size.rows, rows = std::min(size.rows, M - m0);
+                   const int64_t n0 = blk % col_blocks * size.cols, cols = std::min(size.cols, N - n0);
+                   // Row m0 of op(A): row m0 of A, or column m0 of A when
+                   // transposed; column n0 of op(B): column n0 of B, or row n0
+                   // of B when transposed.
+                   const T* a = ta == Trans::No ? A + m0 * lda : A + m0;
+                   const T* b = tb == Trans::No ? B + n0 : B + n0 * ldb;
+                   gemm(ta, tb, rows, cols, K, T(1), a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
+                 });
 }
 
 }  // namespace

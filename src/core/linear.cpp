@@ -3,29 +3,20 @@
 
 #include <algorithm>
 
-#include <omp.h>
-
 #include "core/gemm.hpp"
+#include "core/parallel.hpp"
 
 namespace multihead::detail {
-namespace {
-
-int team_threads(int threads) { return threads > 0 ? threads : omp_get_max_threads(); }
-
-}  // namespace
-
 template <class T>
 void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, bool accumulate, int threads) {
   constexpr int64_t kBlock = 64;  // columns per work item
-  const int64_t blocks = (cols + kBlock - 1) / kBlock;
-  // Below 64 Ki additions a team costs more than it saves.
-#pragma omp parallel for schedule(static) num_threads(team_threads(threads)) if (rows * cols >= (int64_t{1} << 16))
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
-    if (!accumulate) std::fill(out + c0, out + c1, T(0));
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = c0; c < c1; ++c) out[c] += x[r * ld + c];
-  }
+  parallel_items((cols + kBlock - 1) / kBlock, requested_threads(threads), /*item_cost=*/rows * kBlock,
+                 [&](int64_t blk) {
+                   const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
+                   if (!accumulate) std::fill(out + c0, out + c1, T(0));
+                   for (int64_t r = 0; r < rows; ++r)
+                     for (int64_t c = c0; c < c1; ++c) out[c] += x[r * ld + c];
+                 });
 }
 
 template <class T>
