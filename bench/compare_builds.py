@@ -14,7 +14,9 @@ run and on one machine, every measurement in its own subprocess:
 The host is shared and noisy, so the builds alternate round by round (before
 then after in even rounds, after then before in odd ones, so that neither
 always runs on a warmer or a busier machine) and each row reports the median
-of --rounds rounds, each round itself a median of --repeat calls. The ratio is
+of --rounds rounds, each round itself a median of --repeat calls (at least;
+short calls are repeated to about 1 s, as bench_vs_pytorch.py does; a
+decoding round is the median of 32 steps). The ratio is
 before / after: above 1 the change is faster.
 
 Usage:
@@ -48,21 +50,24 @@ def fma_peak(build_dirs, threads):
 
 def forward_ms(build_dir, shape, threads, repeat):
     cli = os.path.join(build_dir, "tools", "multihead")
-    return forward_bench.ours(cli, shape, threads, repeat, warmup=2)[0]
+    n, warmup = forward_bench.calls_for(shape, repeat, 2)  # short calls: about 1 s of them
+    return forward_bench.ours(cli, shape, threads, n, warmup)[0]
 
 
 def train_ms(build_dir, shape, threads, repeat):
     B, L, E, H, causal = shape
     env = {"PYTHONPATH": os.path.join(build_dir, "python"), "OMP_NUM_THREADS": str(threads)}
+    # Short steps: about 1 s of them (estimated at 100 GFLOP/s), as for the forward.
+    n = max(repeat, min(200, int(100e9 / train_bench.step_flops(B, L, E))))
     out, _, _ = run_child([sys.executable, "-c", train_bench.OURS_CHILD, str(B), str(L), str(E), str(H),
-                           str(int(causal)), str(threads), str(repeat), "2"], env_set=env)
+                           str(int(causal)), str(threads), str(n), str(max(2, n // 5))], env_set=env)
     return field(out, "median_ms")
 
 
 def decode_ms(build_dir, setting, threads, repeat, context):
     E, H, Hkv = setting
     cli = os.path.join(build_dir, "tools", "multihead")
-    return bench_decode.run_ours(cli, E, H, Hkv, context, max(repeat, 8), 4, threads)[0]
+    return bench_decode.run_ours(cli, E, H, Hkv, context, 32, 4, threads)[0]  # bench_decode.py's steps
 
 
 def label(kind, shape):

@@ -204,10 +204,9 @@ TEST(Linear, SameBitsForOneTwoThreeThreads_Float32) {
   }
 }
 
-// The block rule: 32 rows and every column while op(B) is small, a quarter
-// of M (a multiple of 32) beyond, and quarters of the columns (multiples of
-// 64) when that leaves one row block; never a function of the thread count
-// (it takes none).
+// The block rule: 32 rows and every column while op(B) is small, else
+// quarters of the longer side (rows in multiples of 32, columns of 64);
+// never a function of the thread count (it takes none).
 TEST(Linear, BlockRule) {
   const auto expect = [](int64_t M, int64_t N, int64_t K, int64_t rows, int64_t cols) {
     const detail::GemmBlocks b = detail::gemm_blocks(M, N, K);
@@ -216,12 +215,13 @@ TEST(Linear, BlockRule) {
   };
   expect(10000, 64, 64, 32, 64);        // 4 Ki numbers of op(B)
   expect(10000, 255, 256, 32, 255);     // just under 64 Ki
-  expect(4096, 256, 256, 1024, 256);    // 64 Ki: a quarter of M
+  expect(4096, 256, 256, 1024, 256);    // 64 Ki: a quarter of M (M >= N)
   expect(1000, 512, 512, 256, 512);     // ⌈250 / 32⌉ · 32
-  expect(33, 1024, 1024, 32, 1024);     // never under 32 rows; two row blocks
-  expect(1, 12288, 4096, 32, 3072);     // a decoding step: one row block, columns in quarters
+  expect(682, 3072, 1024, 682, 768);    // M < N: quarters of N, one row block
+  expect(33, 1024, 1024, 33, 256);      // M < N
+  expect(1, 12288, 4096, 1, 3072);      // a decoding step: columns in quarters
   expect(32, 100, 1024, 32, 64);        // never under 64 columns
-  expect(0, 1024, 1024, 32, 256);
+  expect(0, 1024, 1024, 1, 256);
 }
 
 // A decoding step's shape (one row block, column blocks) and a column

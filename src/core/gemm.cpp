@@ -73,8 +73,11 @@ GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K) {
   constexpr int64_t kColumnBlock = 64;
   const auto quarter = [](int64_t n, int64_t unit) { return std::max(unit, ((n + 3) / 4 + unit - 1) / unit * unit); };
   if (N * K < kSmallB) return {kMinRowBlock, std::max<int64_t>(N, 1)};
-  const int64_t rows = quarter(M, kMinRowBlock);
-  return {rows, M <= rows ? quarter(N, kColumnBlock) : std::max<int64_t>(N, 1)};
+  // Quarters of the longer side: row blocks pack op(B) (K × N) once each,
+  // column blocks pack op(A) (M × K) once each, so cut the side whose
+  // blocks re-pack the smaller operand.
+  if (M >= N) return {quarter(M, kMinRowBlock), std::max<int64_t>(N, 1)};
+  return {std::max<int64_t>(M, 1), quarter(N, kColumnBlock)};
 }
 
 namespace {

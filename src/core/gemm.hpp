@@ -50,15 +50,21 @@ void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K,
 //  - while op(B) is small (N·K < 2¹⁶ numbers, 256 KiB of floats), blocks of
 //    kMinRowBlock rows and every column: the packing is cheap, and these are
 //    the trainer's shapes, whose bits the shipped model pins;
-//  - otherwise a quarter of M per block (a multiple of 32 rows): measured,
+//  - otherwise quarters of the longer side: of M (multiples of 32 rows)
+//    when M >= N, each block re-packing op(B); else of N (multiples of 64
+//    columns), each block re-packing op(A), the smaller then. Measured,
 //    oneDNN sgemm with one thread per block against one call on both
-//    threads (2-core Zen 5, M × N × K): 1024 × 1536 × 512: 32-row blocks
-//    291 GFLOP/s, 256-row 420, one call 423; 2048 × 2304 × 768: 318,
-//    512-row 428, one call 430; a weight gradient 2304 × 768 × 2048: every
-//    block size within 15% of one call;
-//  - and when that leaves one block of rows (a decoding step: M = batch),
-//    the columns in quarters (a multiple of 64), so that a product that
-//    streams a large weight still runs on every thread.
+//    threads (2-core AMD EPYC Zen 5, medians of 7 alternated rounds, ms;
+//    M × N × K): 682 × 3072 × 1024 (a head-major in_projection block):
+//    192-row blocks 11.7, 768-column blocks 10.1, one call 10.2;
+//    4096 × 1024 × 1024: 1024-row blocks 20.1, one call 20.2;
+//    128 × 1536 × 512: 0.45 every way; a decoding step 1 × 4096 × 4096
+//    from W: 1024-column blocks 1.62, one call 1.64; and with 32-row
+//    blocks instead of quarters, 1024 × 1536 × 512 ran at 291 GFLOP/s
+//    against 423 for one call.
+//  The price of four blocks: one large product uses at most 4 threads
+//  (this machine has 2; a host with more would want more blocks, which on
+//  2 cores cost up to 13% in packing).
 constexpr int64_t kMinRowBlock = 32;
 struct GemmBlocks {
   int64_t rows, cols;
