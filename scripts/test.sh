@@ -7,6 +7,7 @@
 #  3. ThreadSanitizer (with Archer for OpenMP) on the threaded kernels;
 #  4. AddressSanitizer + UBSan (clang) build of the whole suite;
 #  5. fuzz smoke: each libFuzzer target, built in step 4, for FUZZ_SECONDS
+#     (40 here; fuzz-smoke.sh's own default is 60)
 #     (default 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,9 +53,15 @@ cmake --build build-asan -j"$jobs"
 # Reports must name functions (llvm-symbolizer), or a failure here is unreadable.
 symbolizer=$(bash scripts/check-symbolizer.sh)
 export ASAN_SYMBOLIZER_PATH=$symbolizer
+# Two cases run in the Release suite only: the textbook form's plain loops
+# at L = 2048 take 45 s and 14 s under ASan (measured 2026-12-02) and take
+# no path the smaller head-major cases (FusedForm.HeadMajorProjectionMany
+# BlocksMatchesTextbook, the oracle's S >= 2048 case) do not.
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:external_symbolizer_path=$symbolizer \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:external_symbolizer_path=$symbolizer \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs"
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -E 'LongSelfAttentionHeadMajorMatchesTextbook_L2048'
 
 echo "== fuzz smoke"
-FUZZ_BUILD_DIR=build-asan bash scripts/fuzz-smoke.sh
+# 40 s a target keeps the whole command under 30 minutes here; longer
+# runs: docs/fuzzing.md.
+FUZZ_SECONDS=${FUZZ_SECONDS:-40} FUZZ_BUILD_DIR=build-asan bash scripts/fuzz-smoke.sh
