@@ -7,8 +7,7 @@
 #  3. ThreadSanitizer (with Archer for OpenMP) on the threaded kernels;
 #  4. AddressSanitizer + UBSan (clang) build of the whole suite;
 #  5. fuzz smoke: each libFuzzer target, built in step 4, for FUZZ_SECONDS
-#     (40 here; fuzz-smoke.sh's own default is 60)
-#     (default 60).
+#     (40 s here; fuzz-smoke.sh's own default is 60).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
