@@ -19,6 +19,23 @@ jobs=$(nproc)
 # wait passively; bench/ keeps OpenMP's default.
 export OMP_WAIT_POLICY=passive
 
+# LLVM's OpenMP runtime (libomp: the clang builds below, ASan, TSan and the
+# fuzzers) registers each process in /dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid>
+# and removes the file when the process exits; a process killed by a signal
+# leaves it. An empty one makes the next libomp process given that pid (pids
+# wrap at 32768 here) die of SIGBUS at its first OpenMP call (seen: a
+# ScoreRule case under ASan). Remove those of processes no longer running
+# before each stage that runs libomp programs.
+forget_stale_openmp_registrations() {
+  local f pid
+  for f in /dev/shm/__KMP_REGISTERED_LIB_*; do
+    [[ -e $f ]] || continue
+    pid=${f#/dev/shm/__KMP_REGISTERED_LIB_}
+    pid=${pid%%_*}
+    if [[ ! -s $f ]] || ! kill -0 "$pid" 2>/dev/null; then rm -f "$f" 2>/dev/null || true; fi
+  done
+}
+
 echo "== Release build and test suite"
 # MULTIHEAD_BUILD_PYTHON=ON: a missing pybind11 fails here, not silently skipped.
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMULTIHEAD_BUILD_PYTHON=ON >/dev/null
@@ -33,9 +50,11 @@ echo "== valgrind leak check of the CLI"
 bash scripts/leakcheck.sh build
 
 echo "== ThreadSanitizer on the threaded kernels"
+forget_stale_openmp_registrations
 bash scripts/tsan.sh
 
 echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and test suite"
+forget_stale_openmp_registrations
 # clang, with the libFuzzer targets in the same build: the fuzz smoke below
 # reuses this instrumented library instead of compiling it a second time.
 # (The library also carries libFuzzer's coverage hooks here; outside a
@@ -61,6 +80,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:external_symbolizer_path=$symbolize
   ctest --test-dir build-asan --output-on-failure -j"$jobs" -E 'LongSelfAttentionHeadMajorMatchesTextbook_L2048'
 
 echo "== fuzz smoke"
+forget_stale_openmp_registrations
 # 40 s a target keeps the whole command under 30 minutes here; longer
 # runs: docs/fuzzing.md.
 FUZZ_SECONDS=${FUZZ_SECONDS:-40} FUZZ_BUILD_DIR=build-asan bash scripts/fuzz-smoke.sh

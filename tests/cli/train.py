@@ -28,6 +28,7 @@ Before the fix about one run in five left a temporary.
 Usage: /usr/bin/python3 tests/cli/train.py --multihead PATH --workdir DIR
 """
 import argparse
+import glob
 import os
 import pty
 import re
@@ -255,6 +256,7 @@ def test_interrupts(cli, work):
             time.sleep(delay)
             p.send_signal(sig)
             _, err = p.communicate(timeout=60)
+            forget_openmp_registration(p.pid)
             left = glob.glob(out + ".tmp.*")
             if p.returncode != -sig or left:
                 problems.append(f"run {i} (after {delay:.2f} s): status {p.returncode}, left {left}, stderr {err!r}")
@@ -264,6 +266,20 @@ def test_interrupts(cli, work):
                     problems.append(f"run {i}: the checkpoint does not read back: {r.stderr!r}")
         check(f"{sig.name} x{runs} during --checkpoint-every 1: killed by it, no temporary left, checkpoint whole",
               not problems, "; ".join(problems[:3]) + f" ({len(problems)} of {runs} runs)")
+
+
+def forget_openmp_registration(pid):
+    """Removes what LLVM's OpenMP runtime (the clang builds: ASan, TSan) left of a process this test killed.
+
+    libomp registers each process in /dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid> and removes the file at exit; a
+    process killed by a signal leaves it. An empty one (killed between its creation and its first write) makes the
+    next libomp process that gets the same pid (pid_max is 32768 here: they come round) die of SIGBUS reading it.
+    """
+    for path in glob.glob(f"/dev/shm/__KMP_REGISTERED_LIB_{pid}_*"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def main():
