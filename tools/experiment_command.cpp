@@ -78,8 +78,11 @@ void run_save_model(ExperimentArgs& a) {
   o.seeds = 2;  // validate() wants two; one run is trained
   o.validate();
   check_files({}, {{"--save-model", a.save_model}});
-  const std::string command = run_command({o.tasks[0], o.heads[0], o.layers[0], o.first_seed}, o, a.save_model);
-  std::printf("reproduce: %s\n", command.c_str());
+  const RunSpec spec{o.tasks[0], o.heads[0], o.layers[0], o.first_seed};
+  std::printf("reproduce: %s\n", run_command(spec, o, a.save_model).c_str());
+  // The file records the command with the JSON's placeholder path, not
+  // --save-model's: its bytes do not depend on where it is written.
+  const std::string command = run_command(spec, o, "run.safetensors");
   std::fflush(stdout);
   std::optional<TrainedModel> model;
   const RunResult r = run_one({o.tasks[0], o.heads[0], o.layers[0], o.first_seed}, o, &model);
