@@ -11,7 +11,7 @@ ends) and DIR/ablation_masked_alone.png (per head count, the accuracy lost
 by masking each head alone, every head of every seed a dot: one head that
 matters shows as a dot far below zero). --markdown writes the table of
 means (accuracy, no attention, worst and median head masked alone, and the
-accuracy with half the heads pruned). Needs Debian's python3-matplotlib
+accuracy with ⌊K/2⌋ of the K = layers·h heads pruned). Needs Debian's python3-matplotlib
 (scripts/install-deps.sh).
 """
 import argparse
@@ -83,7 +83,7 @@ def plot_masked_alone(report, path):
 
 def markdown(report):
     rows = ["| task | layers | h | seeds | accuracy | no attention | worst head masked alone | median head masked "
-            "alone | half the heads pruned |", "|---|---|---|---|---|---|---|---|---|"]
+            "alone | ⌊K/2⌋ of the K heads pruned |", "|---|---|---|---|---|---|---|---|---|"]
     pct = lambda v: f"{100 * v:.1f}"
     for (task, layers), by_heads in groups(report).items():
         for heads in sorted(by_heads):
