@@ -39,7 +39,7 @@ SENTENCES = ["the animal didn't cross the street because it was too tired",
              "the dog didn't cross the road because it was too wide"]
 TINY = ["--tasks", "lesson", "--heads", "2", "--layers", "2", "--steps", "40", "--d-model", "16", "--ff", "16",
         "--warmup", "5"]
-BOUND = 1e-5  # float32 arithmetic against float64: observed ~1e-6
+BOUND = 1e-5  # float32 arithmetic against float64: observed 2.8e-7 (weights), 3e-8 (confidence)
 
 
 def check(name, ok, detail=""):
