@@ -135,7 +135,7 @@ __attribute__((target("avx512f,avx512bf16"))) float Bf16DotChains(long iteration
 }
 constexpr long kBf16FlopsPerIteration = kChains16 * 64;
 
-#if (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12) || (defined(__clang__) && __clang_major__ >= 14)
+#if (defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12) || (defined(__clang__) && __clang_major__ >= 16)
 #define MULTIHEAD_BENCH_HAS_FP16 1
 __attribute__((target("avx512f,avx512fp16"))) float Fp16FmaChains(long iterations) {
   __m512h acc[kChains16];
