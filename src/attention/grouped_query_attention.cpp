@@ -180,6 +180,9 @@ void KVCache<T>::reserve_more(int64_t count) {
 
 template <class T>
 void KVCache<T>::store(int64_t b, int64_t g, int64_t p, const T* k, const T* v) {
+  if (!compressed())
+    throw Error(Error::Kind::Value, "KVCache::store: expected a compressed cache (bf16, f16, int8), got f32 "
+                                    "(write through k_row/v_row)");
   if constexpr (std::is_same_v<T, float>) {
     const int64_t D = head_dim_, row = (b * kv_heads_ + g) * capacity_ + p;
     for (const auto& [x, narrow, scales] : {std::tuple{k, &k_narrow_, &k_scale_}, std::tuple{v, &v_narrow_, &v_scale_}}) {
