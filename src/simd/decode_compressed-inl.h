@@ -96,27 +96,44 @@ struct DecodeRow {
   float m, l;                 // running max and sum
 };
 
+// Independent accumulators per row, so that few rows still keep enough
+// multiply-adds in flight (an FMA's latency is ~4 cycles, and one row's
+// chain alone would wait on it): R·kSplit <= 8 registers.
+template <int R>
+inline constexpr int kSplit = R >= 4 ? 1 : (R >= 2 ? 2 : 4);
+
 // scores[r][jj] = <q_r, k_{j0 + jj}> for jj < jn.
 template <int R, class W>
 HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, const float* k_scales, int64_t blocks,
                            int64_t D, int64_t j0, int64_t jn, float (*scores)[kKeyBlock]) {
   const DF32 df;
+  constexpr int A = kSplit<R>;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
   for (int64_t jj = 0; jj < jn; ++jj) {
     const typename W::Elem* row = k + (j0 + jj) * D;
     const float* scales = k_scales ? k_scales + (j0 + jj) * blocks : nullptr;
-    VF32 d[R];
-    for (int r = 0; r < R; ++r) d[r] = hn::Zero(df);
-    for (int64_t c = 0; c < Dv; c += N) {
+    VF32 d[R][A];
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < A; ++s) d[r][s] = hn::Zero(df);
+    int64_t c = 0;
+    for (; c + A * N <= Dv; c += A * N)
+      for (int s = 0; s < A; ++s) {
+        const VF32 kv = W::Vector(df, row, c + s * N, scales);
+        for (int r = 0; r < R; ++r) d[r][s] = hn::MulAdd(hn::LoadU(df, rows[r].q + c + s * N), kv, d[r][s]);
+      }
+    for (; c < Dv; c += N) {
       const VF32 kv = W::Vector(df, row, c, scales);
-      for (int r = 0; r < R; ++r) d[r] = hn::MulAdd(hn::LoadU(df, rows[r].q + c), kv, d[r]);
+      for (int r = 0; r < R; ++r) d[r][0] = hn::MulAdd(hn::LoadU(df, rows[r].q + c), kv, d[r][0]);
     }
     float tail[R] = {};
-    for (int64_t c = Dv; c < D; ++c) {
+    for (c = Dv; c < D; ++c) {
       const float kc = W::Scalar(row, c, scales);
       for (int r = 0; r < R; ++r) tail[r] += rows[r].q[c] * kc;
     }
-    for (int r = 0; r < R; ++r) scores[r][jj] = hn::GetLane(hn::SumOfLanes(df, d[r])) + tail[r];
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < A; ++s) d[r][0] = hn::Add(d[r][0], d[r][s]);
+      scores[r][jj] = hn::GetLane(hn::SumOfLanes(df, d[r][0])) + tail[r];
+    }
   }
 }
 
@@ -125,15 +142,31 @@ template <int R, class W>
 HWY_NOINLINE void AccumulateBlock(DecodeRow* rows, const typename W::Elem* v, const float* v_scales, int64_t blocks,
                                   int64_t D, int64_t j0, int64_t jn, const float (*p)[kKeyBlock]) {
   const DF32 df;
+  constexpr int A = kSplit<R>;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
+  const auto v_at = [&](int64_t jj, int64_t c) {
+    return W::Vector(df, v + (j0 + jj) * D, c, v_scales ? v_scales + (j0 + jj) * blocks : nullptr);
+  };
   for (int64_t c = 0; c < Dv; c += N) {
-    VF32 a[R];
-    for (int r = 0; r < R; ++r) a[r] = hn::LoadU(df, rows[r].acc + c);
-    for (int64_t jj = 0; jj < jn; ++jj) {
-      const VF32 vv = W::Vector(df, v + (j0 + jj) * D, c, v_scales ? v_scales + (j0 + jj) * blocks : nullptr);
-      for (int r = 0; r < R; ++r) a[r] = hn::MulAdd(hn::Set(df, p[r][jj]), vv, a[r]);
+    VF32 a[R][A];
+    for (int r = 0; r < R; ++r) {
+      a[r][0] = hn::LoadU(df, rows[r].acc + c);
+      for (int s = 1; s < A; ++s) a[r][s] = hn::Zero(df);
     }
-    for (int r = 0; r < R; ++r) hn::StoreU(a[r], df, rows[r].acc + c);
+    int64_t jj = 0;
+    for (; jj + A <= jn; jj += A)
+      for (int s = 0; s < A; ++s) {
+        const VF32 vv = v_at(jj + s, c);
+        for (int r = 0; r < R; ++r) a[r][s] = hn::MulAdd(hn::Set(df, p[r][jj + s]), vv, a[r][s]);
+      }
+    for (; jj < jn; ++jj) {
+      const VF32 vv = v_at(jj, c);
+      for (int r = 0; r < R; ++r) a[r][0] = hn::MulAdd(hn::Set(df, p[r][jj]), vv, a[r][0]);
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < A; ++s) a[r][0] = hn::Add(a[r][0], a[r][s]);
+      hn::StoreU(a[r][0], df, rows[r].acc + c);
+    }
   }
   for (int64_t c = Dv; c < D; ++c)
     for (int64_t jj = 0; jj < jn; ++jj) {
