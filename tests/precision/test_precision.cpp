@@ -555,6 +555,121 @@ TEST(PrecisionSdpa, BF16_N2_L65_S65_D7_causal) { check_sdpa<bfloat16>(2, 65, 65,
 TEST(PrecisionSdpa, F16_N3_L70_S130_D16) { check_sdpa<float16>(3, 70, 130, 16, false); }
 TEST(PrecisionSdpa, F16_N2_L1_S300_D64_causal) { check_sdpa<float16>(2, 1, 300, 64, true); }
 
+// ---- PyTorch 1.13's bf16 module on the same cases ---------------------------
+//
+// PrecisionTorch.Dump writes each case (configuration, parameters, inputs,
+// masks: the bf16 numbers, as JSON) to $MULTIHEAD_PRECISION_TORCH_DIR;
+// tests/precision/torch_bf16.py runs nn.MultiheadAttention(...).to(
+// torch.bfloat16) on them and writes torch_<case>.f32; PrecisionTorch.Compare
+// then checks, per case, rms(ours − oracle) <= 1.5 · rms(torch − oracle)
+// (error_of below; errors.tsv has the max errors too). Cases with a float key_padding_mask are left out:
+// PyTorch 1.13 treats a float padding mask as a boolean one
+// (docs/semantics.md), so its output is another function. Causal runs in
+// PyTorch as a boolean (L, S) mask joined to attn_mask (1.13's module has no
+// is_causal).
+
+const char* torch_dir() { return std::getenv("MULTIHEAD_PRECISION_TORCH_DIR"); }
+bool torch_case(const Case& c) { return c.kpm != MaskKind::Float; }
+
+void write_array(std::ostream& os, const char* name, const std::vector<int64_t>& shape, const std::vector<double>& v) {
+  os << "\"" << name << "\": {\"shape\": [";
+  for (std::size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "], \"data\": [";
+  char b[32];
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::snprintf(b, sizeof b, "%.9g", v[i]);
+    os << (i ? ", " : "") << b;
+  }
+  os << "]}, ";
+}
+
+void write_case(const std::string& path, const Case& c, const Problem& p) {
+  std::ofstream os(path);
+  const oracle::Config& k = p.config;
+  os << "{\"name\": \"" << c.name() << "\", \"E\": " << k.E << ", \"H\": " << k.H << ", \"kdim\": " << k.Ek()
+     << ", \"vdim\": " << k.Ev() << ", \"bias\": " << (k.bias ? "true" : "false")
+     << ", \"add_bias_kv\": " << (k.add_bias_kv ? "true" : "false")
+     << ", \"add_zero_attn\": " << (k.add_zero_attn ? "true" : "false")
+     << ", \"batch_first\": " << (k.batch_first ? "true" : "false") << ", \"causal\": " << (p.call.is_causal ? "true" : "false")
+     << ", ";
+  const oracle::Params<double>& q = p.params;
+  const std::pair<const char*, const oracle::Array<double>*> params[] = {
+      {"in_proj_weight", &q.in_proj_weight}, {"q_proj_weight", &q.q_proj_weight}, {"k_proj_weight", &q.k_proj_weight},
+      {"v_proj_weight", &q.v_proj_weight},   {"in_proj_bias", &q.in_proj_bias},   {"out_proj.weight", &q.out_proj_weight},
+      {"out_proj.bias", &q.out_proj_bias},   {"bias_k", &q.bias_k},               {"bias_v", &q.bias_v}};
+  for (const auto& [name, a] : params)
+    if (!a->shape.empty()) write_array(os, name, a->shape, a->v);
+  write_array(os, "query", p.call.query.shape, p.call.query.v);
+  write_array(os, "key", p.call.key.shape, p.call.key.v);
+  write_array(os, "value", p.call.value.shape, p.call.value.v);
+  for (const auto& [name, m] : {std::pair{"attn_mask", &p.call.attn_mask}, std::pair{"key_padding_mask", &p.call.key_padding_mask}}) {
+    if (m->kind == MaskKind::None) continue;
+    if (m->kind == MaskKind::Bool) {
+      write_array(os, (std::string(name) + "_bool").c_str(), m->bools.shape,
+                  std::vector<double>(m->bools.v.begin(), m->bools.v.end()));
+    } else {
+      write_array(os, (std::string(name) + "_float").c_str(), m->floats.shape, m->floats.v);
+    }
+  }
+  os << "\"end\": 0}\n";
+}
+
+// A case's error against the oracle: max |got − want| and the root mean
+// square. The comparison with PyTorch uses the RMS: on outputs of 80
+// elements the max is one element's rounding, which either side can win by
+// half an ulp of the output (docs/precision.md gives both).
+struct Error {
+  double max = 0, rms = 0;
+};
+Error error_of(const std::vector<double>& got, const std::vector<double>& want) {
+  Error e;
+  for (std::size_t k = 0; k < want.size(); ++k) {
+    const double d = std::abs(got[k] - want[k]);
+    e.max = std::max(e.max, d);
+    e.rms += d * d;
+  }
+  e.rms = std::sqrt(e.rms / static_cast<double>(std::max<std::size_t>(want.size(), 1)));
+  return e;
+}
+
+TEST(PrecisionTorch, Dump) {
+  ASSERT_NE(torch_dir(), nullptr) << "run by tests/precision/torch_bf16.py";
+  for (int i = 0; i < kCaseCount; ++i) {
+    const Case c = case_at(i);
+    if (torch_case(c)) write_case(std::string(torch_dir()) + "/case_" + std::to_string(i) + ".json", c, make_problem<bfloat16>(c));
+  }
+}
+
+TEST(PrecisionTorch, Compare) {
+  ASSERT_NE(torch_dir(), nullptr) << "run by tests/precision/torch_bf16.py";
+  int compared = 0;
+  std::ofstream table(std::string(torch_dir()) + "/errors.tsv");
+  table << "case\tmax_ours_bf16\tmax_torch_bf16\trms_ours_bf16\trms_torch_bf16\tmax_ours_f16\trms_ours_f16\n";
+  for (int i = 0; i < kCaseCount; ++i) {
+    const Case c = case_at(i);
+    if (!torch_case(c)) continue;
+    const Problem p = make_problem<bfloat16>(c);
+    const std::vector<double> want = oracle::multi_head_attention_forward(p.config, p.params, p.call).output.v;
+    std::ifstream in(std::string(torch_dir()) + "/torch_" + std::to_string(i) + ".f32", std::ios::binary);
+    ASSERT_TRUE(in) << "torch_" << i << ".f32 missing";
+    std::vector<float> torch_out(want.size());
+    in.read(reinterpret_cast<char*>(torch_out.data()), static_cast<std::streamsize>(torch_out.size() * sizeof(float)));
+    ASSERT_EQ(in.gcount(), static_cast<std::streamsize>(torch_out.size() * sizeof(float))) << c.name();
+    const std::vector<double> ours = widened(run_library<bfloat16>(p));
+    std::vector<double> theirs(torch_out.begin(), torch_out.end());
+    const Error ours_err = error_of(ours, want), torch_err = error_of(theirs, want);
+    const Problem p16 = make_problem<float16>(c);
+    const Error ours16 = error_of(widened(run_library<float16>(p16)),
+                                  oracle::multi_head_attention_forward(p16.config, p16.params, p16.call).output.v);
+    table << c.name() << "\t" << ours_err.max << "\t" << torch_err.max << "\t" << ours_err.rms << "\t" << torch_err.rms
+          << "\t" << ours16.max << "\t" << ours16.rms << "\n";
+    EXPECT_LE(ours_err.rms, 1.5 * torch_err.rms)
+        << c.name() << ": rms error ours " << ours_err.rms << ", PyTorch bf16 " << torch_err.rms;
+    ++compared;
+  }
+  EXPECT_GE(compared, 150);
+}
+
 // Rounding: to nearest, ties to even, at the edges of each format.
 TEST(PrecisionRounding, BF16AndF16TiesOverflowSubnormalsNaN) {
   EXPECT_EQ(to_bfloat16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);   // tie, even stays
