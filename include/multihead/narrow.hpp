@@ -32,6 +32,14 @@ std::string to_string(ComputeDtype dtype);
 // multihead::Error naming `what`, the value and the accepted names.
 ComputeDtype parse_compute_dtype(const std::string& name, const std::string& what);
 
+// What a 16-bit computation runs on here, for a one-line note (the command
+// line prints it once on stderr): for F16, that it widens to float32 and
+// why (this CPU has no AVX512_FP16, or no fp16-FMA kernel is built); ""
+// for F32 and BF16.
+std::string compute_dtype_note(ComputeDtype dtype);
+// Whether the CPU has AVX512_FP16 (CPUID leaf 7, EDX bit 23); false off x86.
+bool cpu_has_avx512_fp16();
+
 // Unit roundoff u = 2^-(p) of a p+1-bit significand: bf16 8 bits (u = 2^-8),
 // f16 11 bits (u = 2^-11), float32 24 bits (u = 2^-24).
 constexpr double unit_roundoff(ComputeDtype dtype) {
