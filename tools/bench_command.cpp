@@ -45,7 +45,8 @@ Runner add_bench_command(CLI::App& app) {
       ->transform(one_of({"auto", "reference", "materialized", "flash"}));
   c->add_option("--simd-target", a->simd_target,
                 "Force a SIMD target for the flash kernel (e.g. AVX3, AVX2, SSE4, SCALAR)");
-  c->add_option("--dtype", a->dtype, "Compute type: f32, bf16 or f16 (NarrowMultiheadAttention)");
+  c->add_option("--dtype", a->dtype, "Compute type: f32, bf16 or f16 (NarrowMultiheadAttention)")
+      ->transform(one_of({"f32", "bf16", "f16"}));
   return [a] {
     const ComputeDtype dtype = parse_compute_dtype(a->dtype, "--dtype");
     if (const std::string note = compute_dtype_note(dtype); !note.empty())

@@ -368,7 +368,8 @@ Runner add_forward_command(CLI::App& app) {
   c->add_option("--dtype", args->dtype,
                 "Compute type: f32 (default; float64 for a float64 --query), bf16 or f16. The .npy files stay "
                 "float32: inputs and weights are rounded to the 16-bit type on the way in, the output widened "
-                "on the way out (docs/precision.md)");
+                "on the way out (docs/precision.md)")
+      ->transform(one_of({"f32", "bf16", "f16"}));
   add_gqa_flags(*c, args->gqa,
                 "Grouped-query attention with N K/V heads (N divides the heads; 1 = multi-query): the "
                 "weights are then q_proj/k_proj/v_proj/o_proj.weight (+ .bias) as Hugging Face Llama names "

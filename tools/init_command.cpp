@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_manners.hpp"
 #include "commands.hpp"
 #include "file_flags.hpp"
 #include "gqa_cli.hpp"
@@ -77,7 +78,8 @@ Runner add_init_command(CLI::App& app) {
       ->check(path());
   c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr");
   c->add_option("--dtype", a->dtype,
-                "Tensor dtype of the file: f32, bf16 or f16 (the float32 initialisation rounded to nearest even)");
+                "Tensor dtype of the file: f32, bf16 or f16 (the float32 initialisation rounded to nearest even)")
+      ->transform(one_of({"f32", "bf16", "f16"}));
   // No --rope here: the weights do not depend on it (forward and decode
   // take --rope when running the module).
   add_gqa_flags(*c, a->gqa,

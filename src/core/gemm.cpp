@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <mutex>
 #include <optional>
@@ -95,10 +96,16 @@ void widened_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alp
 // oneDNN's matmul primitive on bf16 op(A), op(B) (strided views, no copy)
 // and a float C; alpha as its output scale, beta through a sum post-op.
 // The primitive is found again in oneDNN's primitive cache on later calls
-// of the same shape.
-void onednn_bf16_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
+// of the same shape. Returns false, having computed nothing, where oneDNN
+// has no bf16 matmul: oneDNN 2.6 has one from AVX-512 on (avx512_core
+// emulates the bf16 products, avx512_core_bf16 runs vdpbf16ps) and refuses
+// the primitive descriptor below it (AVX2, or ONEDNN_MAX_CPU_ISA=AVX2); the
+// refusal is remembered, and the widened product runs instead.
+bool onednn_bf16_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
                       int64_t lda, const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   using dnnl::memory;
+  static std::atomic<bool> refused{false};
+  if (refused.load(std::memory_order_relaxed)) return false;
   try {
     static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
     const memory::desc a_md({M, K}, memory::data_type::bf16, ta == Trans::No ? memory::dims{lda, 1} : memory::dims{1, lda});
@@ -111,11 +118,19 @@ void onednn_bf16_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float
       ops.append_sum(beta);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+    std::optional<dnnl::matmul::primitive_desc> pd;
+    try {
+      pd.emplace(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+      refused.store(true, std::memory_order_relaxed);
+      return false;
+    }
     dnnl::stream stream(engine);
     memory a(a_md, engine, const_cast<bfloat16*>(A)), b(b_md, engine, const_cast<bfloat16*>(B)), c(c_md, engine, C);
-    dnnl::matmul(pd).execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    dnnl::matmul(*pd).execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
     stream.wait();
+    return true;
   } catch (const dnnl::error& e) {
     throw Error(Error::Kind::Value, std::string("gemm: oneDNN bf16 matmul failed: ") + e.what());
   }
@@ -129,10 +144,9 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_only(M, N, beta, C, ldc);
 #if MULTIHEAD_WITH_ONEDNN
-  onednn_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-#else
-  widened_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (onednn_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
 #endif
+  widened_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A, int64_t lda,

@@ -11,7 +11,8 @@
 //  - double: OpenBLAS through CBLAS (the float64 path is the exact one).
 //  - bfloat16 / float16 inputs (the narrow modules, multihead/narrow.hpp),
 //    float32 products, sums and C: bf16 through oneDNN's bf16 matmul
-//    (vdpbf16ps on AVX512_BF16, oneDNN's own emulation below it); f16
+//    (vdpbf16ps on AVX512_BF16, oneDNN's emulation on other AVX-512 CPUs,
+//    the widened product below AVX-512, where oneDNN has none); f16
 //    widens op(A) and op(B) to float32 and runs the float product, since
 //    oneDNN 2.6 (Debian 12) has no f16 matmul on CPUs (its primitive
 //    descriptor is refused), and so does bf16 in a build without oneDNN.

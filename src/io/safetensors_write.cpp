@@ -100,12 +100,12 @@ std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& te
                                   const std::map<std::string, std::string>& metadata) {
   return serialize(tensors, metadata);
 }
-std::string serialize_safetensors(const std::map<std::string, Tensor<bfloat16>>& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
+std::string serialize_safetensors_narrow(const std::map<std::string, Tensor<bfloat16>>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
   return serialize(tensors, metadata);
 }
-std::string serialize_safetensors(const std::map<std::string, Tensor<float16>>& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
+std::string serialize_safetensors_narrow(const std::map<std::string, Tensor<float16>>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
   return serialize(tensors, metadata);
 }
 

@@ -408,10 +408,10 @@ void save_weights(const std::string& path, const BasicMultiheadAttention<T>& mod
 
 // 16-bit modules: their parameters as stored, BF16 or F16 on disk.
 std::string serialize_weights(const NarrowMultiheadAttention<bfloat16>& module) {
-  return serialize_safetensors(module.state_dict(), config_metadata(module.config()));
+  return serialize_safetensors_narrow(module.state_dict(), config_metadata(module.config()));
 }
 std::string serialize_weights(const NarrowMultiheadAttention<float16>& module) {
-  return serialize_safetensors(module.state_dict(), config_metadata(module.config()));
+  return serialize_safetensors_narrow(module.state_dict(), config_metadata(module.config()));
 }
 
 template std::string serialize_weights<float>(const BasicMultiheadAttention<float>&);
