@@ -2,7 +2,7 @@
 #include "core/linear.hpp"
 
 #include <algorithm>
-#include <vector>
+#include <memory>
 
 #include "core/gemm.hpp"
 #include "core/parallel.hpp"
@@ -65,14 +65,22 @@ void narrow_linear_forward(const LinearRows<E>& x, const LinearWeight<E>& w, con
   const int64_t rows = x.rows, ldx = x.ldx > 0 ? x.ldx : w.in;
   if (ldy <= 0) ldy = w.out;
   if (rows == 0 || w.out == 0) return;
-  std::vector<float> acc(static_cast<std::size_t>(rows * w.out));
+  // The float32 product, then + b and one rounding per element, rows split
+  // across threads (each y element is written by one thread: the same bits
+  // for any thread count). The buffer is not zeroed: the product writes it.
+  const std::unique_ptr<float[]> acc(new float[static_cast<std::size_t>(rows * w.out)]);
   gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f,
-               acc.data(), w.out, o.threads);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < w.out; ++c) {
-      const float sum = acc[static_cast<std::size_t>(r * w.out + c)] + (b != nullptr ? to_float(b[c]) : 0.0f);
-      y[r * ldy + c] = narrow_from_float<E>(sum);
-    }
+               acc.get(), w.out, o.threads);
+  constexpr int64_t kRows = 16;  // rows per work item
+  parallel_items((rows + kRows - 1) / kRows, requested_threads(o.threads), /*item_cost=*/kRows * w.out,
+                 [&](int64_t item) {
+                   for (int64_t r = item * kRows; r < std::min(rows, (item + 1) * kRows); ++r)
+                     for (int64_t c = 0; c < w.out; ++c) {
+                       const float sum = acc[static_cast<std::size_t>(r * w.out + c)] +
+                                         (b != nullptr ? to_float(b[c]) : 0.0f);
+                       y[r * ldy + c] = narrow_from_float<E>(sum);
+                     }
+                 });
 }
 
 }  // namespace
