@@ -15,59 +15,27 @@
 //         rounding of x / scale and scale·q, a few 2^-24·|x|).
 #pragma once
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
+#include "multihead/narrow.hpp"
+
 namespace multihead::detail {
 
-// float → bfloat16 bits, round to nearest even (Highway 1.0's BF16FromF32
-// truncates, so it is not used). NaN stays a quiet NaN of the same sign.
-inline uint16_t float_to_bfloat16_bits(float x) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  const uint32_t rounded = bits + 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(rounded >> 16);
-}
-inline float bfloat16_bits_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+// bfloat16 and binary16 as bits. The rounding rule itself (to nearest,
+// ties to even; NaN stays a quiet NaN; |x| >= 65520 gives ±inf in f16)
+// lives once, in multihead/narrow.hpp, which the 16-bit modules use too;
+// these name it in the cache's terms. (Highway 1.0's BF16FromF32 truncates,
+// so it is not used.)
+inline uint16_t float_to_bfloat16_bits(float x) { return to_bfloat16(x).bits; }
+inline float bfloat16_bits_to_float(uint16_t b) { return to_float(bfloat16{b}); }
 
 // The largest finite binary16 value.
 inline constexpr float kFloat16Max = 65504.0f;
 
-// float → binary16 bits, round to nearest even, with subnormals; values
-// beyond the range round to ±infinity (the cache checks the range first).
-inline uint16_t float_to_float16_bits(float x) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65520: rounds to inf
-  const int32_t exponent = static_cast<int32_t>(magnitude >> 23) - 127;
-  if (exponent >= -14) {
-    // Normal: keep 10 of the 23 mantissa bits, rounding the 13 dropped.
-    const uint32_t rebased = magnitude - (static_cast<uint32_t>(127 - 15) << 23);
-    const uint32_t rounded = rebased + 0xfffu + ((rebased >> 13) & 1u);
-    return static_cast<uint16_t>(sign | (rounded >> 13));
-  }
-  if (exponent < -25) return sign;  // below half the smallest subnormal (2^-25): ±0
-  // Subnormal: value = m · 2^-24 with m = mantissa (implicit one included)
-  // shifted right by (−14 − exponent) + 13 bits, rounded to even.
-  const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
-  const int shift = -exponent - 14 + 13;  // 14 … 24
-  const uint32_t half = 1u << (shift - 1);
-  const uint32_t kept = mantissa >> shift, dropped = mantissa & ((1u << shift) - 1u);
-  const uint32_t m = kept + ((dropped > half || (dropped == half && (kept & 1u))) ? 1u : 0u);
-  return static_cast<uint16_t>(sign | m);  // m may carry into the smallest normal: still right
-}
-inline float float16_bits_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
-  const float subnormal = static_cast<float>(mantissa) * 0x1p-24f;  // exact
-  return sign ? -subnormal : subnormal;
-}
+inline uint16_t float_to_float16_bits(float x) { return to_float16(x).bits; }
+inline float float16_bits_to_float(uint16_t h) { return to_float(float16{h}); }
 
 // The int8 cache's block: 32 consecutive values of one head's row (of one
 // token); a row of D values has ceil(D / 32) blocks, the last one shorter
