@@ -16,6 +16,11 @@ The C++ library `multihead` through pybind11 (the extension `_multihead`):
 - rotary_embedding (both conventions, a position offset),
   sinusoidal_positions, alibi_slopes.
 - load_weights / save_weights: safetensors files under PyTorch's names.
+- Trainer (`multihead train`: a small encoder on a built-in task, progress
+  callback, checkpoints), TrainedModel (evaluate with every layer's per-head
+  weights, save/load), task_batch, task_names.
+- explain (the HTML / text / bertviz report, as a string or a file) and
+  inspect (what a safetensors or .npy file holds, as a dict).
 - set_threads, simd_target_force, kernel_force, ...: process-wide switches
   (multihead/runtime.hpp).
 
@@ -29,10 +34,14 @@ from ._multihead import (  # noqa: F401
     GroupedQueryContext,
     KVCache,
     MultiheadAttention,
+    TrainedModel,
+    Trainer,
     __version__,
     _debug_last_call,
     alibi_slopes,
     blas_threads,
+    explain,
+    inspect,
     kernel_force,
     kernel_forced,
     load_weights,
@@ -45,6 +54,8 @@ from ._multihead import (  # noqa: F401
     simd_target_force,
     simd_targets_available,
     sinusoidal_positions,
+    task_batch,
+    task_names,
     threads,
 )
 
@@ -59,6 +70,12 @@ __all__ = [
     "rotary_embedding",
     "rotary_embedding_backward",
     "sinusoidal_positions",
+    "Trainer",
+    "TrainedModel",
+    "task_batch",
+    "task_names",
+    "explain",
+    "inspect",
     "load_weights",
     "save_weights",
     "set_threads",

@@ -246,6 +246,87 @@ class KVCache:
     @property
     def dtype(self) -> np.dtype: ...
 
+class Trainer:
+    """`multihead train`'s encoder and AdamW state on a built-in task."""
+
+    def __init__(
+        self,
+        task: str = "reverse",
+        symbols: Optional[int] = None,
+        length: Optional[int] = None,
+        *,
+        d_model: int = 64,
+        heads: int = 4,
+        layers: int = 2,
+        ff: int = 128,
+        dropout: float = 0.0,
+        causal: bool = False,
+        steps: int = 200,
+        batch: int = 32,
+        lr: float = 0.001,
+        warmup: int = 20,
+        schedule: Literal["constant", "cosine"] = "cosine",
+        weight_decay: float = 0.01,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        adam_eps: float = 1e-08,
+        clip: float = 1.0,
+        seed: int = 0,
+        threads: int = 0,
+    ) -> None: ...
+    @staticmethod
+    def resume(path: Union[str, "PathLike[str]"], steps: Optional[int] = None, threads: int = 0) -> "Trainer": ...
+    def train(
+        self,
+        steps: Optional[int] = None,
+        callback: Optional[Callable[[Dict[str, Any]], Optional[bool]]] = None,
+        *,
+        every: int = 1,
+    ) -> List[Dict[str, Any]]: ...
+    def train_step(self) -> Dict[str, Any]: ...
+    def save_checkpoint(self, path: Union[str, "PathLike[str]"]) -> None: ...
+    def checkpoint_bytes(self) -> bytes: ...
+    def parameters(self) -> Dict[str, np.ndarray]: ...
+    def current_batch(self) -> Dict[str, np.ndarray]: ...
+    def gradients(self) -> Dict[str, Any]: ...
+    def model(self) -> "TrainedModel": ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def config(self) -> Dict[str, Any]: ...
+    @property
+    def options(self) -> Dict[str, Any]: ...
+
+class TrainedModel:
+    """A trained encoder without its optimiser: evaluate, save, load."""
+
+    @staticmethod
+    def load(path: Union[str, "PathLike[str]"]) -> "TrainedModel": ...
+    @staticmethod
+    def from_bytes(data: bytes, name: str = "bytes") -> "TrainedModel": ...
+    def evaluate(
+        self,
+        tokens: ArrayLike,
+        targets: Optional[ArrayLike] = None,
+        mask: Optional[ArrayLike] = None,
+        *,
+        attention_weights: bool = True,
+        threads: int = 1,
+    ) -> Dict[str, Any]: ...
+    def serialize(self, metadata: Mapping[str, str] = {}) -> bytes: ...
+    def save(self, path: Union[str, "PathLike[str]"], metadata: Mapping[str, str] = {}) -> None: ...
+    def parameters(self) -> Dict[str, np.ndarray]: ...
+    @property
+    def config(self) -> Dict[str, Any]: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def metadata(self) -> Dict[str, str]: ...
+    @property
+    def parameter_count(self) -> int: ...
+
 @overload
 def scaled_dot_product_attention(
     query: ArrayLike,
@@ -307,6 +388,25 @@ def load_weights(
     dtype: DTypeLike = None,
 ) -> MultiheadAttention: ...
 def save_weights(path: Union[str, "PathLike[str]"], module: MultiheadAttention) -> None: ...
+def task_batch(
+    task: str, seed: int, step: int, batch: int, symbols: Optional[int] = None, length: Optional[int] = None
+) -> Dict[str, np.ndarray]: ...
+def task_names() -> List[str]: ...
+def explain(
+    module: Union[MultiheadAttention, TrainedModel],
+    input: Optional[ArrayLike] = None,
+    *,
+    text: Optional[str] = None,
+    tokens: Union[None, str, Sequence[str]] = None,
+    batch: int = 0,
+    token: Union[None, int, str] = None,
+    format: Literal["html", "text", "bertviz"] = "html",
+    unicode: bool = False,
+    colour: bool = False,
+    source: Optional[str] = None,
+    out: Optional[Union[str, "PathLike[str]"]] = None,
+) -> str: ...
+def inspect(path: Union[str, "PathLike[str]"]) -> Dict[str, Any]: ...
 def set_threads(threads: int) -> None: ...
 def threads() -> int: ...
 def blas_threads() -> int: ...

@@ -83,6 +83,7 @@ class DocBuilder {
 // The parts of the module defined in their own files (called from
 // module.cpp's PYBIND11_MODULE).
 void bind_grouped_query_attention(py::module_& m);
+void bind_trainer(py::module_& m);
 
 }  // namespace multihead::python
 

@@ -29,9 +29,11 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "multihead/error.hpp"
+#include "multihead/explain.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/runtime.hpp"
+#include "multihead/trained_model.hpp"
 #include "multihead/version.hpp"
 #include "multihead/weights.hpp"
 #include "options.hpp"
@@ -175,7 +177,6 @@ class PyMultiheadAttention {
     return f64_;
   }
 
- private:
   // The computing module for T, built on first use from the double master
   // parameters (exact for a float32 module, whose values are float32).
   // Called with the GIL held, which serialises it.
@@ -189,6 +190,8 @@ class PyMultiheadAttention {
     }
   }
 
+
+ private:
   template <class T>
   py::tuple run(const py::array& query, const py::object& key, const py::object& value, const ModuleCall& o,
                 bool textbook) {
@@ -309,6 +312,158 @@ PyMultiheadAttention load(const std::string& path, const std::optional<std::stri
     w = load_weights(path, lo);
   }
   return PyMultiheadAttention(w.config, std::move(w.parameters), p);
+}
+
+// ---- explain and inspect -----------------------------------------------------
+// tokens=None | "w1 w2 ..." | a sequence of labels.
+std::vector<std::string> token_labels(const py::object& tokens) {
+  if (tokens.is_none()) return {};
+  if (py::isinstance<py::str>(tokens)) return explain::split_tokens(tokens.cast<std::string>());
+  try {
+    return tokens.cast<std::vector<std::string>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error("tokens: expected None, a string of labels or a sequence of strings, got " +
+                         py::str(py::type::of(tokens)).cast<std::string>());
+  }
+}
+
+template <class T>
+explain::Report module_report_of(PyMultiheadAttention& mha, const py::array& input, int64_t batch,
+                                 const std::vector<std::string>& tokens, const std::optional<std::string>& source) {
+  HeldTensor<T> x = float_tensor<T>(input, "input");
+  const auto m = mha.module<T>();
+  const MultiheadAttentionConfig& c = mha.config();
+  if (!c.same_embed_dim())
+    throw Error(Error::Kind::Value, "module: explain runs self-attention, which needs kdim = vdim = embed_dim " +
+                                        std::to_string(c.embed_dim) + "; this module has kdim " +
+                                        std::to_string(c.key_dim()) + ", vdim " + std::to_string(c.value_dim()));
+  const std::string what = source.value_or("MultiheadAttention, input " + shape_of(input) + "; " +
+                                           std::to_string(c.num_heads) + " heads, embed_dim " +
+                                           std::to_string(c.embed_dim) + ", " +
+                                           (sizeof(T) == 8 ? "float64" : "float32") + "; self-attention");
+  py::gil_scoped_release nogil;
+  try {
+    return explain::module_report(*m, x.tensor, batch, tokens, what, "tokens");
+  } catch (const Error& e) {
+    if (e.kind() != Error::Kind::Shape) throw;
+    throw Error(e.kind(), "input (the query, key and value of self-attention): " + std::string(e.what()));
+  }
+}
+
+std::string explain_report(const py::object& module, const py::object& input, const std::optional<std::string>& text,
+                           const py::object& tokens, int64_t batch, const py::object& token, const std::string& format,
+                           bool unicode, bool colour, const std::optional<std::string>& source,
+                           const std::optional<std::string>& out) {
+  if (format != "html" && format != "text" && format != "bertviz")
+    throw Error(Error::Kind::Value, "format: expected 'html', 'text' or 'bertviz', got " + quote_input(format));
+  if (batch < 0) throw Error(Error::Kind::Value, "batch: expected >= 0, got " + std::to_string(batch));
+  explain::Report r;
+  if (py::isinstance<PyMultiheadAttention>(module)) {
+    if (input.is_none())
+      throw Error(Error::Kind::Missing, "input: required with a MultiheadAttention (the query, key and value of "
+                                        "self-attention)");
+    if (text) throw Error(Error::Kind::Value, "text: applies to a TrainedModel of the lesson task, not a MultiheadAttention");
+    PyMultiheadAttention& mha = module.cast<PyMultiheadAttention&>();
+    const py::array x = as_numpy(input);
+    const std::vector<std::string> labels = token_labels(tokens);
+    r = precision_of(x, "input") == Precision::F64 ? module_report_of<double>(mha, x, batch, labels, source)
+                                                   : module_report_of<float>(mha, x, batch, labels, source);
+  } else if (py::isinstance<TrainedModel>(module)) {
+    for (auto [name, given] : {std::pair{"input", !input.is_none()}, {"tokens", !tokens.is_none()}, {"batch", batch != 0}})
+      if (given)
+        throw Error(Error::Kind::Value, std::string(name) +
+                                            ": applies to a MultiheadAttention only (a trained model's tokens are its words)");
+    const TrainedModel& model = module.cast<const TrainedModel&>();
+    const std::vector<std::string> words = explain::lesson_words(text.value_or(""));
+    const ModelConfig& c = model.config();
+    const std::string what = source.value_or(
+        "a model trained on the lesson task: " + std::to_string(c.layers) + " layer" + (c.layers > 1 ? "s" : "") +
+        ", " + std::to_string(c.heads) + " heads, d_model " + std::to_string(c.d_model) + "; input padded to " +
+        std::to_string(c.sequence_length) + " tokens" + (text ? "" : "; a held-out test sentence"));
+    py::gil_scoped_release nogil;
+    r = explain::lesson_report(model, words, what, nullptr, "text");
+  } else {
+    throw py::type_error("module: expected a multihead.MultiheadAttention or a multihead.TrainedModel, got " +
+                         py::str(py::type::of(module)).cast<std::string>());
+  }
+  if (!token.is_none()) {
+    if (py::isinstance<py::bool_>(token) || !(py::isinstance<py::int_>(token) || py::isinstance<py::str>(token)))
+      throw py::type_error("token: expected a position (int) or a token label (str), got " +
+                           py::str(py::type::of(token)).cast<std::string>());
+    r.focus = explain::resolve_token(py::str(token).cast<std::string>(), r.query_tokens, "token");
+  }
+  std::string bytes;
+  {
+    py::gil_scoped_release nogil;
+    bytes = explain::write_report(r, format, unicode, colour);
+    if (out) write_file_atomic(*out, bytes);
+  }
+  return bytes;
+}
+
+py::dict inspect_file(const std::string& path) {
+  py::dict d;
+  d["path"] = path;
+  FileFormat format;
+  {
+    py::gil_scoped_release nogil;
+    format = detect_file_format(path);
+  }
+  if (format == FileFormat::Npy) {
+    LoadedTensor t;
+    {
+      py::gil_scoped_release nogil;
+      t = read_npy(path, path);
+    }
+    d["format"] = "npy";
+    d["dtype"] = to_string(t.dtype);
+    d["shape"] = py::tuple(py::cast(t.values.shape()));
+    return d;
+  }
+  if (format != FileFormat::Safetensors)
+    throw Error(Error::Kind::Format, path + ": this is " + describe(format) + "; inspect reads safetensors and .npy files");
+  SafetensorsFile file;
+  std::vector<FoundModule> modules;
+  {
+    py::gil_scoped_release nogil;
+    file = read_safetensors(path);
+    modules = find_attention_modules(file, path);
+  }
+  d["format"] = "safetensors";
+  py::dict tensors;  // name order, as `multihead inspect` lists them
+  std::map<std::string, std::pair<DType, Shape>> rows;
+  for (const auto& [name, t] : file.tensors) rows[name] = {t.dtype, t.values.shape()};
+  for (const auto& [name, t] : file.integer_tensors) rows[name] = {t.dtype, t.shape};
+  for (const auto& [name, row] : rows) {
+    py::dict e;
+    e["dtype"] = to_string(row.first);
+    e["shape"] = py::tuple(py::cast(row.second));
+    tensors[py::str(name)] = e;
+  }
+  d["tensors"] = tensors;
+  d["metadata"] = file.metadata;
+  py::list found;
+  for (const FoundModule& m : modules) {
+    py::dict e;
+    e["prefix"] = m.prefix;
+    if (!m.problem.empty()) {
+      e["problem"] = m.problem;
+    } else {
+      e["problem"] = py::none();
+      e["embed_dim"] = m.embed_dim;
+      e["kdim"] = m.kdim;
+      e["vdim"] = m.vdim;
+      e["bias"] = m.bias;
+      e["add_bias_kv"] = m.add_bias_kv;
+      e["num_heads"] = m.num_heads;
+      e["batch_first"] = m.batch_first;
+      e["add_zero_attn"] = m.add_zero_attn;
+      e["dropout"] = m.dropout;
+    }
+    found.append(e);
+  }
+  d["modules"] = found;
+  return d;
 }
 
 const char* const kClassDoc = R"doc(MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None, batch_first=False, *, seed=0, dtype=None)
@@ -622,6 +777,7 @@ PYBIND11_MODULE(_multihead, m) {
       });
 
   bind_grouped_query_attention(m);
+  bind_trainer(m);
 
   m.def("alibi_slopes", &multihead::alibi_slopes, "heads"_a,
         "alibi_slopes(heads) -> list[float]\n\nALiBi's per-head slopes (Press et al. 2022): 2^(-8h/H) for H a "
@@ -647,6 +803,33 @@ PYBIND11_MODULE(_multihead, m) {
       "path"_a, "module"_a,
       "save_weights(path, module)\n\nWrites the module's state_dict as F32 safetensors, with its configuration in\n"
       "__metadata__ (what load_weights reads). Atomic: a failure leaves no partial file.");
+
+  m.def("explain", &explain_report, "module"_a, "input"_a = py::none(), py::kw_only(), "text"_a = py::none(),
+        "tokens"_a = py::none(), "batch"_a = 0, "token"_a = py::none(), "format"_a = "html", "unicode"_a = false,
+        "colour"_a = false, "source"_a = py::none(), "out"_a = py::none(),
+        "explain(module, input=None, *, text=None, tokens=None, batch=0, token=None, format='html', unicode=False, "
+        "colour=False, source=None, out=None) -> str\n\n"
+        "What each head attends to, as `multihead explain` writes it: format 'html' (one self-contained\n"
+        "page), 'text' (one query token's rows, head by head) or 'bertviz' (head_view's JSON). Returns the\n"
+        "report as a string, also written to `out` (atomic) when given.\n"
+        "  module: a MultiheadAttention, with input (L, E), or (L, B, E) / (N, L, E) as its batch_first\n"
+        "      says, attended to itself (entry `batch`; tokens: its L labels, a string or a sequence;\n"
+        "      default the positions); or a TrainedModel of the lesson task, with text (a sentence of its\n"
+        "      words; default its held-out test sentence), which adds the answer at \"it\" and the heads'\n"
+        "      specialisation measures.\n"
+        "  token: the query to show (text) or focus first (html): a position or a label.\n"
+        "  unicode, colour: the text view's shading and ANSI colours (off: the CLI's file output).\n"
+        "  source: the page's line on what was run (default: a description of the module and input).\n"
+        "Every layer's per-head weights come from attention_weights_per_head (the flash kernel's\n"
+        "recomputed weights) or TrainedModel.evaluate. The GIL is released while computing.");
+  m.def("inspect", &inspect_file, "path"_a,
+        "inspect(path) -> dict\n\n"
+        "What `multihead inspect` lists of a file. safetensors: {'path', 'format': 'safetensors',\n"
+        "'tensors': {name: {'dtype', 'shape'}} (name order), 'metadata': {key: value}, 'modules': [one\n"
+        "dict per MultiheadAttention in it: 'prefix', 'problem' (None, or why load_weights would refuse\n"
+        "it), 'embed_dim', 'kdim', 'vdim', 'bias', 'add_bias_kv' (from the shapes), 'num_heads',\n"
+        "'batch_first', 'add_zero_attn', 'dropout' (from the metadata; None when absent)]}. .npy:\n"
+        "{'path', 'format': 'npy', 'dtype', 'shape'}.");
 
   // multihead/runtime.hpp: process-wide switches, as the CLI's --threads,
   // --simd-target and MULTIHEAD_KERNEL.

@@ -26,6 +26,7 @@
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/train.hpp"
 
 // torch.nn.MultiheadAttention.forward's arguments after (query, key, value),
 // positional, in PyTorch's order (forward, __call__, forward_with_context).
@@ -111,6 +112,31 @@
     "ALiBi biases -m_h*|p_i - j| with the paper's slopes per query head (alibi_slopes(num_heads)).") \
   X(std::optional<double>, scale, std::nullopt, a.scale = v, "Multiplies q @ k^T. Default: None (1/sqrt(head_dim)).")
 
+// multihead.Trainer's keywords, one row per field of the library's
+// ModelConfig (`m`) and TrainOptions (`t`), defaults read from them (the
+// same settings as `multihead train`'s flags).
+#define MULTIHEAD_TRAINER_KEYWORDS(X)                                                                      \
+  X(int64_t, d_model, ModelConfig{}.d_model, m.d_model = v, "Model width E.")                              \
+  X(int64_t, heads, ModelConfig{}.heads, m.heads = v, "Attention heads (dividing d_model).")               \
+  X(int64_t, layers, ModelConfig{}.layers, m.layers = v, "Attention blocks.")                              \
+  X(int64_t, ff, ModelConfig{}.ff, m.ff = v, "Feed-forward width (Linear-ReLU-Linear); 0 = none.")         \
+  X(double, dropout, ModelConfig{}.dropout, m.dropout = v, "Dropout on the attention weights, training.")  \
+  X(bool, causal, ModelConfig{}.causal, m.causal = v, "Causal self-attention.")                            \
+  X(int64_t, steps, TrainOptions{}.steps, t.steps = v, "Training steps in all.")                           \
+  X(int64_t, batch, TrainOptions{}.batch, t.batch = v, "Sequences per step.")                              \
+  X(double, lr, TrainOptions{}.lr, t.lr = v, "Peak learning rate (AdamW).")                                \
+  X(int64_t, warmup, TrainOptions{}.warmup, t.warmup = v, "Linear warm-up steps.")                         \
+  X(std::string, schedule, to_string(TrainOptions{}.schedule), t.schedule = parse_schedule(v),             \
+    "After warm-up: 'constant', or 'cosine' down to 0.1*lr at the last step.")                             \
+  X(double, weight_decay, TrainOptions{}.weight_decay, t.weight_decay = v,                                 \
+    "AdamW's decoupled weight decay (weight matrices only).")                                              \
+  X(double, beta1, TrainOptions{}.beta1, t.beta1 = v, "AdamW's first-moment decay.")                       \
+  X(double, beta2, TrainOptions{}.beta2, t.beta2 = v, "AdamW's second-moment decay.")                      \
+  X(double, adam_eps, TrainOptions{}.eps, t.eps = v, "AdamW's epsilon.")                                   \
+  X(double, clip, TrainOptions{}.clip, t.clip = v, "Global gradient-norm bound; 0 = no clipping.")         \
+  X(uint64_t, seed, TrainOptions{}.seed, t.seed = v, "Seed of initialisation, data and dropout.")          \
+  X(int, threads, TrainOptions{}.threads, t.threads = v, "Threads of the loops (0 = default); the losses do not depend on it.")
+
 // What the rows expand to. MULTIHEAD_OPTION_MEMBER declares a call struct's
 // member; MULTIHEAD_OPTION_INTO runs a row's `into` on a call struct `o`.
 #define MULTIHEAD_OPTION_MEMBER(Type, name, def, into, doc) Type name = def;
@@ -175,6 +201,15 @@ inline AttentionOptions gqa_options(const GqaCall& o, int64_t heads, bool traini
   MULTIHEAD_SCORE_KEYWORDS(MULTIHEAD_OPTION_INTO)
   MULTIHEAD_GQA_KEYWORDS(MULTIHEAD_OPTION_INTO)
   return a;
+}
+
+// multihead.Trainer's settings.
+struct TrainerCall {
+  MULTIHEAD_TRAINER_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+};
+
+inline void trainer_settings(const TrainerCall& o, ModelConfig& m, TrainOptions& t) {
+  MULTIHEAD_TRAINER_KEYWORDS(MULTIHEAD_OPTION_INTO)
 }
 
 // The masks are the caller's (converted from o.key_padding_mask and
