@@ -5,7 +5,8 @@
 // trained model's evaluation with every layer's per-head weights.
 //
 // Trainer.train() releases the GIL for each step and takes it back to call
-// the progress callback; an exception the callback raises (or a
+// the progress callback (which may read or save the trainer: only a
+// running step makes other calls on it wait their turn, refused); an exception the callback raises (or a
 // KeyboardInterrupt between steps) stops the loop after the step that was
 // running, which stays done: the trainer can go on, be saved or resumed.
 #include <pybind11/numpy.h>
@@ -181,9 +182,9 @@ class PyTrainer {
   }
 
   py::dict train_step() {
-    Busy busy(busy_, "trainer");
     StepStats s;
     {
+      Busy busy(busy_, "trainer");
       py::gil_scoped_release nogil;
       s = trainer_->train_step();
     }
@@ -203,11 +204,12 @@ class PyTrainer {
                                           std::to_string(trainer_->options().steps) + " minus the " +
                                           std::to_string(trainer_->step()) + " done), got " + std::to_string(*steps));
     const int64_t n = steps.value_or(left);
-    Busy busy(busy_, "trainer");
     py::list out;
     for (int64_t i = 0; i < n; ++i) {
+      // Busy only while the step runs: the callback may read or save the trainer.
       StepStats s;
       {
+        Busy busy(busy_, "trainer");
         py::gil_scoped_release nogil;
         s = trainer_->train_step();
       }
@@ -222,8 +224,15 @@ class PyTrainer {
     return out;
   }
 
-  int64_t step() const { return trainer_->step(); }
-  const Trainer& trainer() const { return *trainer_; }
+  int64_t step() const { return trainer().step(); }
+  // The trainer for a read, refused while train() runs in another thread
+  // (its step mutates the trainer with the GIL released). A read that
+  // itself releases the GIL holds a Busy.
+  const Trainer& trainer() const {
+    if (busy_) throw Error(Error::Kind::Value, "trainer: in use by another call (one at a time)");
+    return *trainer_;
+  }
+  const Trainer& trainer_unchecked() const { return *trainer_; }
   const std::string& task() const { return task_; }
   bool busy_ = false;
 
@@ -399,9 +408,10 @@ void bind_trainer(py::module_& m) {
            "stay done. Returns every step's stats.")
       .def("train_step", &PyTrainer::train_step, "train_step(self) -> dict\n\nOne step; its stats (see train()).")
       .def("save_checkpoint",
-           [](const PyTrainer& self, const std::string& path) {
+           [](PyTrainer& self, const std::string& path) {
+             Busy busy(self.busy_, "trainer");
              py::gil_scoped_release nogil;
-             self.trainer().save_checkpoint(path);
+             self.trainer_unchecked().save_checkpoint(path);
            },
            "path"_a,
            "save_checkpoint(self, path) -> None\n\nThe checkpoint `multihead train --checkpoint-out` writes (atomic).")
@@ -413,11 +423,12 @@ void bind_trainer(py::module_& m) {
            "current_batch(self) -> dict\n\nThe batch the next step trains on: {'tokens', 'targets' (B, L) int32, 'mask' (B, L) bool}.")
       .def(
           "gradients",
-          [](const PyTrainer& self) {
+          [](PyTrainer& self) {
             GradientDump g;
             {
+              Busy busy(self.busy_, "trainer");
               py::gil_scoped_release nogil;
-              g = self.trainer().gradients();
+              g = self.trainer_unchecked().gradients();
             }
             py::dict d;
             d["loss"] = g.loss;

@@ -72,6 +72,33 @@ def test_callback_every_and_stop():
     assert len(stats) == 3 and t.step == 3, "returning False stops after that step"
 
 
+def test_the_callback_may_save_a_checkpoint_and_another_thread_is_refused_during_a_step(tmp_path):
+    t = multihead.Trainer("reverse", **RUN)
+    t.train(callback=lambda s: t.save_checkpoint(str(tmp_path / f"at{t.step}.safetensors")), every=4)
+    assert sorted(os.listdir(tmp_path)) == ["at4.safetensors", "at8.safetensors"]
+    assert multihead.Trainer.resume(str(tmp_path / "at4.safetensors")).step == 4
+    big = multihead.Trainer("reverse", d_model=64, heads=4, layers=2, steps=3, batch=256, threads=1)
+    errors = []
+
+    def reader():
+        while not done.is_set():
+            try:
+                big.parameters()
+            except ValueError as e:
+                errors.append(str(e))
+            time.sleep(0.0005)
+
+    done = threading.Event()
+    th = threading.Thread(target=reader)
+    th.start()
+    try:
+        big.train()
+    finally:
+        done.set()
+        th.join()
+    assert errors and all(e.startswith("trainer: in use by another call") for e in errors), errors[:1]
+
+
 def test_an_exception_in_the_callback_stops_training_cleanly():
     full = fmt(multihead.Trainer("reverse", **RUN).train())
     t = multihead.Trainer("reverse", **RUN)
