@@ -127,6 +127,35 @@ def test_cache_holds_the_rotated_keys_and_append_attends_like_forward():
     assert cache.length == 0 and cache.capacity == 8
 
 
+def test_a_cache_serves_one_call_at_a_time():
+    """A second thread's step on a cache that a long prefill is filling (the
+    GIL released) is refused, naming the cache; the cache holds the prefill only."""
+    import threading
+    g = multihead.GroupedQueryAttention(256, 8, 2, seed=1)
+    cache = g.make_cache(1, 2048)
+    x = np.random.default_rng(0).standard_normal((1, 1536, 256)).astype(np.float32)
+    errors, started, done = [], threading.Event(), threading.Event()
+
+    def step():
+        started.wait()
+        while not done.is_set():
+            try:
+                g(x[:, :1], cache=cache)
+            except ValueError as e:
+                errors.append(str(e))
+
+    th = threading.Thread(target=step)
+    th.start()
+    started.set()
+    try:
+        g(x, cache=cache)
+    finally:
+        done.set()
+        th.join()
+    assert errors and errors[0].startswith("cache: expected a KVCache no other call is using"), errors[:1]
+    assert cache.length >= 1536
+
+
 def test_cache_full_and_growing():
     g = multihead.GroupedQueryAttention(8, 2, seed=1)
     x = np.ones((1, 3, 8), np.float32)
@@ -326,6 +355,8 @@ HOSTILE = [
     ("sinusoidal-width", lambda: multihead.sinusoidal_positions(3, 0), ValueError, ["width", "0"]),
     ("sinusoidal-length", lambda: multihead.sinusoidal_positions(-1, 4), ValueError, ["length", "-1"]),
     ("alibi-heads", lambda: multihead.alibi_slopes(0), ValueError, ["0"]),
+    ("sinusoidal-dtype", lambda: multihead.sinusoidal_positions(3, 4, dtype=np.int16), TypeError, ["dtype", "int16"]),
+    ("kv-cache-dtype", lambda: multihead.KVCache(1, 1, 2, 4, dtype="complex64"), TypeError, ["dtype", "complex64"]),
 ]
 
 
@@ -348,6 +379,16 @@ def test_non_contiguous_and_read_only_inputs_give_the_same_answer():
     big = np.zeros((2, 3, 16), np.float32)
     big[..., ::2] = x
     assert np.array_equal(G4(big[..., ::2]), want)
+
+
+def test_rotary_embedding_of_a_non_contiguous_view_is_the_contiguous_ones():
+    x = np.random.default_rng(2).standard_normal((4, 6, 8))
+    view = x.transpose(1, 0, 2)  # (6, 4, 8), strides permuted
+    want = multihead.rotary_embedding(np.ascontiguousarray(view), "interleaved", position_offset=3)
+    assert np.array_equal(multihead.rotary_embedding(view, "interleaved", position_offset=3), want)
+    assert np.array_equal(multihead.rotary_embedding(view.astype(np.float32), "interleaved", position_offset=3),
+                          multihead.rotary_embedding(np.ascontiguousarray(view, np.float32), "interleaved",
+                                                     position_offset=3))
 
 
 def test_contiguous_float32_x_is_read_in_place():
