@@ -484,8 +484,6 @@ void bind_grouped_query_attention(py::module_& m) {
                         "forward(x, cache=cache) appends x's K/V and attends over all of it.")
       .def(py::init([](int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t max_len, bool grow,
                        const py::object& dtype) {
-             for (auto [name, v] : {std::pair{"batch", batch}, {"kv_heads", kv_heads}, {"head_dim", head_dim}})
-               if (v < 1) throw Error(Error::Kind::Value, std::string(name) + ": expected >= 1, got " + std::to_string(v));
              return PyKVCache(batch, kv_heads, head_dim, max_len, grow, parse_dtype(dtype));
            }),
            "batch"_a, "kv_heads"_a, "head_dim"_a, "max_len"_a, "grow"_a = false, py::kw_only(), "dtype"_a = py::none(),
