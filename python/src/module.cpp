@@ -4,6 +4,11 @@
 //                                       arguments, forward, state_dict
 //   multihead.scaled_dot_product_attention   torch.nn.functional's (2.x)
 //   multihead.load_weights / save_weights    safetensors, PyTorch key names
+//   multihead.explain / inspect              `multihead explain` / `inspect`
+// and, in their own files, GroupedQueryAttention, KVCache and the position
+// functions (gqa.cpp), Trainer and TrainedModel (train.cpp); what they share
+// is in bindings.hpp (dtype=, docstrings from the rows) and parameters.hpp
+// (state_dict, load_state_dict, update_parameters of a parameter table).
 //
 // Arrays come in without copies when they are C-contiguous float32/float64
 // (arrays.hpp). The attention calls' keyword arguments are the rows of
