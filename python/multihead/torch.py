@@ -1,0 +1,348 @@
+"""multihead.torch: the library as PyTorch modules (optional; imports torch).
+
+    import multihead.torch as mt
+    model = nn.TransformerEncoder(nn.TransformerEncoderLayer(64, 8), 2)
+    mt.replace_attention(model)      # every nn.MultiheadAttention -> ours, same weights
+    ... train as before (optimizer, loss, backward) ...
+
+- MultiheadAttention(nn.Module): nn.MultiheadAttention's constructor,
+  parameters (same names, same initialisation from torch's generator, so
+  state_dicts load both ways) and forward; it runs the library's forward and
+  backward through a torch.autograd.Function.
+- replace_attention(model): swaps every nn.MultiheadAttention inside a model
+  for ours, keeping the very Parameter objects (an optimizer made before
+  still updates them).
+- scaled_dot_product_attention: torch 2.x's functional, forward only.
+- GroupedQueryAttention: the library's grouped-query module, when the
+  extension binds it.
+
+CPU tensors of float32 or float64 only; contiguous inputs are read in place
+(tensor.numpy() shares their memory) and results are NumPy arrays the
+library wrote, wrapped by torch.from_numpy (no copy). What the library does
+not do raises ValueError or TypeError naming the argument; nothing falls
+back to torch's own attention.
+
+Semantics that differ from nn.MultiheadAttention (1.13):
+- Dropout (p > 0 in training mode) is the library's: the same
+  distribution, other random bits. Its seed is drawn from torch's default
+  generator, so torch.manual_seed still makes a run repeatable.
+- No gradient flows through the returned attention weights: a backward
+  that reaches them raises ValueError (only attn_output is differentiable).
+- A query whose keys are all masked gets zeros (masked_rows='zeros', the
+  library's default); masked_rows='nan' gives PyTorch 1.13's NaN.
+- is_causal=True applies the causal mask itself (PyTorch 2.x treats it as a
+  hint about attn_mask), combined with attn_mask.
+"""
+import weakref
+
+import numpy as np
+import torch
+from torch import nn
+
+from . import _multihead
+
+__all__ = ["MultiheadAttention", "replace_attention", "scaled_dot_product_attention", "GroupedQueryAttention"]
+
+_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+# The library's keyword-only options a forward passes through (options.hpp's
+# rows that the training forward takes); anything else is refused by name.
+_CORE_OPTIONS = ("masked_rows", "kernel", "num_threads", "check_finite", "causal_align", "window", "softcap",
+                 "alibi", "dropout_seed")
+
+
+def _check_tensor(t, name, dtype=None):
+    """A CPU float32/float64 strided tensor (of `dtype` when given)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name}: expected a CPU tensor, got device {t.device}")
+    if t.is_nested or t.layout != torch.strided:
+        raise ValueError(f"{name}: expected a strided (dense) tensor, got layout {t.layout}"
+                         + (" (nested)" if t.is_nested else ""))
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"{name}: expected torch.float32 or torch.float64, got {t.dtype}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name}: expected {dtype} (the module's dtype), got {t.dtype}")
+
+
+def _mask_array(mask, name, dtype):
+    """A mask as the NumPy array the library reads: bool/uint8 in place, float in `dtype`."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(mask).__name__}")
+    if mask.device.type != "cpu":
+        raise ValueError(f"{name}: expected a CPU tensor, got device {mask.device}")
+    if mask.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"{name}: requires_grad=True is not supported (no gradient flows to masks); "
+                         f"pass {name}.detach()")
+    if mask.dtype == torch.bool or mask.dtype == torch.uint8:
+        return mask.detach().numpy()
+    if mask.is_floating_point():
+        return mask.detach().to(dtype).numpy()
+    raise TypeError(f"{name}: expected a bool, uint8 or floating-point tensor, got {mask.dtype}")
+
+
+def _arrays(query, key, value):
+    """query, key, value as NumPy views of their memory, the same object where
+    the tensors are (self-attention: the library takes its packed path)."""
+    q = query.detach().numpy()
+    k = q if key is query else key.detach().numpy()
+    v = q if value is query else k if value is key else value.detach().numpy()
+    return q, k, v
+
+
+class _Lease:
+    """Held by each autograd context: a core module with a live lease keeps its parameters."""
+    __slots__ = ("__weakref__",)
+
+
+class _Core:
+    """A library module holding one snapshot of the torch parameters.
+
+    The library keeps its own copy of the parameters, and refuses a backward
+    from a context filled before they changed. So a core is reloaded only
+    while no autograd context (lease) uses it; otherwise the next parameter
+    values go to another core. A training loop alternates between two (the
+    previous step's graph is still referenced while the next forward runs);
+    gradcheck, which perturbs and restores parameters before the backward,
+    finds the original values again in the first one.
+    """
+
+    def __init__(self, factory):
+        self.module = factory()
+        self.snapshot = None
+        self.leases = weakref.WeakSet()
+
+    def holds(self, params):
+        return self.snapshot is not None and all(torch.equal(a, b) for a, b in zip(self.snapshot, params))
+
+    def load(self, names, params):
+        self.module.load_state_dict({n: p.numpy() for n, p in zip(names, params)})
+        self.snapshot = [p.clone() for p in params]
+
+
+class _CorePool:
+    def __init__(self, factory):
+        self.factory = factory
+        self.cores = []
+
+    def get(self, names, params):
+        for c in self.cores:
+            if c.holds(params):
+                return c
+        free = [c for c in self.cores if not c.leases]
+        core = free[0] if free else _Core(self.factory)
+        if not free:
+            self.cores.append(core)
+        # Drop the surplus once no graph uses it (a long-lived graph made more).
+        self.cores = [c for c in self.cores if c is core or c.leases or c in free[:2]]
+        core.load(names, params)
+        return core
+
+
+def _freed_check(ctx, what):
+    try:
+        ctx.saved_tensors
+    except RuntimeError as e:
+        raise ValueError(f"context: the {what} forward's context was freed by an earlier backward "
+                         "(call the first backward with retain_graph=True to backward twice)") from e
+
+
+class _MultiheadAttentionFunction(torch.autograd.Function):
+    """attn_output, attn_output_weights = f(query, key, value, *parameters):
+    the library's forward_with_context, then its backward."""
+
+    @staticmethod
+    def forward(ctx, call, query, key, value, *params):
+        core = call.pool.get(call.names, [p.detach() for p in params])
+        core.module.train(call.training)  # dropout applies in the library's training mode
+        q, k, v = _arrays(query, key, value)
+        out, weights, saved = core.module.forward_with_context(
+            q, k, v, call.key_padding_mask, call.need_weights, call.attn_mask, call.average_attn_weights,
+            call.is_causal, **call.options)
+        ctx.core, ctx.saved, ctx.lease = core, saved, _Lease()
+        core.leases.add(ctx.lease)
+        ctx.names = call.names
+        ctx.self_attention = (key is query, value is query, value is key)
+        # An empty tensor, only so that torch frees it after a backward
+        # without retain_graph and a second backward is detected (_freed_check).
+        ctx.save_for_backward(torch.empty(0))
+        ctx.set_materialize_grads(False)
+        out_t = torch.from_numpy(out)
+        if weights is None:
+            return out_t, None
+        w = torch.from_numpy(weights)
+        ctx.mark_non_differentiable(w)
+        return out_t, w
+
+    @staticmethod
+    def backward(ctx, d_output, d_weights):
+        _freed_check(ctx, "MultiheadAttention")
+        if d_weights is not None and bool(d_weights.ne(0).any()):
+            raise ValueError("attn_output_weights: no gradient flows through the returned weights "
+                             "(only attn_output is differentiable); detach them")
+        if d_output is None:
+            return (None,) * (4 + len(ctx.names))
+        g = ctx.core.module.backward(ctx.saved, d_output.detach().numpy())
+        grads = [torch.from_numpy(g[n]) for n in ("query", "key", "value")]
+        return (None, *grads, *(torch.from_numpy(g[n]) for n in ctx.names))
+
+
+class _Call:
+    """One forward's non-tensor arguments, for the Function."""
+    __slots__ = ("pool", "names", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
+                 "is_causal", "options", "training")
+
+
+class MultiheadAttention(nn.Module):
+    r"""nn.MultiheadAttention on the library (CPU, float32 or float64).
+
+    MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
+    add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None,
+    batch_first=False, device=None, dtype=None)
+
+    The same constructor, parameters (in_proj_weight, or q_proj_weight,
+    k_proj_weight and v_proj_weight when kdim or vdim differ from embed_dim;
+    in_proj_bias; out_proj.weight, out_proj.bias; bias_k, bias_v) and
+    initialisation as torch.nn.MultiheadAttention: from the same seed both
+    hold the same values, and state_dicts load both ways. forward() is
+    nn.MultiheadAttention's (module docstring: what differs).
+    """
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False, device=None, dtype=None):
+        super().__init__()
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"device: expected the CPU (or None), got {device}")
+        if dtype is not None and dtype not in _DTYPES:
+            raise TypeError(f"dtype: expected torch.float32 or torch.float64 (or None), got {dtype}")
+        # torch's own module draws the initial values (the same draws, in the
+        # same order, from torch's generator); its Parameters become ours.
+        self._adopt(nn.MultiheadAttention(embed_dim, num_heads, dropout=dropout, bias=bias,
+                                          add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, kdim=kdim,
+                                          vdim=vdim, batch_first=batch_first, device=device, dtype=dtype))
+
+    @classmethod
+    def from_torch(cls, mha):
+        """Ours, holding `mha`'s very Parameter objects (and its training mode)."""
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"mha: expected a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+        self = cls.__new__(cls)
+        nn.Module.__init__(self)
+        self._adopt(mha)
+        return self
+
+    def _adopt(self, mha):
+        self.embed_dim, self.num_heads, self.head_dim = mha.embed_dim, mha.num_heads, mha.head_dim
+        self.kdim, self.vdim, self.dropout = mha.kdim, mha.vdim, float(mha.dropout)
+        self.batch_first, self.add_zero_attn = mha.batch_first, mha.add_zero_attn
+        self._same_embed_dim = mha._qkv_same_embed_dim
+        for n in ("in_proj_weight", "q_proj_weight", "k_proj_weight", "v_proj_weight", "in_proj_bias"):
+            self.register_parameter(n, getattr(mha, n))
+        self.out_proj = mha.out_proj
+        self.register_parameter("bias_k", mha.bias_k)
+        self.register_parameter("bias_v", mha.bias_v)
+        self.train(mha.training)
+        for n, p in self.named_parameters():
+            _check_tensor(p.data, n)
+        self._pools = {}  # dtype -> _CorePool
+
+    # TransformerEncoderLayer's and TransformerEncoder's fused fast paths
+    # (eval mode, no grad) read self_attn._qkv_same_embed_dim and, when True,
+    # compute the attention themselves from self_attn's weights without
+    # calling it. It reads False here, so those layers always call forward()
+    # (the library); self._same_embed_dim is the true value.
+    @property
+    def _qkv_same_embed_dim(self):
+        return False
+
+    def _config(self):
+        return dict(embed_dim=self.embed_dim, num_heads=self.num_heads, dropout=self.dropout,
+                    bias=self.in_proj_bias is not None, add_bias_kv=self.bias_k is not None,
+                    add_zero_attn=self.add_zero_attn, kdim=self.kdim, vdim=self.vdim,
+                    batch_first=self.batch_first)
+
+    def _parameters_for(self, dtype):
+        """(names, tensors) in the library's state_dict order; each a CPU tensor of `dtype`."""
+        sd = dict(self.named_parameters())
+        pool = self._pools.get(dtype)
+        if pool is None:
+            config = self._config()
+            pool = self._pools[dtype] = _CorePool(
+                lambda: _multihead.MultiheadAttention(**config, dtype=_DTYPES[dtype]))
+            pool.names = list(_multihead.MultiheadAttention(**config, dtype=_DTYPES[dtype]).state_dict())
+        params = []
+        for n in pool.names:
+            p = sd[n]
+            _check_tensor(p, n, dtype)
+            params.append(p)
+        return pool, params
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False, **options):
+        """nn.MultiheadAttention.forward (1.13), plus is_causal (2.x) and the
+        library's keyword-only options (masked_rows, kernel, num_threads,
+        check_finite, causal_align, window, softcap, alibi, dropout_seed).
+        Returns (attn_output, attn_output_weights or None)."""
+        for n in options:
+            if n not in _CORE_OPTIONS:
+                raise TypeError(f"forward() got an unexpected keyword argument '{n}' "
+                                f"(the library's options: {', '.join(_CORE_OPTIONS)})")
+        _check_tensor(query, "query")
+        dtype = query.dtype
+        _check_tensor(key, "key", dtype)
+        _check_tensor(value, "value", dtype)
+        pool, params = self._parameters_for(dtype)
+        call = _Call()
+        call.pool, call.names = pool, pool.names
+        call.key_padding_mask = _mask_array(key_padding_mask, "key_padding_mask", dtype)
+        call.attn_mask = _mask_array(attn_mask, "attn_mask", dtype)
+        call.need_weights, call.average_attn_weights = bool(need_weights), bool(average_attn_weights)
+        call.is_causal = bool(is_causal)
+        call.options = dict(options)
+        dropout = self.training and self.dropout > 0.0
+        if dropout and "dropout_seed" not in call.options:
+            call.options["dropout_seed"] = int(torch.randint(0, 2**62, (1,)).item())
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *params))
+        call.training = dropout
+        if grad:
+            return _MultiheadAttentionFunction.apply(call, query, key, value, *params)
+        if dropout:
+            raise ValueError("dropout: the library's dropout runs in its training forward only; in training "
+                             "mode with dropout > 0 call forward with gradients enabled (or call eval())")
+        core = pool.get(pool.names, [p.detach() for p in params])
+        core.module.train(False)
+        q, k, v = _arrays(query, key, value)
+        opts = {n: v for n, v in call.options.items() if n != "dropout_seed"}
+        out, weights = core.module.forward(q, k, v, call.key_padding_mask, call.need_weights, call.attn_mask,
+                                           call.average_attn_weights, call.is_causal, **opts)
+        return torch.from_numpy(out), None if weights is None else torch.from_numpy(weights)
+
+    # The library modules (_pools) are caches of the parameters: a copy or a
+    # pickle of this module leaves them behind and makes its own.
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pools"] = {}
+        return state
+
+    def extra_repr(self):
+        c = self._config()
+        return ", ".join(f"{k}={v}" for k, v in c.items())
+
+
+def replace_attention(model):
+    """Swaps every torch.nn.MultiheadAttention inside `model` (e.g. each
+    nn.TransformerEncoderLayer's self_attn) for multihead.torch's, holding the
+    same Parameter objects; returns the model (or, when `model` itself is an
+    nn.MultiheadAttention, its replacement)."""
+    if isinstance(model, nn.MultiheadAttention):
+        return MultiheadAttention.from_torch(model)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.MultiheadAttention):
+                setattr(parent, name, MultiheadAttention.from_torch(child))
+    return model
