@@ -27,7 +27,8 @@ Semantics that differ from nn.MultiheadAttention (1.13):
   distribution, other random bits. Its seed is drawn from torch's default
   generator, so torch.manual_seed still makes a run repeatable.
 - No gradient flows through the returned attention weights: a backward
-  that reaches them raises ValueError (only attn_output is differentiable).
+  that reaches them with a nonzero gradient raises ValueError (only
+  attn_output is differentiable; detach the weights to use them).
 - A query whose keys are all masked gets zeros (masked_rows='zeros', the
   library's default); masked_rows='nan' gives PyTorch 1.13's NaN.
 - is_causal=True applies the causal mask itself (PyTorch 2.x treats it as a
@@ -63,7 +64,7 @@ def _check_tensor(t, name, dtype=None):
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name}: expected torch.float32 or torch.float64, got {t.dtype}")
     if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{name}: expected {dtype} (the module's dtype), got {t.dtype}")
+        raise TypeError(f"{name}: expected {dtype} (the module's parameters' dtype), got {t.dtype}")
 
 
 def _mask_array(mask, name, dtype):
@@ -170,12 +171,9 @@ class _MultiheadAttentionFunction(torch.autograd.Function):
         # without retain_graph and a second backward is detected (_freed_check).
         ctx.save_for_backward(torch.empty(0))
         ctx.set_materialize_grads(False)
-        out_t = torch.from_numpy(out)
-        if weights is None:
-            return out_t, None
-        w = torch.from_numpy(weights)
-        ctx.mark_non_differentiable(w)
-        return out_t, w
+        # The weights stay "differentiable" so that a loss reaching them gets
+        # an error from backward() rather than a silently missing term.
+        return torch.from_numpy(out), None if weights is None else torch.from_numpy(weights)
 
     @staticmethod
     def backward(ctx, d_output, d_weights):
@@ -290,8 +288,10 @@ class MultiheadAttention(nn.Module):
             if n not in _CORE_OPTIONS:
                 raise TypeError(f"forward() got an unexpected keyword argument '{n}' "
                                 f"(the library's options: {', '.join(_CORE_OPTIONS)})")
-        _check_tensor(query, "query")
-        dtype = query.dtype
+        # The module's dtype is its parameters' (as torch's, whose matmuls
+        # refuse a query of another dtype).
+        dtype = self.out_proj.weight.dtype
+        _check_tensor(query, "query", dtype)
         _check_tensor(key, "key", dtype)
         _check_tensor(value, "value", dtype)
         pool, params = self._parameters_for(dtype)
@@ -302,22 +302,17 @@ class MultiheadAttention(nn.Module):
         call.need_weights, call.average_attn_weights = bool(need_weights), bool(average_attn_weights)
         call.is_causal = bool(is_causal)
         call.options = dict(options)
-        dropout = self.training and self.dropout > 0.0
-        if dropout and "dropout_seed" not in call.options:
+        call.training = self.training and self.dropout > 0.0
+        if call.training and "dropout_seed" not in call.options:
             call.options["dropout_seed"] = int(torch.randint(0, 2**62, (1,)).item())
-        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *params))
-        call.training = dropout
-        if grad:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *params)):
             return _MultiheadAttentionFunction.apply(call, query, key, value, *params)
-        if dropout:
-            raise ValueError("dropout: the library's dropout runs in its training forward only; in training "
-                             "mode with dropout > 0 call forward with gradients enabled (or call eval())")
+        # No gradient wanted: the library's plain forward (no context kept).
         core = pool.get(pool.names, [p.detach() for p in params])
-        core.module.train(False)
+        core.module.train(call.training)
         q, k, v = _arrays(query, key, value)
-        opts = {n: v for n, v in call.options.items() if n != "dropout_seed"}
         out, weights = core.module.forward(q, k, v, call.key_padding_mask, call.need_weights, call.attn_mask,
-                                           call.average_attn_weights, call.is_causal, **opts)
+                                           call.average_attn_weights, call.is_causal, **call.options)
         return torch.from_numpy(out), None if weights is None else torch.from_numpy(weights)
 
     # The library modules (_pools) are caches of the parameters: a copy or a
