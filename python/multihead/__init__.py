@@ -10,6 +10,11 @@ The C++ library `multihead` through pybind11 (the extension `_multihead`):
   state_dict() and load_state_dict(); training: forward_with_context(),
   backward(context, d_output) -> gradients, update_parameters(update).
 - scaled_dot_product_attention: torch.nn.functional's (PyTorch 2.x).
+- GroupedQueryAttention: grouped-query attention (Llama's layout, RoPE),
+  in MultiheadAttention's dialect; KVCache and forward(x, cache=...) for
+  step-by-step decoding.
+- rotary_embedding (both conventions, a position offset),
+  sinusoidal_positions, alibi_slopes.
 - load_weights / save_weights: safetensors files under PyTorch's names.
 - set_threads, simd_target_force, kernel_force, ...: process-wide switches
   (multihead/runtime.hpp).
@@ -20,6 +25,9 @@ library's message names the tensor) or TypeError (dtypes).
 """
 from ._multihead import (  # noqa: F401
     ForwardContext,
+    GroupedQueryAttention,
+    GroupedQueryContext,
+    KVCache,
     MultiheadAttention,
     __version__,
     _debug_last_call,
@@ -28,12 +36,15 @@ from ._multihead import (  # noqa: F401
     kernel_force,
     kernel_forced,
     load_weights,
+    rotary_embedding,
+    rotary_embedding_backward,
     save_weights,
     scaled_dot_product_attention,
     set_threads,
     simd_target_current,
     simd_target_force,
     simd_targets_available,
+    sinusoidal_positions,
     threads,
 )
 
@@ -41,7 +52,13 @@ __all__ = [
     "MultiheadAttention",
     "ForwardContext",
     "scaled_dot_product_attention",
+    "GroupedQueryAttention",
+    "GroupedQueryContext",
+    "KVCache",
     "alibi_slopes",
+    "rotary_embedding",
+    "rotary_embedding_backward",
+    "sinusoidal_positions",
     "load_weights",
     "save_weights",
     "set_threads",

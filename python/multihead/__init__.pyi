@@ -13,6 +13,7 @@ MaskedRows = Literal["zeros", "nan"]
 Kernel = Literal["auto", "reference", "materialized", "flash"]
 Form = Literal["fused", "textbook"]
 CausalAlign = Literal["top-left", "bottom-right"]
+RopeConvention = Literal["half-split", "interleaved"]
 
 class MultiheadAttention:
     """torch.nn.MultiheadAttention: same arguments, defaults and state_dict names."""
@@ -125,6 +126,126 @@ class ForwardContext:
     @property
     def dtype(self) -> np.dtype: ...
 
+class GroupedQueryAttention:
+    """Grouped-query attention (Llama's q/k/v/o_proj layout), in MultiheadAttention's dialect."""
+
+    training: bool
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        num_kv_heads: Optional[int] = None,
+        head_dim: Optional[int] = None,
+        bias: bool = False,
+        dropout: float = 0.0,
+        causal: bool = True,
+        rope: Optional[RopeConvention] = None,
+        rope_theta: float = 10000.0,
+        *,
+        seed: int = 0,
+        dtype: DTypeLike = None,
+    ) -> None: ...
+    def forward(
+        self,
+        x: ArrayLike,
+        *,
+        masked_rows: MaskedRows = "zeros",
+        kernel: Kernel = "auto",
+        num_threads: int = 0,
+        check_finite: bool = False,
+        dropout_seed: int = 0,
+        window: Optional[int] = None,
+        softcap: Optional[float] = None,
+        alibi: bool = False,
+        scale: Optional[float] = None,
+        cache: Optional["KVCache"] = None,
+    ) -> np.ndarray: ...
+    __call__ = forward  # the same binding
+    def forward_with_context(
+        self,
+        x: ArrayLike,
+        *,
+        masked_rows: MaskedRows = "zeros",
+        kernel: Kernel = "auto",
+        num_threads: int = 0,
+        check_finite: bool = False,
+        dropout_seed: int = 0,
+        window: Optional[int] = None,
+        softcap: Optional[float] = None,
+        alibi: bool = False,
+        scale: Optional[float] = None,
+        context: Optional["GroupedQueryContext"] = None,
+    ) -> Tuple[np.ndarray, "GroupedQueryContext"]: ...
+    def backward(self, context: "GroupedQueryContext", d_output: ArrayLike) -> Dict[str, np.ndarray]: ...
+    def update_parameters(
+        self, update: Callable[[str, np.ndarray], Optional[ArrayLike]]
+    ) -> None: ...
+    def state_dict(self) -> Dict[str, np.ndarray]: ...
+    def load_state_dict(
+        self, state_dict: Mapping[str, ArrayLike], strict: bool = True
+    ) -> Tuple[List[str], List[str]]: ...
+    def make_cache(self, batch: int, max_len: int, grow: bool = False) -> "KVCache": ...
+    def train(self, mode: bool = True) -> "GroupedQueryAttention": ...
+    def eval(self) -> "GroupedQueryAttention": ...
+    @property
+    def embed_dim(self) -> int: ...
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def bias(self) -> bool: ...
+    @property
+    def dropout(self) -> float: ...
+    @property
+    def causal(self) -> bool: ...
+    @property
+    def rope(self) -> Optional[RopeConvention]: ...
+    @property
+    def rope_theta(self) -> float: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+
+class GroupedQueryContext:
+    """What GroupedQueryAttention.forward_with_context keeps for backward."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def empty(self) -> bool: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    def clear(self) -> None: ...
+
+class KVCache:
+    """K/V of the tokens decoded so far, (batch, kv_heads, capacity, head_dim) each."""
+
+    def __init__(
+        self, batch: int, kv_heads: int, head_dim: int, max_len: int, grow: bool = False, *, dtype: DTypeLike = None
+    ) -> None: ...
+    def append(self, key: ArrayLike, value: ArrayLike) -> None: ...
+    def keys(self) -> np.ndarray: ...
+    def values(self) -> np.ndarray: ...
+    def clear(self) -> None: ...
+    @property
+    def batch(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def grows(self) -> bool: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+
 @overload
 def scaled_dot_product_attention(
     query: ArrayLike,
@@ -168,6 +289,13 @@ def scaled_dot_product_attention(
     alibi_slopes: Sequence[float] = [],
 ) -> Tuple[np.ndarray, np.ndarray]: ...
 def alibi_slopes(heads: int) -> List[float]: ...
+def rotary_embedding(
+    x: ArrayLike, convention: RopeConvention = "half-split", theta: float = 10000.0, position_offset: int = 0
+) -> np.ndarray: ...
+def rotary_embedding_backward(
+    d_y: ArrayLike, convention: RopeConvention = "half-split", theta: float = 10000.0, position_offset: int = 0
+) -> np.ndarray: ...
+def sinusoidal_positions(length: int, width: int, offset: int = 0, *, dtype: DTypeLike = None) -> np.ndarray: ...
 def load_weights(
     path: Union[str, "PathLike[str]"],
     prefix: Optional[str] = None,

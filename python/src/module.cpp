@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "bindings.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -34,51 +35,10 @@
 #include "multihead/version.hpp"
 #include "multihead/weights.hpp"
 #include "options.hpp"
+#include "parameters.hpp"
 
 namespace multihead::python {
 namespace {
-
-// The parameters this configuration has (the present rows of the table,
-// for_each_parameter), in torch.nn.MultiheadAttention's state_dict order.
-std::vector<std::pair<std::string, Tensor<double>*>> present_parameters(const MultiheadAttentionConfig& c,
-                                                                        MultiheadAttentionParameters<double>& p) {
-  std::vector<std::pair<std::string, Tensor<double>*>> rows;
-  for_each_parameter(c, p, [&](const ParameterInfo& info, Tensor<double>& t) {
-    if (info.present) rows.emplace_back(info.name, &t);
-  });
-  return rows;
-}
-
-std::vector<std::string> expected_names(const MultiheadAttentionConfig& c) {
-  std::vector<std::string> names;
-  for_each_parameter(c, [&](const ParameterInfo& info) {
-    if (info.present) names.emplace_back(info.name);
-  });
-  return names;
-}
-
-// dtype=None | "float32" | "float64" | numpy.float32 | numpy.dtype(...).
-Precision parse_dtype(const py::object& dtype) {
-  if (dtype.is_none()) return Precision::F32;
-  const py::dtype d = py::dtype::from_args(dtype);
-  if (d.kind() == 'f' && d.itemsize() == 4) return Precision::F32;
-  if (d.kind() == 'f' && d.itemsize() == 8) return Precision::F64;
-  throw py::type_error("dtype: expected float32 or float64, got " + py::str(py::handle(d)).cast<std::string>());
-}
-
-// Rounds every parameter to float32 (a float32 module holds float32 values).
-void round_to_float(const MultiheadAttentionConfig& c, MultiheadAttentionParameters<double>& p) {
-  for_each_parameter(c, p, [](const ParameterInfo&, Tensor<double>& t) {
-    for (double& x : t.vec()) x = static_cast<double>(static_cast<float>(x));
-  });
-}
-
-// A float array (any float dtype, any layout) copied to double: parameters
-// are kept, so they are always copied.
-Tensor<double> parameter_tensor(const py::handle& obj, const std::string& name) {
-  HeldTensor<double> t = float_tensor<double>(obj, name);
-  return Tensor<double>(t.tensor);  // a copy of the view
-}
 
 // What forward_with_context returns as its third element: the library's
 // ForwardContext in the computation's dtype (which keeps its own copy of
@@ -191,75 +151,23 @@ class PyMultiheadAttention {
   // all, as load_state_dict does (shapes checked, derived data rebuilt);
   // earlier contexts are refused by backward() from then on.
   void update_parameters(const py::object& update) {
-    if (!PyCallable_Check(update.ptr()))
-      throw py::type_error("update: expected a callable update(name, array), got " +
-                           py::str(py::type::of(update)).cast<std::string>());
-    MultiheadAttentionParameters<double> p = params_;
-    for (auto& [n, slot] : present_parameters(config_, p)) {
-      Tensor<double>& t = *slot;
-      py::array a = dtype_ == Precision::F64 ? to_numpy(Tensor<double>(t)) : to_numpy(tensor_cast<float>(t));
-      const py::object r = update(py::str(n), a);
-      t = parameter_tensor(r.is_none() ? py::object(a) : r, n);
-    }
-    if (dtype_ == Precision::F32) round_to_float(config_, p);
+    MultiheadAttentionParameters<double> p = updated_parameters(config_, params_, dtype_, update);
     validate_parameters(config_, p);
     params_ = std::move(p);
     f32_.reset();
     f64_.reset();
   }
 
-  py::dict state_dict() const {
-    py::dict d;
-    MultiheadAttentionParameters<double> p = params_;
-    for (auto& [n, slot] : present_parameters(config_, p)) {
-      Tensor<double>& t = *slot;
-      if (dtype_ == Precision::F64) d[py::str(n)] = to_numpy(std::move(t));
-      else d[py::str(n)] = to_numpy(tensor_cast<float>(t));
-    }
-    return d;
-  }
+  py::dict state_dict() const { return state_dict_of(config_, params_, dtype_); }
 
   // Returns (missing_keys, unexpected_keys), as torch's _IncompatibleKeys.
   py::tuple load_state_dict(const py::object& state_dict, bool strict) {
-    if (!py::hasattr(state_dict, "items"))
-      throw py::type_error("state_dict: expected a mapping of names to arrays, got " +
-                           py::str(py::type::of(state_dict)).cast<std::string>());
-    MultiheadAttentionParameters<double> p = params_;
-    const std::vector<std::pair<std::string, Tensor<double>*>> rows = present_parameters(config_, p);
-    const std::map<std::string, Tensor<double>*> want(rows.begin(), rows.end());
-    std::set<std::string> seen;
-    std::vector<std::string> unexpected, missing;
-    for (const py::handle item : state_dict.attr("items")()) {
-      const py::tuple kv = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-      const std::string name = py::str(kv[0]).cast<std::string>();
-      const auto slot = want.find(name);
-      if (slot == want.end()) {
-        unexpected.push_back(name);
-        continue;
-      }
-      seen.insert(name);
-      *slot->second = parameter_tensor(kv[1], name);
-    }
-    for (const auto& [n, slot] : rows)
-      if (!seen.count(n)) missing.push_back(n);
-    if (strict && (!missing.empty() || !unexpected.empty())) {
-      std::string msg = "Error(s) in loading state_dict for MultiheadAttention:";
-      auto list = [&](const char* what, const std::vector<std::string>& names) {
-        if (names.empty()) return;
-        msg += std::string(" ") + what + " key(s):";
-        for (std::size_t i = 0; i < names.size(); ++i) msg += (i ? ", \"" : " \"") + names[i] + "\"";
-        msg += ".";
-      };
-      list("Missing", missing);
-      list("Unexpected", unexpected);
-      throw Error(Error::Kind::Missing, msg);
-    }
-    if (dtype_ == Precision::F32) round_to_float(config_, p);
+    auto [p, keys] = loaded_parameters(config_, params_, dtype_, state_dict, strict, "MultiheadAttention");
     validate_parameters(config_, p);  // names the parameter, expected and actual shape
     params_ = std::move(p);
     f32_.reset();
     f64_.reset();
-    return py::make_tuple(missing, unexpected);
+    return keys;
   }
 
   std::shared_ptr<const BasicMultiheadAttention<double>> module_f64() {
@@ -518,61 +426,6 @@ Returns:
     The output (..., L, Dv), or (output, weights) with need_weights.
 )doc";
 
-// A default as the Python object pybind11 makes of it.
-template <class T>
-py::object as_python(const T& value) {
-  if constexpr (std::is_base_of_v<py::handle, T>) {
-    return py::reinterpret_borrow<py::object>(value);
-  } else {
-    return py::cast(value);
-  }
-}
-
-// A docstring's signature line, "name(query, key, value, a=1, *, b='x')", and
-// its "    a: ..." entries (wrapped at 79 columns), from the rows: each
-// default is the repr of the call struct's member, as pybind11 shows it.
-class DocBuilder {
- public:
-  explicit DocBuilder(const std::string& function) : line_(function + "(") {}
-  void required(const char* name) { separate() += name; }
-  void keyword_only() { separate() += "*"; }
-  // With a doc, also an entry of the current section (positional or keyword-only).
-  void add(const char* name, const py::object& default_value, const char* doc) {
-    separate() += std::string(name) + "=" + py::repr(default_value).cast<std::string>();
-    if (doc) entries_ += wrap_entry(name, doc);
-    names_ += (names_.empty() ? "" : ", ") + std::string(name);
-  }
-  std::string line() const { return line_ + ")"; }
-  // The entries added since the last call, and the names among them.
-  std::string take_entries() { return std::exchange(entries_, {}); }
-  std::string take_names() { return std::exchange(names_, {}); }
-  // "    name: doc" wrapped at 79 columns, continued 8 columns in.
-  static std::string wrap_entry(const std::string& name, const std::string& doc) {
-    const std::string text = name + ": " + doc;
-    std::string out, row = "   ";
-    std::size_t i = 0;
-    while (i < text.size()) {
-      std::size_t j = text.find(' ', i);
-      if (j == std::string::npos) j = text.size();
-      const std::string word = text.substr(i, j - i);
-      if (row.size() > 8 && row.size() + 1 + word.size() > 79) {
-        out += row + "\n";
-        row = "       ";
-      }
-      row += " " + word;
-      i = j + 1;
-    }
-    return out + row + "\n";
-  }
-
- private:
-  std::string& separate() {
-    if (line_.back() != '(') line_ += ", ";
-    return line_;
-  }
-  std::string line_, entries_, names_;
-};
-
 // The bindings' own keywords, after the shared rows (options.hpp).
 #define MULTIHEAD_FORWARD_FORM(X) \
   X(std::string, form, "fused", , "'fused' (default) or 'textbook' (the lesson's per-head form).")
@@ -585,15 +438,6 @@ struct ForwardCall : ModuleCall {
 struct ForwardContextCall : ModuleCall {
   MULTIHEAD_FORWARD_CONTEXT(MULTIHEAD_OPTION_MEMBER)
 };
-
-// A row as a parameter of a bound lambda, as its py::arg (the default read
-// from the call struct `d`), stored into the call struct `c`, and in the
-// docstring (DocBuilder `b`; _SIG: the signature only).
-#define MULTIHEAD_PY_PARAM(Type, name, def, into, doc) , Type name
-#define MULTIHEAD_PY_ARG(Type, name, def, into, doc) , py::arg(#name) = d.name
-#define MULTIHEAD_PY_STORE(Type, name, def, into, doc) c.name = std::move(name);
-#define MULTIHEAD_PY_DOC(Type, name, def, into, doc) b.add(#name, as_python(d.name), doc);
-#define MULTIHEAD_PY_SIG(Type, name, def, into, doc) b.add(#name, as_python(d.name), nullptr);
 
 // The rows of the module's forwards, in the order of their signatures.
 #define MULTIHEAD_FORWARD_ROWS(EXTRA, M) \
@@ -776,6 +620,8 @@ PYBIND11_MODULE(_multihead, m) {
       .def_property_readonly("dtype", [](const PyForwardContext& c) {
         return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
       });
+
+  bind_grouped_query_attention(m);
 
   m.def("alibi_slopes", &multihead::alibi_slopes, "heads"_a,
         "alibi_slopes(heads) -> list[float]\n\nALiBi's per-head slopes (Press et al. 2022): 2^(-8h/H) for H a "

@@ -55,9 +55,13 @@
   X(std::optional<double>, scale, std::nullopt, a.scale = v,                                               \
     "Multiplies query @ key^T. Default: None (1/sqrt(D)).")
 
-// Keyword-only, not in PyTorch: every attention call (the module's forwards
-// and scaled_dot_product_attention).
-#define MULTIHEAD_ATTENTION_KEYWORDS(X)                                                                   \
+// Keyword-only, not in PyTorch: every attention call (MultiheadAttention's
+// forwards, scaled_dot_product_attention and GroupedQueryAttention's, which
+// takes all but causal_align: its causal rule is its own, bottom-right over
+// the KV cache). In the signatures' order: KERNEL, CAUSAL_ALIGN, SCORE.
+#define MULTIHEAD_ATTENTION_KEYWORDS(X) \
+  MULTIHEAD_KERNEL_KEYWORDS(X) MULTIHEAD_CAUSAL_ALIGN_KEYWORD(X) MULTIHEAD_SCORE_KEYWORDS(X)
+#define MULTIHEAD_KERNEL_KEYWORDS(X)                                                                      \
   X(std::string, masked_rows, "zeros", a.masked_rows = parse_masked_rows(v),                              \
     "What a query gets when every key is masked: 'zeros' (default: zero weights, attention output 0) or " \
     "'nan' (PyTorch 1.13's result).")                                                                     \
@@ -67,10 +71,12 @@
   X(bool, check_finite, false, a.check_finite = v, "Reject NaN or Inf in the inputs (ValueError).")       \
   X(uint64_t, dropout_seed, 0, a.dropout_seed = v,                                                        \
     "Seed of the dropout mask (the module's dropout in training mode; dropout_p in "                      \
-    "scaled_dot_product_attention).")                                                                     \
+    "scaled_dot_product_attention).")
+#define MULTIHEAD_CAUSAL_ALIGN_KEYWORD(X)                                                                 \
   X(std::string, causal_align, "top-left", a.causal_alignment = parse_causal_align(v),                    \
     "Where query i sits when L != S: 'top-left' (position i, PyTorch's is_causal) or 'bottom-right' "     \
-    "(i + S - L). Used by is_causal, window and alibi (docs/semantics.md, \"Positions\").")               \
+    "(i + S - L). Used by is_causal, window and alibi (docs/semantics.md, \"Positions\").")
+#define MULTIHEAD_SCORE_KEYWORDS(X)                                                                       \
   X(std::optional<int64_t>, window, std::nullopt, a.window = v,                                           \
     "Sliding window of w keys: with is_causal a query sees its own position and the w - 1 before it; "    \
     "without, keys less than w away.")                                                                    \
@@ -97,6 +103,13 @@
   X(bool, need_weights, false, , "Also return the weights, (..., L, S). Default: False.") \
   X(std::vector<double>, alibi_slopes, {}, a.alibi_slopes = v,                            \
     "ALiBi, one slope per slice (the product of the leading dimensions); empty (default) = none.")
+
+// Keyword-only: GroupedQueryAttention's forwards only (after the KERNEL and
+// SCORE rows). `heads` is the module's query-head count.
+#define MULTIHEAD_GQA_KEYWORDS(X)                                                                    \
+  X(bool, alibi, false, if (v) a.alibi_slopes = alibi_slopes(heads),                                 \
+    "ALiBi biases -m_h*|p_i - j| with the paper's slopes per query head (alibi_slopes(num_heads)).") \
+  X(std::optional<double>, scale, std::nullopt, a.scale = v, "Multiplies q @ k^T. Default: None (1/sqrt(head_dim)).")
 
 // What the rows expand to. MULTIHEAD_OPTION_MEMBER declares a call struct's
 // member; MULTIHEAD_OPTION_INTO runs a row's `into` on a call struct `o`.
@@ -144,6 +157,23 @@ inline AttentionOptions attention_options(const SdpaCall& o) {
   MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_OPTION_INTO)
   MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_OPTION_INTO)
   MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_OPTION_INTO)
+  return a;
+}
+
+// A GroupedQueryAttention forward's keyword arguments (after x).
+struct GqaCall {
+  MULTIHEAD_KERNEL_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+  MULTIHEAD_SCORE_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+  MULTIHEAD_GQA_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+};
+
+// The module's dropout rate applies in training mode, as MultiheadAttention's.
+inline AttentionOptions gqa_options(const GqaCall& o, int64_t heads, bool training, double dropout) {
+  AttentionOptions a;
+  a.dropout_p = training ? dropout : 0.0;
+  MULTIHEAD_KERNEL_KEYWORDS(MULTIHEAD_OPTION_INTO)
+  MULTIHEAD_SCORE_KEYWORDS(MULTIHEAD_OPTION_INTO)
+  MULTIHEAD_GQA_KEYWORDS(MULTIHEAD_OPTION_INTO)
   return a;
 }
 
