@@ -151,47 +151,76 @@ def _freed_check(ctx, what):
                          "(call the first backward with retain_graph=True to backward twice)") from e
 
 
-class _MultiheadAttentionFunction(torch.autograd.Function):
-    """attn_output, attn_output_weights = f(query, key, value, *parameters):
-    the library's forward_with_context, then its backward."""
+class _LibraryFunction(torch.autograd.Function):
+    """outputs = f(call, *inputs, *parameters): a library module's
+    forward_with_context (call.run), then its backward.
+
+    call (a _Call) carries the non-tensor arguments: the pool of library
+    modules, the parameter names (the library's state_dict order, also the
+    order of *parameters), the input names (the backward's keys for
+    *inputs), the names of the outputs after the first (which get no
+    gradient) and run(module, inputs) -> (outputs, context)."""
 
     @staticmethod
-    def forward(ctx, call, query, key, value, *params):
+    def forward(ctx, call, *tensors):
+        n = len(call.input_names)
+        inputs, params = tensors[:n], tensors[n:]
         core = call.pool.get(call.names, [p.detach() for p in params])
         core.module.train(call.training)  # dropout applies in the library's training mode
-        q, k, v = _arrays(query, key, value)
-        out, weights, saved = core.module.forward_with_context(
-            q, k, v, call.key_padding_mask, call.need_weights, call.attn_mask, call.average_attn_weights,
-            call.is_causal, **call.options)
-        ctx.core, ctx.saved, ctx.lease = core, saved, _Lease()
+        outputs, saved = call.run(core.module, inputs)
+        ctx.core, ctx.saved, ctx.lease, ctx.call = core, saved, _Lease(), call
         core.leases.add(ctx.lease)
-        ctx.names = call.names
-        ctx.self_attention = (key is query, value is query, value is key)
         # An empty tensor, only so that torch frees it after a backward
         # without retain_graph and a second backward is detected (_freed_check).
         ctx.save_for_backward(torch.empty(0))
         ctx.set_materialize_grads(False)
-        # The weights stay "differentiable" so that a loss reaching them gets
-        # an error from backward() rather than a silently missing term.
-        return torch.from_numpy(out), None if weights is None else torch.from_numpy(weights)
+        # Outputs after the first (MHA's weights) stay "differentiable" so that
+        # a loss reaching them gets an error from backward() rather than a
+        # silently missing term.
+        return tuple(None if o is None else torch.from_numpy(o) for o in outputs)
 
     @staticmethod
-    def backward(ctx, d_output, d_weights):
-        _freed_check(ctx, "MultiheadAttention")
-        if d_weights is not None and bool(d_weights.ne(0).any()):
-            raise ValueError("attn_output_weights: no gradient flows through the returned weights "
-                             "(only attn_output is differentiable); detach them")
+    def backward(ctx, d_output, *d_rest):
+        call = ctx.call
+        _freed_check(ctx, call.what)
+        for name, d in zip(call.output_names[1:], d_rest):
+            if d is not None and bool(d.ne(0).any()):
+                raise ValueError(f"{name}: no gradient flows through it (only {call.output_names[0]} "
+                                 "is differentiable); detach it")
         if d_output is None:
-            return (None,) * (4 + len(ctx.names))
+            return (None,) * (1 + len(call.input_names) + len(call.names))
         g = ctx.core.module.backward(ctx.saved, d_output.detach().numpy())
-        grads = [torch.from_numpy(g[n]) for n in ("query", "key", "value")]
-        return (None, *grads, *(torch.from_numpy(g[n]) for n in ctx.names))
+        return (None, *(torch.from_numpy(g[n]) for n in call.input_names),
+                *(torch.from_numpy(g[n]) for n in call.names))
 
 
 class _Call:
-    """One forward's non-tensor arguments, for the Function."""
-    __slots__ = ("pool", "names", "key_padding_mask", "need_weights", "attn_mask", "average_attn_weights",
-                 "is_causal", "options", "training")
+    """One forward's non-tensor arguments, for _LibraryFunction."""
+    __slots__ = ("pool", "names", "input_names", "output_names", "what", "run", "training")
+
+    def __init__(self, pool, what, input_names, output_names, training, run):
+        self.pool, self.names, self.what = pool, pool.names, what
+        self.input_names, self.output_names = input_names, output_names
+        self.training, self.run = training, run
+
+
+def _dropout_options(options, training):
+    """The library's options, with a dropout seed from torch's generator when dropout applies."""
+    options = dict(options)
+    if training and "dropout_seed" not in options:
+        options["dropout_seed"] = int(torch.randint(0, 2**62, (1,)).item())
+    return options
+
+
+def _check_options(options, allowed):
+    for n in options:
+        if n not in allowed:
+            raise TypeError(f"forward() got an unexpected keyword argument '{n}' "
+                            f"(the library's options: {', '.join(allowed)})")
+
+
+def _wants_grad(tensors):
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 class MultiheadAttention(nn.Module):
@@ -284,10 +313,7 @@ class MultiheadAttention(nn.Module):
         library's keyword-only options (masked_rows, kernel, num_threads,
         check_finite, causal_align, window, softcap, alibi, dropout_seed).
         Returns (attn_output, attn_output_weights or None)."""
-        for n in options:
-            if n not in _CORE_OPTIONS:
-                raise TypeError(f"forward() got an unexpected keyword argument '{n}' "
-                                f"(the library's options: {', '.join(_CORE_OPTIONS)})")
+        _check_options(options, _CORE_OPTIONS)
         # The module's dtype is its parameters' (as torch's, whose matmuls
         # refuse a query of another dtype).
         dtype = self.out_proj.weight.dtype
@@ -295,24 +321,22 @@ class MultiheadAttention(nn.Module):
         _check_tensor(key, "key", dtype)
         _check_tensor(value, "value", dtype)
         pool, params = self._parameters_for(dtype)
-        call = _Call()
-        call.pool, call.names = pool, pool.names
-        call.key_padding_mask = _mask_array(key_padding_mask, "key_padding_mask", dtype)
-        call.attn_mask = _mask_array(attn_mask, "attn_mask", dtype)
-        call.need_weights, call.average_attn_weights = bool(need_weights), bool(average_attn_weights)
-        call.is_causal = bool(is_causal)
-        call.options = dict(options)
-        call.training = self.training and self.dropout > 0.0
-        if call.training and "dropout_seed" not in call.options:
-            call.options["dropout_seed"] = int(torch.randint(0, 2**62, (1,)).item())
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value, *params)):
-            return _MultiheadAttentionFunction.apply(call, query, key, value, *params)
+        kpm = _mask_array(key_padding_mask, "key_padding_mask", dtype)
+        am = _mask_array(attn_mask, "attn_mask", dtype)
+        args = (kpm, bool(need_weights), am, bool(average_attn_weights), bool(is_causal))
+        training = self.training and self.dropout > 0.0
+        options = _dropout_options(options, training)
+        if _wants_grad((query, key, value, *params)):
+            def run(module, inputs):
+                out, weights, saved = module.forward_with_context(*_arrays(*inputs), *args, **options)
+                return (out, weights), saved
+            call = _Call(pool, "MultiheadAttention", ("query", "key", "value"),
+                         ("attn_output", "attn_output_weights"), training, run)
+            return _LibraryFunction.apply(call, query, key, value, *params)
         # No gradient wanted: the library's plain forward (no context kept).
         core = pool.get(pool.names, [p.detach() for p in params])
-        core.module.train(call.training)
-        q, k, v = _arrays(query, key, value)
-        out, weights = core.module.forward(q, k, v, call.key_padding_mask, call.need_weights, call.attn_mask,
-                                           call.average_attn_weights, call.is_causal, **call.options)
+        core.module.train(training)
+        out, weights = core.module.forward(*_arrays(query, key, value), *args, **options)
         return torch.from_numpy(out), None if weights is None else torch.from_numpy(weights)
 
     # The library modules (_pools) are caches of the parameters: a copy or a
