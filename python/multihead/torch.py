@@ -223,7 +223,36 @@ def _wants_grad(tensors):
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-class MultiheadAttention(nn.Module):
+class _LibraryModule(nn.Module):
+    """What the torch modules share: a pool of library modules per dtype,
+    holding copies of the torch parameters (_CorePool)."""
+
+    def _library_module(self, np_dtype):
+        raise NotImplementedError
+
+    def _parameters_for(self, dtype):
+        """(pool, parameters in the library's state_dict order), each checked a CPU tensor of `dtype`."""
+        pool = self._pools.get(dtype)
+        if pool is None:
+            pool = self._pools[dtype] = _CorePool(lambda: self._library_module(_DTYPES[dtype]))
+            pool.names = list(self._library_module(_DTYPES[dtype]).state_dict())
+        sd = dict(self.named_parameters())
+        params = []
+        for n in pool.names:
+            p = sd[n]
+            _check_tensor(p, n, dtype)
+            params.append(p)
+        return pool, params
+
+    # The library modules (_pools) are caches of the parameters: a copy or a
+    # pickle of this module leaves them behind and makes its own.
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_pools"] = {}
+        return state
+
+
+class MultiheadAttention(_LibraryModule):
     r"""nn.MultiheadAttention on the library (CPU, float32 or float64).
 
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
@@ -291,21 +320,8 @@ class MultiheadAttention(nn.Module):
                     add_zero_attn=self.add_zero_attn, kdim=self.kdim, vdim=self.vdim,
                     batch_first=self.batch_first)
 
-    def _parameters_for(self, dtype):
-        """(names, tensors) in the library's state_dict order; each a CPU tensor of `dtype`."""
-        sd = dict(self.named_parameters())
-        pool = self._pools.get(dtype)
-        if pool is None:
-            config = self._config()
-            pool = self._pools[dtype] = _CorePool(
-                lambda: _multihead.MultiheadAttention(**config, dtype=_DTYPES[dtype]))
-            pool.names = list(_multihead.MultiheadAttention(**config, dtype=_DTYPES[dtype]).state_dict())
-        params = []
-        for n in pool.names:
-            p = sd[n]
-            _check_tensor(p, n, dtype)
-            params.append(p)
-        return pool, params
+    def _library_module(self, np_dtype):
+        return _multihead.MultiheadAttention(**self._config(), dtype=np_dtype)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, **options):
@@ -339,13 +355,6 @@ class MultiheadAttention(nn.Module):
         out, weights = core.module.forward(*_arrays(query, key, value), *args, **options)
         return torch.from_numpy(out), None if weights is None else torch.from_numpy(weights)
 
-    # The library modules (_pools) are caches of the parameters: a copy or a
-    # pickle of this module leaves them behind and makes its own.
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_pools"] = {}
-        return state
-
     def extra_repr(self):
         c = self._config()
         return ", ".join(f"{k}={v}" for k, v in c.items())
@@ -365,3 +374,120 @@ def replace_attention(model):
             if isinstance(child, nn.MultiheadAttention):
                 setattr(parent, name, MultiheadAttention.from_torch(child))
     return model
+
+
+# GroupedQueryAttention.forward's library options (options.hpp's KERNEL,
+# SCORE and GQA rows).
+_GQA_OPTIONS = ("masked_rows", "kernel", "num_threads", "check_finite", "dropout_seed", "window", "softcap",
+                "alibi", "scale")
+
+
+class GroupedQueryAttention(_LibraryModule):
+    """multihead.GroupedQueryAttention as an nn.Module: grouped-query
+    self-attention, x (B, L, E) -> (B, L, E), batch first.
+
+    GroupedQueryAttention(embed_dim, num_heads, num_kv_heads=None,
+    head_dim=None, bias=False, dropout=0.0, causal=True, rope=None,
+    rope_theta=10000.0, device=None, dtype=None)
+
+    The library's arguments (help(multihead.GroupedQueryAttention)), plus
+    torch's device and dtype. Parameters under Hugging Face LlamaAttention's
+    names, as four nn.Linear: q_proj (H*D <- E), k_proj and v_proj
+    (Hkv*D <- E), o_proj (E <- H*D), initialised as nn.Linear is (from
+    torch's generator). forward(x, cache=None, **options) runs through the
+    library's forward and backward; with a KVCache (make_cache) it decodes,
+    without gradients.
+    """
+
+    def __init__(self, embed_dim, num_heads, num_kv_heads=None, head_dim=None, bias=False, dropout=0.0,
+                 causal=True, rope=None, rope_theta=10000.0, device=None, dtype=None):
+        super().__init__()
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"device: expected the CPU (or None), got {device}")
+        if dtype is not None and dtype not in _DTYPES:
+            raise TypeError(f"dtype: expected torch.float32 or torch.float64 (or None), got {dtype}")
+        self._arguments = dict(embed_dim=embed_dim, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                               head_dim=head_dim, bias=bias, dropout=dropout, causal=causal, rope=rope,
+                               rope_theta=rope_theta)
+        probe = _multihead.GroupedQueryAttention(**self._arguments)  # validates them, naming the argument
+        self.embed_dim, self.num_heads = probe.embed_dim, probe.num_heads
+        self.num_kv_heads, self.head_dim = probe.num_kv_heads, probe.head_dim
+        self.dropout, self.causal, self.rope, self.rope_theta = probe.dropout, probe.causal, probe.rope, rope_theta
+        kw = dict(bias=bias, device=device, dtype=dtype)
+        self.q_proj = nn.Linear(embed_dim, self.num_heads * self.head_dim, **kw)
+        self.k_proj = nn.Linear(embed_dim, self.num_kv_heads * self.head_dim, **kw)
+        self.v_proj = nn.Linear(embed_dim, self.num_kv_heads * self.head_dim, **kw)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, embed_dim, **kw)
+        self._pools = {}
+
+    def _library_module(self, np_dtype):
+        return _multihead.GroupedQueryAttention(**self._arguments, dtype=np_dtype)
+
+    def forward(self, x, cache=None, **options):
+        """x (B, L, E) -> (B, L, E). options: the library's keyword-only
+        options (masked_rows, kernel, num_threads, check_finite,
+        dropout_seed, window, softcap, alibi, scale). With cache=KVCache
+        (make_cache()), the decoding step: no gradient."""
+        _check_options(options, _GQA_OPTIONS)
+        dtype = self.o_proj.weight.dtype
+        _check_tensor(x, "x", dtype)
+        pool, params = self._parameters_for(dtype)
+        training = self.training and self.dropout > 0.0
+        options = _dropout_options(options, training)
+        if _wants_grad((x, *params)):
+            if cache is not None:
+                raise ValueError("cache: decoding with a KVCache has no backward; call it under torch.no_grad()")
+
+            def run(module, inputs):
+                out, saved = module.forward_with_context(inputs[0].detach().numpy(), **options)
+                return (out,), saved
+            call = _Call(pool, "GroupedQueryAttention", ("x",), ("output",), training, run)
+            return _LibraryFunction.apply(call, x, *params)[0]
+        core = pool.get(pool.names, [p.detach() for p in params])
+        core.module.train(training)
+        return torch.from_numpy(core.module.forward(x.detach().numpy(), cache=cache, **options))
+
+    def make_cache(self, batch, max_len, grow=False):
+        """A multihead.KVCache of this module's K/V shape and dtype (for forward(x, cache=...))."""
+        dtype = self.o_proj.weight.dtype
+        if dtype not in _DTYPES:
+            raise TypeError(f"o_proj.weight: expected torch.float32 or torch.float64, got {dtype}")
+        return self._library_module(_DTYPES[dtype]).make_cache(batch, max_len, grow)
+
+    def extra_repr(self):
+        return ", ".join(f"{k}={getattr(self, k)!r}" for k in (
+            "embed_dim", "num_heads", "num_kv_heads", "head_dim", "dropout", "causal", "rope", "rope_theta"))
+
+
+# scaled_dot_product_attention's library options (options.hpp's
+# ATTENTION_KEYWORDS and SDPA_KEYWORDS rows).
+_SDPA_OPTIONS = ("masked_rows", "kernel", "num_threads", "check_finite", "dropout_seed", "causal_align", "window",
+                 "softcap", "need_weights", "alibi_slopes")
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 **options):
+    """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x) on the
+    library: query (..., L, D), key (..., S, D), value (..., S, Dv) ->
+    (..., L, Dv); a bool attn_mask's True means "may attend". Forward only:
+    the library binds no backward for this function, so an input that
+    requires grad (with grad enabled) is a ValueError naming it. With
+    need_weights=True returns (output, weights). Dropout (dropout_p > 0) is
+    the library's, seeded from torch's generator."""
+    _check_options(options, _SDPA_OPTIONS)
+    _check_tensor(query, "query")
+    dtype = query.dtype
+    _check_tensor(key, "key", dtype)
+    _check_tensor(value, "value", dtype)
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if _wants_grad((t,)):
+            raise ValueError(f"{name}: requires_grad=True, but scaled_dot_product_attention has no backward in "
+                             "the library; call it under torch.no_grad() or pass detached tensors "
+                             "(MultiheadAttention and GroupedQueryAttention have one)")
+    mask = _mask_array(attn_mask, "attn_mask", dtype)
+    options = _dropout_options(options, dropout_p > 0.0)
+    r = _multihead.scaled_dot_product_attention(*_arrays(query, key, value), mask, float(dropout_p),
+                                                bool(is_causal), scale, **options)
+    if isinstance(r, tuple):
+        return tuple(torch.from_numpy(a) for a in r)
+    return torch.from_numpy(r)
