@@ -162,3 +162,20 @@ def test_training_reverse_task_matches_torch(capsys):
     assert max(diffs) <= 1e-3, growth
     assert ref_losses[-1] < 0.5 * ref_losses[0], "the model did not learn: the comparison would say little"
     assert ref_acc > 0.9 and abs(ref_acc - our_acc) <= 1 / (256 * LENGTH), (ref_acc, our_acc)
+
+
+def test_readme_drop_in_block_runs_and_trains():
+    """README's multihead.torch block (the ```python block of its "## Python"
+    section that calls replace_attention), run from the README's text."""
+    import os
+    import re
+
+    from conftest import SOURCE_DIR
+    text = open(os.path.join(SOURCE_DIR, "README.md"), encoding="utf-8").read()
+    section = re.search(r"^## Python\n(.*?)^## ", text, flags=re.S | re.M).group(1)
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S) if "replace_attention" in b]
+    assert len(blocks) == 1, f"expected one README block with replace_attention, found {len(blocks)}"
+    ns = {}
+    exec(compile(blocks[0], "README.md (Python: multihead.torch)", "exec"), ns)
+    assert all(isinstance(l.self_attn, mt.MultiheadAttention) for l in ns["model"][1].layers)
+    assert ns["loss"].item() < 2.0, ns["loss"].item()  # from ln(10) = 2.30 at the start
