@@ -34,6 +34,7 @@ Semantics that differ from nn.MultiheadAttention (1.13):
 - is_causal=True applies the causal mask itself (PyTorch 2.x treats it as a
   hint about attn_mask), combined with attn_mask.
 """
+import ast
 import weakref
 
 import numpy as np
@@ -46,10 +47,19 @@ __all__ = ["MultiheadAttention", "replace_attention", "scaled_dot_product_attent
 
 _DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
-# The library's keyword-only options a forward passes through (options.hpp's
-# rows that the training forward takes); anything else is refused by name.
-_CORE_OPTIONS = ("masked_rows", "kernel", "num_threads", "check_finite", "causal_align", "window", "softcap",
-                 "alibi", "dropout_seed")
+def _keyword_only(fn, drop=("context",)):
+    """The keyword-only parameters of a bound call, read from its docstring's
+    signature line (options.hpp's rows; python/tests/test_stubs.py checks
+    that line against the binding), so the options a forward passes
+    through are listed once, in the extension."""
+    tree = ast.parse("def " + fn.__doc__.splitlines()[0] + ": pass")
+    return tuple(a.arg for a in tree.body[0].args.kwonlyargs if a.arg not in drop)
+
+
+# The library's keyword-only options each forward passes through.
+_CORE_OPTIONS = _keyword_only(_multihead.MultiheadAttention.forward_with_context)
+_GQA_OPTIONS = _keyword_only(_multihead.GroupedQueryAttention.forward_with_context)
+_SDPA_OPTIONS = _keyword_only(_multihead.scaled_dot_product_attention)
 
 
 def _check_tensor(t, name, dtype=None):
@@ -326,8 +336,9 @@ class MultiheadAttention(_LibraryModule):
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, **options):
         """nn.MultiheadAttention.forward (1.13), plus is_causal (2.x) and the
-        library's keyword-only options (masked_rows, kernel, num_threads,
-        check_finite, causal_align, window, softcap, alibi, dropout_seed).
+        library's keyword-only options (those of
+        multihead.MultiheadAttention.forward_with_context: masked_rows,
+        kernel, window, softcap, alibi, ...).
         Returns (attn_output, attn_output_weights or None)."""
         _check_options(options, _CORE_OPTIONS)
         # The module's dtype is its parameters' (as torch's, whose matmuls
@@ -376,12 +387,6 @@ def replace_attention(model):
     return model
 
 
-# GroupedQueryAttention.forward's library options (options.hpp's KERNEL,
-# SCORE and GQA rows).
-_GQA_OPTIONS = ("masked_rows", "kernel", "num_threads", "check_finite", "dropout_seed", "window", "softcap",
-                "alibi", "scale")
-
-
 class GroupedQueryAttention(_LibraryModule):
     """multihead.GroupedQueryAttention as an nn.Module: grouped-query
     self-attention, x (B, L, E) -> (B, L, E), batch first.
@@ -425,8 +430,8 @@ class GroupedQueryAttention(_LibraryModule):
 
     def forward(self, x, cache=None, **options):
         """x (B, L, E) -> (B, L, E). options: the library's keyword-only
-        options (masked_rows, kernel, num_threads, check_finite,
-        dropout_seed, window, softcap, alibi, scale). With cache=KVCache
+        options (multihead.GroupedQueryAttention.forward_with_context's:
+        masked_rows, kernel, window, softcap, alibi, scale, ...). With cache=KVCache
         (make_cache()), the decoding step: no gradient."""
         _check_options(options, _GQA_OPTIONS)
         dtype = self.o_proj.weight.dtype
@@ -457,12 +462,6 @@ class GroupedQueryAttention(_LibraryModule):
     def extra_repr(self):
         return ", ".join(f"{k}={getattr(self, k)!r}" for k in (
             "embed_dim", "num_heads", "num_kv_heads", "head_dim", "dropout", "causal", "rope", "rope_theta"))
-
-
-# scaled_dot_product_attention's library options (options.hpp's
-# ATTENTION_KEYWORDS and SDPA_KEYWORDS rows).
-_SDPA_OPTIONS = ("masked_rows", "kernel", "num_threads", "check_finite", "dropout_seed", "causal_align", "window",
-                 "softcap", "need_weights", "alibi_slopes")
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

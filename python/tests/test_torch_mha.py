@@ -279,3 +279,24 @@ def test_training_path_returns_the_librarys_arrays(monkeypatch):
     grads = torch.autograd.grad(out.sum(), [q, k, v, *ours.parameters()])
     for n, g in zip(["query", "key", "value"] + [n for n, _ in ours.named_parameters()], grads):
         assert g.data_ptr() in returned, n
+
+
+def test_library_options_pass_through():
+    """A library option (a causal sliding window of 2 keys) equals torch with
+    the band mask it stands for, gradients included; masked_rows='nan' gives
+    torch 1.13's NaN for a fully masked query."""
+    ref, ours = modules({}, torch.float32)
+    i = torch.arange(L)
+    band = (i[None, :] > i[:, None]) | (i[None, :] <= i[:, None] - 2)
+    x = torch.randn(L, N, E, requires_grad=True)
+    a = ref(x, x, x, attn_mask=band)[0]
+    b = ours(x, x, x, is_causal=True, window=2)[0]
+    close("window=2 output", b, a)
+    close("window=2 d query", torch.autograd.grad(b.sum(), x)[0], torch.autograd.grad(a.sum(), x)[0])
+    kpm = torch.zeros(N, L, dtype=torch.bool)
+    kpm[0] = True
+    with torch.no_grad():
+        assert torch.isnan(ours(x, x, x, key_padding_mask=kpm, masked_rows="nan")[0][:, 0]).all()
+        assert torch.isnan(ref(x, x, x, key_padding_mask=kpm)[0][:, 0]).all()
+        # 'zeros' (the default): attention output 0, so out_proj gives its bias.
+        assert torch.equal(ours(x, x, x, key_padding_mask=kpm)[0][:, 0], ours.out_proj.bias.expand(L, E))
