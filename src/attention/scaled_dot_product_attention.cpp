@@ -60,37 +60,32 @@ int64_t check_mask(const SdpaDims& d, const Mask<T>& mask) {
   return d.L * d.S;
 }
 
-}  // namespace
-}  // namespace detail
-
+// A call's kernel arguments (the forward's, which its backward reads too):
+// dims, mask (converted to additive into `additive`), slopes (into
+// `slopes`), options validated; out/weights/lse are the caller's to set.
 template <class T>
-Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
-                                       const Tensor<T>& value,
-                                       const std::type_identity_t<Mask<T>>* attn_mask,
-                                       const AttentionOptions& options, Tensor<T>* attn_weights) {
-  detail::validate_attention_options(options);
-  const detail::SdpaDims d = detail::check_dims(query, key, value);
-  detail::AttentionTensors<T> tensors;
-  Tensor<T> additive;
+AttentionArgs<T> sdpa_args(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                           const Mask<T>* attn_mask, const AttentionOptions& options, const SdpaDims& d,
+                           Tensor<T>& additive, std::vector<T>& slopes) {
+  validate_attention_options(options);
+  AttentionTensors<T> tensors;
   if (attn_mask) {
-    tensors.attn_mask_slice_stride = detail::check_mask(d, *attn_mask);
+    tensors.attn_mask_slice_stride = check_mask(d, *attn_mask);
     additive = attn_mask->to_additive();
     tensors.attn_mask = additive.data();
   }
   if (options.check_finite) {
-    detail::check_finite("query", query);
-    detail::check_finite("key", key);
-    detail::check_finite("value", value);
+    check_finite("query", query);
+    check_finite("key", key);
+    check_finite("value", value);
   }
-  Tensor<T> out(detail::with_tail(d.lead, d.L, d.Dv));
-  if (attn_weights) *attn_weights = Tensor<T>(detail::with_tail(d.lead, d.L, d.S));
-  detail::AttentionShape shape;
+  AttentionShape shape;
   shape.slices = shape_numel(d.lead);
   shape.q_len = d.L;
   shape.kv_len = shape.causal_cols = d.S;
   shape.head_dim = d.D;
   shape.value_dim = d.Dv;
-  std::vector<T> slopes(options.alibi_slopes.begin(), options.alibi_slopes.end());
+  slopes.assign(options.alibi_slopes.begin(), options.alibi_slopes.end());
   if (!slopes.empty()) {
     if (static_cast<int64_t>(slopes.size()) != shape.slices)
       throw Error(Error::Kind::Shape, "alibi_slopes: expected one slope per slice, " +
@@ -101,17 +96,71 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& 
   tensors.q = query.data();
   tensors.k = key.data();
   tensors.v = value.data();
-  tensors.out = out.data();
-  tensors.weights = attn_weights ? attn_weights->data() : nullptr;
-  detail::attention_forward(detail::make_attention_args(shape, tensors, options), options.kernel);
+  return make_attention_args(shape, tensors, options);
+}
+
+}  // namespace
+}  // namespace detail
+
+template <class T>
+Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
+                                       const Tensor<T>& value,
+                                       const std::type_identity_t<Mask<T>>* attn_mask,
+                                       const AttentionOptions& options, Tensor<T>* attn_weights, Tensor<T>* lse) {
+  const detail::SdpaDims d = detail::check_dims(query, key, value);
+  Tensor<T> additive;
+  std::vector<T> slopes;
+  detail::AttentionArgs<T> args = detail::sdpa_args(query, key, value, attn_mask, options, d, additive, slopes);
+  Tensor<T> out(detail::with_tail(d.lead, d.L, d.Dv));
+  if (attn_weights) *attn_weights = Tensor<T>(detail::with_tail(d.lead, d.L, d.S));
+  Shape lse_shape = d.lead;
+  lse_shape.push_back(d.L);
+  if (lse) *lse = Tensor<T>(lse_shape);
+  args.out = out.data();
+  args.weights = attn_weights ? attn_weights->data() : nullptr;
+  args.lse = lse ? lse->data() : nullptr;
+  detail::attention_forward(args, options.kernel);
   return out;
 }
 
-template Tensor<float> scaled_dot_product_attention<float>(const Tensor<float>&, const Tensor<float>&,
-                                                           const Tensor<float>&, const Mask<float>*,
-                                                           const AttentionOptions&, Tensor<float>*);
-template Tensor<double> scaled_dot_product_attention<double>(const Tensor<double>&, const Tensor<double>&,
-                                                             const Tensor<double>&, const Mask<double>*,
-                                                             const AttentionOptions&, Tensor<double>*);
+template <class T>
+SdpaGradients<T> scaled_dot_product_attention_backward(const Tensor<T>& query, const Tensor<T>& key,
+                                                       const Tensor<T>& value,
+                                                       const std::type_identity_t<Mask<T>>* attn_mask,
+                                                       const AttentionOptions& options, const Tensor<T>& output,
+                                                       const Tensor<T>& lse, const Tensor<T>& d_output) {
+  const detail::SdpaDims d = detail::check_dims(query, key, value);
+  detail::expect_shape("output", output.shape(), detail::with_tail(d.lead, d.L, d.Dv));
+  Shape lse_shape = d.lead;
+  lse_shape.push_back(d.L);
+  detail::expect_shape("lse", lse.shape(), lse_shape);
+  detail::expect_shape("d_output", d_output.shape(), detail::with_tail(d.lead, d.L, d.Dv));
+  Tensor<T> additive;
+  std::vector<T> slopes;
+  detail::AttentionBackwardArgs<T> b;
+  b.forward = detail::sdpa_args(query, key, value, attn_mask, options, d, additive, slopes);
+  b.forward.out = const_cast<T*>(output.data());  // read only (delta_i = <d_out_i, out_i>)
+  SdpaGradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
+  b.lse = lse.data();
+  b.d_out = d_output.data();
+  b.d_q = g.query.data();
+  b.d_k = g.key.data();
+  b.d_v = g.value.data();
+  // Any kernel's backward follows any kernel's forward (they share the
+  // contract's lse and out): the one the forward would pick without weights.
+  detail::run_attention_backward(b, detail::resolve_forward_kernel<T>(options.kernel, /*stores_weights=*/false));
+  return g;
+}
+
+#define MULTIHEAD_SDPA_INSTANTIATE(T)                                                                            \
+  template Tensor<T> scaled_dot_product_attention<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,      \
+                                                     const Mask<T>*, const AttentionOptions&, Tensor<T>*,       \
+                                                     Tensor<T>*);                                               \
+  template SdpaGradients<T> scaled_dot_product_attention_backward<T>(                                           \
+      const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Mask<T>*, const AttentionOptions&,            \
+      const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);
+MULTIHEAD_SDPA_INSTANTIATE(float)
+MULTIHEAD_SDPA_INSTANTIATE(double)
+#undef MULTIHEAD_SDPA_INSTANTIATE
 
 }  // namespace multihead
