@@ -110,7 +110,8 @@ class _Lease:
 
 
 class _Core:
-    """A library module holding one snapshot of the torch parameters.
+    """A library module holding one snapshot of the torch parameters
+    (GroupedQueryAttention; MultiheadAttention reads them in place: _SharedCore).
 
     The library keeps its own copy of the parameters, and refuses a backward
     from a context filled before they changed. So a core is reloaded only
@@ -153,6 +154,30 @@ class _CorePool:
         return core
 
 
+class _SharedCore:
+    """A library MultiheadAttention that reads the torch Parameters' own
+    memory (its share_parameters: no copy), so an optimizer step, which
+    changes them in place, needs nothing reloaded or rebuilt. They are
+    shared anew only when a parameter is another tensor than last time (a
+    new Parameter, `.data = ...`: another data_ptr or shape); one that is not
+    contiguous is shared as a contiguous copy, made again whenever its
+    version changes. A backward after an in-place change of a parameter is
+    refused (_LibraryFunction checks torch's version counters), as torch's
+    own autograd refuses it; gradcheck perturbs through .data, which bumps no
+    version and is read in place."""
+
+    def __init__(self, module, names):
+        self.module, self.names, self.key = module, names, None
+        self.leases = weakref.WeakSet()  # unused: nothing is reloaded under a live context
+
+    def get(self, names, params):
+        key = [(p.data_ptr(), tuple(p.shape), None if p.is_contiguous() else p._version) for p in params]
+        if key != self.key:
+            self.module.share_parameters({n: p.detach().contiguous().numpy() for n, p in zip(names, params)})
+            self.key = key
+        return self
+
+
 def _freed_check(ctx, what):
     try:
         ctx.saved_tensors
@@ -179,6 +204,8 @@ class _LibraryFunction(torch.autograd.Function):
         core.module.train(call.training)  # dropout applies in the library's training mode
         outputs, saved = call.run(core.module, inputs)
         ctx.core, ctx.saved, ctx.lease, ctx.call = core, saved, _Lease(), call
+        ctx.params = params
+        ctx.versions = [p._version for p in params]
         core.leases.add(ctx.lease)
         # An empty tensor, only so that torch frees it after a backward
         # without retain_graph and a second backward is detected (_freed_check).
@@ -199,6 +226,10 @@ class _LibraryFunction(torch.autograd.Function):
                                  "is differentiable); detach it")
         if d_output is None:
             return (None,) * (1 + len(call.input_names) + len(call.names))
+        for name, p, v in zip(call.names, ctx.params, ctx.versions):
+            if p._version != v:
+                raise ValueError(f"{name}: modified in place since the {call.what} forward (version {v}, now "
+                                 f"{p._version}); run the backward before the optimizer step")
         g = ctx.core.module.backward(ctx.saved, d_output.detach().numpy())
         return (None, *(torch.from_numpy(g[n]) for n in call.input_names),
                 *(torch.from_numpy(g[n]) for n in call.names))
@@ -240,12 +271,22 @@ class _LibraryModule(nn.Module):
     def _library_module(self, np_dtype):
         raise NotImplementedError
 
+    # Whether the library module can read the torch Parameters in place
+    # (_SharedCore) rather than hold copies of them (_CorePool).
+    _shares = False
+
     def _parameters_for(self, dtype):
         """(pool, parameters in the library's state_dict order), each checked a CPU tensor of `dtype`."""
         pool = self._pools.get(dtype)
         if pool is None:
-            pool = self._pools[dtype] = _CorePool(lambda: self._library_module(_DTYPES[dtype]))
-            pool.names = list(self._library_module(_DTYPES[dtype]).state_dict())
+            module = self._library_module(_DTYPES[dtype])
+            names = list(module.state_dict())
+            if self._shares:
+                pool = _SharedCore(module, names)
+            else:
+                pool = _CorePool(lambda: self._library_module(_DTYPES[dtype]))
+            pool.names = names
+            self._pools[dtype] = pool
         sd = dict(self.named_parameters())
         params = []
         for n in pool.names:
@@ -329,6 +370,8 @@ class MultiheadAttention(_LibraryModule):
                     bias=self.in_proj_bias is not None, add_bias_kv=self.bias_k is not None,
                     add_zero_attn=self.add_zero_attn, kdim=self.kdim, vdim=self.vdim,
                     batch_first=self.batch_first)
+
+    _shares = True
 
     def _library_module(self, np_dtype):
         return _multihead.MultiheadAttention(**self._config(), dtype=np_dtype)

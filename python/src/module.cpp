@@ -158,6 +158,7 @@ class PyMultiheadAttention {
   // all, as load_state_dict does (shapes checked, derived data rebuilt);
   // earlier contexts are refused by backward() from then on.
   void update_parameters(const py::object& update) {
+    sync_shared();
     MultiheadAttentionParameters<double> p = updated_parameters(config_, params_, dtype_, update);
     validate_parameters(config_, p);
     params_ = std::move(p);
@@ -165,10 +166,36 @@ class PyMultiheadAttention {
     f64_.reset();
   }
 
-  py::dict state_dict() const { return state_dict_of(config_, params_, dtype_); }
+  py::dict state_dict() {
+    if (!shared_.empty()) master_from_shared();
+    return state_dict_of(config_, params_, dtype_);
+  }
+
+  // share_parameters(arrays): the computing module of the module's dtype
+  // reads its parameters from the arrays' memory at every call (no copy);
+  // their changes in place are seen by the next call. It multiplies by the
+  // weights as stored (FusedPaths::transposed_weights off: transposed
+  // copies could go stale). A backward uses the values the memory holds
+  // then (multihead.torch checks torch's version counters for that).
+  void share_parameters(const py::object& arrays) {
+    std::vector<py::array> held;
+    if (dtype_ == Precision::F64) {
+      auto p = shared_parameters<MultiheadAttentionParameters<double>>(config_, arrays, held);
+      f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, std::move(p));
+    } else {
+      auto p = shared_parameters<MultiheadAttentionParameters<float>>(config_, arrays, held);
+      f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, std::move(p));
+    }
+    shared_ = std::move(held);
+    // The other dtype's module (a float64 query to a float32 module) is
+    // built from the master copy, brought up to date first.
+    (dtype_ == Precision::F64 ? f32_.reset() : f64_.reset());
+  }
+  bool shares_parameters() const { return !shared_.empty(); }
 
   // Returns (missing_keys, unexpected_keys), as torch's _IncompatibleKeys.
   py::tuple load_state_dict(const py::object& state_dict, bool strict) {
+    sync_shared();
     auto [p, keys] = loaded_parameters(config_, params_, dtype_, state_dict, strict, "MultiheadAttention");
     validate_parameters(config_, p);  // names the parameter, expected and actual shape
     params_ = std::move(p);
@@ -178,7 +205,10 @@ class PyMultiheadAttention {
   }
 
   std::shared_ptr<const BasicMultiheadAttention<double>> module_f64() {
-    if (!f64_) f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, params_);
+    if (!f64_) {
+      if (!shared_.empty()) master_from_shared();
+      f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, params_);
+    }
     return f64_;
   }
 
@@ -190,7 +220,10 @@ class PyMultiheadAttention {
     if constexpr (std::is_same_v<T, double>) {
       return module_f64();
     } else {
-      if (!f32_) f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, cast_parameters<float>(params_));
+      if (!f32_) {
+        if (!shared_.empty()) master_from_shared();
+        f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, cast_parameters<float>(params_));
+      }
       return f32_;
     }
   }
@@ -205,7 +238,7 @@ class PyMultiheadAttention {
     HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
     const HeldMask<T> kpm = mask_arg<T>(o.key_padding_mask, "key_padding_mask");
     const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask");
-    const ForwardOptions<T> fo = forward_options<T>(o, training, kpm.get(), am.get());
+    const ForwardOptions<T> fo = for_module(forward_options<T>(o, training, kpm.get(), am.get()));
     const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
 
     ForwardResult<T> r;
@@ -236,7 +269,7 @@ class PyMultiheadAttention {
     // The masks live for this call only: the context copies them.
     const HeldMask<T> kpm = mask_arg<T>(o.key_padding_mask, "key_padding_mask");
     const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask");
-    const ForwardOptions<T> fo = forward_options<T>(o, training, kpm.get(), am.get());
+    const ForwardOptions<T> fo = for_module(forward_options<T>(o, training, kpm.get(), am.get()));
     const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
     ForwardContext<T>& ctx = c.get<T>();
     c.dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
@@ -267,9 +300,31 @@ class PyMultiheadAttention {
     return out;
   }
 
+  // The master copy from the shared arrays' current values.
+  void master_from_shared() {
+    params_ = dtype_ == Precision::F64 ? f64_->parameters()
+                                       : cast_parameters<double>(f32_->parameters());
+  }
+  // update_parameters and load_state_dict end the sharing: the module takes
+  // its own copy again (of the shared values, then updated or loaded).
+  void sync_shared() {
+    if (shared_.empty()) return;
+    master_from_shared();
+    shared_.clear();
+    f32_.reset();
+    f64_.reset();
+  }
+  // The shared module of this dtype multiplies by the weights as stored.
+  template <class T>
+  ForwardOptions<T> for_module(ForwardOptions<T> fo) const {
+    if (!shared_.empty() && (dtype_ == Precision::F64) == std::is_same_v<T, double>) fo.paths.transposed_weights = false;
+    return fo;
+  }
+
   MultiheadAttentionConfig config_;
   Precision dtype_;
   MultiheadAttentionParameters<double> params_;  // master copy, float32 values when dtype_ is F32
+  std::vector<py::array> shared_;                // the arrays share_parameters() views, or empty
   std::shared_ptr<const BasicMultiheadAttention<float>> f32_;
   std::shared_ptr<const BasicMultiheadAttention<double>> f64_;
 };
@@ -688,6 +743,17 @@ PYBIND11_MODULE(_multihead, m) {
            "Contexts from before the update are refused by backward().\n\n"
            "    g = mha.backward(ctx, d_out)\n"
            "    mha.update_parameters(lambda name, p: p - lr * g[name])")
+      .def("share_parameters", &PyMultiheadAttention::share_parameters, "arrays"_a,
+           "share_parameters(self, arrays) -> None\n\n"
+           "From now on the module reads its parameters from the memory of `arrays` (a dict under\n"
+           "state_dict's names, every parameter, each a C-contiguous array of the module's dtype and of its\n"
+           "shape: TypeError / ValueError naming it), with no copy: changes made to them in place are seen\n"
+           "by the next call, with nothing to reload (multihead.torch shares the torch Parameters so).\n"
+           "A backward reads the values they hold then. state_dict() copies their current values;\n"
+           "update_parameters() and load_state_dict() end the sharing (the module takes its own copy).\n"
+           "The arrays are kept alive while shared.")
+      .def_property_readonly("shares_parameters", &PyMultiheadAttention::shares_parameters,
+           "True after share_parameters(), until update_parameters() or load_state_dict().")
       .def("state_dict", &PyMultiheadAttention::state_dict,
            "state_dict(self) -> dict\n\nA new dict of the parameters under PyTorch's names (copies, in the module's dtype).")
       .def("load_state_dict", &PyMultiheadAttention::load_state_dict, "state_dict"_a, "strict"_a = true,

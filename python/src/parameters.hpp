@@ -146,4 +146,48 @@ std::pair<Params, py::tuple> loaded_parameters(const Config& c, const Params& cu
   return {std::move(p), py::make_tuple(missing, unexpected)};
 }
 
+// share_parameters(arrays): the module's parameters as views of the
+// arrays' own memory (no copy), each present row required as a C-contiguous
+// array of dtype T and of the row's shape (TypeError / ValueError naming it);
+// the arrays are appended to `held`, which keeps them alive.
+template <class ToParams, class Config>
+ToParams shared_parameters(const Config& c, const py::object& arrays, std::vector<py::array>& held) {
+  using T = typename decltype(ToParams{}.out_proj_weight)::value_type;
+  if (!py::isinstance<py::dict>(arrays))
+    throw py::type_error("arrays: expected a dict of names to arrays, got " +
+                         py::str(py::type::of(arrays)).cast<std::string>());
+  const py::dict d = arrays.cast<py::dict>();
+  ToParams out;
+  std::size_t used = 0;
+  for_each_parameter(c, out, [&](const ParameterInfo& info, Tensor<T>& slot) {
+    if (!info.present) return;
+    if (!d.contains(info.name))
+      throw Error(Error::Kind::Missing, std::string(info.name) + ": missing from arrays (share_parameters needs every parameter)");
+    ++used;
+    const py::object obj = d[info.name];
+    if (!py::isinstance<py::array>(obj))
+      throw py::type_error(std::string(info.name) + ": expected a NumPy array, got " +
+                           py::str(py::type::of(obj)).cast<std::string>());
+    const py::array a = obj.cast<py::array>();
+    if (!py::array_t<T, py::array::c_style>::check_(a))
+      throw py::type_error(std::string(info.name) + ": expected a C-contiguous " + (sizeof(T) == 8 ? "float64" : "float32") +
+                           " array (the module's dtype; shared, not copied), got a " + dtype_name(a) +
+                           (a.flags() & py::array::c_style ? "" : " non-contiguous") + " array");
+    const Shape shape(a.shape(), a.shape() + a.ndim());
+    if (shape != info.shape)
+      throw Error(Error::Kind::Shape, std::string(info.name) + ": expected shape " + shape_to_string(info.shape) +
+                                          ", got " + shape_to_string(shape));
+    slot = Tensor<T>::view(shape, const_cast<T*>(static_cast<const T*>(a.data())));
+    held.push_back(a);
+  });
+  if (used != d.size())
+    for (const auto& kv : d) {
+      const std::string n = py::str(kv.first).cast<std::string>();
+      bool known = false;
+      for_each_parameter(c, [&](const ParameterInfo& info) { known = known || (info.present && n == info.name); });
+      if (!known) throw Error(Error::Kind::Value, n + ": not a parameter of this module (unexpected in arrays)");
+    }
+  return out;
+}
+
 }  // namespace multihead::python

@@ -135,13 +135,23 @@ def test_gradient_through_the_weights_names_them(mha):
     assert q.grad is not None
 
 
-def test_backward_after_a_parameter_update_uses_the_forwards_parameters(mha):
-    """The context keeps the library module of its forward (torch would
-    refuse: its saved weights were modified in place)."""
+def test_backward_after_a_parameter_update_is_refused_naming_it(mha):
+    """The library module reads the Parameters' memory (no copy), so a
+    backward after they changed in place would mix old and new values: it
+    is refused naming the parameter, as torch's own module refuses it (its
+    saved weights were modified in place). A forward meanwhile is fine."""
     q, k, v = qkv(grad=True)
     out, _ = mha(q, k, v)
-    expected = torch.autograd.grad(out.sum(), [q], retain_graph=True)[0]
     with torch.no_grad():
         mha.in_proj_weight.mul_(3)
         mha(q, k, v)  # a forward with the new parameters meanwhile
-    assert torch.equal(torch.autograd.grad(out.sum(), [q])[0], expected)
+    with pytest.raises(ValueError, match=r"in_proj_weight: modified in place since the MultiheadAttention forward"):
+        torch.autograd.grad(out.sum(), [q])
+    ref = nn.MultiheadAttention(E, H)
+    out_ref, _ = ref(q, k, v)
+    with torch.no_grad():
+        ref.in_proj_weight.mul_(3)
+    with pytest.raises(RuntimeError, match="inplace"):
+        torch.autograd.grad(out_ref.sum(), [q])
+    out, _ = mha(q, k, v)  # a new forward reads the new values
+    assert torch.autograd.grad(out.sum(), [q])[0] is not None
