@@ -204,6 +204,58 @@ def test_parameters_follow_in_place_updates_and_dtype_changes():
     close("after .double()", ours(xd, xd, xd)[0], ref(xd, xd, xd)[0])
 
 
+class _CountingModule:
+    """A library module, counting its share_parameters calls."""
+
+    def __init__(self, module):
+        self.module, self.shares = module, 0
+
+    def share_parameters(self, arrays):
+        self.shares += 1
+        return self.module.share_parameters(arrays)
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+
+def test_optimizer_steps_reload_nothing_and_match_torch():
+    """The library module reads the Parameters' memory: AdamW steps (in
+    place) are seen with no share_parameters call (nothing copied or
+    rebuilt), outputs and gradients equal torch's at every step; a
+    Parameter replaced (.data =) or made non-contiguous is shared anew."""
+    ref, ours = modules({}, torch.float32)
+    x = torch.randn(L, N, E)
+    opts = [torch.optim.AdamW(m.parameters(), lr=0.05) for m in (ref, ours)]
+    ours(x, x, x)  # makes the library module
+    core = ours._pools[torch.float32]
+    core.module = counting = _CountingModule(core.module)
+    for step in range(3):
+        outs = []
+        for m, opt in zip((ref, ours), opts):
+            out, _ = m(x, x, x)
+            out.square().sum().backward()
+            outs.append((out, {n: p.grad.clone() for n, p in m.named_parameters()}))
+            opt.step()
+            opt.zero_grad()
+        close(f"step {step} output", outs[1][0], outs[0][0])
+        for n, g in outs[0][1].items():
+            close(f"step {step} {n}.grad", outs[1][1][n], g)
+    assert counting.shares == 0
+    with torch.no_grad():
+        ref.out_proj.weight.data = ref.out_proj.weight.data.clone()  # the checker can fail: another tensor
+        ours.out_proj.weight.data = ours.out_proj.weight.data.clone()
+    close("after .data =", ours(x, x, x)[0], ref(x, x, x)[0])
+    assert counting.shares == 1
+    w = ours.in_proj_weight.data
+    ours.in_proj_weight.data = w.t().contiguous().t()  # same values, not contiguous
+    close("non-contiguous", ours(x, x, x)[0], ref(x, x, x)[0])
+    with torch.no_grad():
+        ours.in_proj_weight.mul_(2)
+        ref.in_proj_weight.mul_(2)
+    close("non-contiguous, changed in place", ours(x, x, x)[0], ref(x, x, x)[0])
+    assert counting.shares == 3
+
+
 def test_zero_copy_by_data_pointers():
     """Contiguous float32 query/key/value and a bool mask are read in place,
     and attn_output / attn_output_weights are the library's own buffers."""
