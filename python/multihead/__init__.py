@@ -9,7 +9,9 @@ The C++ library `multihead` through pybind11 (the extension `_multihead`):
 - MultiheadAttention: torch.nn.MultiheadAttention's arguments, forward,
   state_dict() and load_state_dict(); training: forward_with_context(),
   backward(context, d_output) -> gradients, update_parameters(update).
-- scaled_dot_product_attention: torch.nn.functional's (PyTorch 2.x).
+- scaled_dot_product_attention: torch.nn.functional's (PyTorch 2.x);
+  training: scaled_dot_product_attention_with_context(), then
+  scaled_dot_product_attention_backward(context, d_output).
 - GroupedQueryAttention: grouped-query attention (Llama's layout, RoPE),
   in MultiheadAttention's dialect; KVCache and forward(x, cache=...) for
   step-by-step decoding.
@@ -48,7 +50,10 @@ from ._multihead import (  # noqa: F401
     rotary_embedding,
     rotary_embedding_backward,
     save_weights,
+    SdpaContext,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_with_context,
     set_threads,
     simd_target_current,
     simd_target_force,
@@ -63,6 +68,9 @@ __all__ = [
     "MultiheadAttention",
     "ForwardContext",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_with_context",
+    "scaled_dot_product_attention_backward",
+    "SdpaContext",
     "GroupedQueryAttention",
     "GroupedQueryContext",
     "KVCache",

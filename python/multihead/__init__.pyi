@@ -372,6 +372,36 @@ def scaled_dot_product_attention(
     need_weights: Literal[True],
     alibi_slopes: Sequence[float] = [],
 ) -> Tuple[np.ndarray, np.ndarray]: ...
+def scaled_dot_product_attention_with_context(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    attn_mask: Optional[ArrayLike] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    *,
+    masked_rows: MaskedRows = "zeros",
+    kernel: Kernel = "auto",
+    num_threads: int = 0,
+    check_finite: bool = False,
+    dropout_seed: int = 0,
+    causal_align: CausalAlign = "top-left",
+    window: Optional[int] = None,
+    softcap: Optional[float] = None,
+    need_weights: bool = False,
+    alibi_slopes: Sequence[float] = [],
+) -> Tuple[np.ndarray, Optional[np.ndarray], "SdpaContext"]: ...
+def scaled_dot_product_attention_backward(
+    context: "SdpaContext", d_output: ArrayLike
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+class SdpaContext:
+    """What scaled_dot_product_attention_with_context keeps for its backward."""
+
+    @property
+    def dtype(self) -> np.dtype: ...
+
 def alibi_slopes(heads: int) -> List[float]: ...
 def rotary_embedding(
     x: ArrayLike, convention: RopeConvention = "half-split", theta: float = 10000.0, position_offset: int = 0

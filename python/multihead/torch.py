@@ -12,7 +12,8 @@
 - replace_attention(model): swaps every nn.MultiheadAttention inside a model
   for ours, keeping the very Parameter objects (an optimizer made before
   still updates them).
-- scaled_dot_product_attention: torch 2.x's functional, forward only.
+- scaled_dot_product_attention: torch 2.x's functional, with the library's
+  backward.
 - GroupedQueryAttention: the library's grouped-query module, when the
   extension binds it.
 
@@ -507,29 +508,60 @@ class GroupedQueryAttention(_LibraryModule):
             "embed_dim", "num_heads", "num_kv_heads", "head_dim", "dropout", "causal", "rope", "rope_theta"))
 
 
+class _SdpaCore:
+    """scaled_dot_product_attention as _LibraryFunction's "module": no
+    parameters; forward_with_context is the extension's
+    scaled_dot_product_attention_with_context (call.run), backward its
+    scaled_dot_product_attention_backward."""
+    names = []
+    leases = weakref.WeakSet()
+
+    def __init__(self):
+        self.module = self
+
+    def get(self, names, params):
+        return self
+
+    def train(self, mode):
+        return self
+
+    def backward(self, saved, d_output):
+        d_query, d_key, d_value = _multihead.scaled_dot_product_attention_backward(saved, d_output)
+        return {"query": d_query, "key": d_key, "value": d_value}
+
+
+_SDPA = _SdpaCore()
+
+
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  **options):
     """torch.nn.functional.scaled_dot_product_attention (PyTorch 2.x) on the
     library: query (..., L, D), key (..., S, D), value (..., S, Dv) ->
-    (..., L, Dv); a bool attn_mask's True means "may attend". Forward only:
-    the library binds no backward for this function, so an input that
-    requires grad (with grad enabled) is a ValueError naming it. With
-    need_weights=True returns (output, weights). Dropout (dropout_p > 0) is
-    the library's, seeded from torch's generator."""
+    (..., L, Dv); a bool attn_mask's True means "may attend". Differentiable
+    in query, key and value (the library's scaled_dot_product_attention_backward,
+    through a torch.autograd.Function; no gradient reaches the mask, which
+    must not require one). With need_weights=True returns (output, weights),
+    the weights not differentiable. Dropout (dropout_p > 0) is the
+    library's, seeded from torch's generator (its backward drops the same
+    elements)."""
     _check_options(options, _SDPA_OPTIONS)
     _check_tensor(query, "query")
     dtype = query.dtype
     _check_tensor(key, "key", dtype)
     _check_tensor(value, "value", dtype)
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if _wants_grad((t,)):
-            raise ValueError(f"{name}: requires_grad=True, but scaled_dot_product_attention has no backward in "
-                             "the library; call it under torch.no_grad() or pass detached tensors "
-                             "(MultiheadAttention and GroupedQueryAttention have one)")
     mask = _mask_array(attn_mask, "attn_mask", dtype)
     options = _dropout_options(options, dropout_p > 0.0)
-    r = _multihead.scaled_dot_product_attention(*_arrays(query, key, value), mask, float(dropout_p),
-                                                bool(is_causal), scale, **options)
+    args = (mask, float(dropout_p), bool(is_causal), scale)
+    if _wants_grad((query, key, value)):
+        def run(module, inputs):
+            out, weights, saved = _multihead.scaled_dot_product_attention_with_context(*_arrays(*inputs), *args,
+                                                                                      **options)
+            return (out, weights), saved
+        call = _Call(_SDPA, "scaled_dot_product_attention", ("query", "key", "value"), ("output", "weights"),
+                     False, run)
+        out, weights = _LibraryFunction.apply(call, query, key, value)
+        return (out, weights) if options.get("need_weights", False) else out
+    r = _multihead.scaled_dot_product_attention(*_arrays(query, key, value), *args, **options)
     if isinstance(r, tuple):
         return tuple(torch.from_numpy(a) for a in r)
     return torch.from_numpy(r)

@@ -329,21 +329,48 @@ class PyMultiheadAttention {
   std::shared_ptr<const BasicMultiheadAttention<double>> f64_;
 };
 
+// What scaled_dot_product_attention_with_context keeps for
+// scaled_dot_product_attention_backward: the inputs and the output (the
+// arrays themselves, held: no copy; a converted input's converted copy),
+// the mask as the kernel read it, each row's log-sum-exp and the options.
 template <class T>
-py::object sdpa(const py::array& query, const py::object& key, const py::object& value, const SdpaCall& o) {
+struct SdpaSaved {
+  HeldTensor<T> q, k, v, out;
+  HeldMask<T> mask;
+  Tensor<T> lse;
+};
+
+class PySdpaContext {
+ public:
+  Precision dtype = Precision::F32;
+  AttentionOptions options;
+  std::unique_ptr<SdpaSaved<float>> f32;
+  std::unique_ptr<SdpaSaved<double>> f64;
+  template <class T>
+  std::unique_ptr<SdpaSaved<T>>& get() {
+    if constexpr (std::is_same_v<T, double>) return f64;
+    else return f32;
+  }
+  bool empty() const { return !f32 && !f64; }
+};
+
+template <class T>
+py::object sdpa(const py::array& query, const py::object& key, const py::object& value, const SdpaCall& o,
+                PySdpaContext* context = nullptr) {
   HeldTensor<T> q = float_tensor<T>(query, "query");
   HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
   HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
   // torch.nn.functional.scaled_dot_product_attention: a bool True means
   // "may attend", the opposite of the library's (and MHA's) convention.
-  const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask", /*invert=*/true);
+  HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask", /*invert=*/true);
   const AttentionOptions ao = attention_options(o);
   Tensor<T> out;
   Tensor<T> weights;
+  Tensor<T> lse;
   {
     py::gil_scoped_release nogil;
     out = scaled_dot_product_attention<T>(q.tensor, k.tensor, v.tensor, am.get(), ao,
-                                          o.need_weights ? &weights : nullptr);
+                                          o.need_weights ? &weights : nullptr, context ? &lse : nullptr);
   }
   auto& a = last_call_addresses();
   a.clear();
@@ -351,8 +378,39 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
   a["key"] = address(k.tensor);
   a["value"] = address(v.tensor);
   a["output"] = address(out);
+  if (context) {
+    py::array out_array = to_numpy(std::move(out));
+    auto saved = std::make_unique<SdpaSaved<T>>();
+    saved->out = float_tensor<T>(out_array, "output");  // a view of the returned array
+    saved->q = std::move(q);
+    saved->k = std::move(k);
+    saved->v = std::move(v);
+    saved->lse = std::move(lse);
+    context->options = ao;
+    context->dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
+    context->f32.reset();
+    context->f64.reset();
+    // The mask as the kernel read it: the caller's array (viewed) or the
+    // inverted copy of a boolean one.
+    saved->mask = std::move(am);
+    context->get<T>() = std::move(saved);
+    return py::make_tuple(out_array, o.need_weights ? to_numpy(std::move(weights)) : py::object(py::none()));
+  }
   if (!o.need_weights) return to_numpy(std::move(out));
   return py::make_tuple(to_numpy(std::move(out)), to_numpy(std::move(weights)));
+}
+
+template <class T>
+py::tuple sdpa_backward(PySdpaContext& c, const py::object& d_output) {
+  HeldTensor<T> d = float_tensor<T>(d_output, "d_output");
+  const SdpaSaved<T>& s = *c.get<T>();
+  SdpaGradients<T> g;
+  {
+    py::gil_scoped_release nogil;
+    g = scaled_dot_product_attention_backward<T>(s.q.tensor, s.k.tensor, s.v.tensor, s.mask.get(), c.options,
+                                                 s.out.tensor, s.lse, d.tensor);
+  }
+  return py::make_tuple(to_numpy(std::move(g.query)), to_numpy(std::move(g.key)), to_numpy(std::move(g.value)));
 }
 
 PyMultiheadAttention load(const std::string& path, const std::optional<std::string>& prefix,
@@ -687,9 +745,20 @@ std::string forward_with_context_doc() {
   return b.line() + "\n" + kForwardWithContextDoc + "\nKeyword-only:\n" + b.take_entries();
 }
 
-std::string sdpa_doc() {
+const char* const kSdpaWithContextDoc = R"doc(
+The training forward of scaled_dot_product_attention (the same arguments
+and output), also keeping what scaled_dot_product_attention_backward needs:
+the inputs and the output (held, not copied: change none of them in place
+before the backward), the mask, each row's log-sum-exp and the options
+(dropout's keep decisions are regenerated from dropout_seed).
+
+Returns:
+    (output, weights or None, context): context is an SdpaContext.
+)doc";
+
+std::string sdpa_doc(const std::string& name = "scaled_dot_product_attention") {
   const SdpaCall d;
-  DocBuilder b("scaled_dot_product_attention");
+  DocBuilder b(name);
   for (const char* t : {"query", "key", "value"}) b.required(t);
   MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_DOC)
   const std::string positional = b.take_entries();
@@ -698,8 +767,10 @@ std::string sdpa_doc() {
   MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_SIG)
   const std::string shared = b.take_names();
   MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_DOC)
-  return b.line() + "\n" + kSdpaIntroDoc + positional + "\nKeyword-only (not in PyTorch):\n" + b.take_entries() +
-         DocBuilder::wrap_entry(shared, "as in MultiheadAttention.forward.") + kSdpaReturnsDoc;
+  return b.line() + "\n" + (name == "scaled_dot_product_attention" ? kSdpaIntroDoc : kSdpaWithContextDoc) +
+         positional + "\nKeyword-only (not in PyTorch):\n" + b.take_entries() +
+         DocBuilder::wrap_entry(shared, "as in MultiheadAttention.forward.") +
+         (name == "scaled_dot_product_attention" ? kSdpaReturnsDoc : "");
 }
 
 }  // namespace
@@ -835,6 +906,51 @@ PYBIND11_MODULE(_multihead, m) {
         sdpa_doc().c_str(), "query"_a, "key"_a, "value"_a MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_ARG), py::kw_only()
             MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_ARG) MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_ARG));
   }
+  {
+    const SdpaCall d;
+    m.def(
+        "scaled_dot_product_attention_with_context",
+        [](const py::object& query, const py::object& key, const py::object& value MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_PARAM)) {
+          SdpaCall c;
+          MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_STORE)
+          const py::array q = as_numpy(query);
+          const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
+          py::object ctx = py::cast(PySdpaContext());
+          PySdpaContext& context = ctx.cast<PySdpaContext&>();
+          const py::tuple r = precision_of(q, "query") == Precision::F64 ? sdpa<double>(q, k, v, c, &context)
+                                                                          : sdpa<float>(q, k, v, c, &context);
+          return py::make_tuple(r[0], r[1], ctx);
+        },
+        sdpa_doc("scaled_dot_product_attention_with_context").c_str(), "query"_a, "key"_a,
+        "value"_a MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_ARG), py::kw_only()
+            MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_ARG) MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_ARG));
+  }
+  m.def(
+      "scaled_dot_product_attention_backward",
+      [](const py::object& context, const py::object& d_output) {
+        if (!py::isinstance<PySdpaContext>(context))
+          throw py::type_error("context: expected a multihead.SdpaContext (from "
+                               "scaled_dot_product_attention_with_context), got " +
+                               py::str(py::type::of(context)).cast<std::string>());
+        PySdpaContext& c = context.cast<PySdpaContext&>();
+        if (c.empty())
+          throw Error(Error::Kind::Value, "context: empty SdpaContext; get one from "
+                                          "scaled_dot_product_attention_with_context()");
+        return c.dtype == Precision::F64 ? sdpa_backward<double>(c, d_output) : sdpa_backward<float>(c, d_output);
+      },
+      "context"_a, "d_output"_a,
+      "scaled_dot_product_attention_backward(context, d_output) -> (d_query, d_key, d_value)\n\n"
+      "The gradients of a loss l given d_output = dl/d(output), (..., L, Dv), for the forward that filled\n"
+      "`context` (scaled_dot_product_attention_with_context), in its dtype and the inputs' shapes:\n"
+      "the kernels' own backward (no gradient reaches the mask). ValueError naming d_output if its\n"
+      "shape is wrong. The GIL is released while computing.");
+  py::class_<PySdpaContext>(m, "SdpaContext",
+                            "What scaled_dot_product_attention_with_context keeps for\n"
+                            "scaled_dot_product_attention_backward: the inputs and output (held, not copied),\n"
+                            "the mask, each row's log-sum-exp and the options.")
+      .def_property_readonly("dtype", [](const PySdpaContext& c) {
+        return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
+      });
 
   py::class_<PyForwardContext>(m, "ForwardContext",
                                "What MultiheadAttention.forward_with_context keeps for backward(): copies of the\n"

@@ -157,11 +157,83 @@ def test_sdpa_equals_the_formula(kw):
     assert (out.double() - ref).abs().max().item() <= 1e-6
 
 
-def test_sdpa_refuses_inputs_that_want_a_gradient():
+# The gradient cases: (name, kwargs); masks leave every row a key.
+def sdpa_grad_cases():
+    g = torch.Generator().manual_seed(3)
+    bool2d = torch.rand(5, 7, generator=g) < 0.6
+    bool2d[:, 0] = True
+    return [
+        ("plain", {}),
+        ("causal", dict(is_causal=True)),
+        ("scale", dict(scale=0.3)),
+        ("bool-mask-2d", dict(attn_mask=bool2d)),
+        ("float-mask-4d", dict(attn_mask=torch.randn(2, 3, 5, 7, generator=g))),
+        ("causal-bool-mask-scale", dict(attn_mask=bool2d, is_causal=True, scale=1.7)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6), ids=[n for n, _ in sdpa_grad_cases()])
+def test_sdpa_gradcheck_float64(case):
+    _, kw = sdpa_grad_cases()[case]
+    kw = {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in kw.items()}
+    g = torch.Generator().manual_seed(case)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=g, dtype=torch.float64, requires_grad=True) for n in (5, 7, 7))
+    assert torch.autograd.gradcheck(lambda q, k, v: mt.scaled_dot_product_attention(q, k, v, **kw), (q, k, v))
+
+
+def test_sdpa_gradcheck_float64_self_attention_and_dropout():
+    """One tensor as query, key and value (three gradients summed by
+    autograd), and dropout with a fixed seed (the backward drops the same
+    elements)."""
+    x = torch.randn(2, 6, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: mt.scaled_dot_product_attention(x, x, x, is_causal=True), (x,))
+    q, k, v = (torch.randn(2, n, 4, dtype=torch.float64, requires_grad=True) for n in (5, 7, 7))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: mt.scaled_dot_product_attention(q, k, v, dropout_p=0.3, dropout_seed=11), (q, k, v))
+
+
+@pytest.mark.parametrize("case", range(6), ids=[n for n, _ in sdpa_grad_cases()])
+def test_sdpa_float32_gradients_equal_the_formula(case):
+    """float32 gradients within 1e-5 of float64 autograd through the plain-torch formula."""
+    _, kw = sdpa_grad_cases()[case]
+    g = torch.Generator().manual_seed(10 + case)
+    q, k, v = (torch.randn(2, 3, n, 4, generator=g, requires_grad=True) for n in (5, 7, 7))
+    d = torch.randn(2, 3, 5, 4, generator=g)
+    out = mt.scaled_dot_product_attention(q, k, v, **kw)
+    ours = torch.autograd.grad(out, (q, k, v), d)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref = sdpa_formula(*ref_in, kw.get("attn_mask"), kw.get("is_causal", False), kw.get("scale"))
+    refs = torch.autograd.grad(ref, ref_in, d.double())
+    for name, a, b in zip(("query", "key", "value"), ours, refs):
+        assert a.dtype == torch.float32 and a.shape == b.shape
+        assert (a.double() - b).abs().max().item() <= 1e-5, name
+
+
+def test_sdpa_hostile_gradients():
     q = torch.randn(2, 5, 4, requires_grad=True)
-    with pytest.raises(ValueError, match="query: requires_grad"):
-        mt.scaled_dot_product_attention(q, q.detach(), q.detach())
+    mask = torch.ones(5, 5, requires_grad=True)
+    with pytest.raises(ValueError, match="attn_mask: requires_grad"):
+        mt.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    out = mt.scaled_dot_product_attention(q, q, q)
+    out.sum().backward()
+    with pytest.raises(ValueError, match="context"):
+        out.sum().backward()
+    out, w = mt.scaled_dot_product_attention(q, q, q, need_weights=True)
+    assert w.shape == (2, 5, 5)
+    with pytest.raises(ValueError, match="weights: no gradient flows through it"):
+        (out.sum() + w.sum()).backward()
     with torch.no_grad():
         assert mt.scaled_dot_product_attention(q, q, q).shape == (2, 5, 4)
     with pytest.raises(TypeError, match="key"):
         mt.scaled_dot_product_attention(q.detach(), q.detach().double(), q.detach())
+
+
+def test_sdpa_binding_backward_refuses_other_contexts():
+    import multihead
+    with pytest.raises(TypeError, match="context: expected a multihead.SdpaContext"):
+        multihead.scaled_dot_product_attention_backward(None, torch.zeros(1).numpy())
+    x = torch.randn(2, 5, 4).numpy()
+    out, w, ctx = multihead.scaled_dot_product_attention_with_context(x, x, x)
+    assert w is None and ctx.dtype == "float32"
+    with pytest.raises(ValueError, match="d_output"):
+        multihead.scaled_dot_product_attention_backward(ctx, x[:, :4])
