@@ -111,8 +111,9 @@ class _Lease:
 
 
 class _Core:
-    """A library module holding one snapshot of the torch parameters
-    (GroupedQueryAttention; MultiheadAttention reads them in place: _SharedCore).
+    """A library module holding one snapshot of the torch parameters (for a
+    module whose library module cannot read them in place, _shares False;
+    bench_param_sync.py's "before").
 
     The library keeps its own copy of the parameters, and refuses a backward
     from a context filled before they changed. So a core is reloaded only
@@ -156,7 +157,7 @@ class _CorePool:
 
 
 class _SharedCore:
-    """A library MultiheadAttention that reads the torch Parameters' own
+    """A library module (MultiheadAttention, GroupedQueryAttention) that reads the torch Parameters' own
     memory (its share_parameters: no copy), so an optimizer step, which
     changes them in place, needs nothing reloaded or rebuilt. They are
     shared anew only when a parameter is another tensor than last time (a
@@ -468,6 +469,8 @@ class GroupedQueryAttention(_LibraryModule):
         self.v_proj = nn.Linear(embed_dim, self.num_kv_heads * self.head_dim, **kw)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, embed_dim, **kw)
         self._pools = {}
+
+    _shares = True
 
     def _library_module(self, np_dtype):
         return _multihead.GroupedQueryAttention(**self._arguments, dtype=np_dtype)

@@ -253,10 +253,31 @@ class PyGroupedQueryAttention {
   }
 
   void update_parameters(const py::object& update) {
+    sync_shared();
     take(updated_parameters(config_, params_, dtype_, update));
   }
-  py::dict state_dict() const { return state_dict_of(config_, params_, dtype_); }
+  py::dict state_dict() {
+    if (!shared_.empty()) master_from_shared();
+    return state_dict_of(config_, params_, dtype_);
+  }
+  // As MultiheadAttention.share_parameters (module.cpp): the computing
+  // module of the module's dtype reads the arrays' memory at every call.
+  void share_parameters(const py::object& arrays) {
+    std::vector<py::array> held;
+    if (dtype_ == Precision::F64) {
+      auto p = shared_parameters<double, GroupedQueryAttentionParameters<double>>(config_, arrays, held);
+      f64_ = std::make_shared<const GroupedQueryAttention<double>>(config_, std::move(p));
+      f32_.reset();
+    } else {
+      auto p = shared_parameters<float, GroupedQueryAttentionParameters<float>>(config_, arrays, held);
+      f32_ = std::make_shared<const GroupedQueryAttention<float>>(config_, std::move(p));
+      f64_.reset();
+    }
+    shared_ = std::move(held);
+  }
+  bool shares_parameters() const { return !shared_.empty(); }
   py::tuple load_state_dict(const py::object& state_dict, bool strict) {
+    sync_shared();
     auto [p, keys] = loaded_parameters(config_, params_, dtype_, state_dict, strict, "GroupedQueryAttention");
     take(std::move(p));
     return keys;
@@ -284,10 +305,26 @@ class PyGroupedQueryAttention {
       if constexpr (std::is_same_v<T, double>) return f64_;
       else return f32_;
     }();
-    if (!slot)
+    if (!slot) {
+      if (!shared_.empty()) master_from_shared();
       slot = std::make_shared<const GroupedQueryAttention<T>>(
           config_, cast_parameters_to<GroupedQueryAttentionParameters<T>>(config_, params_));
+    }
     return slot;
+  }
+  // The master copy from the shared arrays' current values.
+  void master_from_shared() {
+    params_ = dtype_ == Precision::F64
+                  ? f64_->parameters()
+                  : cast_parameters_to<GroupedQueryAttentionParameters<double>>(config_, f32_->parameters());
+  }
+  // update_parameters and load_state_dict end the sharing.
+  void sync_shared() {
+    if (shared_.empty()) return;
+    master_from_shared();
+    shared_.clear();
+    f32_.reset();
+    f64_.reset();
   }
 
   AttentionOptions options(const GqaCall& o) const { return gqa_options(o, config_.num_heads, training, dropout_); }
@@ -350,6 +387,7 @@ class PyGroupedQueryAttention {
   double dropout_;
   Precision dtype_;
   GroupedQueryAttentionParameters<double> params_;  // master copy, float32 values when dtype_ is F32
+  std::vector<py::array> shared_;                    // the arrays share_parameters() views, or empty
   std::shared_ptr<const GroupedQueryAttention<float>> f32_;
   std::shared_ptr<const GroupedQueryAttention<double>> f64_;
 };
@@ -531,6 +569,14 @@ void bind_grouped_query_attention(py::module_& m) {
            "state_dict order (a copy in the module's dtype; change it in place and return None, or\n"
            "return the new values); then every shape is checked (ValueError naming the parameter;\n"
            "on error the module is unchanged). Earlier contexts are refused by backward().")
+      .def("share_parameters", &PyGroupedQueryAttention::share_parameters, "arrays"_a,
+           "share_parameters(self, arrays) -> None\n\n"
+           "As MultiheadAttention.share_parameters: from now on the module reads its parameters from the\n"
+           "memory of `arrays` (every parameter under state_dict's names, C-contiguous, the module's dtype\n"
+           "and shapes), with no copy; in-place changes are seen by the next call. update_parameters()\n"
+           "and load_state_dict() end the sharing.")
+      .def_property_readonly("shares_parameters", &PyGroupedQueryAttention::shares_parameters,
+           "True after share_parameters(), until update_parameters() or load_state_dict().")
       .def("state_dict", &PyGroupedQueryAttention::state_dict,
            "state_dict(self) -> dict\n\nA new dict of the parameters under Hugging Face's names (copies, in the module's dtype).")
       .def("load_state_dict", &PyGroupedQueryAttention::load_state_dict, "state_dict"_a, "strict"_a = true,

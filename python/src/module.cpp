@@ -180,10 +180,10 @@ class PyMultiheadAttention {
   void share_parameters(const py::object& arrays) {
     std::vector<py::array> held;
     if (dtype_ == Precision::F64) {
-      auto p = shared_parameters<MultiheadAttentionParameters<double>>(config_, arrays, held);
+      auto p = shared_parameters<double, MultiheadAttentionParameters<double>>(config_, arrays, held);
       f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, std::move(p));
     } else {
-      auto p = shared_parameters<MultiheadAttentionParameters<float>>(config_, arrays, held);
+      auto p = shared_parameters<float, MultiheadAttentionParameters<float>>(config_, arrays, held);
       f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, std::move(p));
     }
     shared_ = std::move(held);

@@ -60,11 +60,11 @@ inline Tensor<double> parameter_tensor(const py::handle& obj, const std::string&
 }
 
 // The master parameters as ToParams (float or double), for the computing
-// module of that dtype.
+// module of that dtype (or, back, a computing module's as the master copy).
 template <class ToParams, class Config, class Params>
 ToParams cast_parameters_to(const Config& c, const Params& p) {
   ToParams out;
-  for_each_parameter(c, out, p, [](const ParameterInfo& info, auto& to, const Tensor<double>& from) {
+  for_each_parameter(c, out, p, [](const ParameterInfo& info, auto& to, const auto& from) {
     using T = typename std::decay_t<decltype(to)>::value_type;
     if (info.present) to = tensor_cast<T>(from);
   });
@@ -150,9 +150,8 @@ std::pair<Params, py::tuple> loaded_parameters(const Config& c, const Params& cu
 // arrays' own memory (no copy), each present row required as a C-contiguous
 // array of dtype T and of the row's shape (TypeError / ValueError naming it);
 // the arrays are appended to `held`, which keeps them alive.
-template <class ToParams, class Config>
+template <class T, class ToParams, class Config>
 ToParams shared_parameters(const Config& c, const py::object& arrays, std::vector<py::array>& held) {
-  using T = typename decltype(ToParams{}.out_proj_weight)::value_type;
   if (!py::isinstance<py::dict>(arrays))
     throw py::type_error("arrays: expected a dict of names to arrays, got " +
                          py::str(py::type::of(arrays)).cast<std::string>());

@@ -97,6 +97,34 @@ def test_gqa_float32_equals_a_torch_formula(name):
         assert err <= 1e-5 * max(1.0, b.abs().max().item()), f"{name} {n}: max |ours - formula| = {err:.3g}"
 
 
+def test_gqa_optimizer_steps_reload_nothing_and_match_the_formula():
+    """The library module reads the nn.Linear Parameters' memory: SGD steps
+    (in place) are followed with no share_parameters call, the output after
+    each equals the formula's on the new values."""
+    m = module(GQA_CASES["H4-Hkv2-rope-half-split"], torch.float32)
+    x = torch.randn(B, L, E)
+    opt = torch.optim.SGD(m.parameters(), lr=0.01)
+    m(x)
+    core = m._pools[torch.float32]
+    shares = []
+    share = core.module.share_parameters
+    core.module = type("Counting", (), {"share_parameters": lambda self, a: (shares.append(1), share(a)),
+                                        "__getattr__": lambda self, n: getattr(share.__self__, n)})()
+    for step in range(3):
+        x.requires_grad_(True)
+        out, ref = m(x), reference(m, x)
+        err = (out - ref).abs().max().item()
+        assert err <= 1e-5 * max(1.0, ref.abs().max().item()), f"step {step}: {err:.3g}"
+        out.square().sum().backward()
+        opt.step()
+        opt.zero_grad()
+    assert not shares
+    m.q_proj.weight.data = m.q_proj.weight.data.clone()  # another tensor: shared anew
+    ref = reference(m, x)
+    assert (m(x) - ref).abs().max().item() <= 1e-5 * max(1.0, ref.abs().max().item())
+    assert len(shares) == 1
+
+
 def test_gqa_decoding_with_a_cache_equals_the_full_forward():
     m = module(GQA_CASES["H4-Hkv2-rope-half-split"], torch.float32).eval()
     x = torch.randn(B, L, E)

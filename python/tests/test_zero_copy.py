@@ -176,3 +176,20 @@ def test_share_parameters_refuses_what_it_cannot_view():
     with pytest.raises(TypeError, match=r"arrays: expected a dict"):
         m.share_parameters([1, 2])
     assert not m.shares_parameters
+
+
+def test_gqa_shared_parameters_are_read_in_place():
+    m = multihead.GroupedQueryAttention(16, 4, num_kv_heads=2, dtype=np.float64)
+    arrays = {n: a.copy() for n, a in m.state_dict().items()}
+    m.share_parameters(arrays)
+    assert m.shares_parameters
+    x = np.random.default_rng(1).standard_normal((2, 5, 16))
+    arrays["o_proj.weight"] *= -3
+    fresh = multihead.GroupedQueryAttention(16, 4, num_kv_heads=2, dtype=np.float64)
+    fresh.load_state_dict(arrays)
+    np.testing.assert_allclose(m(x), fresh(x), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(m.state_dict()["o_proj.weight"], arrays["o_proj.weight"])
+    with pytest.raises(TypeError, match=r"q_proj.weight: expected a C-contiguous float64"):
+        m.share_parameters({**arrays, "q_proj.weight": arrays["q_proj.weight"].astype(np.float32)})
+    m.load_state_dict(m.state_dict())
+    assert not m.shares_parameters
