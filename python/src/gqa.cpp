@@ -266,11 +266,11 @@ class PyGroupedQueryAttention {
     std::vector<py::array> held;
     if (dtype_ == Precision::F64) {
       auto p = shared_parameters<double, GroupedQueryAttentionParameters<double>>(config_, arrays, held);
-      f64_ = std::make_shared<const GroupedQueryAttention<double>>(config_, std::move(p));
+      f64_ = module_over<GroupedQueryAttention<double>>(config_, std::move(p), held);
       f32_.reset();
     } else {
       auto p = shared_parameters<float, GroupedQueryAttentionParameters<float>>(config_, arrays, held);
-      f32_ = std::make_shared<const GroupedQueryAttention<float>>(config_, std::move(p));
+      f32_ = module_over<GroupedQueryAttention<float>>(config_, std::move(p), held);
       f64_.reset();
     }
     shared_ = std::move(held);

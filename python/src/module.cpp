@@ -181,10 +181,10 @@ class PyMultiheadAttention {
     std::vector<py::array> held;
     if (dtype_ == Precision::F64) {
       auto p = shared_parameters<double, MultiheadAttentionParameters<double>>(config_, arrays, held);
-      f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, std::move(p));
+      f64_ = module_over<BasicMultiheadAttention<double>>(config_, std::move(p), held);
     } else {
       auto p = shared_parameters<float, MultiheadAttentionParameters<float>>(config_, arrays, held);
-      f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, std::move(p));
+      f32_ = module_over<BasicMultiheadAttention<float>>(config_, std::move(p), held);
     }
     shared_ = std::move(held);
     // The other dtype's module (a float64 query to a float32 module) is

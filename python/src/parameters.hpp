@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -187,6 +188,16 @@ ToParams shared_parameters(const Config& c, const py::object& arrays, std::vecto
       if (!known) throw Error(Error::Kind::Value, n + ": not a parameter of this module (unexpected in arrays)");
     }
   return out;
+}
+
+// The computing module over shared views (shared_parameters), owning with
+// it the arrays they view: a thread still computing with it after the
+// module was shared anew keeps them alive. Its last reference goes with the
+// GIL held (each call drops its module after taking the GIL back).
+template <class Module, class Config, class Params>
+std::shared_ptr<const Module> module_over(const Config& c, Params p, std::vector<py::array> held) {
+  auto owner = std::make_shared<std::vector<py::array>>(std::move(held));
+  return std::shared_ptr<const Module>(new Module(c, std::move(p)), [owner](const Module* m) { delete m; });
 }
 
 }  // namespace multihead::python
