@@ -10,7 +10,8 @@ new snapshot). A benchmark, not a test; the same extension for both sides
 For each side, `--steps` training steps of one multihead.torch
 MultiheadAttention layer (self-attention, (L, B, E) = (128, 8, 512), H = 8,
 float32, AdamW), timed in CPU time (time.process_time, both threads'
-seconds: meaningful on a loaded machine) split into
+seconds: meaningful on a loaded machine, with OMP_WAIT_POLICY=passive so
+that idle threads do not spin) split into
   sync   the parameter bookkeeping before the library's forward
          (pool.get / _SharedCore.get), and
   step   the whole step (forward + backward + AdamW), which includes it.
@@ -33,6 +34,8 @@ def main():
     p.add_argument("--smoke", action="store_true")
     a = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    # Idle OpenMP threads sleep rather than spin, so that CPU time counts work.
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     import torch
     import multihead
     import multihead.torch as mt
