@@ -39,6 +39,8 @@ tests=(
   python3 python3-numpy python3-torch
   # The Python module (python/) and its pytest suite, run by ctest.
   pybind11-dev python3-pybind11 python3-dev python3-pytest
+  # The wheel test (ctest python_wheel): pip wheel, a venv, setuptools' build.
+  python3-pip python3-venv python3-setuptools python3-wheel
   # tools/plot_experiment.py, run by the cli_experiment_quick test.
   python3-matplotlib
   time

@@ -12,12 +12,9 @@
 // `forward` does.
 #include <unistd.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -27,7 +24,6 @@
 #include "lesson_model.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
-#include "multihead/experiment.hpp"
 #include "multihead/explain.hpp"
 #include "multihead/io.hpp"
 #include "multihead/lesson_tasks.hpp"
@@ -52,90 +48,27 @@ std::string default_out(const std::string& format) {
   return "-";  // text: the terminal
 }
 
-std::vector<std::string> split_tokens(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> tokens;
-  for (std::string t; in >> t;) tokens.push_back(t);
-  return tokens;
-}
-
-// --token: a position (0, 1, …) or, failing that, a label of --tokens.
-int64_t resolve_token(const std::string& text, const std::vector<std::string>& labels) {
-  const auto L = static_cast<int64_t>(labels.size());
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (!text.empty() && end == text.c_str() + text.size()) {
-    if (v < 0 || v >= L)
-      throw Error(Error::Kind::Value, "--token: expected a position 0 to " + std::to_string(L - 1) +
-                                          " (the input has " + std::to_string(L) + " tokens), got " + text);
-    return v;
-  }
-  for (int64_t i = 0; i < L; ++i)
-    if (labels[static_cast<std::size_t>(i)] == text) return i;
-  throw Error(Error::Kind::Value, "--token: expected a position 0 to " + std::to_string(L - 1) +
-                                      " or one of the token labels, got " + quote_input(text));
-}
-
 template <class T>
 explain::Report build_report(const ExplainArgs& a, const LoadedWeights& w, const LoadedTensor& input) {
   const BasicMultiheadAttention<T> module(w.config, cast_parameters<T>(w.parameters));
+  const std::string source = "weights " + a.weights + (a.prefix.empty() ? "" : " (" + a.prefix + ")") + ", input " +
+                             a.input + (a.batch ? " entry " + std::to_string(a.batch) : "") + "; " +
+                             std::to_string(w.config.num_heads) + " heads, embed_dim " +
+                             std::to_string(w.config.embed_dim) + ", " + (sizeof(T) == 8 ? "float64" : "float32") +
+                             "; self-attention";
   explain::Report r;
   try {
-    r.layers.push_back(explain::attention_weights_per_head(module, tensor_cast<T>(input.values), a.batch));
+    r = explain::module_report(module, tensor_cast<T>(input.values), a.batch, explain::split_tokens(a.tokens), source,
+                               "--tokens");
   } catch (const Error& e) {
     if (e.kind() != Error::Kind::Shape) throw;
     throw Error(e.kind(), "--input (the query, key and value of self-attention): " + std::string(e.what()));
   }
-  const int64_t L = r.layers[0].queries;
-  if (a.tokens.empty()) {
-    r.query_tokens = explain::position_labels(L);
-  } else {
-    r.query_tokens = split_tokens(a.tokens);
-    if (static_cast<int64_t>(r.query_tokens.size()) != L)
-      throw Error(Error::Kind::Value, "--tokens: expected " + std::to_string(L) + " labels (the input's length L), got " +
-                                          std::to_string(r.query_tokens.size()));
-  }
-  r.key_tokens = explain::key_labels(w.config, r.query_tokens);
-  r.precision = sizeof(T) == 8 ? explain::Precision::Float64 : explain::Precision::Float32;
-  r.title = "What each head attends to";
-  r.source = "weights " + a.weights + (a.prefix.empty() ? "" : " (" + a.prefix + ")") + ", input " + a.input +
-             (a.batch ? " entry " + std::to_string(a.batch) : "") + "; " + std::to_string(w.config.num_heads) +
-             " heads, embed_dim " + std::to_string(w.config.embed_dim) + ", " + (sizeof(T) == 8 ? "float64" : "float32") +
-             "; self-attention";
-  if (!a.token.empty()) r.focus = resolve_token(a.token, r.query_tokens);
+  if (!a.token.empty()) r.focus = explain::resolve_token(a.token, r.query_tokens, "--token");
   return r;
 }
 
 // ---- a trained model of the lesson task -------------------------------------------
-// Words as the lesson task spells them: split at spaces, lower case (as
-// `multihead demo --sentence` reads them).
-std::vector<std::string> lesson_words(const std::string& text) {
-  std::vector<std::string> words = split_tokens(text);
-  for (std::string& w : words)
-    for (char& ch : w)
-      if (ch >= 'A' && ch <= 'Z') ch = static_cast<char>(ch - 'A' + 'a');
-  return words;
-}
-
-// The ids of TEXT's words; a word outside the vocabulary is one line naming
-// it and a few words the model knows.
-std::vector<int32_t> lesson_ids(const LessonTask& task, const std::vector<std::string>& words) {
-  for (const std::string& w : words) {
-    try {
-      (void)task.ids({w});
-    } catch (const Error&) {
-      std::string known;
-      for (const auto* list : {&LessonTask::subjects(), &LessonTask::objects(), &LessonTask::subject_adjectives(),
-                               &LessonTask::object_adjectives()})
-        for (std::size_t i = 0; i < std::min<std::size_t>(2, list->size()); ++i) known += (*list)[i] + ", ";
-      throw Error(Error::Kind::Value, "TEXT: expected words of the model's vocabulary (" +
-                                          std::to_string(task.vocabulary()) + " ids, e.g. the, didn't, " + known +
-                                          "because, it, was, too), got " + quote_input(w));
-    }
-  }
-  return task.ids(words);
-}
-
 // `ids` receives the token ids (padding included), which --verbose prints so
 // a check can rebuild the model's input (tests/cli/explain.py does).
 // `padding_keys`: keep the padding's keys (the page and the text view, where
@@ -144,87 +77,17 @@ std::vector<int32_t> lesson_ids(const LessonTask& task, const std::vector<std::s
 explain::Report build_trained_report(const ExplainArgs& a, bool padding_keys, std::vector<int32_t>& ids_out) {
   const LessonTask task;
   const TrainedModel model = load_lesson_model(a.model, task);
-  const std::vector<std::string> words = a.text_given ? lesson_words(a.text) : task.test_sentences()[0].words;
-  const int64_t n = static_cast<int64_t>(words.size()), L = LessonTask::kLength;
-  if (n < 1 || n > L)
-    throw Error(Error::Kind::Value, "TEXT: expected 1 to " + std::to_string(L) + " words (the model's sequence "
-                                    "length), got " + std::to_string(n));
-  const std::vector<int32_t> ids = lesson_ids(task, words);
-
-  // The sentence padded to the task's length, as the model was trained.
-  const Batch b = task.sentence_batch(ids);
-  const Evaluation e = model.evaluate(b, true);
-  ids_out = b.tokens;
   const ModelConfig& c = model.config();
-  const int64_t H = c.heads;
-
-  explain::Report r;
-  r.query_tokens = words;
-  // The padding is attended to as well (the model has no padding mask):
-  // its keys stay in the picture, so each row still sums to 1 (but in bertviz).
-  const int64_t S = padding_keys ? L : n;
-  r.key_tokens = words;
-  for (int64_t j = n; j < S; ++j) r.key_tokens.push_back("<pad>");
-  for (int64_t layer = 0; layer < c.layers; ++layer) {
-    const Tensor<float>& w = e.attention[static_cast<std::size_t>(layer)];  // (1, H, L, L)
-    explain::LayerAttention la;
-    la.name = "layer " + std::to_string(layer + 1);
-    la.heads = H;
-    la.queries = n;  // the words' rows; the padding's queries answer nothing
-    la.keys = S;
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < S; ++j) la.weights.push_back(w[(h * L + i) * L + j]);
-    r.layers.push_back(std::move(la));
-  }
-
-  // The answer at "it": the model's softmax over the vocabulary there.
-  const auto it = std::find(words.begin(), words.end(), "it");
-  if (it != words.end()) {
-    const int64_t at = it - words.begin(), V = c.vocabulary;
-    const float* z = e.logits.data() + at * V;
-    double max = z[0], sum = 0;
-    for (int64_t v = 1; v < V; ++v) max = std::max<double>(max, z[v]);
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(z[v]) - max);
-    const int32_t best = e.predictions[static_cast<std::size_t>(at)];
-    r.answer = explain::Answer{"What does \"it\" refer to?", task.token(best), std::exp(double(z[best]) - max) / sum};
-    r.focus = at;
-  }
-
-  // The experiment's specialisation measure, over the task's 513 test
-  // sentences (not only this one): per layer, two measures.
-  const std::vector<HeadFocus> focus = lesson_head_focus(model);
-  const HeadRoles roles = head_roles(focus);
-  for (int64_t layer = 0; layer < c.layers; ++layer) {
-    explain::HeadMeasure ref, adj;
-    ref.name = "\"it\" \u2192 referent noun";
-    ref.description = "Mean attention from \"it\" to the noun it refers to, over the lesson task's " +
-                      std::to_string(task.test_sentences().size()) +
-                      " held-out test sentences (multihead experiment's specialisation measure); the marked head "
-                      "has the most.";
-    adj.name = "\"it\" \u2192 adjective";
-    adj.description = "Mean attention from \"it\" to the adjective that decides the referent, over the same "
-                      "sentences; the marked head has the most.";
-    ref.layer = adj.layer = layer;
-    for (const HeadFocus& f : focus)
-      if (f.layer == layer) {
-        ref.per_head.push_back(f.referent);
-        adj.per_head.push_back(f.adjective);
-      }
-    if (roles.referent_layer == layer) ref.picked = roles.referent_head;
-    if (roles.adjective_layer == layer) adj.picked = roles.adjective_head;
-    r.measures.push_back(std::move(ref));
-    r.measures.push_back(std::move(adj));
-  }
-
-  r.precision = explain::Precision::Float32;
-  r.title = "What each head attends to";
-  r.source = std::string(a.model.empty() ? "models/lesson-heads.safetensors (shipped)" : a.model) +
-             ", trained on the lesson task: " + std::to_string(c.layers) + " layer" + (c.layers > 1 ? "s" : "") +
-             ", " + std::to_string(H) + " heads, d_model " + std::to_string(c.d_model) + "; input padded to " +
-             std::to_string(L) + " tokens" + (padding_keys ? "" : " (the padding's keys left out)") +
-             (a.text_given ? "" : "; a held-out test sentence");
-  if (!a.token.empty()) r.focus = resolve_token(a.token, r.query_tokens);
+  const std::string source = std::string(a.model.empty() ? "models/lesson-heads.safetensors (shipped)" : a.model) +
+                             ", trained on the lesson task: " + std::to_string(c.layers) + " layer" +
+                             (c.layers > 1 ? "s" : "") + ", " + std::to_string(c.heads) + " heads, d_model " +
+                             std::to_string(c.d_model) + "; input padded to " + std::to_string(LessonTask::kLength) +
+                             " tokens" + (padding_keys ? "" : " (the padding's keys left out)") +
+                             (a.text_given ? "" : "; a held-out test sentence");
+  const std::vector<std::string> words =
+      a.text_given ? explain::lesson_words(a.text) : explain::lesson_default_sentence();
+  explain::Report r = explain::lesson_report(model, words, source, &ids_out, "TEXT", padding_keys);
+  if (!a.token.empty()) r.focus = explain::resolve_token(a.token, r.query_tokens, "--token");
   return r;
 }
 
@@ -320,19 +183,8 @@ Runner add_explain_command(CLI::App& app) {
       report = input.dtype == DType::F64 ? build_report<double>(*a, w, input) : build_report<float>(*a, w, input);
     }
 
-    std::string bytes;
-    if (a->format == "html") {
-      bytes = explain::html_report(report);
-    } else if (a->format == "bertviz") {
-      bytes = explain::bertviz_json(report);
-    } else {
-      explain::TextOptions o;
-      o.token = report.focus >= 0 ? report.focus : 0;
-      const bool terminal = to_terminal && isatty(STDOUT_FILENO) == 1;
-      o.unicode = terminal && !a->ascii;
-      o.colour = o.unicode && colour_allowed();
-      bytes = explain::text_view(report, o);
-    }
+    const bool unicode = to_terminal && isatty(STDOUT_FILENO) == 1 && !a->ascii;
+    std::string bytes = explain::write_report(report, a->format, unicode, unicode && colour_allowed());
     if (to_terminal) {
       if (std::fwrite(bytes.data(), 1, bytes.size(), stdout) != bytes.size())
         throw Error(Error::Kind::IO, "cannot write standard output");

@@ -137,13 +137,39 @@ struct AttentionOptions {
 // same leading dimensions for all three (no broadcasting; none at all is fine).
 // attn_mask, if given, is (L, S) (shared by every slice) or (..., L, S).
 // Returns (..., L, Dv). If attn_weights is not null it receives the
-// post-softmax (and post-dropout) weights, (..., L, S).
+// post-softmax (and post-dropout) weights, (..., L, S). If lse is not null
+// it receives each query row's log-sum-exp of its scores, (..., L) (−inf
+// for a fully masked row): what the backward below needs.
 template <class T>
 Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
                                        const Tensor<T>& value,
                                        const std::type_identity_t<Mask<T>>* attn_mask = nullptr,
                                        const AttentionOptions& options = {},
-                                       Tensor<T>* attn_weights = nullptr);
+                                       Tensor<T>* attn_weights = nullptr, Tensor<T>* lse = nullptr);
+
+// dℓ/d(query, key, value) of scaled_dot_product_attention, each of its
+// input's shape.
+template <class T>
+struct SdpaGradients {
+  Tensor<T> query, key, value;
+};
+
+// The backward of scaled_dot_product_attention: given the forward's inputs,
+// attn_mask and options (the same ones: dropout's keep decisions are
+// regenerated from options.dropout_seed), the output and lse it returned,
+// and d_output = dℓ/d(output), (..., L, Dv). The kernels' own backward
+// (the kernel options.kernel resolves to; any kernel's backward may follow
+// any kernel's forward); the mask gets no gradient. Throws multihead::Error
+// naming the tensor whose shape is wrong.
+//   Tensor<float> lse;
+//   auto out = scaled_dot_product_attention(q, k, v, mask, options, nullptr, &lse);
+//   auto g = scaled_dot_product_attention_backward(q, k, v, mask, options, out, lse, d_out);
+template <class T>
+SdpaGradients<T> scaled_dot_product_attention_backward(const Tensor<T>& query, const Tensor<T>& key,
+                                                       const Tensor<T>& value,
+                                                       const std::type_identity_t<Mask<T>>* attn_mask,
+                                                       const AttentionOptions& options, const Tensor<T>& output,
+                                                       const Tensor<T>& lse, const Tensor<T>& d_output);
 
 // The same in 16-bit storage (multihead/narrow.hpp): query, key, value and
 // the result are bfloat16 (or float16); attn_mask stays a float mask (bool

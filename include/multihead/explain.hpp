@@ -29,6 +29,10 @@
 
 #include "multihead/multihead_attention.hpp"
 
+namespace multihead {
+class TrainedModel;
+}
+
 namespace multihead::explain {
 
 // One layer's attention: weights[(h·L + i)·S + j] is how much query i of
@@ -134,5 +138,51 @@ struct TextOptions {
 // strongest key, then the head average. Throws multihead::Error for a layer
 // or token out of range.
 std::string text_view(const Report& report, const TextOptions& options);
+
+// ---- the reports `multihead explain` writes (and Python's multihead.explain) ----
+// Labels split at white space; lesson_words also lower-cases them (the
+// lesson task's spelling, as `multihead demo --sentence` reads them).
+std::vector<std::string> split_tokens(const std::string& text);
+std::vector<std::string> lesson_words(const std::string& text);
+
+// A query token given as a position ("3") or, failing that, one of the
+// labels; throws multihead::Error naming `what` (e.g. "--token").
+int64_t resolve_token(const std::string& text, const std::vector<std::string>& labels,
+                      const std::string& what = "token");
+
+// One module's self-attention over `input` (attention_weights_per_head's
+// batch entry `batch`), its query tokens labelled `tokens` (L labels, or
+// none: the positions), the keys key_labels(); float32 or float64 precision
+// as T; `source` is the page's line on what was run. A wrong label count is
+// an Error naming `tokens_what`.
+template <class T>
+Report module_report(const BasicMultiheadAttention<T>& module, const Tensor<T>& input, int64_t batch,
+                     const std::vector<std::string>& tokens, const std::string& source,
+                     const std::string& tokens_what = "tokens");
+
+// The held-out test sentence "the animal didn't cross the street because it
+// was too tired", the default of `multihead explain` and multihead.explain.
+std::vector<std::string> lesson_default_sentence();
+
+// The lesson task's trained model (multihead/lesson_tasks.hpp) on a
+// sentence of its words (1 to the model's length; none is an Error naming
+// `what`), padded to its length:
+// every layer's weights for the words' rows, the answer at "it" and its
+// probability (focused), and per layer the experiment's two specialisation
+// measures over the task's test sentences. `ids`, when given, receives the
+// model's input ids (padding included). `padding_keys`: keep the padding's
+// keys (the page and the text view, where each row sums to 1) or drop them
+// (bertviz, whose head_view needs as many keys as tokens: "Attention has 16
+// positions, while number of tokens is 11"). Throws multihead::Error naming
+// "model" for a model of another task, `what` for a word outside the
+// vocabulary or a sentence of the wrong length.
+Report lesson_report(const TrainedModel& model, const std::vector<std::string>& words, const std::string& source,
+                     std::vector<int32_t>* ids = nullptr, const std::string& what = "TEXT", bool padding_keys = true);
+
+// The report as "html" (html_report), "bertviz" (bertviz_json) or "text"
+// (text_view of layer 0 at the focused query, or query 0 without a focus);
+// another format is an Error naming "format".
+std::string write_report(const Report& report, const std::string& format, bool unicode = false,
+                         bool colour = false);
 
 }  // namespace multihead::explain

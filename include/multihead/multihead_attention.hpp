@@ -340,6 +340,16 @@ class BasicMultiheadAttention {
   // are refused by backward() (their gradients would mix old and new
   // weights).
   void update_parameters(const std::function<void(const std::string& name, Tensor<T>& parameter)>& update);
+  // For a module constructed over parameters that are views (Tensor::view)
+  // of memory its caller owns and changes in place, e.g. a framework's own
+  // parameter tensors (python/multihead/torch.py): the module reads them
+  // there, with no copy, and after each change in place the caller calls
+  // this, which rebuilds the derived data (the transposed copies) from the
+  // current values and, as update_parameters, makes earlier contexts stale
+  // (backward() refuses them). The scratch pool is kept. Not thread-safe
+  // against concurrent forward/backward calls on this module. (Copying or
+  // updating such a module gives it owned copies: Tensor's copy rule.)
+  void parameters_changed();
 
   // Frees the pooled scratch buffers (they are rebuilt on demand).
   void release_workspaces() const;

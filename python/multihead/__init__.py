@@ -9,8 +9,20 @@ The C++ library `multihead` through pybind11 (the extension `_multihead`):
 - MultiheadAttention: torch.nn.MultiheadAttention's arguments, forward,
   state_dict() and load_state_dict(); training: forward_with_context(),
   backward(context, d_output) -> gradients, update_parameters(update).
-- scaled_dot_product_attention: torch.nn.functional's (PyTorch 2.x).
+- scaled_dot_product_attention: torch.nn.functional's (PyTorch 2.x);
+  training: scaled_dot_product_attention_with_context(), then
+  scaled_dot_product_attention_backward(context, d_output).
+- GroupedQueryAttention: grouped-query attention (Llama's layout, RoPE),
+  in MultiheadAttention's dialect; KVCache and forward(x, cache=...) for
+  step-by-step decoding.
+- rotary_embedding (both conventions, a position offset),
+  sinusoidal_positions, alibi_slopes.
 - load_weights / save_weights: safetensors files under PyTorch's names.
+- Trainer (`multihead train`: a small encoder on a built-in task, progress
+  callback, checkpoints), TrainedModel (evaluate with every layer's per-head
+  weights, save/load), task_batch, task_names.
+- explain (the HTML / text / bertviz report, as a string or a file) and
+  inspect (what a safetensors or .npy file holds, as a dict).
 - set_threads, simd_target_force, kernel_force, ...: process-wide switches
   (multihead/runtime.hpp).
 
@@ -20,20 +32,35 @@ library's message names the tensor) or TypeError (dtypes).
 """
 from ._multihead import (  # noqa: F401
     ForwardContext,
+    GroupedQueryAttention,
+    GroupedQueryContext,
+    KVCache,
     MultiheadAttention,
+    TrainedModel,
+    Trainer,
     __version__,
     _debug_last_call,
     alibi_slopes,
     blas_threads,
+    explain,
+    inspect,
     kernel_force,
     kernel_forced,
     load_weights,
+    rotary_embedding,
+    rotary_embedding_backward,
     save_weights,
+    SdpaContext,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_backward,
+    scaled_dot_product_attention_with_context,
     set_threads,
     simd_target_current,
     simd_target_force,
     simd_targets_available,
+    sinusoidal_positions,
+    task_batch,
+    task_names,
     threads,
 )
 
@@ -41,7 +68,22 @@ __all__ = [
     "MultiheadAttention",
     "ForwardContext",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_with_context",
+    "scaled_dot_product_attention_backward",
+    "SdpaContext",
+    "GroupedQueryAttention",
+    "GroupedQueryContext",
+    "KVCache",
     "alibi_slopes",
+    "rotary_embedding",
+    "rotary_embedding_backward",
+    "sinusoidal_positions",
+    "Trainer",
+    "TrainedModel",
+    "task_batch",
+    "task_names",
+    "explain",
+    "inspect",
     "load_weights",
     "save_weights",
     "set_threads",

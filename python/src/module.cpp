@@ -4,6 +4,11 @@
 //                                       arguments, forward, state_dict
 //   multihead.scaled_dot_product_attention   torch.nn.functional's (2.x)
 //   multihead.load_weights / save_weights    safetensors, PyTorch key names
+//   multihead.explain / inspect              `multihead explain` / `inspect`
+// and, in their own files, GroupedQueryAttention, KVCache and the position
+// functions (gqa.cpp), Trainer and TrainedModel (train.cpp); what they share
+// is in bindings.hpp (dtype=, docstrings from the rows) and parameters.hpp
+// (state_dict, load_state_dict, update_parameters of a parameter table).
 //
 // Arrays come in without copies when they are C-contiguous float32/float64
 // (arrays.hpp). The attention calls' keyword arguments are the rows of
@@ -27,58 +32,20 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "bindings.hpp"
 #include "multihead/error.hpp"
+#include "multihead/explain.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/runtime.hpp"
+#include "multihead/trained_model.hpp"
 #include "multihead/version.hpp"
 #include "multihead/weights.hpp"
 #include "options.hpp"
+#include "parameters.hpp"
 
 namespace multihead::python {
 namespace {
-
-// The parameters this configuration has (the present rows of the table,
-// for_each_parameter), in torch.nn.MultiheadAttention's state_dict order.
-std::vector<std::pair<std::string, Tensor<double>*>> present_parameters(const MultiheadAttentionConfig& c,
-                                                                        MultiheadAttentionParameters<double>& p) {
-  std::vector<std::pair<std::string, Tensor<double>*>> rows;
-  for_each_parameter(c, p, [&](const ParameterInfo& info, Tensor<double>& t) {
-    if (info.present) rows.emplace_back(info.name, &t);
-  });
-  return rows;
-}
-
-std::vector<std::string> expected_names(const MultiheadAttentionConfig& c) {
-  std::vector<std::string> names;
-  for_each_parameter(c, [&](const ParameterInfo& info) {
-    if (info.present) names.emplace_back(info.name);
-  });
-  return names;
-}
-
-// dtype=None | "float32" | "float64" | numpy.float32 | numpy.dtype(...).
-Precision parse_dtype(const py::object& dtype) {
-  if (dtype.is_none()) return Precision::F32;
-  const py::dtype d = py::dtype::from_args(dtype);
-  if (d.kind() == 'f' && d.itemsize() == 4) return Precision::F32;
-  if (d.kind() == 'f' && d.itemsize() == 8) return Precision::F64;
-  throw py::type_error("dtype: expected float32 or float64, got " + py::str(py::handle(d)).cast<std::string>());
-}
-
-// Rounds every parameter to float32 (a float32 module holds float32 values).
-void round_to_float(const MultiheadAttentionConfig& c, MultiheadAttentionParameters<double>& p) {
-  for_each_parameter(c, p, [](const ParameterInfo&, Tensor<double>& t) {
-    for (double& x : t.vec()) x = static_cast<double>(static_cast<float>(x));
-  });
-}
-
-// A float array (any float dtype, any layout) copied to double: parameters
-// are kept, so they are always copied.
-Tensor<double> parameter_tensor(const py::handle& obj, const std::string& name) {
-  HeldTensor<double> t = float_tensor<double>(obj, name);
-  return Tensor<double>(t.tensor);  // a copy of the view
-}
 
 // What forward_with_context returns as its third element: the library's
 // ForwardContext in the computation's dtype (which keeps its own copy of
@@ -191,83 +158,60 @@ class PyMultiheadAttention {
   // all, as load_state_dict does (shapes checked, derived data rebuilt);
   // earlier contexts are refused by backward() from then on.
   void update_parameters(const py::object& update) {
-    if (!PyCallable_Check(update.ptr()))
-      throw py::type_error("update: expected a callable update(name, array), got " +
-                           py::str(py::type::of(update)).cast<std::string>());
-    MultiheadAttentionParameters<double> p = params_;
-    for (auto& [n, slot] : present_parameters(config_, p)) {
-      Tensor<double>& t = *slot;
-      py::array a = dtype_ == Precision::F64 ? to_numpy(Tensor<double>(t)) : to_numpy(tensor_cast<float>(t));
-      const py::object r = update(py::str(n), a);
-      t = parameter_tensor(r.is_none() ? py::object(a) : r, n);
-    }
-    if (dtype_ == Precision::F32) round_to_float(config_, p);
+    sync_shared();
+    MultiheadAttentionParameters<double> p = updated_parameters(config_, params_, dtype_, update);
     validate_parameters(config_, p);
     params_ = std::move(p);
     f32_.reset();
     f64_.reset();
   }
 
-  py::dict state_dict() const {
-    py::dict d;
-    MultiheadAttentionParameters<double> p = params_;
-    for (auto& [n, slot] : present_parameters(config_, p)) {
-      Tensor<double>& t = *slot;
-      if (dtype_ == Precision::F64) d[py::str(n)] = to_numpy(std::move(t));
-      else d[py::str(n)] = to_numpy(tensor_cast<float>(t));
-    }
-    return d;
+  py::dict state_dict() {
+    if (!shared_.empty()) master_from_shared();
+    return state_dict_of(config_, params_, dtype_);
   }
+
+  // share_parameters(arrays): the computing module of the module's dtype
+  // reads its parameters from the arrays' memory at every call (no copy);
+  // their changes in place are seen by the next call. It multiplies by the
+  // weights as stored (FusedPaths::transposed_weights off: transposed
+  // copies could go stale). A backward uses the values the memory holds
+  // then (multihead.torch checks torch's version counters for that).
+  void share_parameters(const py::object& arrays) {
+    std::vector<py::array> held;
+    if (dtype_ == Precision::F64) {
+      auto p = shared_parameters<double, MultiheadAttentionParameters<double>>(config_, arrays, held);
+      f64_ = module_over<BasicMultiheadAttention<double>>(config_, std::move(p), held);
+    } else {
+      auto p = shared_parameters<float, MultiheadAttentionParameters<float>>(config_, arrays, held);
+      f32_ = module_over<BasicMultiheadAttention<float>>(config_, std::move(p), held);
+    }
+    shared_ = std::move(held);
+    // The other dtype's module (a float64 query to a float32 module) is
+    // built from the master copy, brought up to date first.
+    (dtype_ == Precision::F64 ? f32_.reset() : f64_.reset());
+  }
+  bool shares_parameters() const { return !shared_.empty(); }
 
   // Returns (missing_keys, unexpected_keys), as torch's _IncompatibleKeys.
   py::tuple load_state_dict(const py::object& state_dict, bool strict) {
-    if (!py::hasattr(state_dict, "items"))
-      throw py::type_error("state_dict: expected a mapping of names to arrays, got " +
-                           py::str(py::type::of(state_dict)).cast<std::string>());
-    MultiheadAttentionParameters<double> p = params_;
-    const std::vector<std::pair<std::string, Tensor<double>*>> rows = present_parameters(config_, p);
-    const std::map<std::string, Tensor<double>*> want(rows.begin(), rows.end());
-    std::set<std::string> seen;
-    std::vector<std::string> unexpected, missing;
-    for (const py::handle item : state_dict.attr("items")()) {
-      const py::tuple kv = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-      const std::string name = py::str(kv[0]).cast<std::string>();
-      const auto slot = want.find(name);
-      if (slot == want.end()) {
-        unexpected.push_back(name);
-        continue;
-      }
-      seen.insert(name);
-      *slot->second = parameter_tensor(kv[1], name);
-    }
-    for (const auto& [n, slot] : rows)
-      if (!seen.count(n)) missing.push_back(n);
-    if (strict && (!missing.empty() || !unexpected.empty())) {
-      std::string msg = "Error(s) in loading state_dict for MultiheadAttention:";
-      auto list = [&](const char* what, const std::vector<std::string>& names) {
-        if (names.empty()) return;
-        msg += std::string(" ") + what + " key(s):";
-        for (std::size_t i = 0; i < names.size(); ++i) msg += (i ? ", \"" : " \"") + names[i] + "\"";
-        msg += ".";
-      };
-      list("Missing", missing);
-      list("Unexpected", unexpected);
-      throw Error(Error::Kind::Missing, msg);
-    }
-    if (dtype_ == Precision::F32) round_to_float(config_, p);
+    sync_shared();
+    auto [p, keys] = loaded_parameters(config_, params_, dtype_, state_dict, strict, "MultiheadAttention");
     validate_parameters(config_, p);  // names the parameter, expected and actual shape
     params_ = std::move(p);
     f32_.reset();
     f64_.reset();
-    return py::make_tuple(missing, unexpected);
+    return keys;
   }
 
   std::shared_ptr<const BasicMultiheadAttention<double>> module_f64() {
-    if (!f64_) f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, params_);
+    if (!f64_) {
+      if (!shared_.empty()) master_from_shared();
+      f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, params_);
+    }
     return f64_;
   }
 
- private:
   // The computing module for T, built on first use from the double master
   // parameters (exact for a float32 module, whose values are float32).
   // Called with the GIL held, which serialises it.
@@ -276,11 +220,16 @@ class PyMultiheadAttention {
     if constexpr (std::is_same_v<T, double>) {
       return module_f64();
     } else {
-      if (!f32_) f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, cast_parameters<float>(params_));
+      if (!f32_) {
+        if (!shared_.empty()) master_from_shared();
+        f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, cast_parameters<float>(params_));
+      }
       return f32_;
     }
   }
 
+
+ private:
   template <class T>
   py::tuple run(const py::array& query, const py::object& key, const py::object& value, const ModuleCall& o,
                 bool textbook) {
@@ -289,7 +238,7 @@ class PyMultiheadAttention {
     HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
     const HeldMask<T> kpm = mask_arg<T>(o.key_padding_mask, "key_padding_mask");
     const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask");
-    const ForwardOptions<T> fo = forward_options<T>(o, training, kpm.get(), am.get());
+    const ForwardOptions<T> fo = for_module(forward_options<T>(o, training, kpm.get(), am.get()));
     const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
 
     ForwardResult<T> r;
@@ -320,7 +269,7 @@ class PyMultiheadAttention {
     // The masks live for this call only: the context copies them.
     const HeldMask<T> kpm = mask_arg<T>(o.key_padding_mask, "key_padding_mask");
     const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask");
-    const ForwardOptions<T> fo = forward_options<T>(o, training, kpm.get(), am.get());
+    const ForwardOptions<T> fo = for_module(forward_options<T>(o, training, kpm.get(), am.get()));
     const std::shared_ptr<const BasicMultiheadAttention<T>> m = module<T>();
     ForwardContext<T>& ctx = c.get<T>();
     c.dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
@@ -351,28 +300,77 @@ class PyMultiheadAttention {
     return out;
   }
 
+  // The master copy from the shared arrays' current values.
+  void master_from_shared() {
+    params_ = dtype_ == Precision::F64 ? f64_->parameters()
+                                       : cast_parameters<double>(f32_->parameters());
+  }
+  // update_parameters and load_state_dict end the sharing: the module takes
+  // its own copy again (of the shared values, then updated or loaded).
+  void sync_shared() {
+    if (shared_.empty()) return;
+    master_from_shared();
+    shared_.clear();
+    f32_.reset();
+    f64_.reset();
+  }
+  // The shared module of this dtype multiplies by the weights as stored.
+  template <class T>
+  ForwardOptions<T> for_module(ForwardOptions<T> fo) const {
+    if (!shared_.empty() && (dtype_ == Precision::F64) == std::is_same_v<T, double>) fo.paths.transposed_weights = false;
+    return fo;
+  }
+
   MultiheadAttentionConfig config_;
   Precision dtype_;
   MultiheadAttentionParameters<double> params_;  // master copy, float32 values when dtype_ is F32
+  std::vector<py::array> shared_;                // the arrays share_parameters() views, or empty
   std::shared_ptr<const BasicMultiheadAttention<float>> f32_;
   std::shared_ptr<const BasicMultiheadAttention<double>> f64_;
 };
 
+// What scaled_dot_product_attention_with_context keeps for
+// scaled_dot_product_attention_backward: the inputs and the output (the
+// arrays themselves, held: no copy; a converted input's converted copy),
+// the mask as the kernel read it, each row's log-sum-exp and the options.
 template <class T>
-py::object sdpa(const py::array& query, const py::object& key, const py::object& value, const SdpaCall& o) {
+struct SdpaSaved {
+  HeldTensor<T> q, k, v, out;
+  HeldMask<T> mask;
+  Tensor<T> lse;
+};
+
+class PySdpaContext {
+ public:
+  Precision dtype = Precision::F32;
+  AttentionOptions options;
+  std::unique_ptr<SdpaSaved<float>> f32;
+  std::unique_ptr<SdpaSaved<double>> f64;
+  template <class T>
+  std::unique_ptr<SdpaSaved<T>>& get() {
+    if constexpr (std::is_same_v<T, double>) return f64;
+    else return f32;
+  }
+  bool empty() const { return !f32 && !f64; }
+};
+
+template <class T>
+py::object sdpa(const py::array& query, const py::object& key, const py::object& value, const SdpaCall& o,
+                PySdpaContext* context = nullptr) {
   HeldTensor<T> q = float_tensor<T>(query, "query");
   HeldTensor<T> k = key.is(query) ? alias(q) : float_tensor<T>(key, "key");
   HeldTensor<T> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : float_tensor<T>(value, "value");
   // torch.nn.functional.scaled_dot_product_attention: a bool True means
   // "may attend", the opposite of the library's (and MHA's) convention.
-  const HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask", /*invert=*/true);
+  HeldMask<T> am = mask_arg<T>(o.attn_mask, "attn_mask", /*invert=*/true);
   const AttentionOptions ao = attention_options(o);
   Tensor<T> out;
   Tensor<T> weights;
+  Tensor<T> lse;
   {
     py::gil_scoped_release nogil;
     out = scaled_dot_product_attention<T>(q.tensor, k.tensor, v.tensor, am.get(), ao,
-                                          o.need_weights ? &weights : nullptr);
+                                          o.need_weights ? &weights : nullptr, context ? &lse : nullptr);
   }
   auto& a = last_call_addresses();
   a.clear();
@@ -380,8 +378,39 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
   a["key"] = address(k.tensor);
   a["value"] = address(v.tensor);
   a["output"] = address(out);
+  if (context) {
+    py::array out_array = to_numpy(std::move(out));
+    auto saved = std::make_unique<SdpaSaved<T>>();
+    saved->out = float_tensor<T>(out_array, "output");  // a view of the returned array
+    saved->q = std::move(q);
+    saved->k = std::move(k);
+    saved->v = std::move(v);
+    saved->lse = std::move(lse);
+    context->options = ao;
+    context->dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
+    context->f32.reset();
+    context->f64.reset();
+    // The mask as the kernel read it: the caller's array (viewed) or the
+    // inverted copy of a boolean one.
+    saved->mask = std::move(am);
+    context->get<T>() = std::move(saved);
+    return py::make_tuple(out_array, o.need_weights ? to_numpy(std::move(weights)) : py::object(py::none()));
+  }
   if (!o.need_weights) return to_numpy(std::move(out));
   return py::make_tuple(to_numpy(std::move(out)), to_numpy(std::move(weights)));
+}
+
+template <class T>
+py::tuple sdpa_backward(PySdpaContext& c, const py::object& d_output) {
+  HeldTensor<T> d = float_tensor<T>(d_output, "d_output");
+  const SdpaSaved<T>& s = *c.get<T>();
+  SdpaGradients<T> g;
+  {
+    py::gil_scoped_release nogil;
+    g = scaled_dot_product_attention_backward<T>(s.q.tensor, s.k.tensor, s.v.tensor, s.mask.get(), c.options,
+                                                 s.out.tensor, s.lse, d.tensor);
+  }
+  return py::make_tuple(to_numpy(std::move(g.query)), to_numpy(std::move(g.key)), to_numpy(std::move(g.value)));
 }
 
 PyMultiheadAttention load(const std::string& path, const std::optional<std::string>& prefix,
@@ -401,6 +430,158 @@ PyMultiheadAttention load(const std::string& path, const std::optional<std::stri
     w = load_weights(path, lo);
   }
   return PyMultiheadAttention(w.config, std::move(w.parameters), p);
+}
+
+// ---- explain and inspect -----------------------------------------------------
+// tokens=None | "w1 w2 ..." | a sequence of labels.
+std::vector<std::string> token_labels(const py::object& tokens) {
+  if (tokens.is_none()) return {};
+  if (py::isinstance<py::str>(tokens)) return explain::split_tokens(tokens.cast<std::string>());
+  try {
+    return tokens.cast<std::vector<std::string>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error("tokens: expected None, a string of labels or a sequence of strings, got " +
+                         py::str(py::type::of(tokens)).cast<std::string>());
+  }
+}
+
+template <class T>
+explain::Report module_report_of(PyMultiheadAttention& mha, const py::array& input, int64_t batch,
+                                 const std::vector<std::string>& tokens, const std::optional<std::string>& source) {
+  HeldTensor<T> x = float_tensor<T>(input, "input");
+  const auto m = mha.module<T>();
+  const MultiheadAttentionConfig& c = mha.config();
+  if (!c.same_embed_dim())
+    throw Error(Error::Kind::Value, "module: explain runs self-attention, which needs kdim = vdim = embed_dim " +
+                                        std::to_string(c.embed_dim) + "; this module has kdim " +
+                                        std::to_string(c.key_dim()) + ", vdim " + std::to_string(c.value_dim()));
+  const std::string what = source.value_or("MultiheadAttention, input " + shape_of(input) + "; " +
+                                           std::to_string(c.num_heads) + " heads, embed_dim " +
+                                           std::to_string(c.embed_dim) + ", " +
+                                           (sizeof(T) == 8 ? "float64" : "float32") + "; self-attention");
+  py::gil_scoped_release nogil;
+  try {
+    return explain::module_report(*m, x.tensor, batch, tokens, what, "tokens");
+  } catch (const Error& e) {
+    if (e.kind() != Error::Kind::Shape) throw;
+    throw Error(e.kind(), "input (the query, key and value of self-attention): " + std::string(e.what()));
+  }
+}
+
+std::string explain_report(const py::object& module, const py::object& input, const std::optional<std::string>& text,
+                           const py::object& tokens, int64_t batch, const py::object& token, const std::string& format,
+                           bool unicode, bool colour, const std::optional<std::string>& source,
+                           const std::optional<std::string>& out) {
+  if (format != "html" && format != "text" && format != "bertviz")
+    throw Error(Error::Kind::Value, "format: expected 'html', 'text' or 'bertviz', got " + quote_input(format));
+  if (batch < 0) throw Error(Error::Kind::Value, "batch: expected >= 0, got " + std::to_string(batch));
+  explain::Report r;
+  if (py::isinstance<PyMultiheadAttention>(module)) {
+    if (input.is_none())
+      throw Error(Error::Kind::Missing, "input: required with a MultiheadAttention (the query, key and value of "
+                                        "self-attention)");
+    if (text) throw Error(Error::Kind::Value, "text: applies to a TrainedModel of the lesson task, not a MultiheadAttention");
+    PyMultiheadAttention& mha = module.cast<PyMultiheadAttention&>();
+    const py::array x = as_numpy(input);
+    const std::vector<std::string> labels = token_labels(tokens);
+    r = precision_of(x, "input") == Precision::F64 ? module_report_of<double>(mha, x, batch, labels, source)
+                                                   : module_report_of<float>(mha, x, batch, labels, source);
+  } else if (py::isinstance<TrainedModel>(module)) {
+    for (auto [name, given] : {std::pair{"input", !input.is_none()}, {"tokens", !tokens.is_none()}, {"batch", batch != 0}})
+      if (given)
+        throw Error(Error::Kind::Value, std::string(name) +
+                                            ": applies to a MultiheadAttention only (a trained model's tokens are its words)");
+    const TrainedModel& model = module.cast<const TrainedModel&>();
+    const std::vector<std::string> words = text ? explain::lesson_words(*text) : explain::lesson_default_sentence();
+    const ModelConfig& c = model.config();
+    const std::string what = source.value_or(
+        "a model trained on the lesson task: " + std::to_string(c.layers) + " layer" + (c.layers > 1 ? "s" : "") +
+        ", " + std::to_string(c.heads) + " heads, d_model " + std::to_string(c.d_model) + "; input padded to " +
+        std::to_string(c.sequence_length) + " tokens" + (text ? "" : "; a held-out test sentence"));
+    py::gil_scoped_release nogil;
+    r = explain::lesson_report(model, words, what, nullptr, "text", format != "bertviz");
+  } else {
+    throw py::type_error("module: expected a multihead.MultiheadAttention or a multihead.TrainedModel, got " +
+                         py::str(py::type::of(module)).cast<std::string>());
+  }
+  if (!token.is_none()) {
+    if (py::isinstance<py::bool_>(token) || !(py::isinstance<py::int_>(token) || py::isinstance<py::str>(token)))
+      throw py::type_error("token: expected a position (int) or a token label (str), got " +
+                           py::str(py::type::of(token)).cast<std::string>());
+    r.focus = explain::resolve_token(py::str(token).cast<std::string>(), r.query_tokens, "token");
+  }
+  std::string bytes;
+  {
+    py::gil_scoped_release nogil;
+    bytes = explain::write_report(r, format, unicode, colour);
+    if (out) write_file_atomic(*out, bytes);
+  }
+  return bytes;
+}
+
+py::dict inspect_file(const std::string& path) {
+  py::dict d;
+  d["path"] = path;
+  FileFormat format;
+  {
+    py::gil_scoped_release nogil;
+    format = detect_file_format(path);
+  }
+  if (format == FileFormat::Npy) {
+    LoadedTensor t;
+    {
+      py::gil_scoped_release nogil;
+      t = read_npy(path, path);
+    }
+    d["format"] = "npy";
+    d["dtype"] = to_string(t.dtype);
+    d["shape"] = py::tuple(py::cast(t.values.shape()));
+    return d;
+  }
+  if (format != FileFormat::Safetensors)
+    throw Error(Error::Kind::Format, path + ": this is " + describe(format) + "; inspect reads safetensors and .npy files");
+  SafetensorsFile file;
+  std::vector<FoundModule> modules;
+  {
+    py::gil_scoped_release nogil;
+    file = read_safetensors(path);
+    modules = find_attention_modules(file, path);
+  }
+  d["format"] = "safetensors";
+  py::dict tensors;  // name order, as `multihead inspect` lists them
+  std::map<std::string, std::pair<DType, Shape>> rows;
+  for (const auto& [name, t] : file.tensors) rows[name] = {t.dtype, t.values.shape()};
+  for (const auto& [name, t] : file.integer_tensors) rows[name] = {t.dtype, t.shape};
+  for (const auto& [name, row] : rows) {
+    py::dict e;
+    e["dtype"] = to_string(row.first);
+    e["shape"] = py::tuple(py::cast(row.second));
+    tensors[py::str(name)] = e;
+  }
+  d["tensors"] = tensors;
+  d["metadata"] = file.metadata;
+  py::list found;
+  for (const FoundModule& m : modules) {
+    py::dict e;
+    e["prefix"] = m.prefix;
+    if (!m.problem.empty()) {
+      e["problem"] = m.problem;
+    } else {
+      e["problem"] = py::none();
+      e["embed_dim"] = m.embed_dim;
+      e["kdim"] = m.kdim;
+      e["vdim"] = m.vdim;
+      e["bias"] = m.bias;
+      e["add_bias_kv"] = m.add_bias_kv;
+      e["num_heads"] = m.num_heads;
+      e["batch_first"] = m.batch_first;
+      e["add_zero_attn"] = m.add_zero_attn;
+      e["dropout"] = m.dropout;
+    }
+    found.append(e);
+  }
+  d["modules"] = found;
+  return d;
 }
 
 const char* const kClassDoc = R"doc(MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None, batch_first=False, *, seed=0, dtype=None)
@@ -518,61 +699,6 @@ Returns:
     The output (..., L, Dv), or (output, weights) with need_weights.
 )doc";
 
-// A default as the Python object pybind11 makes of it.
-template <class T>
-py::object as_python(const T& value) {
-  if constexpr (std::is_base_of_v<py::handle, T>) {
-    return py::reinterpret_borrow<py::object>(value);
-  } else {
-    return py::cast(value);
-  }
-}
-
-// A docstring's signature line, "name(query, key, value, a=1, *, b='x')", and
-// its "    a: ..." entries (wrapped at 79 columns), from the rows: each
-// default is the repr of the call struct's member, as pybind11 shows it.
-class DocBuilder {
- public:
-  explicit DocBuilder(const std::string& function) : line_(function + "(") {}
-  void required(const char* name) { separate() += name; }
-  void keyword_only() { separate() += "*"; }
-  // With a doc, also an entry of the current section (positional or keyword-only).
-  void add(const char* name, const py::object& default_value, const char* doc) {
-    separate() += std::string(name) + "=" + py::repr(default_value).cast<std::string>();
-    if (doc) entries_ += wrap_entry(name, doc);
-    names_ += (names_.empty() ? "" : ", ") + std::string(name);
-  }
-  std::string line() const { return line_ + ")"; }
-  // The entries added since the last call, and the names among them.
-  std::string take_entries() { return std::exchange(entries_, {}); }
-  std::string take_names() { return std::exchange(names_, {}); }
-  // "    name: doc" wrapped at 79 columns, continued 8 columns in.
-  static std::string wrap_entry(const std::string& name, const std::string& doc) {
-    const std::string text = name + ": " + doc;
-    std::string out, row = "   ";
-    std::size_t i = 0;
-    while (i < text.size()) {
-      std::size_t j = text.find(' ', i);
-      if (j == std::string::npos) j = text.size();
-      const std::string word = text.substr(i, j - i);
-      if (row.size() > 8 && row.size() + 1 + word.size() > 79) {
-        out += row + "\n";
-        row = "       ";
-      }
-      row += " " + word;
-      i = j + 1;
-    }
-    return out + row + "\n";
-  }
-
- private:
-  std::string& separate() {
-    if (line_.back() != '(') line_ += ", ";
-    return line_;
-  }
-  std::string line_, entries_, names_;
-};
-
 // The bindings' own keywords, after the shared rows (options.hpp).
 #define MULTIHEAD_FORWARD_FORM(X) \
   X(std::string, form, "fused", , "'fused' (default) or 'textbook' (the lesson's per-head form).")
@@ -585,15 +711,6 @@ struct ForwardCall : ModuleCall {
 struct ForwardContextCall : ModuleCall {
   MULTIHEAD_FORWARD_CONTEXT(MULTIHEAD_OPTION_MEMBER)
 };
-
-// A row as a parameter of a bound lambda, as its py::arg (the default read
-// from the call struct `d`), stored into the call struct `c`, and in the
-// docstring (DocBuilder `b`; _SIG: the signature only).
-#define MULTIHEAD_PY_PARAM(Type, name, def, into, doc) , Type name
-#define MULTIHEAD_PY_ARG(Type, name, def, into, doc) , py::arg(#name) = d.name
-#define MULTIHEAD_PY_STORE(Type, name, def, into, doc) c.name = std::move(name);
-#define MULTIHEAD_PY_DOC(Type, name, def, into, doc) b.add(#name, as_python(d.name), doc);
-#define MULTIHEAD_PY_SIG(Type, name, def, into, doc) b.add(#name, as_python(d.name), nullptr);
 
 // The rows of the module's forwards, in the order of their signatures.
 #define MULTIHEAD_FORWARD_ROWS(EXTRA, M) \
@@ -628,9 +745,20 @@ std::string forward_with_context_doc() {
   return b.line() + "\n" + kForwardWithContextDoc + "\nKeyword-only:\n" + b.take_entries();
 }
 
-std::string sdpa_doc() {
+const char* const kSdpaWithContextDoc = R"doc(
+The training forward of scaled_dot_product_attention (the same arguments
+and output), also keeping what scaled_dot_product_attention_backward needs:
+the inputs and the output (held, not copied: change none of them in place
+before the backward), the mask, each row's log-sum-exp and the options
+(dropout's keep decisions are regenerated from dropout_seed).
+
+Returns:
+    (output, weights or None, context): context is an SdpaContext.
+)doc";
+
+std::string sdpa_doc(const std::string& name = "scaled_dot_product_attention") {
   const SdpaCall d;
-  DocBuilder b("scaled_dot_product_attention");
+  DocBuilder b(name);
   for (const char* t : {"query", "key", "value"}) b.required(t);
   MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_DOC)
   const std::string positional = b.take_entries();
@@ -639,8 +767,10 @@ std::string sdpa_doc() {
   MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_SIG)
   const std::string shared = b.take_names();
   MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_DOC)
-  return b.line() + "\n" + kSdpaIntroDoc + positional + "\nKeyword-only (not in PyTorch):\n" + b.take_entries() +
-         DocBuilder::wrap_entry(shared, "as in MultiheadAttention.forward.") + kSdpaReturnsDoc;
+  return b.line() + "\n" + (name == "scaled_dot_product_attention" ? kSdpaIntroDoc : kSdpaWithContextDoc) +
+         positional + "\nKeyword-only (not in PyTorch):\n" + b.take_entries() +
+         DocBuilder::wrap_entry(shared, "as in MultiheadAttention.forward.") +
+         (name == "scaled_dot_product_attention" ? kSdpaReturnsDoc : "");
 }
 
 }  // namespace
@@ -684,6 +814,17 @@ PYBIND11_MODULE(_multihead, m) {
            "Contexts from before the update are refused by backward().\n\n"
            "    g = mha.backward(ctx, d_out)\n"
            "    mha.update_parameters(lambda name, p: p - lr * g[name])")
+      .def("share_parameters", &PyMultiheadAttention::share_parameters, "arrays"_a,
+           "share_parameters(self, arrays) -> None\n\n"
+           "From now on the module reads its parameters from the memory of `arrays` (a dict under\n"
+           "state_dict's names, every parameter, each a C-contiguous array of the module's dtype and of its\n"
+           "shape: TypeError / ValueError naming it), with no copy: changes made to them in place are seen\n"
+           "by the next call, with nothing to reload (multihead.torch shares the torch Parameters so).\n"
+           "A backward reads the values they hold then. state_dict() copies their current values;\n"
+           "update_parameters() and load_state_dict() end the sharing (the module takes its own copy).\n"
+           "The arrays are kept alive while shared.")
+      .def_property_readonly("shares_parameters", &PyMultiheadAttention::shares_parameters,
+           "True after share_parameters(), until update_parameters() or load_state_dict().")
       .def("state_dict", &PyMultiheadAttention::state_dict,
            "state_dict(self) -> dict\n\nA new dict of the parameters under PyTorch's names (copies, in the module's dtype).")
       .def("load_state_dict", &PyMultiheadAttention::load_state_dict, "state_dict"_a, "strict"_a = true,
@@ -765,6 +906,51 @@ PYBIND11_MODULE(_multihead, m) {
         sdpa_doc().c_str(), "query"_a, "key"_a, "value"_a MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_ARG), py::kw_only()
             MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_ARG) MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_ARG));
   }
+  {
+    const SdpaCall d;
+    m.def(
+        "scaled_dot_product_attention_with_context",
+        [](const py::object& query, const py::object& key, const py::object& value MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_PARAM)) {
+          SdpaCall c;
+          MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_STORE)
+          const py::array q = as_numpy(query);
+          const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
+          py::object ctx = py::cast(PySdpaContext());
+          PySdpaContext& context = ctx.cast<PySdpaContext&>();
+          const py::tuple r = precision_of(q, "query") == Precision::F64 ? sdpa<double>(q, k, v, c, &context)
+                                                                          : sdpa<float>(q, k, v, c, &context);
+          return py::make_tuple(r[0], r[1], ctx);
+        },
+        sdpa_doc("scaled_dot_product_attention_with_context").c_str(), "query"_a, "key"_a,
+        "value"_a MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_ARG), py::kw_only()
+            MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_ARG) MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_ARG));
+  }
+  m.def(
+      "scaled_dot_product_attention_backward",
+      [](const py::object& context, const py::object& d_output) {
+        if (!py::isinstance<PySdpaContext>(context))
+          throw py::type_error("context: expected a multihead.SdpaContext (from "
+                               "scaled_dot_product_attention_with_context), got " +
+                               py::str(py::type::of(context)).cast<std::string>());
+        PySdpaContext& c = context.cast<PySdpaContext&>();
+        if (c.empty())
+          throw Error(Error::Kind::Value, "context: empty SdpaContext; get one from "
+                                          "scaled_dot_product_attention_with_context()");
+        return c.dtype == Precision::F64 ? sdpa_backward<double>(c, d_output) : sdpa_backward<float>(c, d_output);
+      },
+      "context"_a, "d_output"_a,
+      "scaled_dot_product_attention_backward(context, d_output) -> (d_query, d_key, d_value)\n\n"
+      "The gradients of a loss l given d_output = dl/d(output), (..., L, Dv), for the forward that filled\n"
+      "`context` (scaled_dot_product_attention_with_context), in its dtype and the inputs' shapes:\n"
+      "the kernels' own backward (no gradient reaches the mask). ValueError naming d_output if its\n"
+      "shape is wrong. The GIL is released while computing.");
+  py::class_<PySdpaContext>(m, "SdpaContext",
+                            "What scaled_dot_product_attention_with_context keeps for\n"
+                            "scaled_dot_product_attention_backward: the inputs and output (held, not copied),\n"
+                            "the mask, each row's log-sum-exp and the options.")
+      .def_property_readonly("dtype", [](const PySdpaContext& c) {
+        return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
+      });
 
   py::class_<PyForwardContext>(m, "ForwardContext",
                                "What MultiheadAttention.forward_with_context keeps for backward(): copies of the\n"
@@ -776,6 +962,9 @@ PYBIND11_MODULE(_multihead, m) {
       .def_property_readonly("dtype", [](const PyForwardContext& c) {
         return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
       });
+
+  bind_grouped_query_attention(m);
+  bind_trainer(m);
 
   m.def("alibi_slopes", &multihead::alibi_slopes, "heads"_a,
         "alibi_slopes(heads) -> list[float]\n\nALiBi's per-head slopes (Press et al. 2022): 2^(-8h/H) for H a "
@@ -801,6 +990,33 @@ PYBIND11_MODULE(_multihead, m) {
       "path"_a, "module"_a,
       "save_weights(path, module)\n\nWrites the module's state_dict as F32 safetensors, with its configuration in\n"
       "__metadata__ (what load_weights reads). Atomic: a failure leaves no partial file.");
+
+  m.def("explain", &explain_report, "module"_a, "input"_a = py::none(), py::kw_only(), "text"_a = py::none(),
+        "tokens"_a = py::none(), "batch"_a = 0, "token"_a = py::none(), "format"_a = "html", "unicode"_a = false,
+        "colour"_a = false, "source"_a = py::none(), "out"_a = py::none(),
+        "explain(module, input=None, *, text=None, tokens=None, batch=0, token=None, format='html', unicode=False, "
+        "colour=False, source=None, out=None) -> str\n\n"
+        "What each head attends to, as `multihead explain` writes it: format 'html' (one self-contained\n"
+        "page), 'text' (one query token's rows, head by head) or 'bertviz' (head_view's JSON). Returns the\n"
+        "report as a string, also written to `out` (atomic) when given.\n"
+        "  module: a MultiheadAttention, with input (L, E), or (L, B, E) / (N, L, E) as its batch_first\n"
+        "      says, attended to itself (entry `batch`; tokens: its L labels, a string or a sequence;\n"
+        "      default the positions); or a TrainedModel of the lesson task, with text (a sentence of its\n"
+        "      words; default its held-out test sentence), which adds the answer at \"it\" and the heads'\n"
+        "      specialisation measures.\n"
+        "  token: the query to show (text) or focus first (html): a position or a label.\n"
+        "  unicode, colour: the text view's shading and ANSI colours (off: the CLI's file output).\n"
+        "  source: the page's line on what was run (default: a description of the module and input).\n"
+        "Every layer's per-head weights come from attention_weights_per_head (the flash kernel's\n"
+        "recomputed weights) or TrainedModel.evaluate. The GIL is released while computing.");
+  m.def("inspect", &inspect_file, "path"_a,
+        "inspect(path) -> dict\n\n"
+        "What `multihead inspect` lists of a file. safetensors: {'path', 'format': 'safetensors',\n"
+        "'tensors': {name: {'dtype', 'shape'}} (name order), 'metadata': {key: value}, 'modules': [one\n"
+        "dict per MultiheadAttention in it: 'prefix', 'problem' (None, or why load_weights would refuse\n"
+        "it), 'embed_dim', 'kdim', 'vdim', 'bias', 'add_bias_kv' (from the shapes), 'num_heads',\n"
+        "'batch_first', 'add_zero_attn', 'dropout' (from the metadata; None when absent)]}. .npy:\n"
+        "{'path', 'format': 'npy', 'dtype', 'shape'}.");
 
   // multihead/runtime.hpp: process-wide switches, as the CLI's --threads,
   // --simd-target and MULTIHEAD_KERNEL.

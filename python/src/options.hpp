@@ -26,6 +26,7 @@
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/train.hpp"
 
 // torch.nn.MultiheadAttention.forward's arguments after (query, key, value),
 // positional, in PyTorch's order (forward, __call__, forward_with_context).
@@ -55,9 +56,13 @@
   X(std::optional<double>, scale, std::nullopt, a.scale = v,                                               \
     "Multiplies query @ key^T. Default: None (1/sqrt(D)).")
 
-// Keyword-only, not in PyTorch: every attention call (the module's forwards
-// and scaled_dot_product_attention).
-#define MULTIHEAD_ATTENTION_KEYWORDS(X)                                                                   \
+// Keyword-only, not in PyTorch: every attention call (MultiheadAttention's
+// forwards, scaled_dot_product_attention and GroupedQueryAttention's, which
+// takes all but causal_align: its causal rule is its own, bottom-right over
+// the KV cache). In the signatures' order: KERNEL, CAUSAL_ALIGN, SCORE.
+#define MULTIHEAD_ATTENTION_KEYWORDS(X) \
+  MULTIHEAD_KERNEL_KEYWORDS(X) MULTIHEAD_CAUSAL_ALIGN_KEYWORD(X) MULTIHEAD_SCORE_KEYWORDS(X)
+#define MULTIHEAD_KERNEL_KEYWORDS(X)                                                                      \
   X(std::string, masked_rows, "zeros", a.masked_rows = parse_masked_rows(v),                              \
     "What a query gets when every key is masked: 'zeros' (default: zero weights, attention output 0) or " \
     "'nan' (PyTorch 1.13's result).")                                                                     \
@@ -67,10 +72,12 @@
   X(bool, check_finite, false, a.check_finite = v, "Reject NaN or Inf in the inputs (ValueError).")       \
   X(uint64_t, dropout_seed, 0, a.dropout_seed = v,                                                        \
     "Seed of the dropout mask (the module's dropout in training mode; dropout_p in "                      \
-    "scaled_dot_product_attention).")                                                                     \
+    "scaled_dot_product_attention).")
+#define MULTIHEAD_CAUSAL_ALIGN_KEYWORD(X)                                                                 \
   X(std::string, causal_align, "top-left", a.causal_alignment = parse_causal_align(v),                    \
     "Where query i sits when L != S: 'top-left' (position i, PyTorch's is_causal) or 'bottom-right' "     \
-    "(i + S - L). Used by is_causal, window and alibi (docs/semantics.md, \"Positions\").")               \
+    "(i + S - L). Used by is_causal, window and alibi (docs/semantics.md, \"Positions\").")
+#define MULTIHEAD_SCORE_KEYWORDS(X)                                                                       \
   X(std::optional<int64_t>, window, std::nullopt, a.window = v,                                           \
     "Sliding window of w keys: with is_causal a query sees its own position and the w - 1 before it; "    \
     "without, keys less than w away.")                                                                    \
@@ -97,6 +104,38 @@
   X(bool, need_weights, false, , "Also return the weights, (..., L, S). Default: False.") \
   X(std::vector<double>, alibi_slopes, {}, a.alibi_slopes = v,                            \
     "ALiBi, one slope per slice (the product of the leading dimensions); empty (default) = none.")
+
+// Keyword-only: GroupedQueryAttention's forwards only (after the KERNEL and
+// SCORE rows). `heads` is the module's query-head count.
+#define MULTIHEAD_GQA_KEYWORDS(X)                                                                    \
+  X(bool, alibi, false, if (v) a.alibi_slopes = alibi_slopes(heads),                                 \
+    "ALiBi biases -m_h*|p_i - j| with the paper's slopes per query head (alibi_slopes(num_heads)).") \
+  X(std::optional<double>, scale, std::nullopt, a.scale = v, "Multiplies q @ k^T. Default: None (1/sqrt(head_dim)).")
+
+// multihead.Trainer's keywords, one row per field of the library's
+// ModelConfig (`m`) and TrainOptions (`t`), defaults read from them (the
+// same settings as `multihead train`'s flags).
+#define MULTIHEAD_TRAINER_KEYWORDS(X)                                                                      \
+  X(int64_t, d_model, ModelConfig{}.d_model, m.d_model = v, "Model width E.")                              \
+  X(int64_t, heads, ModelConfig{}.heads, m.heads = v, "Attention heads (dividing d_model).")               \
+  X(int64_t, layers, ModelConfig{}.layers, m.layers = v, "Attention blocks.")                              \
+  X(int64_t, ff, ModelConfig{}.ff, m.ff = v, "Feed-forward width (Linear-ReLU-Linear); 0 = none.")         \
+  X(double, dropout, ModelConfig{}.dropout, m.dropout = v, "Dropout on the attention weights, training.")  \
+  X(bool, causal, ModelConfig{}.causal, m.causal = v, "Causal self-attention.")                            \
+  X(int64_t, steps, TrainOptions{}.steps, t.steps = v, "Training steps in all.")                           \
+  X(int64_t, batch, TrainOptions{}.batch, t.batch = v, "Sequences per step.")                              \
+  X(double, lr, TrainOptions{}.lr, t.lr = v, "Peak learning rate (AdamW).")                                \
+  X(int64_t, warmup, TrainOptions{}.warmup, t.warmup = v, "Linear warm-up steps.")                         \
+  X(std::string, schedule, to_string(TrainOptions{}.schedule), t.schedule = parse_schedule(v),             \
+    "After warm-up: 'constant', or 'cosine' down to 0.1*lr at the last step.")                             \
+  X(double, weight_decay, TrainOptions{}.weight_decay, t.weight_decay = v,                                 \
+    "AdamW's decoupled weight decay (weight matrices only).")                                              \
+  X(double, beta1, TrainOptions{}.beta1, t.beta1 = v, "AdamW's first-moment decay.")                       \
+  X(double, beta2, TrainOptions{}.beta2, t.beta2 = v, "AdamW's second-moment decay.")                      \
+  X(double, adam_eps, TrainOptions{}.eps, t.eps = v, "AdamW's epsilon.")                                   \
+  X(double, clip, TrainOptions{}.clip, t.clip = v, "Global gradient-norm bound; 0 = no clipping.")         \
+  X(uint64_t, seed, TrainOptions{}.seed, t.seed = v, "Seed of initialisation, data and dropout.")          \
+  X(int, threads, TrainOptions{}.threads, t.threads = v, "Threads of the loops (0 = default); the losses do not depend on it.")
 
 // What the rows expand to. MULTIHEAD_OPTION_MEMBER declares a call struct's
 // member; MULTIHEAD_OPTION_INTO runs a row's `into` on a call struct `o`.
@@ -145,6 +184,32 @@ inline AttentionOptions attention_options(const SdpaCall& o) {
   MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_OPTION_INTO)
   MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_OPTION_INTO)
   return a;
+}
+
+// A GroupedQueryAttention forward's keyword arguments (after x).
+struct GqaCall {
+  MULTIHEAD_KERNEL_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+  MULTIHEAD_SCORE_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+  MULTIHEAD_GQA_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+};
+
+// The module's dropout rate applies in training mode, as MultiheadAttention's.
+inline AttentionOptions gqa_options(const GqaCall& o, int64_t heads, bool training, double dropout) {
+  AttentionOptions a;
+  a.dropout_p = training ? dropout : 0.0;
+  MULTIHEAD_KERNEL_KEYWORDS(MULTIHEAD_OPTION_INTO)
+  MULTIHEAD_SCORE_KEYWORDS(MULTIHEAD_OPTION_INTO)
+  MULTIHEAD_GQA_KEYWORDS(MULTIHEAD_OPTION_INTO)
+  return a;
+}
+
+// multihead.Trainer's settings.
+struct TrainerCall {
+  MULTIHEAD_TRAINER_KEYWORDS(MULTIHEAD_OPTION_MEMBER)
+};
+
+inline void trainer_settings(const TrainerCall& o, ModelConfig& m, TrainOptions& t) {
+  MULTIHEAD_TRAINER_KEYWORDS(MULTIHEAD_OPTION_INTO)
 }
 
 // The masks are the caller's (converted from o.key_padding_mask and

@@ -21,3 +21,17 @@ def test_readme_example_runs_and_matches_pytorch():
     exec(compile(blocks[0], "README.md (Python: multihead)", "exec"), ns)
     assert ns["out"].shape == (2, 10, 64) and ns["w"].shape == (2, 10, 10)
     exec(compile(blocks[1], "README.md (Python: PyTorch)", "exec"), ns)
+
+
+def test_readme_rest_of_the_library_examples_run():
+    """The python blocks of the section's "The rest of the library" part (up
+    to "**Speed.**"), in one namespace."""
+    text = open(os.path.join(SOURCE_DIR, "README.md"), encoding="utf-8").read()
+    part = re.search(r"^\*\*The rest of the library\.\*\*(.*?)^\*\*Speed\.\*\*", text, flags=re.S | re.M)
+    assert part, "README.md's Python section has no 'The rest of the library.' part"
+    blocks = re.findall(r"```python\n(.*?)```", part.group(1), flags=re.S)
+    assert len(blocks) == 2, f"expected the GQA and the trainer examples, found {len(blocks)} python blocks"
+    ns = {}
+    for i, block in enumerate(blocks):
+        exec(compile(block, f"README.md (Python: the rest of the library, block {i + 1})", "exec"), ns)
+    assert ns["page"].startswith("<!DOCTYPE html>") and ns["pe"].shape == (12, 64)

@@ -161,6 +161,10 @@ def stub_tree(text):
 
 
 def _is_routine(x):
+    """A bound function in a class's or the module's namespace (a static
+    method, e.g. TrainedModel.load, sits there wrapped in staticmethod)."""
+    if isinstance(x, staticmethod):
+        x = x.__func__
     return type(x).__name__ in ("builtin_function_or_method", "instancemethod")
 
 
@@ -219,7 +223,8 @@ def _documented():
         if isinstance(obj, type):
             for m, v in vars(obj).items():
                 if _is_routine(v) and (m in ("__init__", "__call__") or not m.startswith("__")):
-                    out.append((f"{name}.{m}", v, obj if m == "__init__" else v))
+                    fn = obj if m == "__init__" else getattr(obj, m)
+                    out.append((f"{name}.{m}", fn, fn))
         elif _is_routine(obj):
             out.append((name, obj, obj))
     return out

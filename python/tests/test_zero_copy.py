@@ -125,3 +125,71 @@ def test_results_are_freed():
         del out
     grown = rss_bytes() - before
     assert grown < 64 << 20, f"resident memory grew by {grown >> 20} MiB over 400 calls"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_shared_parameters_are_read_in_place(dtype):
+    """share_parameters: the module reads the arrays' memory at every call:
+    a change made to them in place (nothing reloaded) gives a fresh
+    module's output of the new values; state_dict copies them;
+    update_parameters ends the sharing (a later change is not seen)."""
+    m = multihead.MultiheadAttention(16, 4, dtype=dtype)
+    arrays = {n: a.copy() for n, a in m.state_dict().items()}
+    m.share_parameters(arrays)
+    assert m.shares_parameters
+    x = np.random.default_rng(0).standard_normal((5, 2, 16)).astype(dtype)
+    arrays["in_proj_weight"] *= 2
+    arrays["out_proj.bias"] += 0.5
+    fresh = multihead.MultiheadAttention(16, 4, dtype=dtype)
+    fresh.load_state_dict(arrays)
+    # (within rounding: the shared module multiplies by W as stored, the
+    # fresh one by its transposed copy)
+    np.testing.assert_allclose(m(x, x, x, need_weights=False)[0], fresh(x, x, x, need_weights=False)[0],
+                               rtol=1e-5, atol=1e-6)
+    sd = m.state_dict()
+    np.testing.assert_array_equal(sd["in_proj_weight"], arrays["in_proj_weight"])
+    assert addr(sd["in_proj_weight"]) != addr(arrays["in_proj_weight"])  # a copy
+    # float64 queries to a float32 module: its other module, from the shared values
+    if dtype == np.float32:
+        np.testing.assert_allclose(m(x.astype(np.float64), x.astype(np.float64), x.astype(np.float64),
+                                     need_weights=False)[0], fresh(x, x, x, need_weights=False)[0], atol=1e-5)
+    m.update_parameters(lambda name, p: None)
+    assert not m.shares_parameters
+    arrays["in_proj_weight"] *= 2
+    np.testing.assert_allclose(m(x, x, x, need_weights=False)[0], fresh(x, x, x, need_weights=False)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_share_parameters_refuses_what_it_cannot_view():
+    m = multihead.MultiheadAttention(8, 2)
+    good = m.state_dict()
+    with pytest.raises(TypeError, match=r"in_proj_weight: expected a C-contiguous float32 array .* float64"):
+        m.share_parameters({**good, "in_proj_weight": good["in_proj_weight"].astype(np.float64)})
+    with pytest.raises(TypeError, match=r"out_proj.weight: expected a C-contiguous float32 .*non-contiguous"):
+        m.share_parameters({**good, "out_proj.weight": good["out_proj.weight"].T})
+    with pytest.raises(ValueError, match=r"out_proj.bias: expected shape \(8\), got \(9\)"):
+        m.share_parameters({**good, "out_proj.bias": np.zeros(9, np.float32)})
+    with pytest.raises(ValueError, match=r"in_proj_bias: missing from arrays"):
+        m.share_parameters({k: v for k, v in good.items() if k != "in_proj_bias"})
+    with pytest.raises(ValueError, match=r"bias_k: not a parameter of this module"):
+        m.share_parameters({**good, "bias_k": np.zeros((1, 1, 8), np.float32)})
+    with pytest.raises(TypeError, match=r"arrays: expected a dict"):
+        m.share_parameters([1, 2])
+    assert not m.shares_parameters
+
+
+def test_gqa_shared_parameters_are_read_in_place():
+    m = multihead.GroupedQueryAttention(16, 4, num_kv_heads=2, dtype=np.float64)
+    arrays = {n: a.copy() for n, a in m.state_dict().items()}
+    m.share_parameters(arrays)
+    assert m.shares_parameters
+    x = np.random.default_rng(1).standard_normal((2, 5, 16))
+    arrays["o_proj.weight"] *= -3
+    fresh = multihead.GroupedQueryAttention(16, 4, num_kv_heads=2, dtype=np.float64)
+    fresh.load_state_dict(arrays)
+    np.testing.assert_allclose(m(x), fresh(x), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(m.state_dict()["o_proj.weight"], arrays["o_proj.weight"])
+    with pytest.raises(TypeError, match=r"q_proj.weight: expected a C-contiguous float64"):
+        m.share_parameters({**arrays, "q_proj.weight": arrays["q_proj.weight"].astype(np.float32)})
+    m.load_state_dict(m.state_dict())
+    assert not m.shares_parameters

@@ -139,6 +139,12 @@ void BasicMultiheadAttention<T>::replace_parameters(MultiheadAttentionParameters
 }
 
 template <class T>
+void BasicMultiheadAttention<T>::parameters_changed() {
+  weights_t_ = detail::ProjectionWeights<T>::from(config_, params_);
+  parameters_token_ = detail::new_parameters_token();
+}
+
+template <class T>
 void BasicMultiheadAttention<T>::release_workspaces() const {
   workspaces_->clear();
 }

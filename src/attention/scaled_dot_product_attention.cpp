@@ -61,16 +61,17 @@ int64_t check_mask(const SdpaDims& d, const Mask<T>& mask) {
   return d.L * d.S;
 }
 
-// The one call of the kernel, for every storage type: E = T (float,
-// double) or 16-bit E with float T (args.narrow).
+// A call's kernel arguments (the forward's, which its backward reads too),
+// for every storage type: E = T (float, double), or 16-bit E with float T
+// (the caller then sets args.narrow): dims, mask (converted to additive
+// into `additive`), slopes (into `slopes`), options validated;
+// out/weights/lse are the caller's to set.
 template <class T, class E>
-Tensor<E> sdpa_call(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value, const Mask<T>* attn_mask,
-                    const AttentionOptions& options, Tensor<T>* attn_weights) {
-  constexpr bool narrow = !std::is_same_v<T, E>;
+AttentionArgs<T> sdpa_args(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value,
+                           const Mask<T>* attn_mask, const AttentionOptions& options, const SdpaDims& d,
+                           Tensor<T>& additive, std::vector<T>& slopes) {
   validate_attention_options(options);
-  const SdpaDims d = check_dims(query, key, value);
   AttentionTensors<T> tensors;
-  Tensor<T> additive;
   if (attn_mask) {
     tensors.attn_mask_slice_stride = check_mask(d, *attn_mask);
     additive = attn_mask->to_additive();
@@ -81,15 +82,13 @@ Tensor<E> sdpa_call(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E
     check_finite("key", key);
     check_finite("value", value);
   }
-  Tensor<E> out(with_tail(d.lead, d.L, d.Dv));
-  if (attn_weights) *attn_weights = Tensor<T>(with_tail(d.lead, d.L, d.S));
   AttentionShape shape;
   shape.slices = shape_numel(d.lead);
   shape.q_len = d.L;
   shape.kv_len = shape.causal_cols = d.S;
   shape.head_dim = d.D;
   shape.value_dim = d.Dv;
-  std::vector<T> slopes(options.alibi_slopes.begin(), options.alibi_slopes.end());
+  slopes.assign(options.alibi_slopes.begin(), options.alibi_slopes.end());
   if (!slopes.empty()) {
     if (static_cast<int64_t>(slopes.size()) != shape.slices)
       throw Error(Error::Kind::Shape, "alibi_slopes: expected one slope per slice, " +
@@ -97,15 +96,24 @@ Tensor<E> sdpa_call(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E
                                           std::to_string(slopes.size()));
     tensors.alibi_slopes = slopes.data();
   }
-  if constexpr (!narrow) {
+  if constexpr (std::is_same_v<T, E>) {
     tensors.q = query.data();
     tensors.k = key.data();
     tensors.v = value.data();
-    tensors.out = out.data();
   }
-  tensors.weights = attn_weights ? attn_weights->data() : nullptr;
-  AttentionArgs<T> args = make_attention_args(shape, tensors, options);
-  if constexpr (narrow) args.narrow = {compute_dtype_of<E>(), query.data(), key.data(), value.data(), out.data()};
+  return make_attention_args(shape, tensors, options);
+}
+
+// The 16-bit forward: E storage, float arithmetic (the flash kernel widens).
+template <class E>
+Tensor<E> sdpa_narrow(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value,
+                      const Mask<float>* attn_mask, const AttentionOptions& options) {
+  const SdpaDims d = check_dims(query, key, value);
+  Tensor<float> additive;
+  std::vector<float> slopes;
+  AttentionArgs<float> args = sdpa_args<float, E>(query, key, value, attn_mask, options, d, additive, slopes);
+  Tensor<E> out(with_tail(d.lead, d.L, d.Dv));
+  args.narrow = {compute_dtype_of<E>(), query.data(), key.data(), value.data(), out.data()};
   attention_forward(args, options.kernel);
   return out;
 }
@@ -117,27 +125,73 @@ template <class T>
 Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
                                        const Tensor<T>& value,
                                        const std::type_identity_t<Mask<T>>* attn_mask,
-                                       const AttentionOptions& options, Tensor<T>* attn_weights) {
-  return detail::sdpa_call<T, T>(query, key, value, attn_mask, options, attn_weights);
+                                       const AttentionOptions& options, Tensor<T>* attn_weights, Tensor<T>* lse) {
+  const detail::SdpaDims d = detail::check_dims(query, key, value);
+  Tensor<T> additive;
+  std::vector<T> slopes;
+  detail::AttentionArgs<T> args = detail::sdpa_args(query, key, value, attn_mask, options, d, additive, slopes);
+  Tensor<T> out(detail::with_tail(d.lead, d.L, d.Dv));
+  if (attn_weights) *attn_weights = Tensor<T>(detail::with_tail(d.lead, d.L, d.S));
+  Shape lse_shape = d.lead;
+  lse_shape.push_back(d.L);
+  if (lse) *lse = Tensor<T>(lse_shape);
+  args.out = out.data();
+  args.weights = attn_weights ? attn_weights->data() : nullptr;
+  args.lse = lse ? lse->data() : nullptr;
+  detail::attention_forward(args, options.kernel);
+  return out;
 }
 
 Tensor<bfloat16> scaled_dot_product_attention(const Tensor<bfloat16>& query, const Tensor<bfloat16>& key,
                                               const Tensor<bfloat16>& value, const Mask<float>* attn_mask,
                                               const AttentionOptions& options) {
-  return detail::sdpa_call<float, bfloat16>(query, key, value, attn_mask, options, nullptr);
+  return detail::sdpa_narrow(query, key, value, attn_mask, options);
 }
 
 Tensor<float16> scaled_dot_product_attention(const Tensor<float16>& query, const Tensor<float16>& key,
                                              const Tensor<float16>& value, const Mask<float>* attn_mask,
                                              const AttentionOptions& options) {
-  return detail::sdpa_call<float, float16>(query, key, value, attn_mask, options, nullptr);
+  return detail::sdpa_narrow(query, key, value, attn_mask, options);
 }
 
-template Tensor<float> scaled_dot_product_attention<float>(const Tensor<float>&, const Tensor<float>&,
-                                                           const Tensor<float>&, const Mask<float>*,
-                                                           const AttentionOptions&, Tensor<float>*);
-template Tensor<double> scaled_dot_product_attention<double>(const Tensor<double>&, const Tensor<double>&,
-                                                             const Tensor<double>&, const Mask<double>*,
-                                                             const AttentionOptions&, Tensor<double>*);
+template <class T>
+SdpaGradients<T> scaled_dot_product_attention_backward(const Tensor<T>& query, const Tensor<T>& key,
+                                                       const Tensor<T>& value,
+                                                       const std::type_identity_t<Mask<T>>* attn_mask,
+                                                       const AttentionOptions& options, const Tensor<T>& output,
+                                                       const Tensor<T>& lse, const Tensor<T>& d_output) {
+  const detail::SdpaDims d = detail::check_dims(query, key, value);
+  detail::expect_shape("output", output.shape(), detail::with_tail(d.lead, d.L, d.Dv));
+  Shape lse_shape = d.lead;
+  lse_shape.push_back(d.L);
+  detail::expect_shape("lse", lse.shape(), lse_shape);
+  detail::expect_shape("d_output", d_output.shape(), detail::with_tail(d.lead, d.L, d.Dv));
+  Tensor<T> additive;
+  std::vector<T> slopes;
+  detail::AttentionBackwardArgs<T> b;
+  b.forward = detail::sdpa_args(query, key, value, attn_mask, options, d, additive, slopes);
+  b.forward.out = const_cast<T*>(output.data());  // read only (delta_i = <d_out_i, out_i>)
+  SdpaGradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
+  b.lse = lse.data();
+  b.d_out = d_output.data();
+  b.d_q = g.query.data();
+  b.d_k = g.key.data();
+  b.d_v = g.value.data();
+  // Any kernel's backward follows any kernel's forward (they share the
+  // contract's lse and out): the one the forward would pick without weights.
+  detail::run_attention_backward(b, detail::resolve_forward_kernel<T>(options.kernel, /*stores_weights=*/false));
+  return g;
+}
+
+#define MULTIHEAD_SDPA_INSTANTIATE(T)                                                                            \
+  template Tensor<T> scaled_dot_product_attention<T>(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,      \
+                                                     const Mask<T>*, const AttentionOptions&, Tensor<T>*,       \
+                                                     Tensor<T>*);                                               \
+  template SdpaGradients<T> scaled_dot_product_attention_backward<T>(                                           \
+      const Tensor<T>&, const Tensor<T>&, const Tensor<T>&, const Mask<T>*, const AttentionOptions&,            \
+      const Tensor<T>&, const Tensor<T>&, const Tensor<T>&);
+MULTIHEAD_SDPA_INSTANTIATE(float)
+MULTIHEAD_SDPA_INSTANTIATE(double)
+#undef MULTIHEAD_SDPA_INSTANTIATE
 
 }  // namespace multihead

@@ -1,0 +1,97 @@
+// python/src/bindings.hpp: what every part of the binding shares (module.cpp,
+// gqa.cpp, train.cpp): the dtype= argument, and the docstrings generated
+// from options.hpp's rows (DocBuilder and the row macros).
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "arrays.hpp"
+
+namespace multihead::python {
+
+namespace py = pybind11;
+
+// dtype=None | "float32" | "float64" | numpy.float32 | numpy.dtype(...).
+inline Precision parse_dtype(const py::object& dtype) {
+  if (dtype.is_none()) return Precision::F32;
+  const py::dtype d = py::dtype::from_args(dtype);
+  if (d.kind() == 'f' && d.itemsize() == 4) return Precision::F32;
+  if (d.kind() == 'f' && d.itemsize() == 8) return Precision::F64;
+  throw py::type_error("dtype: expected float32 or float64, got " + py::str(py::handle(d)).cast<std::string>());
+}
+
+// A default as the Python object pybind11 makes of it.
+template <class T>
+py::object as_python(const T& value) {
+  if constexpr (std::is_base_of_v<py::handle, T>) {
+    return py::reinterpret_borrow<py::object>(value);
+  } else {
+    return py::cast(value);
+  }
+}
+
+// A docstring's signature line, "name(query, key, value, a=1, *, b='x')", and
+// its "    a: ..." entries (wrapped at 79 columns), from the rows: each
+// default is the repr of the call struct's member, as pybind11 shows it.
+class DocBuilder {
+ public:
+  explicit DocBuilder(const std::string& function) : line_(function + "(") {}
+  void required(const char* name) { separate() += name; }
+  void keyword_only() { separate() += "*"; }
+  // With a doc, also an entry of the current section (positional or keyword-only).
+  void add(const char* name, const py::object& default_value, const char* doc) {
+    separate() += std::string(name) + "=" + py::repr(default_value).cast<std::string>();
+    if (doc) entries_ += wrap_entry(name, doc);
+    names_ += (names_.empty() ? "" : ", ") + std::string(name);
+  }
+  std::string line() const { return line_ + ")"; }
+  // The entries added since the last call, and the names among them.
+  std::string take_entries() { return std::exchange(entries_, {}); }
+  std::string take_names() { return std::exchange(names_, {}); }
+  // "    name: doc" wrapped at 79 columns, continued 8 columns in.
+  static std::string wrap_entry(const std::string& name, const std::string& doc) {
+    const std::string text = name + ": " + doc;
+    std::string out, row = "   ";
+    std::size_t i = 0;
+    while (i < text.size()) {
+      std::size_t j = text.find(' ', i);
+      if (j == std::string::npos) j = text.size();
+      const std::string word = text.substr(i, j - i);
+      if (row.size() > 8 && row.size() + 1 + word.size() > 79) {
+        out += row + "\n";
+        row = "       ";
+      }
+      row += " " + word;
+      i = j + 1;
+    }
+    return out + row + "\n";
+  }
+
+ private:
+  std::string& separate() {
+    if (line_.back() != '(') line_ += ", ";
+    return line_;
+  }
+  std::string line_, entries_, names_;
+};
+
+// The parts of the module defined in their own files (called from
+// module.cpp's PYBIND11_MODULE).
+void bind_grouped_query_attention(py::module_& m);
+void bind_trainer(py::module_& m);
+
+}  // namespace multihead::python
+
+// A row as a parameter of a bound lambda, as its py::arg (the default read
+// from the call struct `d`), stored into the call struct `c`, and in the
+// docstring (DocBuilder `b`; _SIG: the signature only).
+#define MULTIHEAD_PY_PARAM(Type, name, def, into, doc) , Type name
+#define MULTIHEAD_PY_ARG(Type, name, def, into, doc) , py::arg(#name) = d.name
+#define MULTIHEAD_PY_STORE(Type, name, def, into, doc) c.name = std::move(name);
+#define MULTIHEAD_PY_DOC(Type, name, def, into, doc) b.add(#name, as_python(d.name), doc);
+#define MULTIHEAD_PY_SIG(Type, name, def, into, doc) b.add(#name, as_python(d.name), nullptr);
