@@ -56,6 +56,21 @@ template AttentionKernel resolve_forward_kernel<float>(AttentionKernel, bool);
 template AttentionKernel resolve_forward_kernel<double>(AttentionKernel, bool);
 
 template <class T>
+bool decode_kernel_serves(const AttentionArgs<T>& a, AttentionKernel requested) {
+  if constexpr (!std::is_same_v<T, float>) {
+    (void)a, (void)requested;
+    return false;
+  } else {
+    const ScoreModifiers<float>& m = a.modifiers;
+    return forced_or(requested) == AttentionKernel::Auto && a.q_len <= kDecodeMaxRows && a.weights == nullptr &&
+           a.dropout.p == 0.0 && m.attn_mask == nullptr && m.key_padding == nullptr;
+  }
+}
+
+template bool decode_kernel_serves<float>(const AttentionArgs<float>&, AttentionKernel);
+template bool decode_kernel_serves<double>(const AttentionArgs<double>&, AttentionKernel);
+
+template <class T>
 void run_attention_forward(const AttentionArgs<T>& args, AttentionKernel kernel) {
   if (kernel == AttentionKernel::Flash && !flash_can_serve(args)) {
     // Forcing flash where it cannot run is a usage error, not a silent swap.
