@@ -373,8 +373,11 @@ TEST_P(KvCacheDecode, WithinDerivedBoundOfFloat32Cache) {
 }
 
 // The checker itself: the float32 decode of a context whose first token
-// differs (a cache missing or misreading one key) is outside the bf16
-// bound somewhere.
+// differs (a cache misreading one key and value) is outside the bf16 bound
+// somewhere. The token is scaled by 8: zeroing it moves the outputs by at
+// most 0.25 of the bound (the bound is 5% of the norm, one of 33 tokens
+// less), which this test once missed while reading the last step's bound
+// (2 tokens) past its end as if it had 1.
 TEST(KvCacheChecker, WrongContextFailsTheBound) {
   const GroupedQueryAttention<float> m = make_module(2);
   const int64_t prompt = 32;
@@ -383,14 +386,15 @@ TEST(KvCacheChecker, WrongContextFailsTheBound) {
   std::mt19937_64 rng(5);
   const Tensor<float> x = test::random_tensor<float>(Shape{kB, total, kE}, rng);
   Tensor<float> wrong = x;
-  for (int64_t e = 0; e < kE; ++e) wrong[e] = 0.0f;  // sequence 0, token 0
+  for (int64_t e = 0; e < kE; ++e) wrong[e] *= 8.0f;  // sequence 0, token 0
   const std::vector<double> x64(x.data(), x.data() + x.numel());
   const std::vector<Tensor<float>> want = decode_all(m, x, prompt, {}, KVCacheDType::Native);
   const std::vector<Tensor<float>> bad = decode_all(m, wrong, prompt, {}, KVCacheDType::Native);
   int64_t P = 0, violations = 0;
   for (std::size_t step = 1; step < want.size(); ++step) {  // the decoding steps (after the prompt)
     P += want[step - 1].size(1);
-    const std::vector<double> bound = output_bound(m, kVariants[0], KVCacheDType::BFloat16, x64, total, P, 1, true);
+    const int64_t L = want[step].size(1);  // the last step has 2 tokens
+    const std::vector<double> bound = output_bound(m, kVariants[0], KVCacheDType::BFloat16, x64, total, P, L, true);
     for (int64_t e = 0; e < want[step].numel(); ++e)
       violations += std::fabs(static_cast<double>(bad[step][e]) - want[step][e]) > bound[static_cast<std::size_t>(e)];
   }
