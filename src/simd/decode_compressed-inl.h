@@ -11,7 +11,7 @@
 // loaded D/N vectors at a time in its own type, PromoteTo'd to float32
 // (float32: as loaded; int8: converted, times its block's scale) and multiplied into the rows'
 // dot products at once, so a K/V head is read once for the up to
-// kDecodeCallRows query rows of its group that share the call. Nothing of the
+// kDecodeMaxRows query rows of its group that share the call. Nothing of the
 // cache is written back as float32. Softmax is FlashAttention's online form
 // (Dao et al. 2022) over blocks of kKeyBlock keys, all in float32: the
 // block's scores, the running max m and sum l per row, the output
@@ -224,73 +224,47 @@ HWY_INLINE void SoftmaxBlock(DecodeRow& row, float scale, int64_t S, int64_t j0,
   row.l += hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
-// A K/V slice's rows (K, V and their int8 scales), as the kernel reads them.
-template <class W>
-struct DecodeSource {
-  const typename W::Elem* k;
-  const typename W::Elem* v;
-  const float* k_scales;  // or nullptr
-  const float* v_scales;
-  int64_t blocks;  // int8 blocks per row
-};
-
-// Key block [j0, j0 + jn) for R rows at once: their scores, online softmax
-// and weighted sum of V.
 template <int R, class W>
-HWY_INLINE void KeyBlockOf(const AttentionArgs<float>& args, const DecodeSource<W>& src, DecodeRow* rows,
-                           int64_t j0, int64_t jn, float (*s)[kKeyBlock]) {
-  const int64_t D = args.head_dim;
-  DotBlock<R, W>(rows, src.k, src.k_scales, src.blocks, D, j0, jn, s);
-  for (int r = 0; r < R; ++r) SoftmaxBlock(rows[r], args.scale, args.kv_len, j0, jn, s[r], D);
-  AccumulateBlock<R, W>(rows, src.v, src.v_scales, src.blocks, D, j0, jn, s);
-}
-
-template <class W>
-HWY_INLINE void KeyBlock(int64_t count, const AttentionArgs<float>& args, const DecodeSource<W>& src,
-                         DecodeRow* rows, int64_t j0, int64_t jn, float (*s)[kKeyBlock]) {
-  switch (count) {
-    case 1: return KeyBlockOf<1, W>(args, src, rows, j0, jn, s);
-    case 2: return KeyBlockOf<2, W>(args, src, rows, j0, jn, s);
-    case 3: return KeyBlockOf<3, W>(args, src, rows, j0, jn, s);
-    case 4: return KeyBlockOf<4, W>(args, src, rows, j0, jn, s);
-    case 5: return KeyBlockOf<5, W>(args, src, rows, j0, jn, s);
-    case 6: return KeyBlockOf<6, W>(args, src, rows, j0, jn, s);
-    case 7: return KeyBlockOf<7, W>(args, src, rows, j0, jn, s);
-    default: return KeyBlockOf<8, W>(args, src, rows, j0, jn, s);
-  }
-}
-
-// Up to kDecodeCallRows rows of one K/V slice in one pass over its keys:
-// each key block is multiplied into the rows kDecodeMaxRows at a time (their
-// accumulators in registers) while it is still in L1/L2, so a group of more
-// than 8 rows (multi-query: 32 query heads on one K/V head) reads the K/V
-// slice from memory once, not once per 8 rows.
-template <class W>
-void DecodeRowsW(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, DecodeRow* rows,
-                 int64_t count) {
+void DecodeRowsOf(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, DecodeRow* rows) {
   using Elem = typename W::Elem;
   const int64_t D = args.head_dim, S = args.kv_len, blocks = int8_blocks(D);
-  const DecodeSource<W> src{static_cast<const Elem*>(kv.k) + kv_slice * kv.capacity * D,
-                            static_cast<const Elem*>(kv.v) + kv_slice * kv.capacity * D,
-                            kv.k_scales ? kv.k_scales + kv_slice * kv.capacity * blocks : nullptr,
-                            kv.v_scales ? kv.v_scales + kv_slice * kv.capacity * blocks : nullptr, blocks};
+  const Elem* k = static_cast<const Elem*>(kv.k) + kv_slice * kv.capacity * D;
+  const Elem* v = static_cast<const Elem*>(kv.v) + kv_slice * kv.capacity * D;
+  const float* ks = kv.k_scales ? kv.k_scales + kv_slice * kv.capacity * blocks : nullptr;
+  const float* vs = kv.v_scales ? kv.v_scales + kv_slice * kv.capacity * blocks : nullptr;
   // The keys any row sees: [lo, hi) ∪ [max(rest, hi), S).
   int64_t lo = S, hi = 0;
-  for (int64_t r = 0; r < count; ++r) {
+  for (int r = 0; r < R; ++r) {
     lo = std::min(lo, rows[r].begin);
     hi = std::max(hi, rows[r].end);
   }
   const int64_t rest = std::max(rows[0].rest, hi);
-  HWY_ALIGN float s[kDecodeCallRows][kKeyBlock];
+  HWY_ALIGN float s[R][kKeyBlock];
   const auto visit = [&](int64_t from, int64_t to) {
     for (int64_t j0 = from; j0 < to; j0 += kKeyBlock) {
       const int64_t jn = std::min(kKeyBlock, to - j0);
-      for (int64_t r0 = 0; r0 < count; r0 += kDecodeMaxRows)
-        KeyBlock<W>(std::min(kDecodeMaxRows, count - r0), args, src, rows + r0, j0, jn, s + r0);
+      DotBlock<R, W>(rows, k, ks, blocks, D, j0, jn, s);
+      for (int r = 0; r < R; ++r) SoftmaxBlock(rows[r], args.scale, S, j0, jn, s[r], D);
+      AccumulateBlock<R, W>(rows, v, vs, blocks, D, j0, jn, s);
     }
   };
   visit(lo, hi);
   visit(rest, S);
+}
+
+template <class W>
+void DecodeRowsW(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, DecodeRow* rows,
+                 int64_t count) {
+  switch (count) {
+    case 1: return DecodeRowsOf<1, W>(args, kv, kv_slice, rows);
+    case 2: return DecodeRowsOf<2, W>(args, kv, kv_slice, rows);
+    case 3: return DecodeRowsOf<3, W>(args, kv, kv_slice, rows);
+    case 4: return DecodeRowsOf<4, W>(args, kv, kv_slice, rows);
+    case 5: return DecodeRowsOf<5, W>(args, kv, kv_slice, rows);
+    case 6: return DecodeRowsOf<6, W>(args, kv, kv_slice, rows);
+    case 7: return DecodeRowsOf<7, W>(args, kv, kv_slice, rows);
+    default: return DecodeRowsOf<8, W>(args, kv, kv_slice, rows);
+  }
 }
 
 // decode_compressed.hpp's DecodeCompressedKernel::rows.
@@ -299,7 +273,7 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
   const int64_t H = args.heads, Hkv = args.kv_heads_or_heads(), L = args.q_len, S = args.kv_len;
   const int64_t D = args.head_dim, count = row_end - row_begin;
   std::vector<float> acc(static_cast<std::size_t>(count * D), 0.0f);
-  DecodeRow rows[kDecodeCallRows];
+  DecodeRow rows[kDecodeMaxRows];
   const ScoreModifiers<float>& mod = args.modifiers;
   for (int64_t r = 0; r < count; ++r) {
     const int64_t rho = row_begin + r, i = rho % L, n = group_query_slice(kv_slice, rho / L, H, Hkv);

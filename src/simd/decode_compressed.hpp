@@ -26,17 +26,12 @@ struct CompressedKV {
   int64_t capacity = 0;
 };
 
-// The most query rows multiplied into a K/V row at once: their dot-product
-// accumulators and one widened K/V vector stay in registers (8 + 1 of
-// AVX-512's 32).
+// The most query rows one call handles: their dot-product accumulators and
+// one widened K/V vector stay in registers (8 + 1 of AVX-512's 32).
 inline constexpr int64_t kDecodeMaxRows = 8;
-// The most query rows one call handles, in one pass over the K/V slice
-// (kDecodeMaxRows at a time per block of keys, the block still in cache): a
-// group of 32 query heads (multi-query) decodes with one read of its K/V.
-inline constexpr int64_t kDecodeCallRows = 64;
 
 struct DecodeCompressedKernel {
-  // Rows [row_begin, row_end) (at most kDecodeCallRows) of K/V slice
+  // Rows [row_begin, row_end) (at most kDecodeMaxRows) of K/V slice
   // kv_slice = b·Hkv + g: row ρ is query i = ρ % L of query head
   // g·G + ρ / L (slice n = b·H + g·G + ρ / L). Reads args' q, layouts,
   // scale, modifiers (causal, window, softcap, ALiBi; no masks) and writes
