@@ -62,7 +62,8 @@ bool decode_kernel_serves(const AttentionArgs<T>& a, AttentionKernel requested) 
     return false;
   } else {
     const ScoreModifiers<float>& m = a.modifiers;
-    return forced_or(requested) == AttentionKernel::Auto && a.q_len <= kDecodeMaxRows && a.weights == nullptr &&
+    const int64_t group_rows = a.heads / a.kv_heads_or_heads() * a.q_len;  // query rows per K/V head
+    return forced_or(requested) == AttentionKernel::Auto && group_rows <= kDecodeMaxRows && a.weights == nullptr &&
            a.dropout.p == 0.0 && m.attn_mask == nullptr && m.key_padding == nullptr;
   }
 }

@@ -38,12 +38,16 @@ void attention_forward_compressed(const AttentionArgs<float>& args, const Compre
 // kernel above serves, so that one kernel decodes every cache dtype: float,
 // nothing forced (`requested` Auto, and no kernel_force or MULTIHEAD_KERNEL,
 // so `reference`, `materialized` and `flash` still force their kernels), no
-// rule the decode kernel lacks (masks, dropout, stored weights), and few new
-// tokens: q_len <= kDecodeMaxRows. A prompt (prefill) has many rows and
-// keeps flash, whose query tiles fill their vector lanes with rows; flash on
-// a decode step puts one query in a vector of lanes (issue 19: 8.4 ms per
-// step against the materialized kernel's 1.25 ms at E 256, H 2, context
-// 16,384, 1 thread).
+// rule the decode kernel lacks (masks, dropout, stored weights), and few
+// rows per K/V head: (H / Hkv)·q_len <= kDecodeMaxRows, the rows one call
+// holds in registers. Flash on such a step puts 1 to 8 queries in a query
+// tile of 16 to 64 lanes (issue 19: 8.4 ms per step against the materialized
+// kernel's 1.25 ms at E 256, H 2, context 16,384, 1 thread). More rows (a
+// prompt, or multi-query decoding: 32 query heads on one K/V head, which
+// flash packs into one full tile) keep flash: there the decode kernel's
+// per-row dot products and horizontal sums cost more than flash's tiles
+// (measured, E 1024, H 32, Hkv 1, context 8192, 1 thread: 7.0 ms a step
+// against flash's 2.2-5.8 ms).
 template <class T>
 bool decode_kernel_serves(const AttentionArgs<T>& args, AttentionKernel requested);
 
