@@ -46,8 +46,8 @@ void attention_forward_compressed(const AttentionArgs<float>& args, const Compre
 // prompt, or multi-query decoding: 32 query heads on one K/V head, which
 // flash packs into one full tile) keep flash: there the decode kernel's
 // per-row dot products and horizontal sums cost more than flash's tiles
-// (measured, E 1024, H 32, Hkv 1, context 8192, 1 thread: 7.0 ms a step
-// against flash's 2.2-5.8 ms).
+// (measured, E 1024, H 32, Hkv 1, context 8192, 1 thread, 3 alternated
+// rounds on a loaded machine: 5.2-8.7 ms a step against flash's 2.8-4.9 ms).
 template <class T>
 bool decode_kernel_serves(const AttentionArgs<T>& args, AttentionKernel requested);
 
