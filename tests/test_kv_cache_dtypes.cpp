@@ -9,6 +9,10 @@
 //    2 tokens), within the bound derived below, computed per output element
 //    from the float64 q, k, v of the test's own projections; K/V heads 8, 2
 //    and 1 of 8 query heads; plain, a window, ALiBi with a soft-cap.
+//  - KvCacheF32Decode: the float32 cache's decode steps (<= 8 rows per K/V
+//    head) through the decode kernel of every dtype, more rows through flash,
+//    against the reference kernel within the float32 part of the bound; a
+//    forced kernel still wins (KvCacheF32Force).
 //  - KvCacheDispatch: each SIMD target against the best one, same cache,
 //    within the float32 part of the bound.
 //  - KvCacheBytes: bytes() is the compressed size, and the memory check
@@ -41,6 +45,7 @@
 
 #include "multihead/error.hpp"
 #include "multihead/grouped_query_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "simd/narrow_types.hpp"
 #include "simd/targets.hpp"
 #include "test_util.hpp"
@@ -369,8 +374,11 @@ TEST_P(KvCacheDecode, WithinDerivedBoundOfFloat32Cache) {
 }
 
 // The checker itself: the float32 decode of a context whose first token
-// differs (a cache missing or misreading one key) is outside the bf16
-// bound somewhere.
+// differs (a cache misreading one key and value) is outside the bf16 bound
+// somewhere. The token is scaled by 8: zeroing it moves the outputs by at
+// most 0.25 of the bound (the bound is 5% of the norm, one of 33 tokens
+// less), which this test once missed while reading the last step's bound
+// (2 tokens) past its end as if it had 1.
 TEST(KvCacheChecker, WrongContextFailsTheBound) {
   const GroupedQueryAttention<float> m = make_module(2);
   const int64_t prompt = 32;
@@ -379,14 +387,15 @@ TEST(KvCacheChecker, WrongContextFailsTheBound) {
   std::mt19937_64 rng(5);
   const Tensor<float> x = test::random_tensor<float>(Shape{kB, total, kE}, rng);
   Tensor<float> wrong = x;
-  for (int64_t e = 0; e < kE; ++e) wrong[e] = 0.0f;  // sequence 0, token 0
+  for (int64_t e = 0; e < kE; ++e) wrong[e] *= 8.0f;  // sequence 0, token 0
   const std::vector<double> x64(x.data(), x.data() + x.numel());
   const std::vector<Tensor<float>> want = decode_all(m, x, prompt, {}, KVCacheDType::Native);
   const std::vector<Tensor<float>> bad = decode_all(m, wrong, prompt, {}, KVCacheDType::Native);
   int64_t P = 0, violations = 0;
   for (std::size_t step = 1; step < want.size(); ++step) {  // the decoding steps (after the prompt)
     P += want[step - 1].size(1);
-    const std::vector<double> bound = output_bound(m, kVariants[0], KVCacheDType::BFloat16, x64, total, P, 1, true);
+    const int64_t L = want[step].size(1);  // the last step has 2 tokens
+    const std::vector<double> bound = output_bound(m, kVariants[0], KVCacheDType::BFloat16, x64, total, P, L, true);
     for (int64_t e = 0; e < want[step].numel(); ++e)
       violations += std::fabs(static_cast<double>(bad[step][e]) - want[step][e]) > bound[static_cast<std::size_t>(e)];
   }
@@ -404,6 +413,103 @@ std::vector<DecodeCase> decode_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Table, KvCacheDecode, ::testing::ValuesIn(decode_cases()),
                          [](const auto& info) { return case_name(info.param); });
+
+// ---- the float32 cache through the decode kernel ---------------------------
+
+// The largest |a − b| over two outputs of one shape.
+double max_abs_diff(const Tensor<float>& a, const Tensor<float>& b) {
+  double d = 0;
+  for (int64_t e = 0; e < a.numel(); ++e) d = std::max(d, std::fabs(static_cast<double>(a[e]) - b[e]));
+  return d;
+}
+
+class KvCacheF32Decode : public ::testing::TestWithParam<DecodeCase> {};
+
+// A float32 cache's decode steps (kernel auto, L <= 8 new tokens) run the
+// decode kernel of every cache dtype (decode_kernel_serves), its prompt runs
+// flash. Against the reference kernel (plain loops, forced through
+// options.kernel) at every step, the prompt's and each decode step's,
+// within the float32 part of the bound (both paths' rounding, no cache
+// term; under 1e-4 of each element's norm Σ_c |W_o,ec|·Σ_j p_j |v_jc|, and
+// the errors seen are ~0.15% of it: γ_n is a worst case). Which kernel
+// ran: a step of <= 8 rows per K/V head differs from a forced flash in some
+// element (the decode kernel ran), a step of more is bit-identical to it.
+TEST_P(KvCacheF32Decode, DecodeKernelWithinFloat32BoundOfReference) {
+  constexpr double kWidth = 1e-4;  // measured widest: 6.1e-5
+  const DecodeCase& c = GetParam();
+  const GroupedQueryAttention<float> m = make_module(c.kv_heads);
+  int64_t total = c.prompt;
+  for (int64_t s : kSteps) total += s;
+  std::mt19937_64 rng(static_cast<uint64_t>(c.prompt * 100 + c.kv_heads));
+  const Tensor<float> x = test::random_tensor<float>(Shape{kB, total, kE}, rng);
+  const std::vector<double> x64(x.data(), x.data() + x.numel());
+  for (const Variant& var : kVariants) {
+    const AttentionOptions o = options_of(var);
+    AttentionOptions reference = o, flash = o;
+    reference.kernel = AttentionKernel::Reference;
+    flash.kernel = AttentionKernel::Flash;
+    const std::vector<Tensor<float>> want = decode_all(m, x, c.prompt, reference, KVCacheDType::Native);
+    const std::vector<Tensor<float>> got = decode_all(m, x, c.prompt, o, KVCacheDType::Native);
+    const std::vector<Tensor<float>> old = decode_all(m, x, c.prompt, flash, KVCacheDType::Native);
+    int64_t P = 0;
+    double worst_ratio = 0, widest = 0;
+    for (std::size_t step = 0; step < want.size(); ++step) {
+      const int64_t L = want[step].size(1);
+      std::vector<double> norm;
+      const std::vector<double> bound = output_bound(m, var, KVCacheDType::Native, x64, total, P, L, false, &norm);
+      for (int64_t e = 0; e < want[step].numel(); ++e) {
+        const double err = std::fabs(static_cast<double>(got[step][e]) - want[step][e]);
+        const double bnd = bound[static_cast<std::size_t>(e)];
+        ASSERT_LE(err, bnd) << var.name << " step " << step << " (P=" << P << ", L=" << L << ") element " << e
+                            << ": reference " << want[step][e] << ", auto " << got[step][e] << ", error " << err
+                            << ", bound " << bnd;
+        ASSERT_LE(bnd, kWidth * norm[static_cast<std::size_t>(e)]) << var.name << " step " << step << " element " << e
+                                                                 << ": the bound is too wide to check much";
+        worst_ratio = std::max(worst_ratio, err / bnd);
+        widest = std::max(widest, bnd / norm[static_cast<std::size_t>(e)]);
+      }
+      if (kH / c.kv_heads * L > 8)
+        EXPECT_EQ(max_abs_diff(got[step], old[step]), 0.0)
+            << var.name << " step " << step << " (L=" << L << "): more than 8 rows per K/V head, but not flash's output";
+      else
+        EXPECT_GT(max_abs_diff(got[step], old[step]), 0.0)
+            << var.name << " step " << step << " (L=" << L << "): identical to flash, so the decode kernel did not run";
+      P += L;
+    }
+    RecordProperty("error_over_bound_" + var.name, test::fmt(worst_ratio));
+    RecordProperty("bound_over_norm_" + var.name, test::fmt(widest));
+  }
+}
+
+std::vector<DecodeCase> f32_decode_cases() {
+  std::vector<DecodeCase> cases;
+  for (int64_t kv : {8, 2, 1})
+    for (int64_t prompt : {31, 32, 33}) cases.push_back({KVCacheDType::Native, kv, prompt});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Table, KvCacheF32Decode, ::testing::ValuesIn(f32_decode_cases()),
+                         [](const auto& info) { return case_name(info.param); });
+
+// The process-wide force (kernel_force, as MULTIHEAD_KERNEL) still reaches
+// a float32 cache's decode steps: forced flash gives flash's outputs bit for
+// bit, with options.kernel left at auto.
+TEST(KvCacheF32Force, ForcedKernelStillRunsOnDecodeSteps) {
+  const GroupedQueryAttention<float> m = make_module(2);
+  const int64_t prompt = 32;
+  int64_t total = prompt;
+  for (int64_t s : kSteps) total += s;
+  std::mt19937_64 rng(21);
+  const Tensor<float> x = test::random_tensor<float>(Shape{kB, total, kE}, rng);
+  AttentionOptions flash;
+  flash.kernel = AttentionKernel::Flash;
+  const std::vector<Tensor<float>> want = decode_all(m, x, prompt, flash, KVCacheDType::Native);
+  kernel_force(AttentionKernel::Flash);
+  const std::vector<Tensor<float>> got = decode_all(m, x, prompt, {}, KVCacheDType::Native);
+  kernel_force(AttentionKernel::Auto);
+  for (std::size_t step = 0; step < want.size(); ++step)
+    EXPECT_EQ(max_abs_diff(got[step], want[step]), 0.0) << "step " << step;
+}
 
 // ---- dispatch -------------------------------------------------------------
 

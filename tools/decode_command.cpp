@@ -213,7 +213,9 @@ Runner add_decode_command(CLI::App& app) {
       ->check(integer_in(1, int64_t{1} << 40, "a window of 1 to 2^40 keys"));
   c->add_option("--softcap", a->softcap, "Logit soft-cap C: scores become C*tanh(score/C)")->check(positive_number());
   c->add_flag("--alibi", a->alibi, "ALiBi position biases with the paper's per-head slopes");
-  c->add_option("--kernel", a->kernel, "auto, reference, materialized or flash")
+  c->add_option("--kernel", a->kernel,
+                "auto (decode steps: the decode kernel of every --cache-dtype; the prompt: flash), reference, "
+                "materialized or flash (f32 cache only)")
       ->transform(one_of({"auto", "reference", "materialized", "flash"}));
   c->add_option("--cache-dtype", a->cache_dtype,
                 "K/V cache element type: f32, bf16 (2 bytes), f16 (2 bytes, |x| <= 65504) or int8 (1 byte + a float "

@@ -308,7 +308,10 @@ class GroupedQueryAttention {
   // kernel (src/simd/decode_compressed-inl.h) widens them in registers,
   // softmax and its running max in float32; options.kernel must be Auto,
   // and dropout is refused (each an Error naming the option). Its output is
-  // within docs/decoding.md's bound of the float32 cache's.
+  // within docs/decoding.md's bound of the float32 cache's. A float32
+  // cache's decode steps (at most 8 query rows per K/V head, options.kernel
+  // Auto and no kernel forced, no dropout) run the same decode kernel; more
+  // rows (its prompt) run flash, and a forced kernel runs as asked.
   //
   // From `options` the module takes scale, window, softcap, alibi_slopes
   // (H values, one per query head: alibi_slopes(H) for the paper's),

@@ -463,12 +463,19 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
     a.lse = lse.data();
   }
   // The kernel, chosen once for the call; a training forward keeps it for
-  // the backward.
+  // the backward. A compressed cache, and a decode step over a float32 one
+  // (decode_kernel_serves: few new tokens, nothing forced), go through the
+  // one decode kernel of every cache dtype; a prompt over a float32 cache
+  // keeps flash.
   AttentionKernel kernel = AttentionKernel::Auto;
-  if (cache && cache->compressed()) {
+  if (cache && (cache->compressed() || detail::decode_kernel_serves(a, options.kernel))) {
     if constexpr (std::is_same_v<T, float>) {
-      detail::CompressedKV kv{cache->dtype(), cache->k_compressed(), cache->v_compressed(), cache->k_scales(),
-                              cache->v_scales(), cache->capacity()};
+      const detail::CompressedKV kv =
+          cache->compressed()
+              ? detail::CompressedKV{cache->dtype(), cache->k_compressed(), cache->v_compressed(), cache->k_scales(),
+                                     cache->v_scales(), cache->capacity()}
+              : detail::CompressedKV{KVCacheDType::Native, cache->k_data(), cache->v_data(), nullptr, nullptr,
+                                     cache->capacity()};
       detail::attention_forward_compressed(a, kv);
     }
   } else {

@@ -56,6 +56,22 @@ template AttentionKernel resolve_forward_kernel<float>(AttentionKernel, bool);
 template AttentionKernel resolve_forward_kernel<double>(AttentionKernel, bool);
 
 template <class T>
+bool decode_kernel_serves(const AttentionArgs<T>& a, AttentionKernel requested) {
+  if constexpr (!std::is_same_v<T, float>) {
+    (void)a, (void)requested;
+    return false;
+  } else {
+    const ScoreModifiers<float>& m = a.modifiers;
+    const int64_t group_rows = a.heads / a.kv_heads_or_heads() * a.q_len;  // query rows per K/V head
+    return forced_or(requested) == AttentionKernel::Auto && group_rows <= kDecodeMaxRows && a.weights == nullptr &&
+           a.dropout.p == 0.0 && m.attn_mask == nullptr && m.key_padding == nullptr;
+  }
+}
+
+template bool decode_kernel_serves<float>(const AttentionArgs<float>&, AttentionKernel);
+template bool decode_kernel_serves<double>(const AttentionArgs<double>&, AttentionKernel);
+
+template <class T>
 void run_attention_forward(const AttentionArgs<T>& args, AttentionKernel kernel) {
   if (args.narrow.dtype != ComputeDtype::F32 && kernel != AttentionKernel::Flash)
     throw Error(Error::Kind::Value, "kernel: the " + to_string(args.narrow.dtype) +

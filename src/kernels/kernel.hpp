@@ -25,13 +25,31 @@ void attention_forward_materialized(const AttentionArgs<T>& args);
 // Defined in src/kernels/flash.cpp.
 void attention_forward_flash(const AttentionArgs<float>& args);
 
-// Attention of args' queries over a compressed KV cache `kv` (bf16, f16 or
-// int8 with block scales; args.k/v unused), widened in registers, softmax in
-// float32: the grouped-query module's forward with such a cache. Reads
-// causal, window, soft-cap and ALiBi from args.modifiers; no masks, weights
-// or dropout. Defined in src/kernels/decode_compressed.cpp; kernel in
-// src/simd/decode_compressed-inl.h.
+// Attention of args' queries over a KV cache `kv` of any dtype (float32, or
+// compressed: bf16, f16 or int8 with block scales; args.k/v unused), widened
+// in registers, softmax in float32: the grouped-query module's forward with
+// a compressed cache, and its decode steps with a float32 one
+// (decode_kernel_serves). Reads causal, window, soft-cap and ALiBi from
+// args.modifiers; no masks, weights or dropout. Defined in
+// src/kernels/decode_compressed.cpp; kernel in src/simd/decode_compressed-inl.h.
 void attention_forward_compressed(const AttentionArgs<float>& args, const CompressedKV& kv);
+
+// Whether a call over a float32 KV cache is a decode step that the decode
+// kernel above serves, so that one kernel decodes every cache dtype: float,
+// nothing forced (`requested` Auto, and no kernel_force or MULTIHEAD_KERNEL,
+// so `reference`, `materialized` and `flash` still force their kernels), no
+// rule the decode kernel lacks (masks, dropout, stored weights), and few
+// rows per K/V head: (H / Hkv)·q_len <= kDecodeMaxRows, the rows one call
+// holds in registers. Flash on such a step puts 1 to 8 queries in a query
+// tile of 16 to 64 lanes (issue 19: 8.4 ms per step against the materialized
+// kernel's 1.25 ms at E 256, H 2, context 16,384, 1 thread). More rows (a
+// prompt, or multi-query decoding: 32 query heads on one K/V head, which
+// flash packs into one full tile) keep flash: there the decode kernel's
+// per-row dot products and horizontal sums cost more than flash's tiles
+// (measured, E 1024, H 32, Hkv 1, context 8192, 1 thread, 3 alternated
+// rounds on a loaded machine: 5.2-8.7 ms a step against flash's 2.8-4.9 ms).
+template <class T>
+bool decode_kernel_serves(const AttentionArgs<T>& args, AttentionKernel requested);
 
 // Choosing a kernel is done once per call (a module call: its forward, and
 // the backward of a training forward, which reuses the forward's choice),

@@ -1,13 +1,15 @@
 // src/simd/decode_compressed-inl.h: attention of a few query rows over a
-// compressed KV cache (bf16, f16, int8 with per-block scales), compiled once
-// per Highway target by src/simd/decode_compressed.cpp.
+// KV cache of any dtype (float32, or compressed: bf16, f16, int8 with
+// per-block scales), compiled once per Highway target by
+// src/simd/decode_compressed.cpp. One kernel decodes every cache dtype; only
+// the widening (WidenF32 … WidenInt8 below) differs.
 //
 // Legend (decode_compressed.hpp): G query heads per K/V head, L queries, S
 // keys, D head width, N float lanes of the target.
 //
 // The cache is read where it lies and widened in registers: each K row is
-// loaded D/N vectors at a time in its narrow type, PromoteTo'd to float32
-// (int8: converted, times its block's scale) and multiplied into the rows'
+// loaded D/N vectors at a time in its own type, PromoteTo'd to float32
+// (float32: as loaded; int8: converted, times its block's scale) and multiplied into the rows'
 // dot products at once, so a K/V head is read once for the up to
 // kDecodeMaxRows query rows of its group that share the call. Nothing of the
 // cache is written back as float32. Softmax is FlashAttention's online form
@@ -52,6 +54,12 @@ inline constexpr int64_t kKeyBlock = 64;
 // The widening of each cache dtype: Vector(df, row, c, scales) is columns
 // c … c + N − 1 of a K/V row (c a multiple of N), Scalar(row, c, scales)
 // column c. `scales` is the row's int8 block scales (unused otherwise).
+// float32 (the native cache): a plain load.
+struct WidenF32 {
+  using Elem = float;
+  static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) { return hn::LoadU(df, row + c); }
+  static float Scalar(const Elem* row, int64_t c, const float*) { return row[c]; }
+};
 struct WidenBf16 {
   using Elem = uint16_t;
   static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) {
@@ -285,10 +293,10 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
     row.l = 0.0f;
   }
   switch (kv.dtype) {
+    case KVCacheDType::Native: DecodeRowsW<WidenF32>(args, kv, kv_slice, rows, count); break;
     case KVCacheDType::BFloat16: DecodeRowsW<WidenBf16>(args, kv, kv_slice, rows, count); break;
     case KVCacheDType::Float16: DecodeRowsW<WidenF16>(args, kv, kv_slice, rows, count); break;
     case KVCacheDType::Int8: DecodeRowsW<WidenInt8>(args, kv, kv_slice, rows, count); break;
-    case KVCacheDType::Native: break;  // the driver never sends it
   }
   for (int64_t r = 0; r < count; ++r) {
     const DecodeRow& row = rows[r];

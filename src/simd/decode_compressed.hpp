@@ -1,5 +1,5 @@
-// src/simd/decode_compressed.hpp: the per-target attention over a compressed
-// KV cache (decode_compressed-inl.h), as seen from
+// src/simd/decode_compressed.hpp: the per-target attention of a decode step
+// over a KV cache of any dtype (decode_compressed-inl.h), as seen from
 // src/kernels/decode_compressed.cpp (which threads and calls it).
 //
 // Legend: B batch, H query heads, Hkv K/V heads, G = H / Hkv query heads per
@@ -13,11 +13,12 @@
 
 namespace multihead::detail {
 
-// The cache's storage (KVCache::k_compressed() …): K and V
-// [B·Hkv][capacity][D] elements of `dtype` (2-byte bit patterns or int8),
-// with int8 scales [B·Hkv][capacity][ceil(D / 32)].
+// The cache's storage (KVCache::k_compressed() …, or k_data() … for
+// float32): K and V [B·Hkv][capacity][D] elements of `dtype` (float32 for
+// Native, 2-byte bit patterns, or int8), with int8 scales
+// [B·Hkv][capacity][ceil(D / 32)] (nullptr for the other dtypes).
 struct CompressedKV {
-  KVCacheDType dtype = KVCacheDType::BFloat16;  // never Native
+  KVCacheDType dtype = KVCacheDType::BFloat16;
   const void* k = nullptr;
   const void* v = nullptr;
   const float* k_scales = nullptr;
