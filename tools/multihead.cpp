@@ -18,6 +18,9 @@
 //
 // Exit codes: 0 success, 2 bad usage or bad input (one line on stderr),
 // 1 an unexpected internal failure.
+//
+// Under mpirun (tools/mpi_session.hpp) every rank runs this main; an error
+// all ranks agreed on is printed by rank 0 only.
 #include <cerrno>
 #include <cstdio>
 #include <exception>
@@ -29,6 +32,7 @@
 #include "cli_manners.hpp"
 #include "commands.hpp"
 #include "interrupts.hpp"
+#include "mpi_session.hpp"
 #include "multihead/error.hpp"
 #include "multihead/version.hpp"
 #include "multihead/runtime.hpp"
@@ -63,6 +67,7 @@ int flushed(int status) {
 int main(int argc, char** argv) {
   using namespace multihead::cli;
   install_interrupt_handlers();
+  const MpiSession mpi(argc, argv);  // MPI_Init under a launcher; MPI_Finalize on return
   CLI::App app{"multihead: exact, fast multi-head attention (torch.nn.MultiheadAttention on the CPU)",
                "multihead"};
   app.require_subcommand(0, 1);
@@ -106,7 +111,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("experiment")) experiment();
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
-    std::cerr << "multihead: error: " << cut_long_words(e.what()) << "\n";
+    if (prints_error(e)) std::cerr << "multihead: error: " << cut_long_words(e.what()) << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
     std::cerr << "multihead: error: out of memory\n";

@@ -1,0 +1,153 @@
+// multihead/distributed.hpp: attention across processes over MPI (the
+// target multihead::distributed; the core library never links MPI).
+//
+// The caller owns MPI: it calls MPI_Init (or MPI_Init_thread) and
+// MPI_Finalize, and passes the communicator to use. The library never touches
+// MPI_COMM_WORLD and never initialises MPI. A Communicator duplicates the
+// caller's communicator (MPI_Comm_dup, collective), so the library's
+// messages cannot match the caller's own; destroy it before MPI_Finalize.
+//
+// The splits (docs/distributed.md draws them):
+//  - head parallel (Shoeybi et al. 2019, Megatron-LM): rank r holds heads
+//    [h_r, h_r + H_r) with H_r = ⌈H/P⌉ for r < H mod P, else ⌊H/P⌋ (GQA:
+//    whole K/V groups), their rows of the in-projection and columns of W^O;
+//    one all-reduce ends the forward, one the backward (d_input).
+//  - ring (Liu et al. 2023): queries and keys split by position; K/V blocks
+//    travel around the ring while the flash kernel works on the current one;
+//    partial results merged by log-sum-exp.
+//  - Ulysses (Jacobs et al. 2023): an all-to-all turns a sequence split into
+//    a head split and back.
+//
+// Errors: every rank validates before communicating, then the ranks agree
+// (Communicator::agree): all throw the same multihead::AgreedError, the
+// first failing rank's one-line message.
+//
+// Legend: P ranks, r this rank, B batch, L query length, S key length,
+// E embed width, H heads, Hkv K/V heads, D head width.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "multihead/error.hpp"
+
+namespace multihead {
+
+// The error every rank throws after Communicator::agree found one: the
+// message and kind of the lowest failing rank, `origin` that rank. A program
+// prints it on one rank only (rank 0 for the CLI).
+class AgreedError : public Error {
+ public:
+  AgreedError(Kind kind, const std::string& message, int origin) : Error(kind, message), origin_(origin) {}
+  int origin() const { return origin_; }
+
+ private:
+  int origin_;
+};
+
+namespace distributed {
+
+// What a communicator has done since it was made (or reset_stats()):
+// bytes this rank sent (every message and every collective's share, counted
+// as the algorithm moves them), the messages, and the wall time spent inside
+// MPI calls and waits (communication that compute did not hide).
+struct CommStats {
+  uint64_t bytes_sent = 0;
+  uint64_t messages = 0;
+  double seconds = 0.0;
+};
+
+// A non-blocking send or receive (possibly several MPI requests, for
+// messages past MPI's int count). Wait for it before reading the receive
+// buffer or touching the send buffer; the destructor waits if you did not.
+class Request {
+ public:
+  Request() = default;
+  Request(Request&&) noexcept;
+  Request& operator=(Request&&) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+  bool pending() const { return !requests_.empty(); }
+
+ private:
+  friend class Communicator;
+  std::vector<MPI_Request> requests_;
+};
+
+class Communicator {
+ public:
+  // Duplicates `comm` (collective over it). The caller keeps `comm`.
+  explicit Communicator(MPI_Comm comm);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return comm_; }
+
+  // Every rank runs `check` (validation, reading inputs: no communication
+  // inside). Then the ranks agree: if any threw a multihead::Error (or
+  // std::bad_alloc, as "out of memory"), every rank throws an AgreedError
+  // with the message and kind of the lowest such rank. Otherwise returns on
+  // every rank. Collective.
+  void agree(const std::function<void()>& check);
+
+  // data[i] = the sum over ranks of data[i], the same bits on every rank and
+  // for every run: each element is added in rank order 0, 1, …, P − 1
+  // ((x_0 + x_1) + x_2 …), whatever MPI's reduction algorithms are. Moves
+  // 2·(P − 1)/P·n values per rank (a reduce-scatter by all-to-all, the sums,
+  // an all-gather). T: float, double, int64_t.
+  template <class T>
+  void all_reduce_sum(T* data, int64_t n);
+  // The maximum over ranks (exact in any order).
+  template <class T>
+  void all_reduce_max(T* data, int64_t n);
+  // root's n values to every rank.
+  template <class T>
+  void broadcast(T* data, int64_t n, int root);
+  // recv (P·n) = every rank's n values, rank order.
+  template <class T>
+  void all_gather(const T* send, T* recv, int64_t n);
+  // Block j of `send` (n values) goes to rank j; block j of `recv` comes
+  // from rank j. send and recv are P·n values and must not overlap.
+  template <class T>
+  void all_to_all(const T* send, T* recv, int64_t n);
+  // Non-blocking point to point, tag >= 0 (below 2^15).
+  template <class T>
+  Request isend(const T* data, int64_t n, int dest, int tag);
+  template <class T>
+  Request irecv(T* data, int64_t n, int source, int tag);
+  void wait(Request& request);
+  // Sends n values to `dest` while receiving n from `source` (a ring step).
+  template <class T>
+  void sendrecv(const T* send, T* recv, int64_t n, int dest, int source, int tag);
+  void barrier();
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+ private:
+  friend class Request;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  CommStats stats_;
+};
+
+// The share of `count` items (heads, K/V groups, rows) rank r of P gets:
+// ⌈count/P⌉ items for the first count mod P ranks, ⌊count/P⌋ for the
+// others, in order. begin() is the first item's index.
+struct Share {
+  int64_t begin = 0, count = 0;
+  int64_t end() const { return begin + count; }
+};
+Share share_of(int64_t count, int ranks, int rank);
+
+}  // namespace distributed
+}  // namespace multihead
