@@ -105,14 +105,16 @@ TEST(TrainPerExample, Shares1And2And4AndTrainStepGiveBitIdenticalLossesAndCheckp
 // example divides by the whole batch's counted positions. Against the
 // batched pass (dropout 0, same parameters), every gradient element within
 // 1e-5 of its tensor's largest (float32 sums of 8 examples against one
-// product over 48 rows: a few ulps of the largest term), the loss within 1e-12.
+// product over 48 rows: a few ulps of the largest term), the loss within
+// 1e-6 of itself (its float32 logits come from products of 6 rows instead
+// of 48, a few ulps apart: measured 7e-10).
 TEST(TrainPerExample, FoldedGradientIsTheBatchedGradientWithinFloatRoundingB8L6) {
   const std::shared_ptr<const Task> task = make_task("reverse", 7, 6);
   TrainOptions batched = per_example(1);
   batched.gradients = GradientSum::Batched;
   const GradientDump want = Trainer(task, small_model(0.0), batched).gradients();
   const GradientDump got = Trainer(task, small_model(0.0), per_example(1)).gradients();
-  EXPECT_NEAR(got.loss, want.loss, 1e-12 * want.loss);
+  EXPECT_NEAR(got.loss, want.loss, 1e-6 * want.loss);
   EXPECT_EQ(got.accuracy, want.accuracy);
   ASSERT_EQ(got.gradients.size(), want.gradients.size());
   for (const auto& [name, g] : want.gradients) {
