@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return flushed(app.exit(e));
   } catch (const CLI::ParseError& e) {
-    std::cerr << "multihead: error: " << cut_long_words(describe_parse_error(app, e)) << "\n";
+    // Under mpirun every rank parses the same flags: rank 0 says what is wrong.
+    if (world_rank() == 0) std::cerr << "multihead: error: " << cut_long_words(describe_parse_error(app, e)) << "\n";
     return 2;
   }
   try {

@@ -10,6 +10,7 @@ checkpoints byte for byte):
     losses of steps 4-6 and the final checkpoint of the uninterrupted run.
 Faults (exit code, the program's stderr lines, no checkpoint, no temporary):
   - --batch 4 at P = 3: exit 2, one line naming 4 and the 3 ranks;
+  - a bad flag value (--lr -1) at P = 2: exit 2, one line (rank 0's);
   - bad input on one rank only (MPMD: rank 1 alone gets a --resume file that
     does not exist): exit 2, one line (from rank 0) naming that file;
   - rank 1 killed by SIGKILL after the first step: mpirun exits non-zero
@@ -118,6 +119,12 @@ def main():
     check("fault_batch_4_at_P=3_one_line_exit_2_no_file", rc == 2 and program_lines(err) == [want] and no_file(out_ck),
           f"exit {rc}, lines {program_lines(err)}")
 
+    out_ck = ck("fault-flag")
+    rc, out, err = run(command(a, 2, SMALL + ["--steps", "2", "--lr", "-1", "--checkpoint-out", out_ck]))
+    want = "multihead: error: --lr: expected a finite number > 0, got '-1' (run 'multihead train --help')"
+    check("fault_bad_flag_on_every_rank_at_P=2_one_line_exit_2_no_file",
+          rc == 2 and program_lines(err) == [want] and no_file(out_ck), f"exit {rc}, lines {program_lines(err)}")
+
     out_ck, missing = ck("fault-one-rank"), os.path.join(a.workdir, "only-rank-1-asks-for-this.safetensors")
     mpmd = [a.mpiexec, "--oversubscribe", "-np", "1", a.multihead, "train", *SMALL, "--steps", "2",
             "--checkpoint-out", out_ck, ":", "-np", "1", a.multihead, "train", *SMALL, "--steps", "2",
@@ -145,6 +152,7 @@ def main():
     took = time.monotonic() - start
     proc.stdout.close()
     proc.stderr.close()
+    print(f"     (rank 1 killed: mpirun exited {rc} after {took:.1f} s)")
     check("fault_rank_1_SIGKILL_others_exit_nonzero_within_60s_no_checkpoint",
           victim is not None and rc not in (None, 0) and no_file(out_ck),
           f"victim {victim}, exit {rc} after {took:.1f} s, checkpoint {os.path.exists(out_ck)}")
