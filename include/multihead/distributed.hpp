@@ -31,10 +31,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "multihead/error.hpp"
+#include "multihead/grouped_query_attention.hpp"
+#include "multihead/multihead_attention.hpp"
 
 namespace multihead {
 
@@ -148,6 +153,107 @@ struct Share {
   int64_t end() const { return begin + count; }
 };
 Share share_of(int64_t count, int ranks, int rank);
+
+// ---- head parallel -------------------------------------------------------------
+// torch.nn.MultiheadAttention with rank r computing heads heads() of H. The
+// rank holds, of the whole module's parameters, only
+//   W_q, W_k, W_v rows [h·D, (h + H_r)·D) (and those of in_proj_bias),
+//   bias_k / bias_v columns [h·D, (h + H_r)·D),
+//   out_proj.weight columns [h·D, (h + H_r)·D), and out_proj.bias (whole:
+//   added once, after the all-reduce).
+// It runs a MultiheadAttention of H_r heads on those slices (the module's
+// own forward and backward, every option), with the query projected by its
+// rows first and the out-projection by its columns after; one all-reduce
+// (Communicator::all_reduce_sum) sums the ranks' out-projections.
+//
+// Every rank passes the whole inputs (query, key, value, masks: the same on
+// every rank) and gets the whole output. attn_mask (B·H, L, S) is sliced to
+// the rank's heads; ALiBi takes the global head's slope
+// (ForwardOptions::alibi_head_offset). Dropout while training is refused (its
+// keep decisions are drawn per global (batch, head) slice), and so are
+// weights_heads / weights_rows. need_weights gives the whole weights on every
+// rank (an all-reduce of the per-head weights: for inspection, not speed).
+template <class T>
+struct HeadParallelContext;
+
+template <class T>
+class HeadParallelMultiheadAttention {
+ public:
+  // Throws (on every rank alike, after agreeing) if the configuration is
+  // invalid, the parameters do not fit it, or P > H ("ranks: expected at
+  // most num_heads = 4 ranks in head parallel, got 6").
+  HeadParallelMultiheadAttention(Communicator& comm, const MultiheadAttentionConfig& config,
+                                 const MultiheadAttentionParameters<T>& whole);
+  ~HeadParallelMultiheadAttention();
+  HeadParallelMultiheadAttention(HeadParallelMultiheadAttention&&) noexcept;
+
+  const MultiheadAttentionConfig& config() const { return config_; }
+  Share heads() const { return heads_; }
+  // This rank's parameters under the state_dict names, each its slice:
+  // in_proj_weight (3·H_r·D, E) (or q/k/v_proj_weight (H_r·D, E / Ek / Ev)),
+  // in_proj_bias (3·H_r·D), bias_k / bias_v (1, 1, H_r·D),
+  // out_proj.weight (E, H_r·D), out_proj.bias (E).
+  std::map<std::string, Tensor<T>> state_dict() const;
+
+  // Collective. Validates on every rank and agrees before communicating.
+  ForwardResult<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                           const ForwardOptions<T>& options = {}) const;
+  ForwardResult<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                           const ForwardOptions<T>& options, HeadParallelContext<T>& save) const;
+  // Collective. d_output is the whole dℓ/d(output) (the same on every
+  // rank). query / key / value: the whole input gradients (all-reduced, one
+  // message); parameters: this rank's slices, as state_dict() names them.
+  MultiheadAttentionGradients<T> backward(const HeadParallelContext<T>& saved, const Tensor<T>& d_output) const;
+
+ private:
+  ForwardResult<T> run(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                       const ForwardOptions<T>& options, HeadParallelContext<T>* save) const;
+  struct Local;
+  Communicator* comm_;
+  MultiheadAttentionConfig config_;
+  Share heads_;
+  std::unique_ptr<Local> local_;
+};
+
+// What a head-parallel training forward keeps: the local module's context,
+// the query (W_q's gradient reads it) and the rank's merged heads.
+template <class T>
+struct HeadParallelContext {
+  ForwardContext<T> local;
+  Tensor<T> query, projected_query, merged;
+  Shape query_shape;
+};
+
+// The grouped-query module with rank r computing K/V groups groups() of Hkv
+// (a K/V head travels with the H/Hkv query heads that read it): rows of
+// q/k/v_proj (and their biases) and columns of o_proj; o_proj.bias whole,
+// added once after the all-reduce. x is the whole (B, L, E) on every rank;
+// so is the output. options as GroupedQueryAttention::forward takes them
+// (alibi_slopes: H values, the whole module's; the rank takes its own).
+// Dropout is refused (as above). P > Hkv is an error naming both.
+template <class T>
+class HeadParallelGroupedQueryAttention {
+ public:
+  HeadParallelGroupedQueryAttention(Communicator& comm, const GroupedQueryAttentionConfig& config,
+                                    const GroupedQueryAttentionParameters<T>& whole);
+  const GroupedQueryAttentionConfig& config() const { return config_; }
+  Share groups() const { return groups_; }
+  Share heads() const;
+  std::map<std::string, Tensor<T>> state_dict() const;
+  Tensor<T> forward(const Tensor<T>& x, const AttentionOptions& options = {}) const;
+  Tensor<T> forward(const Tensor<T>& x, const AttentionOptions& options, GroupedQueryForwardContext<T>& save) const;
+  // x: the whole dℓ/dx (all-reduced); parameters: this rank's slices.
+  GroupedQueryAttentionGradients<T> backward(const GroupedQueryForwardContext<T>& saved,
+                                             const Tensor<T>& d_output) const;
+
+ private:
+  AttentionOptions local_options(const AttentionOptions& options) const;
+  Communicator* comm_;
+  GroupedQueryAttentionConfig config_;
+  Share groups_;
+  std::optional<GroupedQueryAttention<T>> local_;
+  Tensor<T> out_bias_;
+};
 
 }  // namespace distributed
 }  // namespace multihead
