@@ -11,6 +11,7 @@
 
 #include "cli_manners.hpp"
 #include "commands.hpp"
+#include "parallel.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -25,6 +26,7 @@ Runner add_bench_command(CLI::App& app) {
     int threads = 0, repeat = 7, warmup = 2;
     std::string kernel = "auto";
     std::string simd_target;
+    std::string parallel;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("bench", "Time forward passes: median ms and GFLOP/s");
@@ -41,6 +43,10 @@ Runner add_bench_command(CLI::App& app) {
       ->transform(one_of({"auto", "reference", "materialized", "flash"}));
   c->add_option("--simd-target", a->simd_target,
                 "Force a SIMD target for the flash kernel (e.g. AVX3, AVX2, SSE4, SCALAR)");
+  c->add_option("--parallel", a->parallel,
+                "Time the split across mpirun's ranks (docs/distributed.md): heads, ring or ulysses; prints per "
+                "rank compute time, communication time and bytes sent, for a forward and a forward + backward")
+      ->transform(one_of({"heads", "ring", "ulysses"}));
   return [a] {
     if (!a->simd_target.empty() && (a->kernel == "reference" || a->kernel == "materialized"))
       throw Error(Error::Kind::Value, "--simd-target: applies to the flash kernel only, got --kernel " + a->kernel);
@@ -72,6 +78,10 @@ Runner add_bench_command(CLI::App& app) {
     o.attention.is_causal = a->causal;
     o.attention.kernel = parse_attention_kernel(a->kernel);
     o.attention.num_threads = a->threads;
+    if (!a->parallel.empty()) {
+      parallel_bench(a->parallel, config, x, o, a->warmup, a->repeat);
+      return;
+    }
     for (int i = 0; i < a->warmup; ++i) (void)mha.forward(x, x, x, o);
     std::vector<double> ms;
     for (int i = 0; i < a->repeat; ++i) {

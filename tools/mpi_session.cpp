@@ -1,6 +1,7 @@
 // tools/mpi_session.cpp: see mpi_session.hpp.
 #include "mpi_session.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 
@@ -67,7 +68,26 @@ int world_size() {
   return size;
 }
 
-bool prints_error(const Error& e) { return dynamic_cast<const AgreedError*>(&e) == nullptr || world_rank() == 0; }
+// Before the program's first message (no communicator yet) every rank ran
+// the same checks on the same command line, so an error then is everyone's.
+bool shared_by_all(const Error* e) {
+  return !g_world || (e != nullptr && dynamic_cast<const AgreedError*>(e) != nullptr);
+}
+
+bool prints_error(const Error& e) { return !shared_by_all(&e) || world_rank() == 0; }
+
+void throw_reworded(const Error& original, Error::Kind kind, const std::string& message) {
+  if (const auto* agreed = dynamic_cast<const AgreedError*>(&original)) throw AgreedError(kind, message, agreed->origin());
+  throw Error(kind, message);
+}
+
+int error_exit(const Error* error, int status) {
+  if (!shared_by_all(error) && world_size() > 1) {
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+  }
+  return status;
+}
 
 void require_mpi(const std::string&, const std::string&) {}
 
@@ -78,6 +98,8 @@ MpiSession::~MpiSession() = default;
 int world_rank() { return 0; }
 int world_size() { return 1; }
 bool prints_error(const Error&) { return true; }
+void throw_reworded(const Error&, Error::Kind kind, const std::string& message) { throw Error(kind, message); }
+int error_exit(const Error*, int status) { return status; }
 
 void require_mpi(const std::string& flag, const std::string& value) {
   throw Error(Error::Kind::Value, flag + ": this build has no MPI, so " + quote_input(value) +

@@ -34,8 +34,20 @@ int world_rank();
 int world_size();
 
 // Whether this rank prints `e` (main's catch): an error every rank agreed on
-// (AgreedError) is printed by rank 0 only; any other by the rank it happened on.
+// (AgreedError), or one before the program's first message (every rank
+// checks the same command line), is printed by rank 0 only; any other by the
+// rank it happened on.
 bool prints_error(const Error& e);
+
+// Throws an Error with this kind and message, as agreed as `original` was
+// (an AgreedError stays one): for a command that rewords a library message.
+[[noreturn]] void throw_reworded(const Error& original, Error::Kind kind, const std::string& message);
+
+// How main() ends after an error it printed: `status`, except that an error
+// only this rank had (not agreed, after the first message), with other ranks
+// running, aborts the whole job (MPI_Abort): they may be waiting for this
+// rank in a collective.
+int error_exit(const Error* error, int status);
 
 // Throws "FLAG: this build has no MPI …" unless the program was built with
 // MPI. `value` is what the flag was given ("heads").

@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return flushed(app.exit(e));
   } catch (const CLI::ParseError& e) {
-    // Under mpirun every rank parses the same flags: rank 0 says what is wrong.
+    // Every rank parses the same command line: rank 0 says what is wrong.
     if (world_rank() == 0) std::cerr << "multihead: error: " << cut_long_words(describe_parse_error(app, e)) << "\n";
     return 2;
   }
@@ -113,13 +113,13 @@ int main(int argc, char** argv) {
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
     if (prints_error(e)) std::cerr << "multihead: error: " << cut_long_words(e.what()) << "\n";
-    return 2;
+    return error_exit(&e, 2);
   } catch (const std::bad_alloc&) {
     std::cerr << "multihead: error: out of memory\n";
-    return 2;
+    return error_exit(nullptr, 2);
   } catch (const std::exception& e) {
     std::cerr << "multihead: internal error: " << cut_long_words(e.what()) << "\n";
-    return 1;
+    return error_exit(nullptr, 1);
   }
   return flushed(0);
 }

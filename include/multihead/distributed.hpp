@@ -358,6 +358,17 @@ class SequenceParallelMultiheadAttention {
   RingOrder order_;
 };
 
+// The rows at positions `segments` of a whole (len, B, w) / (B, len, w) /
+// (len, w) tensor (batch_first as the module's), concatenated: what a rank
+// passes to SequenceParallelMultiheadAttention.
+template <class T>
+Tensor<T> take_positions(const Tensor<T>& whole, bool batch_first, const std::vector<Share>& segments);
+// The whole tensor, `len` positions, from every rank's rows
+// (ring_segments(len, P, r, order)), on every rank. Collective.
+template <class T>
+Tensor<T> gather_positions(Communicator& comm, const Tensor<T>& local, bool batch_first, int64_t len,
+                           RingOrder order);
+
 // What a sequence-parallel training forward keeps (the rank's rows only).
 template <class T>
 struct SequenceParallelContext {

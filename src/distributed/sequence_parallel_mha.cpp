@@ -475,6 +475,61 @@ MultiheadAttentionGradients<T> SequenceParallelMultiheadAttention<T>::backward(c
   return g;
 }
 
+template <class T>
+Tensor<T> take_positions(const Tensor<T>& t, bool batch_first, const std::vector<Share>& segments) {
+  const bool batched = t.dim() == 3;
+  const int64_t w = t.size(-1), B = batched ? t.size(batch_first ? 0 : 1) : 1;
+  const int64_t len = t.size(batched && batch_first ? 1 : 0);
+  int64_t n = 0;
+  for (const Share& s : segments) n += s.count;
+  Shape shape = t.shape();
+  shape[batched && batch_first ? 1 : 0] = n;
+  Tensor<T> out(shape);
+  const Rows from{batch_first, B, len}, to{batch_first, B, n};
+  int64_t l2 = 0;
+  for (const Share& s : segments)
+    for (int64_t l = s.begin; l < s.end(); ++l, ++l2)
+      for (int64_t b = 0; b < B; ++b)
+        std::copy(t.data() + from.row(b, l) * w, t.data() + (from.row(b, l) + 1) * w, out.data() + to.row(b, l2) * w);
+  return out;
+}
+
+template <class T>
+Tensor<T> gather_positions(Communicator& comm, const Tensor<T>& local, bool batch_first, int64_t len,
+                           RingOrder order) {
+  const int P = comm.size();
+  const bool batched = local.dim() == 3;
+  const int64_t w = local.size(-1), B = batched ? local.size(batch_first ? 0 : 1) : 1;
+  int64_t most = 0;
+  for (int j = 0; j < P; ++j) most = std::max(most, ring_rows(len, P, j, order));
+  // Each rank's rows as [row][B][w], padded to `most` rows.
+  const int64_t block = most * B * w;
+  std::vector<T> mine(static_cast<std::size_t>(block), T(0)), all(static_cast<std::size_t>(block * P));
+  const Rows lr{batch_first, B, ring_rows(len, P, comm.rank(), order)};
+  for (int64_t l = 0; l < lr.len; ++l)
+    for (int64_t b = 0; b < B; ++b)
+      std::copy(local.data() + lr.row(b, l) * w, local.data() + (lr.row(b, l) + 1) * w, mine.data() + (l * B + b) * w);
+  comm.all_gather(mine.data(), all.data(), block);
+  Shape shape = local.shape();
+  shape[batched && batch_first ? 1 : 0] = len;
+  Tensor<T> out(shape);
+  const Rows wr{batch_first, B, len};
+  for (int j = 0; j < P; ++j) {
+    int64_t l2 = 0;
+    for (const Share& s : ring_segments(len, P, j, order))
+      for (int64_t l = s.begin; l < s.end(); ++l, ++l2)
+        for (int64_t b = 0; b < B; ++b)
+          std::copy(all.data() + j * block + (l2 * B + b) * w, all.data() + j * block + (l2 * B + b + 1) * w,
+                    out.data() + wr.row(b, l) * w);
+  }
+  return out;
+}
+
+template Tensor<float> take_positions(const Tensor<float>&, bool, const std::vector<Share>&);
+template Tensor<double> take_positions(const Tensor<double>&, bool, const std::vector<Share>&);
+template Tensor<float> gather_positions(Communicator&, const Tensor<float>&, bool, int64_t, RingOrder);
+template Tensor<double> gather_positions(Communicator&, const Tensor<double>&, bool, int64_t, RingOrder);
+
 template class SequenceParallelMultiheadAttention<float>;
 template class SequenceParallelMultiheadAttention<double>;
 
