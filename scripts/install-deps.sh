@@ -51,6 +51,10 @@ tests=(
   chromium nodejs fonts-dejavu-core
   # bench/bench_decode.py writes its ONNX Runtime model file with onnx.
   python3-onnx
+  # multihead::distributed and its tests (mpirun -np 1..4, ctest -L mpi).
+  # Open MPI 4.1's mpirun looks for an ssh agent even on one node (the tests
+  # also pass --mca plm isolated, which needs none).
+  openmpi-bin libopenmpi-dev openssh-client
 )
 # The experiment's plots (the experiment itself needs only the build).
 experiment=(python3 python3-matplotlib)

@@ -13,6 +13,7 @@
 
 #include "cli_manners.hpp"
 #include "commands.hpp"
+#include "parallel.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -29,6 +30,7 @@ Runner add_bench_command(CLI::App& app) {
     std::string kernel = "auto";
     std::string simd_target;
     std::string dtype = "f32";
+    std::string parallel;
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("bench", "Time forward passes: median ms and GFLOP/s");
@@ -47,6 +49,10 @@ Runner add_bench_command(CLI::App& app) {
                 "Force a SIMD target for the flash kernel (e.g. AVX3, AVX2, SSE4, SCALAR)");
   c->add_option("--dtype", a->dtype, "Compute type: f32, bf16 or f16 (NarrowMultiheadAttention)")
       ->transform(one_of({"f32", "bf16", "f16"}));
+  c->add_option("--parallel", a->parallel,
+                "Time the split across mpirun's ranks (docs/distributed.md): heads, ring or ulysses; prints per "
+                "rank compute time, communication time and bytes sent, for a forward and a forward + backward")
+      ->transform(one_of({"heads", "ring", "ulysses"}));
   return [a] {
     const ComputeDtype dtype = parse_compute_dtype(a->dtype, "--dtype");
     if (const std::string note = compute_dtype_note(dtype); !note.empty())
@@ -81,6 +87,12 @@ Runner add_bench_command(CLI::App& app) {
     o.attention.is_causal = a->causal;
     o.attention.kernel = parse_attention_kernel(a->kernel);
     o.attention.num_threads = a->threads;
+    if (!a->parallel.empty()) {
+      if (dtype != ComputeDtype::F32)
+        throw Error(Error::Kind::Value, "--dtype: --parallel " + a->parallel + " runs in f32 only, got --dtype " + a->dtype);
+      parallel_bench(a->parallel, config, x, o, a->warmup, a->repeat);
+      return;
+    }
     // One forward pass in the chosen type (16-bit: the module and input
     // rounded once, outside the timing).
     std::function<void()> run = [&] { (void)mha.forward(x, x, x, o); };

@@ -22,6 +22,8 @@
 #include "commands.hpp"
 #include "file_flags.hpp"
 #include "gqa_cli.hpp"
+#include "mpi_session.hpp"
+#include "parallel.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
@@ -51,6 +53,7 @@ struct ForwardArgs {
   GqaFlags gqa;  // --num-kv-heads selects the grouped-query module (run_gqa_forward)
   std::string weights_heads, weights_rows;  // "" = all; else "0,3" or "5:9" or both mixed
   std::string dtype = "f32";
+  std::string parallel;  // "" or heads, ring, ulysses (tools/parallel.hpp)
 };
 
 // --weights-heads / --weights-rows: comma-separated indices and half-open
@@ -127,14 +130,19 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   // key and value default to the query (self-attention): the same tensor, so
   // the fused form can do its single packed in-projection.
   std::optional<Tensor<T>> key, value;
-  if (!args.key.empty()) key = as<T>(read_input(args.key, "key"));
-  if (!args.value.empty()) value = as<T>(read_input(args.value, "value"));
+  std::unique_ptr<Mask<T>> key_padding_mask, attn_mask;
+  std::optional<BasicMultiheadAttention<T>> module;
+  // Every rank reads (and checks) its inputs before any message (--parallel).
+  agree_on(args.parallel, [&] {
+    if (!args.key.empty()) key = as<T>(read_input(args.key, "key"));
+    if (!args.value.empty()) value = as<T>(read_input(args.value, "value"));
+    key_padding_mask = read_mask<T>(args.key_padding_mask, "key_padding_mask");
+    attn_mask = read_mask<T>(args.attn_mask, "attn_mask");
+    module.emplace(w.config, cast_parameters<T>(w.parameters));
+  });
   const Tensor<T>& k = key ? *key : query;
   const Tensor<T>& v = value ? *value : (key && args.value.empty() ? *key : query);
-  const auto key_padding_mask = read_mask<T>(args.key_padding_mask, "key_padding_mask");
-  const auto attn_mask = read_mask<T>(args.attn_mask, "attn_mask");
-
-  const BasicMultiheadAttention<T> mha(w.config, cast_parameters<T>(w.parameters));
+  const BasicMultiheadAttention<T>& mha = *module;
   ForwardOptions<T> o;
   o.key_padding_mask = key_padding_mask.get();
   o.attn_mask = attn_mask.get();
@@ -159,19 +167,22 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   const auto t0 = std::chrono::steady_clock::now();
   try {
     for (int r = 0; r < args.repeat; ++r)
-      result = args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
+      result = !args.parallel.empty()
+                   ? parallel_mha_forward<T>(args.parallel, w.config, mha.parameters(), query, k, v, o)
+                   : args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
   } catch (const Error& e) {
     // The library names its option (weights_rows[0]: …); say which flag set it.
     const std::string what = e.what();
-    if (what.rfind("weights_heads", 0) == 0) throw Error(e.kind(), "--weights-heads: " + what);
-    if (what.rfind("weights_rows", 0) == 0) throw Error(e.kind(), "--weights-rows: " + what);
+    if (what.rfind("weights_heads", 0) == 0) throw_reworded(e, e.kind(), "--weights-heads: " + what);
+    if (what.rfind("weights_rows", 0) == 0) throw_reworded(e, e.kind(), "--weights-rows: " + what);
     if (e.kind() != Error::Kind::Shape) throw;
     auto shape_of = [](const auto& mask) { return mask ? std::optional(mask->shape()) : std::nullopt; };
-    throw Error(e.kind(), e.what() + layout_hint(w.config, {query.shape(), k.shape(), v.shape(),
-                                                            shape_of(key_padding_mask), shape_of(attn_mask)}));
+    throw_reworded(e, e.kind(), e.what() + layout_hint(w.config, {query.shape(), k.shape(), v.shape(),
+                                                                  shape_of(key_padding_mask), shape_of(attn_mask)}));
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 
+  if (!writes_outputs()) return;  // rank 0 writes what every rank holds
   std::vector<Output> outputs;
   outputs.push_back({{"--out", args.out}, serialize_npy(result.output)});
   if (result.attn_weights)
@@ -235,14 +246,19 @@ void run_narrow_forward(const ForwardArgs& args, const LoadedWeights& w, const L
 // weights as tools/gqa_cli.hpp reads them) on a batch-first query, self-attention.
 template <class T>
 void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
-  const GroupedQueryAttention<T> m = load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal);
+  std::optional<GroupedQueryAttention<T>> module;
   Tensor<T> x = as<T>(query_file);
+  agree_on(args.parallel, [&] {
+    module.emplace(load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal));
+    const int64_t E = module->config().embed_dim;
+    if ((x.dim() != 2 && x.dim() != 3) || x.size(-1) != E)
+      throw Error(Error::Kind::Shape, "query: expected (B, L, " + std::to_string(E) + ") (batch first) or (L, " +
+                                          std::to_string(E) + ") for the grouped-query module, got " +
+                                          shape_to_string(x.shape()));
+  });
+  const GroupedQueryAttention<T>& m = *module;
   const int64_t E = m.config().embed_dim;
   const bool unbatched = x.dim() == 2;
-  if ((x.dim() != 2 && x.dim() != 3) || x.size(-1) != E)
-    throw Error(Error::Kind::Shape, "query: expected (B, L, " + std::to_string(E) + ") (batch first) or (L, " +
-                                        std::to_string(E) + ") for the grouped-query module, got " +
-                                        shape_to_string(x.shape()));
   if (unbatched) {
     const int64_t L = x.size(0);
     x = std::move(x).reshaped({1, L, E});
@@ -257,12 +273,14 @@ void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
   o.check_finite = args.check_finite;
   Tensor<T> out;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < args.repeat; ++r) out = m.forward(x, o);
+  for (int r = 0; r < args.repeat; ++r)
+    out = args.parallel.empty() ? m.forward(x, o) : parallel_gqa_forward<T>(args.parallel, m, x, o);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (unbatched) {
     const int64_t L = out.size(1);
     out = std::move(out).reshaped({L, E});
   }
+  if (!writes_outputs()) return;
   write_outputs({{{"--out", args.out}, serialize_npy(out)}});
   if (args.verbose)
     std::fprintf(stderr, "multihead forward: output %s, %s; grouped-query, embed_dim %lld, num_heads %lld, "
@@ -364,6 +382,11 @@ Runner add_forward_command(CLI::App& app) {
       ->check(path());
   c->add_option("--repeat", args->repeat, "Run the forward N times (for timing from outside)")
       ->check(positive_integer());
+  c->add_option("--parallel", args->parallel,
+                "Run across the ranks of mpirun (docs/distributed.md): heads (each rank a share of the heads), "
+                "ring (ring attention: rows split, K/V blocks travel) or ulysses (rows split, all-to-all to "
+                "heads); rank 0 writes the outputs. Without mpirun: one rank")
+      ->transform(one_of({"heads", "ring", "ulysses"}));
   c->add_flag("--verbose", args->verbose, "Print a one-line summary on stderr (shapes, dtype, kernel, form, time)");
   c->add_option("--dtype", args->dtype,
                 "Compute type: f32 (default; float64 for a float64 --query), bf16 or f16. The .npy files stay "
@@ -402,23 +425,31 @@ Runner add_forward_command(CLI::App& app) {
     if (dtype != ComputeDtype::F32) {
       const std::pair<const char*, bool> refused[] = {
           {"--attn-weights-out", !args->attn_weights_out.empty()}, {"--need-weights", args->need_weights},
-          {"--form textbook", args->form == "textbook"}, {"--num-kv-heads", args->gqa.num_kv_heads.has_value()}};
+          {"--form textbook", args->form == "textbook"}, {"--num-kv-heads", args->gqa.num_kv_heads.has_value()},
+          {"--parallel", !args->parallel.empty()}};
       for (const auto& [flag, given] : refused)
         if (given)
           throw Error(Error::Kind::Value, std::string(flag) + ": not available with --dtype " + args->dtype +
                                               " (the 16-bit module runs the fused form on the flash kernel, "
-                                              "multi-head, without attention weights)");
+                                              "multi-head, without attention weights, in one process)");
     }
-    check_files({{"--weights", args->weights}, {"--query", args->query}, {"--key", args->key},
-                 {"--value", args->value}, {"--key-padding-mask", args->key_padding_mask},
-                 {"--attn-mask", args->attn_mask}},
-                {{"--out", args->out}, {"--attn-weights-out", args->attn_weights_out}});
+    if (!args->parallel.empty() && args->form == "textbook")
+      throw Error(Error::Kind::Value, "--form textbook: not used with --parallel (the ranks run the fused form)");
+    // Everything each rank reads and checks, before the first message
+    // (--parallel): the ranks agree on any error here and below.
+    agree_on(args->parallel, [&] {
+      check_files({{"--weights", args->weights}, {"--query", args->query}, {"--key", args->key},
+                   {"--value", args->value}, {"--key-padding-mask", args->key_padding_mask},
+                   {"--attn-mask", args->attn_mask}},
+                  {{"--out", args->out}, {"--attn-weights-out", args->attn_weights_out}});
+    });
     apply_threads(args->threads);
     if (args->gqa.rope.empty() && args->gqa.rope_theta_option->count() > 0)
       throw Error(Error::Kind::Value, "--rope-theta: needs --rope (interleaved or half-split)");
     if (args->gqa.num_kv_heads) {
       refuse_mha_only_flags(*args, batch_first, add_zero_attn);
-      const LoadedTensor query = read_input(args->query, "query");
+      LoadedTensor query;
+      agree_on(args->parallel, [&] { query = read_input(args->query, "query"); });
       if (query.dtype == DType::F64) run_gqa_forward<double>(*args, query);
       else run_gqa_forward<float>(*args, query);
       return;
@@ -433,22 +464,26 @@ Runner add_forward_command(CLI::App& app) {
     if (batch_first->count() > 0) ov.batch_first = args->batch_first_flag;
     if (add_zero_attn->count() > 0) ov.add_zero_attn = args->add_zero_attn;
     ov.dropout = args->dropout;
-    const LoadedWeights w = load_weights(args->weights, load);
-    const LoadedTensor query = read_input(args->query, "query");
+    LoadedWeights w;
+    LoadedTensor query;
+    agree_on(args->parallel, [&] {
+      w = load_weights(args->weights, load);
+      query = read_input(args->query, "query");
+    });
     if (const std::string note = compute_dtype_note(dtype); !note.empty())
       std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", args->dtype.c_str(), note.c_str());
     if (dtype == ComputeDtype::BF16) run_narrow_forward<bfloat16>(*args, w, query);
     else if (dtype == ComputeDtype::F16) run_narrow_forward<float16>(*args, w, query);
     else if (query.dtype == DType::F64) run_forward<double>(*args, w, query);
     else run_forward<float>(*args, w, query);
-    if (dtype == ComputeDtype::F32 && w.parameter_dtype &&
+    if (dtype == ComputeDtype::F32 && w.parameter_dtype && writes_outputs() &&
         (*w.parameter_dtype == DType::BF16 || *w.parameter_dtype == DType::F16))
       std::fprintf(stderr, "multihead: note: --weights holds %s parameters; computed in %s from their exact values "
                    "(--dtype %s computes in %s)\n",
                    to_string(*w.parameter_dtype).c_str(), query.dtype == DType::F64 ? "float64" : "float32",
                    *w.parameter_dtype == DType::BF16 ? "bf16" : "f16", to_string(*w.parameter_dtype).c_str());
     // After the run, so that a failed one still prints exactly one line.
-    if (const std::string note = assumed_settings_note(w, args->weights); !note.empty())
+    if (const std::string note = assumed_settings_note(w, args->weights); !note.empty() && writes_outputs())
       std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
   };
 }

@@ -19,6 +19,9 @@
 //
 // Exit codes: 0 success, 2 bad usage or bad input (one line on stderr),
 // 1 an unexpected internal failure.
+//
+// Under mpirun (tools/mpi_session.hpp) every rank runs this main; an error
+// all ranks agreed on is printed by rank 0 only.
 #include <cerrno>
 #include <cstdio>
 #include <exception>
@@ -30,6 +33,7 @@
 #include "cli_manners.hpp"
 #include "commands.hpp"
 #include "interrupts.hpp"
+#include "mpi_session.hpp"
 #include "multihead/error.hpp"
 #include "multihead/version.hpp"
 #include "multihead/runtime.hpp"
@@ -64,6 +68,7 @@ int flushed(int status) {
 int main(int argc, char** argv) {
   using namespace multihead::cli;
   install_interrupt_handlers();
+  const MpiSession mpi(argc, argv);  // MPI_Init under a launcher; MPI_Finalize on return
   CLI::App app{"multihead: exact, fast multi-head attention (torch.nn.MultiheadAttention on the CPU)",
                "multihead"};
   app.require_subcommand(0, 1);
@@ -93,7 +98,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return flushed(app.exit(e));
   } catch (const CLI::ParseError& e) {
-    std::cerr << "multihead: error: " << cut_long_words(describe_parse_error(app, e)) << "\n";
+    // Every rank parses the same command line: rank 0 says what is wrong.
+    if (world_rank() == 0) std::cerr << "multihead: error: " << cut_long_words(describe_parse_error(app, e)) << "\n";
     return 2;
   }
   try {
@@ -109,14 +115,14 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("ablate")) ablate();
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
-    std::cerr << "multihead: error: " << cut_long_words(e.what()) << "\n";
-    return 2;
+    if (prints_error(e)) std::cerr << "multihead: error: " << cut_long_words(e.what()) << "\n";
+    return error_exit(&e, 2);
   } catch (const std::bad_alloc&) {
     std::cerr << "multihead: error: out of memory\n";
-    return 2;
+    return error_exit(nullptr, 2);
   } catch (const std::exception& e) {
     std::cerr << "multihead: internal error: " << cut_long_words(e.what()) << "\n";
-    return 1;
+    return error_exit(nullptr, 1);
   }
   return flushed(0);
 }

@@ -12,16 +12,21 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "cli_manners.hpp"
 #include "commands.hpp"
 #include "file_flags.hpp"
+#include "mpi_session.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/train.hpp"
+#if MULTIHEAD_WITH_MPI
+#include "multihead/data_parallel.hpp"
+#endif
 
 namespace multihead::cli {
 namespace {
@@ -35,6 +40,7 @@ struct TrainArgs {
   std::string checkpoint_out, resume, dump_gradients;
   int64_t checkpoint_every = 0, log_interval = 10;
   std::string progress = "auto";
+  std::string parallel;  // "" or "data"
 };
 
 // A finite number >= 0 (weight decay, clip).
@@ -150,7 +156,9 @@ std::string gradient_file(const Trainer& t) {
                                          {"step", std::to_string(t.step())}});
 }
 
-void run_train(TrainArgs& a, const CLI::App& c) {
+// Every flag and file checked, the trainer built (or resumed): no
+// communication, so under mpirun every rank runs it inside agree().
+std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
   for (const auto& [flag, path] : {std::pair<const char*, std::string&>{"--checkpoint-out", a.checkpoint_out},
                                    {"--dump-gradients", a.dump_gradients}})
     if (is_stdout(path))
@@ -168,6 +176,7 @@ void run_train(TrainArgs& a, const CLI::App& c) {
         throw Error(Error::Kind::Value, std::string(flag) + ": not used with --task " + a.task +
                                             " (the task has its own vocabulary and length)");
   a.train.schedule = parse_schedule(a.schedule);
+  a.train.gradients = a.parallel.empty() ? GradientSum::Batched : GradientSum::PerExample;
   if (a.resume.empty() && a.model.d_model % a.model.heads != 0)
     throw Error(Error::Kind::Value, "--heads: expected a divisor of --d-model " + std::to_string(a.model.d_model) +
                                         ", got " + std::to_string(a.model.heads));
@@ -207,6 +216,7 @@ void run_train(TrainArgs& a, const CLI::App& c) {
       if (given("--seed")) o.seed = a.train.seed;
       o.steps = given("--steps") ? a.train.steps : ck.options.steps;
       o.threads = a.train.threads;
+      o.gradients = a.train.gradients;  // resume refuses a checkpoint summed the other way
       m.vocabulary = 0;  // the task's (a different --symbols is then named by resume)
       m.sequence_length = 0;
       const std::shared_ptr<const Task> t = make_task(task, symbols, length);
@@ -216,7 +226,49 @@ void run_train(TrainArgs& a, const CLI::App& c) {
     }
   }
 
-  if (!a.dump_gradients.empty()) write_outputs({{{"--dump-gradients", a.dump_gradients}, gradient_file(*trainer)}});
+  return trainer;
+}
+
+// How the run's steps are taken and its files written: in this process,
+// or (--parallel data under MPI) as one rank of several, rank 0 printing
+// and writing.
+struct Ranks {
+  int rank = 0, size = 1;
+  std::function<StepStats(Trainer&)> step = [](Trainer& t) { return t.train_step(); };
+  // Runs `write` on rank 0, and every rank learns whether it failed.
+  std::function<void(const std::function<void()>&)> on_rank0 = [](const std::function<void()>& write) { write(); };
+  // An error every rank meets at once (a diverged loss: the same on every rank).
+  std::function<Error(Error::Kind, const std::string&)> common_error = [](Error::Kind k, const std::string& m) {
+    return Error(k, m);
+  };
+};
+
+void run_train(TrainArgs& a, const CLI::App& c) {
+  std::unique_ptr<Trainer> trainer;
+  Ranks ranks;
+  if (a.parallel.empty()) {
+    trainer = make_trainer(a, c);
+  } else {
+    require_mpi("--parallel", a.parallel);
+#if MULTIHEAD_WITH_MPI
+    distributed::Communicator& comm = world_communicator();
+    comm.agree([&] {
+      trainer = make_trainer(a, c);
+      distributed::check_data_parallel(*trainer, comm.size());
+    });
+    ranks.rank = comm.rank();
+    ranks.size = comm.size();
+    ranks.step = [&comm](Trainer& t) { return distributed::data_parallel_step(t, comm); };
+    ranks.on_rank0 = [&comm](const std::function<void()>& write) {
+      comm.agree([&] {
+        if (comm.rank() == 0) write();
+      });
+    };
+    ranks.common_error = [](Error::Kind k, const std::string& m) { return AgreedError(k, m, 0); };
+#endif
+  }
+  if (!a.dump_gradients.empty())
+    ranks.on_rank0([&] { write_outputs({{{"--dump-gradients", a.dump_gradients}, gradient_file(*trainer)}}); });
 
   const TrainOptions& o = trainer->options();
   const ModelConfig& m = trainer->model_config();
@@ -224,20 +276,25 @@ void run_train(TrainArgs& a, const CLI::App& c) {
   const int64_t first = trainer->step();
   Progress progress(bar, first, o.steps, a.log_interval);
   StepStats first_stats, last_stats;
+  const bool quiet = a.progress == "none" || ranks.rank != 0;
+  const auto checkpoint = [&] {
+    ranks.on_rank0([&] { write_outputs({{{"--checkpoint-out", a.checkpoint_out}, trainer->serialize_checkpoint()}}); });
+  };
   while (trainer->step() < o.steps) {
-    const StepStats s = trainer->train_step();
+    const StepStats s = ranks.step(*trainer);
     if (s.step == first) first_stats = s;
     last_stats = s;
     if (!std::isfinite(s.loss))
-      throw Error(Error::Kind::Value, "training diverged: loss " + std::to_string(s.loss) + " at step " +
-                                          std::to_string(s.step + 1) + " (try a smaller --lr)");
-    progress.report(s, a.progress == "none");
+      throw ranks.common_error(Error::Kind::Value, "training diverged: loss " + std::to_string(s.loss) +
+                                                       " at step " + std::to_string(s.step + 1) +
+                                                       " (try a smaller --lr)");
+    progress.report(s, quiet);
     if (a.checkpoint_every > 0 && !a.checkpoint_out.empty() && trainer->step() % a.checkpoint_every == 0 &&
         trainer->step() < o.steps)
-      write_outputs({{{"--checkpoint-out", a.checkpoint_out}, trainer->serialize_checkpoint()}});
+      checkpoint();
   }
-  if (!a.checkpoint_out.empty())
-    write_outputs({{{"--checkpoint-out", a.checkpoint_out}, trainer->serialize_checkpoint()}});
+  if (!a.checkpoint_out.empty()) checkpoint();
+  if (ranks.rank != 0) return;
 
   int64_t parameters = 0;
   for (const auto& [name, t] : trainer->parameters()) parameters += t.numel();
@@ -252,6 +309,7 @@ void run_train(TrainArgs& a, const CLI::App& c) {
                 100.0 * first_stats.accuracy, 100.0 * last_stats.accuracy,
                 rate(seconds > 0 ? double(progress.tokens()) / seconds : 0.0).c_str());
   if (!a.checkpoint_out.empty()) std::printf("; checkpoint %s", a.checkpoint_out.c_str());
+  if (!a.parallel.empty()) std::printf("; %d ranks", ranks.size);
   std::printf("\n");
 }
 
@@ -311,6 +369,13 @@ Runner add_train_command(CLI::App& app) {
       ->check(path());
   c->add_option("--log-interval", a->log_interval, "Without a terminal: one log line every K steps (and the last)")
       ->check(positive_integer());
+  c->add_option("--parallel", a->parallel,
+                "data: data-parallel training, under mpirun -np P (P dividing --batch) or alone as one rank. "
+                "Each example's gradient comes from its own pass and the gradients are added in example order, "
+                "so every P prints the losses and writes the checkpoint of the one-process run, `multihead train "
+                "--parallel data ...` without mpirun (not those of train without --parallel, which sums the "
+                "batch at once). Rank 0 prints and writes the files. Needs a build with MPI")
+      ->transform(one_of({"data"}));
   c->add_option("--progress", a->progress, "auto (a bar on a terminal, else lines), bar, lines or none")
       ->transform(one_of({"auto", "bar", "lines", "none"}));
   return [a, c] { run_train(*a, *c); };

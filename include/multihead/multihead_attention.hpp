@@ -198,6 +198,13 @@ struct ForwardOptions {
   // multihead/attention.hpp): slice n = b·H + h of the attention step, head
   // h of batch entry b, gets slope m_(h+1), the same for every b.
   bool alibi = false;
+  // With alibi, for a module that computes a share of a larger module's
+  // heads (head parallel, multihead/distributed.hpp): its head h gets the
+  // slope of head alibi_head_offset + h of alibi_slopes(alibi_heads). 0 (the
+  // default) = this module's own num_heads, offset 0. ALiBi's slopes depend
+  // on the global head index; nothing else here does.
+  int64_t alibi_heads = 0;
+  int64_t alibi_head_offset = 0;
   FusedPaths paths;
   // Which attention weights need_weights returns (docs/explain.md, "Weights
   // from the fused path"): the heads h in [0, H) and the query rows i in

@@ -93,6 +93,17 @@ struct ModelConfig {
 
 enum class Schedule { Constant, Cosine };
 
+// How a step's gradient is summed over the batch.
+//  - Batched: one forward and backward over the whole batch, B·L rows in
+//    every matrix product (`multihead train`);
+//  - PerExample: one forward and backward per example, each divided by the
+//    whole batch's counted positions, the B gradients added in example
+//    order (ExampleFold). `multihead train --parallel data` computes this
+//    at every rank count, so its losses do not depend on how the batch is
+//    split (docs/distributed.md). Its dropout masks are per example
+//    (src/train/seeds.hpp), so its run is not the Batched run.
+enum class GradientSum { Batched, PerExample };
+
 struct TrainOptions {
   int64_t steps = 200;
   int64_t batch = 32;
@@ -104,6 +115,7 @@ struct TrainOptions {
   double clip = 1.0;            // global gradient norm bound; 0 = no clipping
   uint64_t seed = 0;            // initialisation, data and dropout
   int threads = 0;              // our loops; 0 = OpenMP's default
+  GradientSum gradients = GradientSum::Batched;
   void validate() const;
 };
 
@@ -133,6 +145,28 @@ struct GradientDump {
   std::map<std::string, Tensor<float>> gradients;  // under the parameter names
 };
 
+// ---- per-example gradients (GradientSum::PerExample) ---------------------------
+// One example's pass: its gradient and its share of the loss.
+struct ExampleResult {
+  int64_t example = 0;            // b: its place in the step's batch
+  std::vector<float> gradient;    // every parameter's gradient, parameters in name order, flattened
+  double loss_sum = 0;            // Σ cross-entropy over its counted positions
+  int64_t count = 0, correct = 0; // its counted positions, and those whose argmax is the target
+};
+
+// The running sum over examples 0, 1, …, examples − 1, added in that order
+// whoever computed them: g ← g + g_b in float32, loss_sum ← loss_sum + ℓ_b in
+// double. Data parallelism passes it from rank to rank (docs/distributed.md).
+struct ExampleFold {
+  int64_t examples = 0;
+  std::vector<float> gradient;    // empty until the first example
+  double loss_sum = 0;
+  int64_t count = 0, correct = 0;
+  // Adds example r.example; throws multihead::Error (Kind::Value) unless it
+  // is example `examples` (the next one) with a gradient of the same size.
+  void add(const ExampleResult& r);
+};
+
 class TrainerImpl;
 
 // A model, its AdamW state and the run's settings. float32.
@@ -158,8 +192,19 @@ class Trainer {
   int64_t step() const;  // steps done
   const ModelConfig& model_config() const;
   const TrainOptions& options() const;
-  // One step: batch(seed, step()), forward, backward, clip, AdamW.
+  // One step: batch(seed, step()), forward, backward, clip, AdamW
+  // (options().gradients says how the gradient is summed).
   StepStats train_step();
+  // The parts of a PerExample step, for data parallelism:
+  //  - example_results(begin, end): examples [begin, end) of batch(seed,
+  //    step()), one pass each; example b's result depends on b alone, not on
+  //    the range asked for. Needs gradients = PerExample; throws
+  //    multihead::Error naming begin and end unless 0 <= begin <= end <= batch.
+  //  - apply(fold): clip and AdamW with the whole batch's fold (fold.examples
+  //    = batch, else throws), step() + 1. train_step() is
+  //    apply(fold of example_results(0, batch)).
+  std::vector<ExampleResult> example_results(int64_t begin, int64_t end) const;
+  StepStats apply(const ExampleFold& fold);
   // Loss and gradients on batch(seed, step()), no update.
   GradientDump gradients() const;
   // The batch step() would train on.

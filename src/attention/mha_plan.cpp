@@ -136,6 +136,14 @@ ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<X>
     throw Error(Error::Kind::Value, "attention.alibi_slopes: expected none (multi-head attention takes "
                                     "ForwardOptions::alibi, the paper's slopes per head), got " +
                                         std::to_string(options.attention.alibi_slopes.size()));
+  if (options.alibi_heads != 0 || options.alibi_head_offset != 0) {
+    const int64_t total = options.alibi_heads == 0 ? config.num_heads : options.alibi_heads;
+    if (options.alibi_head_offset < 0 || options.alibi_head_offset + config.num_heads > total)
+      throw Error(Error::Kind::Value, "alibi_head_offset: expected 0 to " + std::to_string(total - config.num_heads) +
+                                          " (heads " + std::to_string(config.num_heads) + " of alibi_heads " +
+                                          std::to_string(total) + "), got " +
+                                          std::to_string(options.alibi_head_offset));
+  }
   ForwardPlan p;
   p.E = config.embed_dim;
   p.H = config.num_heads;
@@ -162,8 +170,9 @@ KernelMasks<T> build_kernel_masks(const ForwardPlan& p, const ForwardOptions<T>&
   KernelMasks<T> out;
   const int64_t S = p.S, St = p.S_total;
   if (options.alibi) {
-    const std::vector<double> heads = alibi_slopes(p.H);
-    for (int64_t n = 0; n < p.B * p.H; ++n) out.alibi_slopes.push_back(static_cast<T>(heads[static_cast<std::size_t>(n % p.H)]));
+    const std::vector<double> heads = alibi_slopes(options.alibi_heads == 0 ? p.H : options.alibi_heads);
+    for (int64_t n = 0; n < p.B * p.H; ++n)
+      out.alibi_slopes.push_back(static_cast<T>(heads[static_cast<std::size_t>(options.alibi_head_offset + n % p.H)]));
   }
   if (const Mask<T>* m = options.attn_mask) {
     const Tensor<T> add = m->to_additive();

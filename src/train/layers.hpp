@@ -128,6 +128,7 @@ void relu_backward(const T* d_y, const T* x, int64_t count, T* d_x) {
 // counts the counted rows whose first maximal logit is the target.
 struct CrossEntropyResult {
   double loss = 0;
+  double sum = 0;  // Σ over the counted positions, in position order (loss = sum / count)
   int64_t count = 0;
   int64_t correct = 0;
 };
@@ -151,6 +152,7 @@ CrossEntropyResult cross_entropy_forward(const T* logits, const int32_t* targets
     r.count += 1;
     r.correct += arg == targets[n] ? 1 : 0;
   }
+  r.sum = sum;
   r.loss = r.count > 0 ? sum / double(r.count) : 0.0;
   return r;
 }

@@ -207,8 +207,7 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
     fo.training = o.training && c.dropout > 0;
     fo.attention.is_causal = c.causal;
     fo.attention.num_threads = th;
-    fo.attention.dropout_seed = stream_value(o.seed, Stream::Dropout, static_cast<uint64_t>(o.step),
-                                             static_cast<uint64_t>(i));
+    fo.attention.dropout_seed = dropout_seed(o.seed, o.step, i, o.example);
     // Self-attention: one tensor as query, key and value.
     ForwardResult<T> r = attn_[static_cast<std::size_t>(i)]->forward(s.a, s.a, s.a, fo, s.attn);
     if (o.inspect) inspected.push_back(std::move(*r.attn_weights));
@@ -252,8 +251,8 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   for (const auto& [name, shape] : parameter_shapes(c))
     if (name.find(".attn.") == std::string::npos) G[name] = Tensor<T>(shape, T(0));
   Tensor<T> d_logits({N, V}, T(0));
-  cross_entropy_backward(probs.data(), batch.targets.data(), batch.mask.data(), N, V, result.loss.count,
-                         d_logits.data());
+  cross_entropy_backward(probs.data(), batch.targets.data(), batch.mask.data(), N, V,
+                         o.loss_count > 0 ? o.loss_count : result.loss.count, d_logits.data());
   Tensor<T> d_z({N, E}, T(0));
   detail::linear_backward<T>({N, z.data(), E}, detail::LinearWeight<T>::stored(at(P, "readout.weight"), V, E), d_logits.data(), V,
                                {d_z.data(), E, at(G, "readout.weight"), at(G, "readout.bias")}, {true, th});

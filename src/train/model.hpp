@@ -27,6 +27,14 @@ struct PassOptions {
   int64_t step = 0;
   int threads = 0;         // our loops and the attention kernel; 0 = OpenMP's default
   bool inspect = false;    // also return each layer's per-head attention weights and the logits
+  // A pass over part of a step's batch (TrainOptions::gradients = PerExample):
+  //  - loss_count > 0: the loss gradient divides by this (the whole batch's
+  //    counted positions), not by this pass's own count, so the parts'
+  //    gradients add up to the batch's;
+  //  - example >= 0: the pass is example `example` of the batch alone, and
+  //    its dropout masks are that example's (seeds.hpp), whatever else runs.
+  int64_t loss_count = 0;
+  int64_t example = -1;
 };
 
 // The loss, and the gradients under the parameter names.

@@ -31,6 +31,7 @@ using train::bad_file;
 using train::kCheckpointFormat;
 constexpr const char* kExpAvg = "optimizer.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
+constexpr const char* kPerExample = "per_example";  // metadata "gradients" of a PerExample run
 
 std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOptions& o, const std::string& task,
                                             int64_t step) {
@@ -48,6 +49,9 @@ std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOpt
           {"beta2", to_exact_string(o.beta2)},
           {"eps", to_exact_string(o.eps)},
           {"clip", to_exact_string(o.clip)}};
+  // Only a per-example run writes its gradient sum, so a batched run's
+  // checkpoint keeps its bytes (the shipped model's, tests/test_lesson_model.cpp).
+  if (o.gradients == GradientSum::PerExample) out["gradients"] = kPerExample;
   train::write_model_config(m, out);
   // Each attention module's settings under its prefix, as the weights
   // loader reads them (src/weights/weights.cpp): `multihead forward
@@ -86,6 +90,12 @@ CheckpointInfo info_of(const SafetensorsFile& f, const std::string& path) {
   c.options.beta2 = r.number("beta2");
   c.options.eps = r.number("eps");
   c.options.clip = r.number("clip");
+  if (f.metadata.count("gradients") != 0) {
+    if (r.text("gradients") != kPerExample)
+      r.fail("'gradients': expected '" + std::string(kPerExample) + "' (or no key: batched), got " +
+             quote_input(r.text("gradients")));
+    c.options.gradients = GradientSum::PerExample;
+  }
   try {
     c.model.validate();
     c.options.validate();
@@ -104,6 +114,11 @@ std::string first_difference(const CheckpointInfo& ck, const std::string& task, 
     return want == got ? std::string() : field + " is " + want + " in the checkpoint, got " + got;
   };
   const auto mine = metadata(m, o, task, ck.step), theirs = metadata(ck.model, ck.options, ck.task, ck.step);
+  if (o.gradients != ck.options.gradients)
+    return std::string("gradients are summed ") +
+           (ck.options.gradients == GradientSum::PerExample ? "per example (--parallel data)" : "over the batch at once") +
+           " in the checkpoint, got " +
+           (o.gradients == GradientSum::PerExample ? "per example (--parallel data)" : "over the batch at once");
   for (const char* key : {"task", "vocabulary", "sequence_length", "d_model", "heads", "layers", "ff", "dropout",
                           "causal", "seed", "batch", "lr", "warmup", "schedule", "weight_decay", "beta1", "beta2",
                           "eps", "clip"})
@@ -173,30 +188,162 @@ const TrainOptions& Trainer::options() const { return impl_->options; }
 Batch Trainer::current_batch() const { return impl_->batch(); }
 std::map<std::string, Tensor<float>> Trainer::parameters() const { return impl_->model->parameters(); }
 
-StepStats Trainer::train_step() {
-  TrainerImpl& t = *impl_;
+namespace {
+
+// Example b of `batch`, alone.
+Batch example_of(const Batch& batch, int64_t b) {
+  Batch one;
+  one.batch = 1;
+  one.length = batch.length;
+  const auto first = static_cast<std::ptrdiff_t>(b * batch.length), last = first + batch.length;
+  one.tokens.assign(batch.tokens.begin() + first, batch.tokens.begin() + last);
+  one.targets.assign(batch.targets.begin() + first, batch.targets.begin() + last);
+  one.mask.assign(batch.mask.begin() + first, batch.mask.begin() + last);
+  return one;
+}
+
+int64_t counted(const Batch& batch) {
+  int64_t n = 0;
+  for (const uint8_t m : batch.mask) n += m != 0 ? 1 : 0;
+  return n;
+}
+
+// Example b's pass: its gradient divided by the batch's counted positions.
+ExampleResult example_result(const TrainerImpl& t, const Batch& batch, int64_t count, int64_t b) {
+  train::PassOptions p = t.pass(true);
+  p.loss_count = count;
+  p.example = b;
+  const train::PassResult<float> r = t.model->run(example_of(batch, b), p, true);
+  ExampleResult out;
+  out.example = b;
+  out.loss_sum = r.loss.sum;
+  out.count = r.loss.count;
+  out.correct = r.loss.correct;
+  int64_t size = 0;
+  for (const auto& [name, g] : r.gradients) size += g.numel();
+  out.gradient.reserve(static_cast<std::size_t>(size));
+  for (const auto& [name, g] : r.gradients) out.gradient.insert(out.gradient.end(), g.data(), g.data() + g.numel());
+  return out;
+}
+
+// The fold of every example of the current batch, each added as it is computed.
+ExampleFold fold_all(const TrainerImpl& t) {
   const Batch batch = t.batch();
-  train::PassResult<float> r = t.model->run(batch, t.pass(true), true);
+  const int64_t count = counted(batch);
+  ExampleFold fold;
+  for (int64_t b = 0; b < batch.batch; ++b) fold.add(example_result(t, batch, count, b));
+  return fold;
+}
+
+// The fold's gradient under the parameter names (the order example_result flattened them in).
+std::map<std::string, Tensor<float>> unflatten(const TrainerImpl& t, const ExampleFold& fold) {
+  std::map<std::string, Tensor<float>> out;
+  std::size_t at = 0;
+  for (const auto& [name, shape] : train::Model<float>::parameter_shapes(t.model_config)) {
+    Tensor<float> g(shape);
+    if (at + static_cast<std::size_t>(g.numel()) > fold.gradient.size()) break;
+    std::copy_n(fold.gradient.begin() + static_cast<std::ptrdiff_t>(at), g.numel(), g.data());
+    at += static_cast<std::size_t>(g.numel());
+    out[name] = std::move(g);
+  }
+  if (at != fold.gradient.size() || out.size() != train::Model<float>::parameter_shapes(t.model_config).size())
+    throw Error(Error::Kind::Shape, "fold: expected a gradient of " + std::to_string(at) +
+                                        " values (every parameter), got " + std::to_string(fold.gradient.size()));
+  return out;
+}
+
+double ratio(int64_t part, int64_t whole) { return whole > 0 ? double(part) / double(whole) : 0.0; }
+// The batch's mean loss, as cross_entropy_forward divides it.
+double ratio_loss(const ExampleFold& f) { return f.count > 0 ? f.loss_sum / double(f.count) : 0.0; }
+
+// Clip, AdamW, one step further: the end of every step, however its
+// gradient was summed. `loss` is the batch's mean over `count` positions.
+StepStats update(TrainerImpl& t, std::map<std::string, Tensor<float>>& gradients, double loss, int64_t count,
+                 int64_t correct) {
   StepStats s;
   s.step = t.step;
-  s.loss = r.loss.loss;
-  s.tokens = r.loss.count;
-  s.accuracy = r.loss.count > 0 ? double(r.loss.correct) / double(r.loss.count) : 0.0;
-  s.grad_norm = train::clip_gradients(r.gradients, t.options.clip);
+  s.loss = loss;
+  s.tokens = count;
+  s.accuracy = ratio(correct, count);
+  s.grad_norm = train::clip_gradients(gradients, t.options.clip);
   s.lr = learning_rate(t.options, t.step);
   train::AdamWSettings a{s.lr, t.options.beta1, t.options.beta2, t.options.eps, t.options.weight_decay};
-  const int64_t count = t.step + 1;  // AdamW's t, this step included
+  const int64_t steps_done = t.step + 1;  // AdamW's t, this step included
   t.model->update_parameters([&](const std::string& name, Tensor<float>& p) {
-    train::adamw_update(p, r.gradients.at(name), t.moments.at(name), a, train::decays(name), count);
+    train::adamw_update(p, gradients.at(name), t.moments.at(name), a, train::decays(name), steps_done);
   });
   t.step += 1;
   return s;
 }
 
+}  // namespace
+
+void ExampleFold::add(const ExampleResult& r) {
+  if (r.example != examples)
+    throw Error(Error::Kind::Value, "fold: expected example " + std::to_string(examples) +
+                                        " next (examples are added in order), got " + std::to_string(r.example));
+  if (examples > 0 && r.gradient.size() != gradient.size())
+    throw Error(Error::Kind::Shape, "fold: expected a gradient of " + std::to_string(gradient.size()) +
+                                        " values for example " + std::to_string(r.example) + ", got " +
+                                        std::to_string(r.gradient.size()));
+  if (examples == 0) {
+    gradient = r.gradient;  // 0 + g_0 = g_0 exactly
+    loss_sum = r.loss_sum;
+  } else {
+    for (std::size_t k = 0; k < gradient.size(); ++k) gradient[k] += r.gradient[k];
+    loss_sum += r.loss_sum;
+  }
+  count += r.count;
+  correct += r.correct;
+  examples += 1;
+}
+
+StepStats Trainer::train_step() {
+  TrainerImpl& t = *impl_;
+  if (t.options.gradients == GradientSum::PerExample) return apply(fold_all(t));
+  const Batch batch = t.batch();
+  train::PassResult<float> r = t.model->run(batch, t.pass(true), true);
+  return update(t, r.gradients, r.loss.loss, r.loss.count, r.loss.correct);
+}
+
+std::vector<ExampleResult> Trainer::example_results(int64_t begin, int64_t end) const {
+  const TrainerImpl& t = *impl_;
+  if (t.options.gradients != GradientSum::PerExample)
+    throw Error(Error::Kind::Value, "example_results: expected a trainer with per-example gradients, got batched");
+  if (begin < 0 || begin > end || end > t.options.batch)
+    throw Error(Error::Kind::Value, "example_results: expected 0 <= begin <= end <= batch " +
+                                        std::to_string(t.options.batch) + ", got begin " + std::to_string(begin) +
+                                        ", end " + std::to_string(end));
+  const Batch batch = t.batch();
+  const int64_t count = counted(batch);
+  std::vector<ExampleResult> out;
+  for (int64_t b = begin; b < end; ++b) out.push_back(example_result(t, batch, count, b));
+  return out;
+}
+
+StepStats Trainer::apply(const ExampleFold& fold) {
+  TrainerImpl& t = *impl_;
+  if (t.options.gradients != GradientSum::PerExample)
+    throw Error(Error::Kind::Value, "apply: expected a trainer with per-example gradients, got batched");
+  if (fold.examples != t.options.batch)
+    throw Error(Error::Kind::Value, "apply: expected the fold of the whole batch, " +
+                                        std::to_string(t.options.batch) + " examples, got " +
+                                        std::to_string(fold.examples));
+  std::map<std::string, Tensor<float>> gradients = unflatten(t, fold);
+  return update(t, gradients, ratio_loss(fold), fold.count, fold.correct);
+}
+
 GradientDump Trainer::gradients() const {
   const TrainerImpl& t = *impl_;
-  train::PassResult<float> r = t.model->run(t.batch(), t.pass(true), true);
   GradientDump d;
+  if (t.options.gradients == GradientSum::PerExample) {
+    const ExampleFold fold = fold_all(t);
+    d.loss = ratio_loss(fold);
+    d.accuracy = ratio(fold.correct, fold.count);
+    d.gradients = unflatten(t, fold);
+    return d;
+  }
+  train::PassResult<float> r = t.model->run(t.batch(), t.pass(true), true);
   d.loss = r.loss.loss;
   d.accuracy = r.loss.count > 0 ? double(r.loss.correct) / double(r.loss.count) : 0.0;
   d.gradients = std::move(r.gradients);

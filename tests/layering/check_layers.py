@@ -13,6 +13,9 @@ interface and its scalar rules) and simd (Highway kernels, which read the
 contract) sit below the kernels that thread and dispatch them; the modules in
 attention sit above the kernels; io, weights, train and explain above those,
 in the order they were written (none includes another's private headers).
+distributed (the MPI modes, its own target) sits on top: it builds on the
+modules, the weight readers and the trainer, and nothing in the core library
+may reach MPI.
 
 Public headers (include/multihead/) may include each other and nothing in
 src/ (they are installed without it). tools/ and python/src use only the
@@ -27,7 +30,7 @@ import sys
 
 # Lowest first. A new folder under src/ goes here, in its place, before it
 # builds: the check refuses a folder it does not know.
-LAYERS = ["core", "contract", "simd", "kernels", "attention", "io", "weights", "train", "explain"]
+LAYERS = ["core", "contract", "simd", "kernels", "attention", "io", "weights", "train", "explain", "distributed"]
 
 # Folders whose files use only the public headers (and their own folder).
 PUBLIC_ONLY = ["tools", "python/src"]

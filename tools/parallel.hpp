@@ -1,0 +1,51 @@
+// tools/parallel.hpp: `--parallel heads|ring|ulysses` of `multihead forward`
+// and `multihead bench` (multihead/distributed.hpp does the work; this file
+// only maps the command's tensors onto it).
+//
+// Under mpirun every rank reads the same files and computes its share; the
+// whole result is gathered on every rank and rank 0 writes the outputs
+// (writes_outputs()). Each step before the first message runs inside
+// agree_on, so an error on any rank (a file one rank cannot read, a bad
+// shape) becomes the same one-line error on every rank, printed by rank 0,
+// exit 2. Built without MPI, every entry point throws the one-line
+// "--parallel: this build has no MPI" error.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "multihead/grouped_query_attention.hpp"
+#include "multihead/multihead_attention.hpp"
+
+namespace multihead::cli {
+
+// "heads", "ring", "ulysses": the values --parallel takes.
+inline const char* const kParallelModes[] = {"heads", "ring", "ulysses"};
+
+// Runs `prepare` on this rank; with a mode ("" = none), the ranks then agree
+// on its errors (multihead::AgreedError on every rank).
+void agree_on(const std::string& mode, const std::function<void()>& prepare);
+
+// Whether this rank writes the outputs: rank 0, or any process without MPI.
+bool writes_outputs();
+
+// The whole module's forward, computed by the ranks in `mode`; the whole
+// result on every rank.
+template <class T>
+ForwardResult<T> parallel_mha_forward(const std::string& mode, const MultiheadAttentionConfig& config,
+                                      const MultiheadAttentionParameters<T>& parameters, const Tensor<T>& query,
+                                      const Tensor<T>& key, const Tensor<T>& value, const ForwardOptions<T>& options);
+// The grouped-query module's (heads only).
+template <class T>
+Tensor<T> parallel_gqa_forward(const std::string& mode, const GroupedQueryAttention<T>& module, const Tensor<T>& x,
+                               const AttentionOptions& options);
+
+// `multihead bench --parallel MODE`: `repeat` timed forward passes and as
+// many forward + backward passes of a random float32 module on random
+// self-attention input x (the whole input on every rank), after `warmup`
+// untimed ones; rank 0 prints one line per rank: compute and communication
+// time (medians) and bytes sent per pass.
+void parallel_bench(const std::string& mode, const MultiheadAttentionConfig& config, const Tensor<float>& x,
+                    const ForwardOptions<float>& options, int warmup, int repeat);
+
+}  // namespace multihead::cli
