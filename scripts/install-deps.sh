@@ -39,8 +39,9 @@ tests=(
   python3 python3-numpy python3-torch
   # The Python module (python/) and its pytest suite, run by ctest.
   pybind11-dev python3-pybind11 python3-dev python3-pytest
-  # tools/plot_experiment.py, run by the cli_experiment_quick test.
-  python3-matplotlib
+  # tools/plot_experiment.py, run by the cli_experiment_quick test; scipy
+  # recomputes the experiment's statistics there (tests/cli/experiment_stats.py).
+  python3-matplotlib python3-scipy
   time
   # The explain report in a real browser (ctest explain_browser): Debian's
   # headless chromium, driven from Node.js by playwright-core, which the test

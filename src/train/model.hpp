@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "multihead/grouped_query_attention.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/tensor.hpp"
 #include "multihead/train.hpp"
@@ -26,7 +27,7 @@ struct PassOptions {
   uint64_t seed = 0;       // the run's seed; with step, gives each layer's dropout seed
   int64_t step = 0;
   int threads = 0;         // our loops and the attention kernel; 0 = OpenMP's default
-  bool inspect = false;    // also return each layer's per-head attention weights and the logits
+  bool inspect = false;    // also return each layer's per-head attention weights and the logits (not with RoPE)
 };
 
 // The loss, and the gradients under the parameter names.
@@ -64,8 +65,11 @@ class Model {
  private:
   ModelConfig config_;
   std::map<std::string, Tensor<T>> params_;  // everything but the attention modules'
+  // One attention module per block: MultiheadAttention, or with RoPE the
+  // grouped-query module (one K/V head per head, biases).
   std::vector<std::unique_ptr<BasicMultiheadAttention<T>>> attn_;
-  Tensor<T> positions_;  // (L, E) sinusoidal_positions, a constant
+  std::vector<std::unique_ptr<GroupedQueryAttention<T>>> rope_attn_;
+  Tensor<T> positions_;  // (L, E) sinusoidal_positions, a constant (added with Positions::Sinusoidal only)
 };
 
 extern template class Model<float>;

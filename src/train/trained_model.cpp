@@ -13,7 +13,8 @@ constexpr const char* kModelFormat = "multihead-model-1";
 using train::bad_file;
 using train::kCheckpointFormat;
 const char* const kConfigKeys[] = {"format", "task",    "vocabulary", "sequence_length", "d_model",
-                                   "heads",  "layers",  "ff",         "dropout",         "causal"};
+                                   "heads",  "layers",  "ff",         "dropout",         "causal",
+                                   "positional_encoding"};
 
 }  // namespace
 

@@ -105,7 +105,8 @@ std::string first_difference(const CheckpointInfo& ck, const std::string& task, 
   };
   const auto mine = metadata(m, o, task, ck.step), theirs = metadata(ck.model, ck.options, ck.task, ck.step);
   for (const char* key : {"task", "vocabulary", "sequence_length", "d_model", "heads", "layers", "ff", "dropout",
-                          "causal", "seed", "batch", "lr", "warmup", "schedule", "weight_decay", "beta1", "beta2",
+                          "causal", "positional_encoding", "seed", "batch", "lr", "warmup", "schedule", "weight_decay",
+                          "beta1", "beta2",
                           "eps", "clip"})
     if (std::string d = differs(key, theirs.at(key), mine.at(key)); !d.empty()) return d;
   return "";
