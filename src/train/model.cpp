@@ -220,9 +220,6 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   Tensor<T> x({N, E});
   embedding_forward(tokens, N, at(P, "embedding.weight"), E, x.data());
   if (c.positions == Positions::Sinusoidal) positions_forward(x.data(), B, L, E, positions_.data());
-  if (o.inspect && c.positions == Positions::Rope)
-    throw Error(Error::Kind::Value, "attention weights: not available for a model with positions rope (its "
-                                    "grouped-query module returns none)");
 
   std::vector<BlockSaved<T>> saved(static_cast<std::size_t>(c.layers));
   std::vector<Tensor<T>> inspected;  // per-head weights, when o.inspect

@@ -27,7 +27,8 @@ struct PassOptions {
   uint64_t seed = 0;       // the run's seed; with step, gives each layer's dropout seed
   int64_t step = 0;
   int threads = 0;         // our loops and the attention kernel; 0 = OpenMP's default
-  bool inspect = false;    // also return each layer's per-head attention weights and the logits (not with RoPE)
+  bool inspect = false;    // also return each layer's per-head attention weights and the logits (with RoPE
+                           // the logits only: its module returns no weights)
 };
 
 // The loss, and the gradients under the parameter names.
@@ -35,7 +36,7 @@ template <class T>
 struct PassResult {
   CrossEntropyResult loss;
   std::map<std::string, Tensor<T>> gradients;  // empty when not asked for
-  // With PassOptions::inspect: per layer (B, H, L, L), and the logits (B·L, V).
+  // With PassOptions::inspect: per layer (B, H, L, L) (none with RoPE), and the logits (B·L, V).
   std::vector<Tensor<T>> attention;
   Tensor<T> logits;
 };
