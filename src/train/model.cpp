@@ -240,19 +240,19 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
       const Tensor<T> out = rope_attn_[static_cast<std::size_t>(i)]->forward(s.a, ao, s.rope_attn);
       for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + out[k];
     } else {
-    ForwardOptions<T> fo;
-    fo.alibi = c.positions == Positions::Alibi;
-    fo.need_weights = o.inspect;
-    fo.average_attn_weights = false;
-    fo.training = o.training && c.dropout > 0;
-    fo.attention.is_causal = c.causal;
-    fo.attention.num_threads = th;
-    fo.attention.dropout_seed = stream_value(o.seed, Stream::Dropout, static_cast<uint64_t>(o.step),
-                                             static_cast<uint64_t>(i));
-    // Self-attention: one tensor as query, key and value.
-    ForwardResult<T> r = attn_[static_cast<std::size_t>(i)]->forward(s.a, s.a, s.a, fo, s.attn);
-    if (o.inspect) inspected.push_back(std::move(*r.attn_weights));
-    for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + r.output[k];
+      ForwardOptions<T> fo;
+      fo.alibi = c.positions == Positions::Alibi;
+      fo.need_weights = o.inspect;
+      fo.average_attn_weights = false;
+      fo.training = o.training && c.dropout > 0;
+      fo.attention.is_causal = c.causal;
+      fo.attention.num_threads = th;
+      fo.attention.dropout_seed = stream_value(o.seed, Stream::Dropout, static_cast<uint64_t>(o.step),
+                                               static_cast<uint64_t>(i));
+      // Self-attention: one tensor as query, key and value.
+      ForwardResult<T> r = attn_[static_cast<std::size_t>(i)]->forward(s.a, s.a, s.a, fo, s.attn);
+      if (o.inspect) inspected.push_back(std::move(*r.attn_weights));
+      for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + r.output[k];
     }
     if (F == 0) {
       x = s.h;
