@@ -135,6 +135,13 @@ TEST(Statistics, HolmStepDown) {
   EXPECT_EQ(train::holm({0.9, 0.8})[0], 1.0);  // capped at 1
 }
 
+// scipy's noncentral t gives 0.660 (n = 20) and 2.128 (n = 4); the normal
+// approximation is within 0.005 and 0.15 of them.
+TEST(Statistics, DetectableEffectOfTwentyPairs) {
+  EXPECT_NEAR(train::paired_detectable_effect(20, 0.05), 0.660, 0.005);
+  EXPECT_NEAR(train::paired_detectable_effect(4, 0.05), 2.128, 0.15);
+}
+
 // SplitMix64's first output from state 0 (Vigna's reference:
 // 0xE220A8397B1DCDAF); the learning-speed measures on a small curve.
 TEST(Statistics, SplitMixAndCurveMeasures) {

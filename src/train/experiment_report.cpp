@@ -9,6 +9,7 @@
 
 #include "multihead/experiment.hpp"
 #include "multihead/lesson_tasks.hpp"
+#include "train/statistics.hpp"
 
 namespace multihead {
 namespace {
@@ -156,7 +157,7 @@ std::string experiment_markdown(const ExperimentReport& r) {
          (c.has_tost ? p_value(c.tost_p_holm) : std::string("–")) + " | " + verdict(c) + " |\n";
   }
   s += "\nPower: with " + std::to_string(o.seeds) + " paired seeds a two-sided paired t-test at α = 0.05 has 80% "
-       "power for d_z ≈ " + fmt("%.2f", o.seeds == 20 ? 0.66 : 2.8 / std::sqrt(double(o.seeds))) +
+       "power for d_z ≈ " + fmt("%.2f", train::paired_detectable_effect(o.seeds, 0.05)) +
        " before the Holm correction (docs/experiment.md).\n";
   return s;
 }

@@ -189,6 +189,18 @@ BootstrapCI bootstrap_mean_ci(const std::vector<double>& x, uint64_t seed, int64
   return {means[k], means[means.size() - 1 - k]};
 }
 
+double paired_detectable_effect(int64_t n, double alpha) {
+  if (n < 2 || !(alpha > 0 && alpha < 1))
+    throw Error(Error::Kind::Value, "paired_detectable_effect: expected n >= 2 and alpha in (0, 1), got n = " +
+                                        std::to_string(n) + ", alpha = " + std::to_string(alpha));
+  double lo = 0, hi = 1e6;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = (lo + hi) / 2;
+    (student_t_two_sided_p(mid, double(n - 1)) > alpha ? lo : hi) = mid;
+  }
+  return (lo + 0.8416212335729143) / std::sqrt(double(n));
+}
+
 double curve_area(double a0, const std::vector<int64_t>& steps, const std::vector<double>& acc) {
   if (steps.empty() || steps.size() != acc.size())
     throw Error(Error::Kind::Value, "curve_area: expected as many accuracies as steps (>= 1), got " +

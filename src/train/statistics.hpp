@@ -83,6 +83,13 @@ struct BootstrapCI {
 };
 BootstrapCI bootstrap_mean_ci(const std::vector<double>& x, uint64_t seed, int64_t resamples, double level);
 
+// The effect a paired t-test on n pairs detects with 80% power at
+// two-sided level alpha, by the normal approximation to the noncentral t:
+// d_z ≈ (t_{1−alpha/2, n−1} + z_0.8) / √n, z_0.8 = 0.8416 (n = 20, alpha
+// 0.05: 0.656; the exact noncentral value is 0.660). t from bisection on
+// student_t_two_sided_p.
+double paired_detectable_effect(int64_t n, double alpha);
+
 // Learning speed from a test-accuracy curve measured at steps s_1 < … < s_K
 // (the last the run's end), with a_0 the accuracy before training (step 0):
 //  - area: the trapezoid rule over (0, a_0), (s_1, a_1), …, (s_K, a_K),
