@@ -33,7 +33,7 @@ namespace multihead {
 struct ExperimentOptions {
   std::vector<std::string> tasks = {"lesson", "lookup2"};
   std::vector<int64_t> heads = {1, 2, 4, 8};
-  std::vector<int64_t> layers = {1, 2};
+  std::vector<int64_t> layers = {1};  // 2 too: --layers 1,2 (twice the CPU: docs/experiment.md)
   // Positional encodings (ModelConfig::positions); with more than one, each
   // is compared with the first.
   std::vector<Positions> positions = {Positions::Sinusoidal};
