@@ -1,15 +1,21 @@
 #!/usr/bin/python3
 """Decoding throughput with a KV cache: multihead vs PyTorch 1.13 vs ONNX Runtime.
 
-One run, every program in its own subprocess, the same shapes (the issue's:
-context 4096, E = 4096, H = 32, D = 128, K/V heads 32, 8 and 1, batch 1,
-float32, no biases, no RoPE, causal), T threads (default 2):
-  * the machine's stream bandwidth, measured first in this run: a STREAM
-    triad c = a + s*b over 3 x 256 MiB arrays with torch on T threads, best
-    of 5 (bytes = 3 x array bytes);
-  * ours: `multihead decode --embed-dim E --num-heads H --num-kv-heads K
-    --prompt-len C --tokens N --threads T` (prefill of C tokens, then N
-    steps of one token; it prints batch / the median step time);
+One run, every program in its own subprocess, the same shapes (issue 19's:
+context 16,384, so the cache dominates, E = 4096, H = 32, D = 128, K/V heads
+32, 8 and 1, batch 1, float32 weights, no biases, no RoPE, causal), T threads
+(default 2):
+  * the machine's read bandwidth and L3 size, measured first in this run by
+    bench/fma_peak.cpp (multihead_fma_peak, built with
+    -DMULTIHEAD_BUILD_BENCHMARKS=ON): all T threads reading a buffer of at
+    least 4 x the last-level cache (all L3 instances summed), best of 5
+    passes; the L3 size is printed beside the table (a cache that fits in L3
+    would read faster than memory, and "% of the limit" would pass 100%);
+  * ours, once per cache dtype (--cache-dtypes, default f32 bf16 f16 int8):
+    `multihead decode --embed-dim E --num-heads H --num-kv-heads K
+    --prompt-len C --tokens N --threads T --cache-dtype X` (prefill of C
+    tokens, then N steps of one token; it prints batch / the median step
+    time);
   * PyTorch 1.13, written as a user would: four nn.Linear(bias=False), the
     cache a preallocated (B, Hkv, max, D) tensor filled by slice assignment
     ("torch prealloc"), or grown with torch.cat ("torch cat"), K/V repeated
@@ -29,15 +35,19 @@ float32, no biases, no RoPE, causal), T threads (default 2):
 Each program: W warm-up steps, then N timed steps; the median step.
 
 Bytes read per token: the four projection weights, 4·E·(2·H·D + 2·Hkv·D)
-bytes, plus the K/V cache at context C, 2·4·Hkv·C·D bytes. The bandwidth
-limit is bandwidth / those bytes; it is printed beside each row with the
-fraction of it each program reaches.
+bytes, plus the K/V cache at context C in the row's own dtype,
+2·Hkv·C·row_bytes: row_bytes = 4·D (f32), 2·D (bf16, f16), D + 4·ceil(D/32)
+(int8 and its scales). The bandwidth limit is bandwidth / those bytes; it is
+printed beside each row with the fraction of it the row reaches, and "x f32"
+is the row's tokens/s over ours with the float32 cache.
 
 Usage:
   /usr/bin/python3 bench/bench_decode.py --multihead build/tools/multihead [--threads 2]
-      [--context 4096] [--tokens 32] [--warmup 4] [--ort-cache ~/.cache/multihead-bench-ort]
+      [--context 16384] [--tokens 32] [--warmup 4] [--cache-dtypes f32 bf16 f16 int8]
+      [--fma-peak build/bench/multihead_fma_peak] [--ort-cache ~/.cache/multihead-bench-ort]
   /usr/bin/python3 bench/bench_decode.py --multihead build/tools/multihead --quick
-      (seconds: context 256, E 512, H 8, K/V heads 8, 2, 1; a smoke run, not a measurement)
+      (seconds: context 256, E 512, H 8, K/V heads 8, 2, 1, a 64 MiB bandwidth buffer; a smoke run,
+      not a measurement)
 """
 import argparse
 import json
@@ -53,35 +63,32 @@ ORT_VERSION = "1.30.0"
 
 
 # ---- the machine ---------------------------------------------------------------
-BANDWIDTH_CODE = r"""
-import sys, time, torch
-torch.set_num_threads(int(sys.argv[1]))
-n = int(sys.argv[2]) // 4
-a, b, c = torch.rand(n), torch.rand(n), torch.empty(n)
-best = 1e30
-for _ in range(6):
-    t = time.perf_counter(); torch.add(a, b, alpha=3.0, out=c); best = min(best, time.perf_counter() - t)
-print(3 * n * 4 / best)
-"""
+def machine(fma_peak, threads, quick):
+    """(read bandwidth B/s, buffer bytes, L3 bytes, L3 instances, the peaks' lines) from multihead_fma_peak."""
+    argv = [fma_peak, "--threads", str(threads)] + (["--buffer-mib", "64"] if quick else [])
+    r = subprocess.run(argv, capture_output=True, text=True, check=True)
+    field = lambda name: re.search(name + r"=(\S+)", r.stdout).group(1)
+    return (float(field("read_bandwidth_gbs")) * 1e9, int(field("buffer_bytes")), int(field("l3_bytes")),
+            int(field("l3_instances")), r.stdout.strip().splitlines())
 
 
-def stream_bandwidth(threads, array_bytes):
-    r = subprocess.run([sys.executable, "-c", BANDWIDTH_CODE, str(threads), str(array_bytes)],
-                       capture_output=True, text=True, check=True)
-    return float(r.stdout.strip())
+# Bytes of one head's K (or V) row of one token, per cache dtype (KVCache::row_bytes).
+ROW_BYTES = {"f32": lambda D: 4 * D, "bf16": lambda D: 2 * D, "f16": lambda D: 2 * D,
+             "int8": lambda D: D + 4 * ((D + 31) // 32)}
 
 
-def bytes_per_token(E, H, Hkv, D, context):
+def bytes_per_token(E, H, Hkv, D, context, dtype="f32"):
     weights = 4 * E * (2 * H * D + 2 * Hkv * D)
-    cache = 2 * 4 * Hkv * context * D
+    cache = 2 * Hkv * context * ROW_BYTES[dtype](D)
     return weights, cache
 
 
 # ---- ours --------------------------------------------------------------------------
-def run_ours(cli, E, H, Hkv, context, tokens, warmup, threads):
+def run_ours(cli, E, H, Hkv, context, tokens, warmup, threads, dtype="f32"):
     n = tokens + warmup  # the median over all steps; warm-up steps sit at its far end
     argv = [cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--num-kv-heads", str(Hkv),
-            "--prompt-len", str(context), "--tokens", str(n), "--threads", str(threads), "--kernel", "auto"]
+            "--prompt-len", str(context), "--tokens", str(n), "--threads", str(threads), "--kernel", "auto",
+            "--cache-dtype", dtype]
     r = subprocess.run(argv, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
@@ -263,12 +270,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--multihead", required=True, help="the multihead program")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--context", type=int, default=4096)
+    ap.add_argument("--context", type=int, default=16384)
     ap.add_argument("--embed-dim", type=int, default=4096)
     ap.add_argument("--num-heads", type=int, default=32)
     ap.add_argument("--kv-heads", type=int, nargs="+", default=[32, 8, 1])
     ap.add_argument("--tokens", type=int, default=32, help="timed steps")
     ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--cache-dtypes", nargs="+", default=["f32", "bf16", "f16", "int8"], choices=list(ROW_BYTES))
+    ap.add_argument("--fma-peak", help="multihead_fma_peak (default: bench/ of --multihead's build folder)")
     ap.add_argument("--ort-cache", default=os.path.expanduser("~/.cache/multihead-bench-ort"))
     ap.add_argument("--skip", nargs="*", default=[], choices=["ours", "torch-prealloc", "torch-cat", "ort"])
     ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run on small shapes")
@@ -280,9 +289,14 @@ def main():
     cli = os.path.abspath(a.multihead)
     workdir = tempfile.mkdtemp(prefix="bench_decode_")
 
-    bw = stream_bandwidth(a.threads, (64 if a.quick else 256) << 20)
-    print(f"stream triad bandwidth: {bw / 1e9:.1f} GB/s ({a.threads} threads, torch, best of 6)")
-    print(f"context {a.context}, E {E}, H {H}, D {D}, batch 1, float32, {a.threads} threads; "
+    fma_peak = a.fma_peak or os.path.join(os.path.dirname(os.path.dirname(cli)), "bench", "multihead_fma_peak")
+    bw, buffer_bytes, l3, l3_instances, peak_lines = machine(fma_peak, a.threads, a.quick)
+    for line in peak_lines:
+        print("  " + line)
+    print(f"read bandwidth: {bw / 1e9:.1f} GB/s ({a.threads} threads, a {buffer_bytes / 2**20:.0f} MiB buffer); "
+          f"L3 {l3 / 2**20:.0f} MiB ({l3_instances} instance{'s' if l3_instances != 1 else ''})"
+          + ("" if buffer_bytes >= 4 * l3 else " -- the buffer is under 4 x L3: the limit is not memory's"))
+    print(f"context {a.context}, E {E}, H {H}, D {D}, batch 1, float32 weights, {a.threads} threads; "
           f"{a.warmup} warm-up + {a.tokens} timed steps, median; {'QUICK SMOKE RUN, not a measurement' if a.quick else ''}")
     ort_note = ""
     try:
@@ -294,33 +308,41 @@ def main():
         ort_cache, ort_note = None, str(e)
 
     print()
-    print("| K/V heads | program | ms/token | tokens/s | cache MiB | bytes/token MiB | bandwidth limit tokens/s | % of limit |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| K/V heads | program | ms/token | tokens/s | x f32 | cache MiB | bytes/token MiB | "
+          f"bandwidth limit tokens/s | % of limit | (L3 {l3 / 2**20:.0f} MiB) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for Hkv in a.kv_heads:
-        wbytes, cbytes = bytes_per_token(E, H, Hkv, D, a.context)
-        limit = bw / (wbytes + cbytes)
         def ort(mode, Hkv=Hkv):
             if not ort_cache:
                 raise RuntimeError(ort_note or "skipped")
             return run_ort(mode, ort_cache, workdir, E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)
 
-        programs = [
-            ("ours", lambda: run_ours(cli, E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
+        # (name, run, the row's cache dtype for its bytes)
+        programs = [(f"ours {dt}", lambda dt=dt: run_ours(cli, E, H, Hkv, a.context, a.tokens, a.warmup, a.threads, dt), dt)
+                    for dt in a.cache_dtypes]
+        programs += [(name, run, "f32") for name, run in [
             ("torch prealloc", lambda: run_torch("prealloc", E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
             ("torch cat", lambda: run_torch("cat", E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
             ("ORT GQA shared buffer", lambda: ort("shared")),
             ("ORT GQA past+present", lambda: ort("copy")),
-        ]
-        for name, run in programs:
-            if ("ort" if name.startswith("ORT") else name.replace(" ", "-")) in a.skip:
+        ]]
+        ours_f32 = None
+        for name, run, dtype in programs:
+            skip_name = "ours" if name.startswith("ours") else "ort" if name.startswith("ORT") else name.replace(" ", "-")
+            if skip_name in a.skip:
                 continue
+            w_b, c_b = bytes_per_token(E, H, Hkv, D, a.context, dtype)
+            own_limit = bw / (w_b + c_b)
             try:
                 ms, cache = run()
                 tps = 1e3 / ms
-                print(f"| {Hkv} | {name} | {ms:.3f} | {tps:.1f} | {cache / 2**20:.1f} | "
-                      f"{(wbytes + cbytes) / 2**20:.1f} | {limit:.1f} | {100 * tps / limit:.0f}% |")
+                if name == "ours f32":
+                    ours_f32 = tps
+                ratio = f"{tps / ours_f32:.2f}" if ours_f32 else ""
+                print(f"| {Hkv} | {name} | {ms:.3f} | {tps:.1f} | {ratio} | {cache / 2**20:.1f} | "
+                      f"{(w_b + c_b) / 2**20:.1f} | {own_limit:.1f} | {100 * tps / own_limit:.0f}% | |")
             except Exception as e:
-                print(f"| {Hkv} | {name} | failed: {str(e)[:200]} | | | {(wbytes + cbytes) / 2**20:.1f} | {limit:.1f} | |")
+                print(f"| {Hkv} | {name} | failed: {str(e)[:200]} | | | | {(w_b + c_b) / 2**20:.1f} | {own_limit:.1f} | | |")
             sys.stdout.flush()
 
 

@@ -20,6 +20,7 @@ Runner add_explain_command(CLI::App& app);
 Runner add_train_command(CLI::App& app);
 Runner add_decode_command(CLI::App& app);
 Runner add_experiment_command(CLI::App& app);
+Runner add_ablate_command(CLI::App& app);
 
 // --threads for both our OpenMP loops and BLAS (the program owns the process,
 // so it may set BLAS's global thread count; the library never does).

@@ -28,8 +28,11 @@
 namespace multihead::cli {
 namespace {
 
+constexpr KVCacheDType kCacheDTypes[] = {KVCacheDType::Native, KVCacheDType::BFloat16, KVCacheDType::Float16,
+                                         KVCacheDType::Int8};
+
 struct DecodeArgs {
-  std::string weights, prefix, prompt, out, kernel = "auto";
+  std::string weights, prefix, prompt, out, kernel = "auto", cache_dtype = "f32";
   std::optional<int64_t> num_heads, embed_dim, head_dim, prompt_len, max_len, window;
   std::optional<double> softcap;
   int64_t batch = 1, tokens = 0;
@@ -80,6 +83,13 @@ Tensor<float> make_prompt(const DecodeArgs& a, int64_t E) {
   return x;
 }
 
+// --cache-dtype's values (one_of has checked the name), the library's names.
+KVCacheDType parse_cache_dtype(const std::string& name) {
+  for (const KVCacheDType d : kCacheDTypes)
+    if (name == kv_cache_dtype_name(d)) return d;
+  fail("--cache-dtype: expected one of f32, bf16, f16, int8; got " + name);
+}
+
 // The library names the cache's length max_len; here it is --max-len.
 [[noreturn]] void rethrow_as_flag(const Error& e) {
   const std::string what = e.what();
@@ -90,15 +100,16 @@ Tensor<float> make_prompt(const DecodeArgs& a, int64_t E) {
 // The cache, refused before any allocation when it cannot fit in memory
 // (the library's check); an allocation that fails anyway (a ulimit below
 // the machine's memory) names the flag and the bytes too.
-KVCache<float> make_cache(const GroupedQueryAttention<float>& m, int64_t batch, int64_t max_len, bool grow) {
+KVCache<float> make_cache(const GroupedQueryAttention<float>& m, int64_t batch, int64_t max_len, bool grow,
+                          KVCacheDType dtype) {
   try {
-    return m.make_cache(batch, max_len, grow);
+    return m.make_cache(batch, max_len, grow, dtype);
   } catch (const Error& e) {
     rethrow_as_flag(e);
   } catch (const std::bad_alloc&) {
     char msg[96];
     std::snprintf(msg, sizeof msg, "%.0f bytes",
-                  KVCache<float>::bytes_for(batch, m.kv_heads(), m.head_dim(), max_len));
+                  KVCache<float>::bytes_for(batch, m.kv_heads(), m.head_dim(), max_len, dtype));
     fail("--max-len: a KV cache of " + std::to_string(max_len) + " positions needs " + msg +
          ", and allocating them failed: out of memory");
   }
@@ -120,7 +131,7 @@ void run_decode(const DecodeArgs& a) {
   if (a.alibi) o.alibi_slopes = alibi_slopes(m.config().num_heads);
   o.kernel = parse_attention_kernel(a.kernel);
   o.num_threads = a.threads;
-  KVCache<float> cache = make_cache(m, B, max_len, a.grow);
+  KVCache<float> cache = make_cache(m, B, max_len, a.grow, parse_cache_dtype(a.cache_dtype));
 
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -157,11 +168,11 @@ void run_decode(const DecodeArgs& a) {
   std::fprintf(report,
                "multihead decode: %lld tokens x batch %lld after a %lld-token prompt: %.1f tokens/s (median step "
                "%.3f ms; prefill %.3f ms); KV cache %lld bytes (%lld of %lld positions, %lld K/V heads x head_dim "
-               "%lld, float32); embed_dim %lld, num_heads %lld, kernel %s, threads %d\n",
+               "%lld, %s); embed_dim %lld, num_heads %lld, kernel %s, threads %d\n",
                static_cast<long long>(N), static_cast<long long>(B), static_cast<long long>(P),
                median_s > 0 ? static_cast<double>(B) / median_s : 0.0, median_s * 1e3, prefill_ms, static_cast<long long>(cache.bytes()), static_cast<long long>(cache.length()),
                static_cast<long long>(cache.capacity()), static_cast<long long>(m.kv_heads()),
-               static_cast<long long>(m.head_dim()), static_cast<long long>(E),
+               static_cast<long long>(m.head_dim()), a.cache_dtype.c_str(), static_cast<long long>(E),
                static_cast<long long>(m.config().num_heads), a.kernel.c_str(), a.threads);
 }
 
@@ -204,6 +215,10 @@ Runner add_decode_command(CLI::App& app) {
   c->add_flag("--alibi", a->alibi, "ALiBi position biases with the paper's per-head slopes");
   c->add_option("--kernel", a->kernel, "auto, reference, materialized or flash")
       ->transform(one_of({"auto", "reference", "materialized", "flash"}));
+  c->add_option("--cache-dtype", a->cache_dtype,
+                "K/V cache element type: f32, bf16 (2 bytes), f16 (2 bytes, |x| <= 65504) or int8 (1 byte + a float "
+                "scale per 32 values); docs/decoding.md gives each one's error bound")
+      ->transform(one_of({"f32", "bf16", "f16", "int8"}));
   c->add_option("--threads", a->threads, "Threads (0 = default)")->check(non_negative_integer());
   c->add_option("--out", a->out, "The N generated vectors as .npy (B, N, E) ('-' = standard output; the report "
                                  "then goes to stderr)")

@@ -7,7 +7,9 @@
 // (compiled into the program; `multihead experiment --save-model` retrains
 // it, the command is in its metadata): head by head, where "it" attends,
 // the heads the specialisation measure picked, and the model's answer for
-// "it". The sentence is a test sentence of the lesson task, never trained
+// "it"; then the same heads on "…because it was too wide", where "it" is
+// the street, so a head that tracks the referent shows apart from one that
+// stays on the subject. The sentence is a test sentence of the lesson task, never trained
 // on. --random keeps the first demo: one layer of seeded random weights,
 // the mechanics (each head its own distribution) without linguistics.
 #include <algorithm>
@@ -139,6 +141,59 @@ std::pair<int64_t, int64_t> head_of(const std::map<std::string, std::string>& me
   return {std::atoll(it->second.substr(0, dot).c_str()) - 1, std::atoll(it->second.substr(dot + 1).c_str()) - 1};
 }
 
+// The lesson's sentence with the other kind of adjective: "…because it was
+// too wide", where "it" is the street (the object). Per head, how much "it"
+// puts on each noun in both sentences: a head that tracks the referent
+// moves from the subject to the object; one that stays put follows the
+// subject (or the object) whatever the sentence says.
+void print_contrast(const TrainedModel& model, const LessonTask& task, const LessonSentence& lesson) {
+  std::vector<std::string> wide = lesson.words;
+  wide[static_cast<std::size_t>(lesson.adjective)] = "wide";
+  bool held_out = false;
+  for (const LessonSentence& s : task.test_sentences()) held_out = held_out || s.words == wide;
+  const int64_t L = LessonTask::kLength, n = static_cast<int64_t>(wide.size()), it = lesson.it;
+  const Evaluation tired = model.evaluate(task.sentence_batch(task.ids(lesson.words)), true);
+  const Evaluation other = model.evaluate(task.sentence_batch(task.ids(wide)), true);
+  const std::string& subject = wide[static_cast<std::size_t>(lesson.subject)];
+  const std::string& object = wide[static_cast<std::size_t>(lesson.object)];
+  const std::string& adjective = lesson.words[static_cast<std::size_t>(lesson.adjective)];
+  std::printf("\n  the same heads when \"it\" is the %s: ", object.c_str());
+  for (const auto& w : wide) std::printf("%s ", w.c_str());
+  std::printf("\n  (%s)\n\n",
+              held_out ? "also a held-out test sentence" : "not held out: training batches may contain it");
+  const int w = static_cast<int>(std::max<std::size_t>({subject.size(), object.size(), 4})) + 2;
+  std::printf("  %-8s%*s%*s\n", "", 2 * w, ("too " + adjective).c_str(), 2 * w, "too wide");
+  std::printf("  %-8s%*s%*s%*s%*s   strongest (too wide)\n", "head", w, subject.c_str(), w, object.c_str(), w,
+              subject.c_str(), w, object.c_str());
+  const ModelConfig& c = model.config();
+  for (int64_t layer = 0; layer < c.layers; ++layer) {
+    const float* a = tired.attention[static_cast<std::size_t>(layer)].data();  // (1, H, L, L)
+    const float* b = other.attention[static_cast<std::size_t>(layer)].data();
+    for (int64_t h = 0; h < c.heads; ++h) {
+      const float* ra = a + (h * L + it) * L;
+      const float* rb = b + (h * L + it) * L;
+      int64_t best = 0;
+      for (int64_t j = 0; j < n; ++j)
+        if (rb[j] > rb[best]) best = j;
+      std::printf("  %-8s%*.0f%*.0f%*.0f%*.0f   %s\n", (std::to_string(layer + 1) + "." + std::to_string(h + 1)).c_str(),
+                  w, 100.0 * ra[lesson.subject], w, 100.0 * ra[lesson.object], w, 100.0 * rb[lesson.subject], w,
+                  100.0 * rb[lesson.object], wide[static_cast<std::size_t>(best)].c_str());
+    }
+  }
+  const int64_t V = c.vocabulary;
+  const float* z = other.logits.data() + it * V;
+  int64_t best = 0;
+  double sum = 0;
+  for (int64_t v = 1; v < V; ++v)
+    if (z[v] > z[best]) best = v;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(z[v]) - double(z[best]));
+  std::printf("\n  the model's answer for \"it\" (too wide): %s (%.0f%%)\n", task.token(static_cast<int32_t>(best)).c_str(),
+              100.0 / sum);
+  std::printf("  A head that tracks the referent moves from \"%s\" to \"%s\"; one that stays put follows a\n"
+              "  position in the sentence (the subject or the object), not what \"it\" means.\n",
+              subject.c_str(), object.c_str());
+}
+
 void run_trained_demo(const DemoArgs& a) {
   const LessonTask task;
   const TrainedModel model = load_lesson_model(a.model, task);
@@ -228,6 +283,7 @@ void run_trained_demo(const DemoArgs& a) {
   if (a.focus != "it")
     std::printf("  (the model was trained to answer at \"it\" only; at \"%s\" its answer means nothing)\n",
                 a.focus.c_str());
+  if (a.sentence.empty() && a.focus == "it") print_contrast(model, task, task.test_sentences()[0]);
   std::printf("\n  multihead demo --random shows untrained (seeded random) weights instead.\n");
 }
 

@@ -90,8 +90,10 @@ void run_save_model(ExperimentArgs& a) {
     throw Error(Error::Kind::Value, "--save-model: expected one --positions value, got " +
                                         std::to_string(o.positions.size()));
   const RunSpec spec{o.tasks[0], o.heads[0], o.layers[0], o.first_seed, o.positions[0]};
-  const std::string command = run_command(spec, o, a.save_model);
-  std::printf("reproduce: %s\n", command.c_str());
+  std::printf("reproduce: %s\n", run_command(spec, o, a.save_model).c_str());
+  // The file records the command with the JSON's placeholder path, not
+  // --save-model's: its bytes do not depend on where it is written.
+  const std::string command = run_command(spec, o, "run.safetensors");
   std::fflush(stdout);
   std::optional<TrainedModel> model;
   const RunResult r = run_one(spec, o, &model);

@@ -40,6 +40,7 @@ namespace {
 
 struct ExplainArgs {
   std::string text, model;  // trained-model mode
+  bool text_given = false;  // TEXT on the command line, even "" (refused then, not the default sentence)
   std::string weights, prefix, input, out, format = "html", token, tokens;
   int64_t batch = 0;
   bool ascii = false, verbose = false;
@@ -137,10 +138,13 @@ std::vector<int32_t> lesson_ids(const LessonTask& task, const std::vector<std::s
 
 // `ids` receives the token ids (padding included), which --verbose prints so
 // a check can rebuild the model's input (tests/cli/explain.py does).
-explain::Report build_trained_report(const ExplainArgs& a, std::vector<int32_t>& ids_out) {
+// `padding_keys`: keep the padding's keys (the page and the text view, where
+// each row sums to 1) or drop them (bertviz, whose head_view needs as many
+// keys as tokens: "Attention has 16 positions, while number of tokens is 11").
+explain::Report build_trained_report(const ExplainArgs& a, bool padding_keys, std::vector<int32_t>& ids_out) {
   const LessonTask task;
   const TrainedModel model = load_lesson_model(a.model, task);
-  const std::vector<std::string> words = a.text.empty() ? task.test_sentences()[0].words : lesson_words(a.text);
+  const std::vector<std::string> words = a.text_given ? lesson_words(a.text) : task.test_sentences()[0].words;
   const int64_t n = static_cast<int64_t>(words.size()), L = LessonTask::kLength;
   if (n < 1 || n > L)
     throw Error(Error::Kind::Value, "TEXT: expected 1 to " + std::to_string(L) + " words (the model's sequence "
@@ -157,19 +161,20 @@ explain::Report build_trained_report(const ExplainArgs& a, std::vector<int32_t>&
   explain::Report r;
   r.query_tokens = words;
   // The padding is attended to as well (the model has no padding mask):
-  // its keys stay in the picture, so each row still sums to 1.
+  // its keys stay in the picture, so each row still sums to 1 (but in bertviz).
+  const int64_t S = padding_keys ? L : n;
   r.key_tokens = words;
-  for (int64_t j = n; j < L; ++j) r.key_tokens.push_back("<pad>");
+  for (int64_t j = n; j < S; ++j) r.key_tokens.push_back("<pad>");
   for (int64_t layer = 0; layer < c.layers; ++layer) {
     const Tensor<float>& w = e.attention[static_cast<std::size_t>(layer)];  // (1, H, L, L)
     explain::LayerAttention la;
     la.name = "layer " + std::to_string(layer + 1);
     la.heads = H;
     la.queries = n;  // the words' rows; the padding's queries answer nothing
-    la.keys = L;
+    la.keys = S;
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < L; ++j) la.weights.push_back(w[(h * L + i) * L + j]);
+        for (int64_t j = 0; j < S; ++j) la.weights.push_back(w[(h * L + i) * L + j]);
     r.layers.push_back(std::move(la));
   }
 
@@ -219,7 +224,8 @@ explain::Report build_trained_report(const ExplainArgs& a, std::vector<int32_t>&
   r.source = std::string(a.model.empty() ? "models/lesson-heads.safetensors (shipped)" : a.model) +
              ", trained on the lesson task: " + std::to_string(c.layers) + " layer" + (c.layers > 1 ? "s" : "") +
              ", " + std::to_string(H) + " heads, d_model " + std::to_string(c.d_model) + "; input padded to " +
-             std::to_string(L) + " tokens" + (a.text.empty() ? "; a held-out test sentence" : "");
+             std::to_string(L) + " tokens" + (padding_keys ? "" : " (the padding's keys left out)") +
+             (a.text_given ? "" : "; a held-out test sentence");
   if (!a.token.empty()) r.focus = resolve_token(a.token, r.query_tokens);
   return r;
 }
@@ -239,7 +245,7 @@ Runner add_explain_command(CLI::App& app) {
       "What each head attends to: an HTML report, a text view or bertviz JSON. By default the shipped trained "
       "model on the lesson's sentence (`multihead explain --out report.html`); --weights/--input for a plain "
       "torch.nn.MultiheadAttention");
-  c->add_option("TEXT", a->text,
+  CLI::Option* text = c->add_option("TEXT", a->text,
                 "A sentence in the lesson task's words for the trained model (default: \"The animal didn't cross "
                 "the street because it was too tired\")");
   c->add_option("--model", a->model,
@@ -267,7 +273,8 @@ Runner add_explain_command(CLI::App& app) {
   c->add_flag("--ascii", a->ascii, "Text view in plain ASCII, no colour (also when standard output is no terminal)");
   c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr (for a trained model also its 16 token ids)");
 
-  return [a] {
+  return [a, text] {
+    a->text_given = text->count() > 0;
     if (a->ascii && a->format != "text")
       throw Error(Error::Kind::Value, "--ascii: applies to --format text only, got --format " + a->format);
     const bool plain = !a->weights.empty() || !a->input.empty();
@@ -277,8 +284,8 @@ Runner add_explain_command(CLI::App& app) {
                       (a->weights.empty() ? "--input" : "--weights") +
                       ": explain of a plain module needs --weights M.safetensors (a torch.nn.MultiheadAttention) "
                       "and --input X.npy (its input)");
-    if (plain && (!a->text.empty() || !a->model.empty()))
-      throw Error(Error::Kind::Value, std::string(a->text.empty() ? "--model" : "TEXT") +
+    if (plain && (a->text_given || !a->model.empty()))
+      throw Error(Error::Kind::Value, std::string(a->text_given ? "TEXT" : "--model") +
                                           ": expected either a trained model (TEXT, --model) or --weights/--input, "
                                           "got both");
     if (!plain && (a->batch != 0 || !a->tokens.empty() || !a->prefix.empty()))
@@ -292,7 +299,7 @@ Runner add_explain_command(CLI::App& app) {
     if (!plain) {
       check_files(a->model.empty() ? std::vector<FileFlag>{} : std::vector<FileFlag>{{"--model", a->model}},
                   to_terminal ? std::vector<FileFlag>{} : std::vector<FileFlag>{{"--out", out}});
-      report = build_trained_report(*a, ids);
+      report = build_trained_report(*a, a->format != "bertviz", ids);
     } else {
       check_files({{"--weights", a->weights}, {"--input", a->input}},
                   to_terminal ? std::vector<FileFlag>{} : std::vector<FileFlag>{{"--out", out}});

@@ -2,7 +2,11 @@
 // forward on .npy files. Flag names mirror PyTorch's argument names.
 //
 // The computation runs in float64 when the query file is float64, otherwise
-// in float32; outputs are written in that type. Every file flag is checked
+// in float32; outputs are written in that type. --dtype bf16|f16 runs the
+// 16-bit module (NarrowMultiheadAttention) instead: the .npy inputs and the
+// weights are rounded to the 16-bit type on the way in (exact for a bf16/f16
+// checkpoint and for inputs that are already such values), the output is
+// widened to float32 on the way out. Every file flag is checked
 // before the weights are read (file_flags), and the outputs are written all
 // or nothing after the forward pass, so a failed run leaves no file behind.
 #include <chrono>
@@ -22,6 +26,7 @@
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/narrow_multihead_attention.hpp"
 #include "multihead/weights.hpp"
 
 namespace multihead::cli {
@@ -45,6 +50,7 @@ struct ForwardArgs {
   int repeat = 1;
   GqaFlags gqa;  // --num-kv-heads selects the grouped-query module (run_gqa_forward)
   std::string weights_heads, weights_rows;  // "" = all; else "0,3" or "5:9" or both mixed
+  std::string dtype = "f32";
 };
 
 // --weights-heads / --weights-rows: comma-separated indices and half-open
@@ -172,6 +178,57 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
     outputs.push_back({{"--attn-weights-out", args.attn_weights_out}, serialize_npy(*result.attn_weights)});
   write_outputs(std::move(outputs));
   if (args.verbose) print_summary(args, w, result, ms);
+}
+
+// --dtype bf16 / f16: the 16-bit module, E its element type. Inputs and
+// weights rounded to E (from float32: a float64 file is read as float32
+// first), masks kept float32, the output widened to float32.
+template <class E>
+void run_narrow_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTensor& query_file) {
+  const Tensor<E> query = round_to<E>(as<float>(query_file));
+  std::optional<Tensor<E>> key, value;
+  if (!args.key.empty()) key = round_to<E>(as<float>(read_input(args.key, "key")));
+  if (!args.value.empty()) value = round_to<E>(as<float>(read_input(args.value, "value")));
+  const Tensor<E>& k = key ? *key : query;
+  const Tensor<E>& v = value ? *value : (key && args.value.empty() ? *key : query);
+  const auto key_padding_mask = read_mask<float>(args.key_padding_mask, "key_padding_mask");
+  const auto attn_mask = read_mask<float>(args.attn_mask, "attn_mask");
+  const NarrowMultiheadAttention<E> mha =
+      NarrowMultiheadAttention<E>::rounded(w.config, cast_parameters<float>(w.parameters));
+  ForwardOptions<float> o;
+  o.key_padding_mask = key_padding_mask.get();
+  o.attn_mask = attn_mask.get();
+  o.need_weights = false;
+  o.attention.is_causal = args.is_causal;
+  o.attention.causal_alignment =
+      args.causal_align == "bottom-right" ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
+  o.attention.window = args.window;
+  o.attention.softcap = args.softcap;
+  o.alibi = args.alibi;
+  o.training = args.training;
+  o.attention.dropout_seed = args.dropout_seed;
+  o.attention.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
+  o.attention.kernel = parse_attention_kernel(args.kernel);
+  o.attention.num_threads = args.threads;
+  o.attention.check_finite = args.check_finite;
+  Tensor<E> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    for (int r = 0; r < args.repeat; ++r) out = mha.forward(query, k, v, o);
+  } catch (const Error& e) {
+    if (e.kind() != Error::Kind::Shape) throw;
+    auto shape_of = [](const auto& mask) { return mask ? std::optional(mask->shape()) : std::nullopt; };
+    throw Error(e.kind(), e.what() + layout_hint(w.config, {query.shape(), k.shape(), v.shape(),
+                                                            shape_of(key_padding_mask), shape_of(attn_mask)}));
+  }
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  write_outputs({{{"--out", args.out}, serialize_npy(widen<float>(out))}});
+  if (args.verbose)
+    std::fprintf(stderr, "multihead forward: output %s, %s (written as float32); embed_dim %lld, num_heads %lld; "
+                 "kernel %s, form fused; %.3f ms for %d forward pass%s\n",
+                 shape_to_string(out.shape()).c_str(), to_string(compute_dtype_of<E>()).c_str(),
+                 static_cast<long long>(w.config.embed_dim), static_cast<long long>(w.config.num_heads),
+                 args.kernel.c_str(), ms, args.repeat, args.repeat == 1 ? "" : "es");
 }
 
 // --num-kv-heads: the grouped-query module (multihead/grouped_query_attention.hpp,
@@ -308,6 +365,11 @@ Runner add_forward_command(CLI::App& app) {
   c->add_option("--repeat", args->repeat, "Run the forward N times (for timing from outside)")
       ->check(positive_integer());
   c->add_flag("--verbose", args->verbose, "Print a one-line summary on stderr (shapes, dtype, kernel, form, time)");
+  c->add_option("--dtype", args->dtype,
+                "Compute type: f32 (default; float64 for a float64 --query), bf16 or f16. The .npy files stay "
+                "float32: inputs and weights are rounded to the 16-bit type on the way in, the output widened "
+                "on the way out (docs/precision.md)")
+      ->transform(one_of({"f32", "bf16", "f16"}));
   add_gqa_flags(*c, args->gqa,
                 "Grouped-query attention with N K/V heads (N divides the heads; 1 = multi-query): the "
                 "weights are then q_proj/k_proj/v_proj/o_proj.weight (+ .bias) as Hugging Face Llama names "
@@ -336,6 +398,17 @@ Runner add_forward_command(CLI::App& app) {
       throw Error(Error::Kind::Value, "--causal-align: expected with --is-causal, --window or --alibi "
                                       "(it places the queries' positions), got " +
                                           quote_input(args->causal_align) + " alone");
+    const ComputeDtype dtype = parse_compute_dtype(args->dtype, "--dtype");
+    if (dtype != ComputeDtype::F32) {
+      const std::pair<const char*, bool> refused[] = {
+          {"--attn-weights-out", !args->attn_weights_out.empty()}, {"--need-weights", args->need_weights},
+          {"--form textbook", args->form == "textbook"}, {"--num-kv-heads", args->gqa.num_kv_heads.has_value()}};
+      for (const auto& [flag, given] : refused)
+        if (given)
+          throw Error(Error::Kind::Value, std::string(flag) + ": not available with --dtype " + args->dtype +
+                                              " (the 16-bit module runs the fused form on the flash kernel, "
+                                              "multi-head, without attention weights)");
+    }
     check_files({{"--weights", args->weights}, {"--query", args->query}, {"--key", args->key},
                  {"--value", args->value}, {"--key-padding-mask", args->key_padding_mask},
                  {"--attn-mask", args->attn_mask}},
@@ -362,8 +435,18 @@ Runner add_forward_command(CLI::App& app) {
     ov.dropout = args->dropout;
     const LoadedWeights w = load_weights(args->weights, load);
     const LoadedTensor query = read_input(args->query, "query");
-    if (query.dtype == DType::F64) run_forward<double>(*args, w, query);
+    if (const std::string note = compute_dtype_note(dtype); !note.empty())
+      std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", args->dtype.c_str(), note.c_str());
+    if (dtype == ComputeDtype::BF16) run_narrow_forward<bfloat16>(*args, w, query);
+    else if (dtype == ComputeDtype::F16) run_narrow_forward<float16>(*args, w, query);
+    else if (query.dtype == DType::F64) run_forward<double>(*args, w, query);
     else run_forward<float>(*args, w, query);
+    if (dtype == ComputeDtype::F32 && w.parameter_dtype &&
+        (*w.parameter_dtype == DType::BF16 || *w.parameter_dtype == DType::F16))
+      std::fprintf(stderr, "multihead: note: --weights holds %s parameters; computed in %s from their exact values "
+                   "(--dtype %s computes in %s)\n",
+                   to_string(*w.parameter_dtype).c_str(), query.dtype == DType::F64 ? "float64" : "float32",
+                   *w.parameter_dtype == DType::BF16 ? "bf16" : "f16", to_string(*w.parameter_dtype).c_str());
     // After the run, so that a failed one still prints exactly one line.
     if (const std::string note = assumed_settings_note(w, args->weights); !note.empty())
       std::fprintf(stderr, "multihead: note: %s\n", note.c_str());

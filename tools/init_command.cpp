@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "cli_manners.hpp"
 #include "commands.hpp"
 #include "file_flags.hpp"
 #include "gqa_cli.hpp"
@@ -57,6 +58,7 @@ Runner add_init_command(CLI::App& app) {
     GqaFlags gqa;  // --num-kv-heads: the grouped-query module's weights instead (write_gqa below)
     std::optional<int64_t> head_dim;
     bool dropout_given = false;
+    std::string dtype = "f32";
   };
   auto a = std::make_shared<Args>();
   CLI::App* c = app.add_subcommand("init", "Write freshly initialised weights (PyTorch's scheme) as safetensors");
@@ -75,6 +77,9 @@ Runner add_init_command(CLI::App& app) {
       ->required()
       ->check(path());
   c->add_flag("--verbose", a->verbose, "Print a one-line summary on stderr");
+  c->add_option("--dtype", a->dtype,
+                "Tensor dtype of the file: f32, bf16 or f16 (the float32 initialisation rounded to nearest even)")
+      ->transform(one_of({"f32", "bf16", "f16"}));
   // No --rope here: the weights do not depend on it (forward and decode
   // take --rope when running the module).
   add_gqa_flags(*c, a->gqa,
@@ -90,19 +95,28 @@ Runner add_init_command(CLI::App& app) {
       throw multihead::Error(multihead::Error::Kind::Value,
                              "--head-dim: needs --num-kv-heads (multi-head attention's head width is embed_dim / "
                              "num_heads)");
+    const ComputeDtype dtype = parse_compute_dtype(a->dtype, "--dtype");
     check_files({}, {{"--out", a->out}});
+    if (a->gqa.num_kv_heads && dtype != ComputeDtype::F32)
+      throw multihead::Error(multihead::Error::Kind::Value, "--dtype: only f32 with --num-kv-heads (the grouped-query "
+                                                            "module has no 16-bit form yet), got " + a->dtype);
     if (a->gqa.num_kv_heads) return write_gqa(*a);
     const auto t0 = std::chrono::steady_clock::now();
     MultiheadAttentionConfig config = a->config;
     config.bias = !a->no_bias;
     const BasicMultiheadAttention<float> mha(config, a->seed);
-    std::string bytes = serialize_weights(mha);
+    std::string bytes = dtype == ComputeDtype::BF16
+                            ? serialize_weights(NarrowMultiheadAttention<bfloat16>::rounded(config, mha.parameters()))
+                        : dtype == ComputeDtype::F16
+                            ? serialize_weights(NarrowMultiheadAttention<float16>::rounded(config, mha.parameters()))
+                            : serialize_weights(mha);
     const std::size_t size = bytes.size();
     write_outputs({{{"--out", a->out}, std::move(bytes)}});
     if (a->verbose) {
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      std::fprintf(stderr, "multihead init: wrote %s: %zu tensors, %zu bytes, float32; embed_dim %lld, num_heads %lld, seed %llu; %.3f ms\n",
-                   a->out == "-" ? "standard output" : a->out.c_str(), mha.state_dict().size(), size, static_cast<long long>(config.embed_dim),
+      std::fprintf(stderr, "multihead init: wrote %s: %zu tensors, %zu bytes, %s; embed_dim %lld, num_heads %lld, seed %llu; %.3f ms\n",
+                   a->out == "-" ? "standard output" : a->out.c_str(), mha.state_dict().size(), size,
+                   dtype == ComputeDtype::F32 ? "float32" : to_string(dtype).c_str(), static_cast<long long>(config.embed_dim),
                    static_cast<long long>(config.num_heads), static_cast<unsigned long long>(a->seed), ms);
     }
   };

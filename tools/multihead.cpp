@@ -10,6 +10,7 @@
 //   multihead train …         train a small Transformer encoder on a built-in task
 //   multihead decode …        generate with a KV cache (grouped-query module): tokens/s, cache bytes
 //   multihead experiment …    what several heads gain over one, measured
+//   multihead ablate …        which heads a trained model needs: importance, masking, pruning
 //   multihead --version       "multihead 0.1.0"
 //
 // Every subcommand gets, from cli_manners: defaults in --help, enum values in
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
   Runner train = add_train_command(app);
   Runner decode = add_decode_command(app);
   Runner experiment = add_experiment_command(app);
+  Runner ablate = add_ablate_command(app);
   if (argc <= 1) {
     std::cout << usage(app);
     return flushed(0);
@@ -104,6 +106,7 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("train")) train();
     else if (app.got_subcommand("decode")) decode();
     else if (app.got_subcommand("experiment")) experiment();
+    else if (app.got_subcommand("ablate")) ablate();
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
     std::cerr << "multihead: error: " << cut_long_words(e.what()) << "\n";

@@ -145,6 +145,20 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& 
                                        const AttentionOptions& options = {},
                                        Tensor<T>* attn_weights = nullptr);
 
+// The same in 16-bit storage (multihead/narrow.hpp): query, key, value and
+// the result are bfloat16 (or float16); attn_mask stays a float mask (bool
+// or additive). Q, K and V are widened to float32 in registers, the scores,
+// softmax (its running max and sum) and the weighted sums are float32, and
+// each output element is rounded once to nearest even (docs/precision.md:
+// the error bound). Runs the flash kernel: options.kernel Auto or Flash;
+// no attention weights. Every other option as for float.
+Tensor<bfloat16> scaled_dot_product_attention(const Tensor<bfloat16>& query, const Tensor<bfloat16>& key,
+                                              const Tensor<bfloat16>& value, const Mask<float>* attn_mask = nullptr,
+                                              const AttentionOptions& options = {});
+Tensor<float16> scaled_dot_product_attention(const Tensor<float16>& query, const Tensor<float16>& key,
+                                             const Tensor<float16>& value, const Mask<float>* attn_mask = nullptr,
+                                             const AttentionOptions& options = {});
+
 // ALiBi's head slopes m_1 … m_H (Press et al. 2022). For H a power of two,
 // m_h = 2^(−8h/H), h = 1..H. Otherwise, as the authors' code
 // (ofirpress/attention_with_linear_biases, get_slopes): n = the largest

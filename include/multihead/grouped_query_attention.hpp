@@ -109,18 +109,38 @@ void for_each_parameter(const GroupedQueryAttentionConfig& config, A& a, B& b, F
       config, [&](const ParameterInfo& info, auto get) { fn(info, get(a), get(b)); });
 }
 
+// What a KV cache stores per element (docs/decoding.md has their bytes and
+// the error bound each gives the decode output):
+//  - Native: T itself (float32 in KVCache<float>, float64 in KVCache<double>);
+//  - BFloat16, Float16: 2 bytes, rounded to nearest even; Float16 refuses a
+//    K/V value beyond its range (|x| > 65504);
+//  - Int8: 1 byte, symmetric, with one float32 scale per block of 32 values
+//    of one head's row of one token (scale = max|x| / 127, round to nearest
+//    even): (D + 4·ceil(D / 32)) bytes per row.
+// The compressed ones exist for KVCache<float>; the decode kernel reads them
+// directly and widens them in registers (no float32 copy of the cache).
+enum class KVCacheDType { Native, BFloat16, Float16, Int8 };
+
+// "f32" (Native), "bf16", "f16", "int8": the names `multihead decode
+// --cache-dtype` takes (Native of a double cache is also "f32" here: the
+// command line has only float caches).
+const char* kv_cache_dtype_name(KVCacheDType dtype);
+
 // The K/V of every token seen so far, for a batch of B sequences that
 // advance together: K and V [B][Hkv][capacity][D], positions 0 … length − 1
-// filled. Preallocated to max_len. When an append needs more positions than
-// it has: with grow = true it grows, to max(2 x capacity, positions needed),
-// copying what it holds; otherwise it throws an Error naming max_len. A
-// capacity whose K and V would not fit in the machine's memory is refused
-// with an Error naming max_len, the bytes and the memory, before anything
-// is allocated. K is stored after RoPE, as Llama's cache.
+// filled, in dtype() (int8 also holds scales [B][Hkv][capacity][ceil(D/32)]
+// for each of K and V). Preallocated to max_len. When an append needs more
+// positions than it has: with grow = true it grows, to max(2 x capacity,
+// positions needed), copying what it holds; otherwise it throws an Error
+// naming max_len. A capacity whose K and V would not fit in the machine's
+// memory is refused with an Error naming max_len, the bytes and the memory,
+// before anything is allocated. K is stored after RoPE, as Llama's cache.
 template <class T>
 class KVCache {
  public:
-  KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t max_len, bool grow = false);
+  // A compressed dtype for T = double throws an Error naming cache_dtype.
+  KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t max_len, bool grow = false,
+          KVCacheDType dtype = KVCacheDType::Native);
 
   int64_t batch() const { return batch_; }
   int64_t kv_heads() const { return kv_heads_; }
@@ -128,31 +148,64 @@ class KVCache {
   int64_t length() const { return length_; }
   int64_t capacity() const { return capacity_; }
   bool grows() const { return grow_; }
-  // Bytes the cache holds (K and V at capacity), which is what it occupies.
-  int64_t bytes() const { return static_cast<int64_t>(bytes_for(batch_, kv_heads_, head_dim_, capacity_)); }
-  // The bytes of a cache of this shape: 2·B·Hkv·capacity·D·sizeof(T), as a
+  KVCacheDType dtype() const { return dtype_; }
+  bool compressed() const { return dtype_ != KVCacheDType::Native; }
+  // Bytes the cache holds (K and V at capacity, with the int8 scales), which
+  // is what it occupies.
+  int64_t bytes() const { return static_cast<int64_t>(bytes_for(batch_, kv_heads_, head_dim_, capacity_, dtype_)); }
+  // The bytes of a cache of this shape: 2·B·Hkv·capacity·row_bytes(D), as a
   // double, which cannot overflow.
-  static double bytes_for(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity) {
+  static double bytes_for(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t capacity,
+                          KVCacheDType dtype = KVCacheDType::Native) {
     return 2.0 * static_cast<double>(batch) * static_cast<double>(kv_heads) * static_cast<double>(capacity) *
-           static_cast<double>(head_dim) * static_cast<double>(sizeof(T));
+           row_bytes(head_dim, dtype);
+  }
+  // Bytes of one head's K (or V) row of one token: D·sizeof(T), 2·D, or
+  // D + 4·ceil(D / 32) for int8.
+  static double row_bytes(int64_t head_dim, KVCacheDType dtype) {
+    const double d = static_cast<double>(head_dim);
+    switch (dtype) {
+      case KVCacheDType::BFloat16:
+      case KVCacheDType::Float16: return 2.0 * d;
+      case KVCacheDType::Int8: return d + 4.0 * static_cast<double>((head_dim + 31) / 32);
+      case KVCacheDType::Native: break;
+    }
+    return d * static_cast<double>(sizeof(T));
   }
   // Forget every token (keeps the memory).
   void clear() { length_ = 0; }
 
   // Makes room for `count` more tokens (grows or throws), without changing
-  // length(); then k_row/v_row address position p < length() + count.
+  // length(); then k_row/v_row (Native) or store (compressed) address
+  // position p < length() + count.
   void reserve_more(int64_t count);
   // Marks `count` reserved positions filled.
   void commit(int64_t count) { length_ += count; }
+  // Native only (empty storage otherwise).
   T* k_row(int64_t b, int64_t g, int64_t p) { return k_.data() + ((b * kv_heads_ + g) * capacity_ + p) * head_dim_; }
   T* v_row(int64_t b, int64_t g, int64_t p) { return v_.data() + ((b * kv_heads_ + g) * capacity_ + p) * head_dim_; }
   const T* k_data() const { return k_.data(); }
   const T* v_data() const { return v_.data(); }
 
+  // Compressed only: rounds (or quantizes) one head's K and V rows of D
+  // values into reserved position p of sequence b, K/V head g.
+  void store(int64_t b, int64_t g, int64_t p, const T* k, const T* v);
+  // Compressed only: the stored elements, [B][Hkv][capacity][D] of 2-byte
+  // bit patterns (bf16, f16) or int8 values, and the int8 scales,
+  // [B][Hkv][capacity][ceil(D / 32)] (nullptr otherwise).
+  const void* k_compressed() const { return k_narrow_.data(); }
+  const void* v_compressed() const { return v_narrow_.data(); }
+  const float* k_scales() const { return k_scale_.empty() ? nullptr : k_scale_.data(); }
+  const float* v_scales() const { return v_scale_.empty() ? nullptr : v_scale_.data(); }
+
  private:
+  void allocate(int64_t capacity);  // zeroed storage for `capacity` positions
   int64_t batch_, kv_heads_, head_dim_, capacity_, length_ = 0;
   bool grow_;
-  Storage<T> k_, v_;
+  KVCacheDType dtype_;
+  Storage<T> k_, v_;                  // Native
+  Storage<uint8_t> k_narrow_, v_narrow_;  // compressed: elements
+  Storage<float> k_scale_, v_scale_;  // Int8: scales
 };
 
 extern template class KVCache<float>;
@@ -241,13 +294,21 @@ class GroupedQueryAttention {
   int64_t kv_heads() const { return config_.resolved_kv_heads(); }
 
   // A cache for `batch` sequences of up to max_len tokens.
-  KVCache<T> make_cache(int64_t batch, int64_t max_len, bool grow = false) const;
+  KVCache<T> make_cache(int64_t batch, int64_t max_len, bool grow = false,
+                        KVCacheDType dtype = KVCacheDType::Native) const;
 
   // x (B, L, E), batch first. Without a cache: self-attention over the L
   // tokens at positions 0 … L − 1. With one: K/V of x are appended to it
   // (positions P … P + L − 1, P = cache->length()) and the L queries attend
   // to all P + L keys; the result equals the rows P … P + L − 1 of the
   // forward over the whole prefix. Returns (B, L, E).
+  //
+  // With a compressed cache (cache->compressed(), float only) the new K/V
+  // are rounded into it first and all S keys are read from it: the decode
+  // kernel (src/simd/decode_compressed-inl.h) widens them in registers,
+  // softmax and its running max in float32; options.kernel must be Auto,
+  // and dropout is refused (each an Error naming the option). Its output is
+  // within docs/decoding.md's bound of the float32 cache's.
   //
   // From `options` the module takes scale, window, softcap, alibi_slopes
   // (H values, one per query head: alibi_slopes(H) for the paper's),

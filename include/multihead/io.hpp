@@ -100,6 +100,14 @@ void write_safetensors(const std::string& path, const std::map<std::string, Tens
                        const std::map<std::string, std::string>& metadata = {});
 std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
+// The same with every tensor BF16 (or F16): the 16-bit values as stored, no
+// float copy. read_safetensors reads them back exactly.
+// (Named apart from the float one, so that serialize_safetensors({}, …)
+// stays unambiguous.)
+std::string serialize_safetensors_narrow(const std::map<std::string, Tensor<bfloat16>>& tensors,
+                                         const std::map<std::string, std::string>& metadata = {});
+std::string serialize_safetensors_narrow(const std::map<std::string, Tensor<float16>>& tensors,
+                                         const std::map<std::string, std::string>& metadata = {});
 
 // v with 17 significant digits ("%.17g": 0.10000000000000001, 1.0000000000000001e-05,
 // 2), which strtod reads back as exactly v: how multihead writes a double

@@ -6,7 +6,8 @@
 // Python module hands NumPy arrays to forward() without a copy). It is
 // deliberately plain: no strides, no broadcasting. Shapes are
 // checked at the API boundary (see error.hpp) and the kernels index raw
-// pointers. T is float or double for data, and `bool` masks use Tensor<uint8_t>
+// pointers. T is float or double for data (bfloat16 or float16, multihead/narrow.hpp,
+// for the narrow modules' storage), and `bool` masks use Tensor<uint8_t>
 // (0 = may attend, nonzero = may not attend, as PyTorch's bool masks).
 #pragma once
 
@@ -16,6 +17,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "multihead/narrow.hpp"
 
 namespace multihead {
 
@@ -117,6 +120,8 @@ class Tensor {
 extern template class Tensor<float>;
 extern template class Tensor<double>;
 extern template class Tensor<uint8_t>;
+extern template class Tensor<bfloat16>;
+extern template class Tensor<float16>;
 
 // Element-type conversion (float <-> double; uint8 -> float for masks).
 template <class To, class From>

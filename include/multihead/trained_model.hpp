@@ -6,9 +6,13 @@
 // A model file is one safetensors file: the parameters under their names
 // (train.hpp lists them), float32, and __metadata__ with "format" =
 // "multihead-model-1", the model configuration (vocabulary,
-// sequence_length, d_model, heads, layers, ff, dropout, causal), the task
-// and whatever else the writer adds (models/lesson-heads.safetensors
-// carries the command that retrains it).
+// sequence_length, d_model, heads, layers, ff, dropout, causal), the task,
+// what else a reader needs to rebuild the forward (token_ids: the task's
+// words → ids, layer_norm_eps, norm_placement "pre", positional_encoding
+// "sinusoidal", activation "relu"; docs/model-format.md), and whatever else
+// the writer adds (models/lesson-heads.safetensors carries the command that
+// retrains it). A file that states other values than this program computes
+// is refused when loaded.
 //
 // Legend: B batch, L length, H heads, V vocabulary.
 #pragma once

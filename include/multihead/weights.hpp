@@ -27,6 +27,7 @@
 #include "multihead/grouped_query_attention.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/narrow_multihead_attention.hpp"
 
 namespace multihead {
 
@@ -58,6 +59,10 @@ struct LoadedWeights {
   std::map<std::string, std::string> metadata;
   std::string prefix;                  // as used, with its final '.'
   std::vector<AssumedSetting> assumed; // in the order batch_first, add_zero_attn, dropout
+  // The parameters' dtype on disk when they all share one (F16, BF16, F32,
+  // F64, Bool), else nullopt: lets a caller say that a bf16 checkpoint runs
+  // in float32, or run it in bf16 (NarrowMultiheadAttention) exactly.
+  std::optional<DType> parameter_dtype;
 };
 
 // Infers embed_dim, kdim, vdim, bias and add_bias_kv from the tensors, takes
@@ -104,6 +109,10 @@ void save_weights(const std::string& path, const BasicMultiheadAttention<T>& mod
 // The bytes save_weights writes (for a stream, or several files at once).
 template <class T>
 std::string serialize_weights(const BasicMultiheadAttention<T>& module);
+// A 16-bit module's parameters as they are, BF16 (F16) tensors, with
+// config_metadata(): load_weights reads them back exactly.
+std::string serialize_weights(const NarrowMultiheadAttention<bfloat16>& module);
+std::string serialize_weights(const NarrowMultiheadAttention<float16>& module);
 
 // ---- grouped-query attention ---------------------------------------------------
 // A GroupedQueryAttention module's file, as `multihead init --num-kv-heads`

@@ -27,6 +27,8 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "attention/attention_call.hpp"
@@ -36,6 +38,7 @@
 #include "core/parameters.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
+#include "simd/narrow_types.hpp"
 
 namespace multihead {
 namespace {
@@ -69,34 +72,75 @@ void GroupedQueryAttentionConfig::validate() const {
 
 namespace {
 
-// K and V, [B][Hkv][capacity][D] each, must fit in memory before they are
-// allocated (issue 22: a cache of 4,000,000 positions committed 2.4 GB over
-// 11 s before failing with a bare std::bad_alloc).
+const char* element_words(KVCacheDType dtype, std::size_t native_size) {
+  switch (dtype) {
+    case KVCacheDType::BFloat16: return "bfloat16";
+    case KVCacheDType::Float16: return "float16";
+    case KVCacheDType::Int8: return "int8 with a float32 scale per 32 values";
+    case KVCacheDType::Native: break;
+  }
+  return native_size == 8 ? "64-bit floats" : "32-bit floats";
+}
+
+// K and V, [B][Hkv][capacity][D] each (with their scales), must fit in
+// memory before they are allocated (issue 22: a cache of 4,000,000 positions
+// committed 2.4 GB over 11 s before failing with a bare std::bad_alloc). The
+// bytes are the cache dtype's.
 template <class T>
-void check_cache_fits(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim, const std::string& hint) {
+void check_cache_fits(int64_t batch, int64_t kv_heads, int64_t capacity, int64_t head_dim, KVCacheDType dtype,
+                      const std::string& hint) {
   detail::check_fits_in_memory("max_len",
                                "a KV cache of " + std::to_string(capacity) + " positions (batch " +
                                    std::to_string(batch) + ", " + std::to_string(kv_heads) + " K/V heads x head_dim " +
-                                   std::to_string(head_dim) + ", K and V in " + std::to_string(8 * sizeof(T)) +
-                                   "-bit floats)",
-                               KVCache<T>::bytes_for(batch, kv_heads, head_dim, capacity), hint);
+                                   std::to_string(head_dim) + ", K and V in " + element_words(dtype, sizeof(T)) + ")",
+                               KVCache<T>::bytes_for(batch, kv_heads, head_dim, capacity, dtype), hint);
 }
+
+// Bytes per stored element of a compressed dtype.
+std::size_t element_bytes(KVCacheDType dtype) { return dtype == KVCacheDType::Int8 ? 1 : 2; }
 
 }  // namespace
 
+const char* kv_cache_dtype_name(KVCacheDType dtype) {
+  switch (dtype) {
+    case KVCacheDType::BFloat16: return "bf16";
+    case KVCacheDType::Float16: return "f16";
+    case KVCacheDType::Int8: return "int8";
+    case KVCacheDType::Native: break;
+  }
+  return "f32";
+}
+
 template <class T>
-KVCache<T>::KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t max_len, bool grow)
-    : batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim), capacity_(max_len), grow_(grow) {
+KVCache<T>::KVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t max_len, bool grow, KVCacheDType dtype)
+    : batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim), capacity_(max_len), grow_(grow), dtype_(dtype) {
   for (const auto& [name, value] : {std::pair<const char*, int64_t>{"batch", batch}, {"kv_heads", kv_heads},
                                      {"head_dim", head_dim}})
     if (value < 1) fail(std::string("KVCache ") + name, "a positive integer", std::to_string(value));
   if (max_len < 1 || max_len > (int64_t{1} << 40))
     throw Error(Error::Kind::Value, "max_len: expected a cache length of 1 to 2^40 tokens, got " +
                                         std::to_string(max_len));
-  check_cache_fits<T>(batch, kv_heads, max_len, head_dim, "");
-  const int64_t elements = shape_numel(Shape{batch, kv_heads, max_len, head_dim});
-  k_.resize(static_cast<std::size_t>(elements));
-  v_.resize(static_cast<std::size_t>(elements));
+  if (!std::is_same_v<T, float> && dtype != KVCacheDType::Native)
+    fail("cache_dtype", "f32 for a float64 module's cache (compressed caches are for float32 modules)",
+         kv_cache_dtype_name(dtype));
+  check_cache_fits<T>(batch, kv_heads, max_len, head_dim, dtype, "");
+  allocate(max_len);
+}
+
+template <class T>
+void KVCache<T>::allocate(int64_t capacity) {
+  const int64_t rows = batch_ * kv_heads_ * capacity;
+  if (!compressed()) {
+    k_.assign(static_cast<std::size_t>(rows * head_dim_), T(0));
+    v_.assign(k_.size(), T(0));
+    return;
+  }
+  k_narrow_.assign(static_cast<std::size_t>(rows * head_dim_) * element_bytes(dtype_), 0);
+  v_narrow_.assign(k_narrow_.size(), 0);
+  if (dtype_ == KVCacheDType::Int8) {
+    k_scale_.assign(static_cast<std::size_t>(rows * detail::int8_blocks(head_dim_)), 0.0f);
+    v_scale_.assign(k_scale_.size(), 0.0f);
+  }
 }
 
 template <class T>
@@ -108,18 +152,65 @@ void KVCache<T>::reserve_more(int64_t count) {
                                         std::to_string(capacity_) + " tokens; appending " + std::to_string(count) +
                                         " would overflow it (raise max_len or let the cache grow)");
   const int64_t fresh_capacity = std::max(need, 2 * capacity_);
-  check_cache_fits<T>(batch_, kv_heads_, fresh_capacity, head_dim_,
-                   "the cache holds " + std::to_string(length_) + " tokens and grows to max(2 x capacity " +
-                       std::to_string(capacity_) + ", " + std::to_string(need) + " needed)");
-  Storage<T> k(static_cast<std::size_t>(shape_numel(Shape{batch_, kv_heads_, fresh_capacity, head_dim_})));
-  Storage<T> v(k.size());
-  for (int64_t bg = 0; bg < batch_ * kv_heads_; ++bg) {
-    std::copy_n(k_.data() + bg * capacity_ * head_dim_, length_ * head_dim_, k.data() + bg * fresh_capacity * head_dim_);
-    std::copy_n(v_.data() + bg * capacity_ * head_dim_, length_ * head_dim_, v.data() + bg * fresh_capacity * head_dim_);
+  check_cache_fits<T>(batch_, kv_heads_, fresh_capacity, head_dim_, dtype_,
+                      "the cache holds " + std::to_string(length_) + " tokens and grows to max(2 x capacity " +
+                          std::to_string(capacity_) + ", " + std::to_string(need) + " needed)");
+  KVCache<T> fresh(batch_, kv_heads_, head_dim_, fresh_capacity, grow_, dtype_);
+  fresh.length_ = length_;
+  // Each K/V slice's first length_ rows move; per row: D elements (and,
+  // int8, ceil(D / 32) scales).
+  const auto move_rows = [&](const auto& from, auto& to, int64_t per_row) {
+    for (int64_t bg = 0; bg < batch_ * kv_heads_; ++bg)
+      std::copy_n(from.data() + bg * capacity_ * per_row, length_ * per_row, to.data() + bg * fresh_capacity * per_row);
+  };
+  if (!compressed()) {
+    move_rows(k_, fresh.k_, head_dim_);
+    move_rows(v_, fresh.v_, head_dim_);
+  } else {
+    const int64_t row = head_dim_ * static_cast<int64_t>(element_bytes(dtype_));
+    move_rows(k_narrow_, fresh.k_narrow_, row);
+    move_rows(v_narrow_, fresh.v_narrow_, row);
+    if (dtype_ == KVCacheDType::Int8) {
+      move_rows(k_scale_, fresh.k_scale_, detail::int8_blocks(head_dim_));
+      move_rows(v_scale_, fresh.v_scale_, detail::int8_blocks(head_dim_));
+    }
   }
-  k_ = std::move(k);
-  v_ = std::move(v);
-  capacity_ = fresh_capacity;
+  *this = std::move(fresh);
+}
+
+template <class T>
+void KVCache<T>::store(int64_t b, int64_t g, int64_t p, const T* k, const T* v) {
+  if (!compressed())
+    throw Error(Error::Kind::Value, "KVCache::store: expected a compressed cache (bf16, f16, int8), got f32 "
+                                    "(write through k_row/v_row)");
+  if constexpr (std::is_same_v<T, float>) {
+    const int64_t D = head_dim_, row = (b * kv_heads_ + g) * capacity_ + p;
+    for (const auto& [x, narrow, scales] : {std::tuple{k, &k_narrow_, &k_scale_}, std::tuple{v, &v_narrow_, &v_scale_}}) {
+      uint8_t* dst = narrow->data() + row * D * static_cast<int64_t>(element_bytes(dtype_));
+      switch (dtype_) {
+        case KVCacheDType::BFloat16:
+        case KVCacheDType::Float16: {
+          auto* bits = reinterpret_cast<uint16_t*>(dst);
+          for (int64_t c = 0; c < D; ++c)
+            bits[c] = dtype_ == KVCacheDType::BFloat16 ? detail::float_to_bfloat16_bits(x[c])
+                                                       : detail::float_to_float16_bits(x[c]);
+          break;
+        }
+        case KVCacheDType::Int8: {
+          const int64_t blocks = detail::int8_blocks(D);
+          for (int64_t blk = 0; blk < blocks; ++blk) {
+            const int64_t c0 = blk * detail::kInt8Block, n = std::min(detail::kInt8Block, D - c0);
+            (*scales)[static_cast<std::size_t>(row * blocks + blk)] =
+                detail::quantize_int8_block(x + c0, n, reinterpret_cast<int8_t*>(dst) + c0);
+          }
+          break;
+        }
+        case KVCacheDType::Native: break;
+      }
+    }
+  } else {
+    (void)b, (void)g, (void)p, (void)k, (void)v;  // compressed caches are float only (the constructor)
+  }
 }
 
 template class KVCache<float>;
@@ -195,8 +286,9 @@ void GroupedQueryAttention<T>::update_parameters(
 }
 
 template <class T>
-KVCache<T> GroupedQueryAttention<T>::make_cache(int64_t batch, int64_t max_len, bool grow) const {
-  return KVCache<T>(batch, kv_heads(), head_dim(), max_len, grow);
+KVCache<T> GroupedQueryAttention<T>::make_cache(int64_t batch, int64_t max_len, bool grow,
+                                                KVCacheDType dtype) const {
+  return KVCache<T>(batch, kv_heads(), head_dim(), max_len, grow, dtype);
 }
 
 namespace {
@@ -208,6 +300,31 @@ void linear(const T* x, int64_t rows, int64_t in, const Tensor<T>& w, const Tens
   const int64_t out = w.size(0);
   detail::linear_forward<T>({rows, x, in}, detail::LinearWeight<T>::stored(w.data(), out, in),
                             b.empty() ? nullptr : b.data(), y, out, {false, threads});
+}
+
+// The new K/V rows, (B·L, Hkv·D) each, into positions P … P + L − 1 of a
+// compressed cache. A float16 cache holds |x| <= 65504: a value beyond (or
+// NaN) is refused before anything is stored, naming it, rather than kept as
+// an infinity that would poison every later step.
+void store_compressed(KVCache<float>& cache, const float* k, const float* v, int64_t B, int64_t L, int64_t Hkv,
+                      int64_t D) {
+  const int64_t P = cache.length();
+  if (cache.dtype() == KVCacheDType::Float16)
+    for (const auto& [name, x] : {std::pair{"k", k}, std::pair{"v", v}})
+      for (int64_t e = 0; e < B * L * Hkv * D; ++e)
+        if (!(std::fabs(x[e]) <= detail::kFloat16Max)) {
+          const int64_t row = e / (Hkv * D);
+          throw Error(Error::Kind::Value,
+                      std::string("cache: a float16 KV cache holds values of magnitude <= 65504, got ") + name +
+                          " = " + std::to_string(x[e]) + " (batch " + std::to_string(row / L) + ", token " +
+                          std::to_string(P + row % L) + ", K/V head " + std::to_string(e / D % Hkv) +
+                          ", feature " + std::to_string(e % D) + "); a bf16 or f32 cache holds it");
+        }
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t g = 0; g < Hkv; ++g)
+        cache.store(b, g, P + i, k + ((b * L + i) * Hkv + g) * D, v + ((b * L + i) * Hkv + g) * D);
+  cache.commit(L);
 }
 
 // The kernel call for B·H query slices of L rows over S keys, the module's
@@ -279,6 +396,12 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
       fail("cache", "batch " + std::to_string(B) + ", kv_heads " + std::to_string(Hkv) + ", head_dim " + std::to_string(D),
            std::to_string(cache->batch()) + ", " + std::to_string(cache->kv_heads()) + ", " +
                std::to_string(cache->head_dim()));
+    if (cache->compressed()) {
+      const std::string why = std::string(" with a compressed KV cache (") + kv_cache_dtype_name(cache->dtype()) +
+                              ": its own decode kernel reads it)";
+      if (options.kernel != AttentionKernel::Auto) fail("kernel", "auto" + why, to_string(options.kernel));
+      if (options.dropout_p != 0.0) fail("dropout_p", "0" + why, std::to_string(options.dropout_p));
+    }
     cache->reserve_more(L);  // throws naming max_len before any work
   }
   if (options.check_finite) {
@@ -307,7 +430,11 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
   detail::AttentionTensors<T> t;
   t.q = q.data();
   t.q_layout = detail::SliceLayout{L * H * D, D, H * D};
-  if (cache) {
+  if (cache && cache->compressed()) {
+    if constexpr (std::is_same_v<T, float>) {
+      store_compressed(*cache, k.data(), v.data(), B, L, Hkv, D);
+    }
+  } else if (cache) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < L; ++i)
         for (int64_t g = 0; g < Hkv; ++g) {
@@ -337,8 +464,17 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
   }
   // The kernel, chosen once for the call; a training forward keeps it for
   // the backward.
-  const AttentionKernel kernel = detail::resolve_forward_kernel<T>(options.kernel, /*stores_weights=*/false);
-  detail::run_attention_forward(a, kernel);
+  AttentionKernel kernel = AttentionKernel::Auto;
+  if (cache && cache->compressed()) {
+    if constexpr (std::is_same_v<T, float>) {
+      detail::CompressedKV kv{cache->dtype(), cache->k_compressed(), cache->v_compressed(), cache->k_scales(),
+                              cache->v_scales(), cache->capacity()};
+      detail::attention_forward_compressed(a, kv);
+    }
+  } else {
+    kernel = detail::resolve_forward_kernel<T>(options.kernel, /*stores_weights=*/false);
+    detail::run_attention_forward(a, kernel);
+  }
 
   // out_projection
   linear(merged.data(), B * L, H * D, p.o_proj_weight, p.o_proj_bias, out.data(), options.num_threads);

@@ -122,9 +122,9 @@ void check_weights_selection(ForwardPlan& p, const ForwardOptions<T>& options) {
 
 }  // namespace
 
-template <class T>
-ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>& query,
-                         const Tensor<T>& key, const Tensor<T>& value,
+template <class T, class X>
+ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<X>& query,
+                         const Tensor<X>& key, const Tensor<X>& value,
                          const ForwardOptions<T>& options) {
   config.validate();
   validate_attention_options(options.attention);
@@ -212,8 +212,14 @@ Shape output_shape(const ForwardPlan& p, const Shape& query_shape) {
   return s;
 }
 
+template ForwardPlan plan_forward<float, bfloat16>(const MultiheadAttentionConfig&, const Tensor<bfloat16>&,
+                                                   const Tensor<bfloat16>&, const Tensor<bfloat16>&,
+                                                   const ForwardOptions<float>&);
+template ForwardPlan plan_forward<float, float16>(const MultiheadAttentionConfig&, const Tensor<float16>&,
+                                                  const Tensor<float16>&, const Tensor<float16>&,
+                                                  const ForwardOptions<float>&);
 #define MULTIHEAD_INSTANTIATE(T)                                                                    \
-  template ForwardPlan plan_forward<T>(const MultiheadAttentionConfig&, const Tensor<T>&,          \
+  template ForwardPlan plan_forward<T, T>(const MultiheadAttentionConfig&, const Tensor<T>&,          \
                                        const Tensor<T>&, const Tensor<T>&,                         \
                                        const ForwardOptions<T>&);                                  \
   template KernelMasks<T> build_kernel_masks<T>(const ForwardPlan&, const ForwardOptions<T>&);     \

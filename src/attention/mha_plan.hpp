@@ -32,10 +32,11 @@ struct ForwardPlan {
 };
 
 // Checks shapes, dtypes of masks and options; throws multihead::Error naming
-// the offending tensor with expected and actual shape.
-template <class T>
-ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<T>& query,
-                         const Tensor<T>& key, const Tensor<T>& value,
+// the offending tensor with expected and actual shape. X: the inputs'
+// storage (T, or 16-bit with float T: the narrow module).
+template <class T, class X = T>
+ForwardPlan plan_forward(const MultiheadAttentionConfig& config, const Tensor<X>& query,
+                         const Tensor<X>& key, const Tensor<X>& value,
                          const ForwardOptions<T>& options);
 
 // The attention step's options for this module: options.attention, with

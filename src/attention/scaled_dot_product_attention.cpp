@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention/attention_call.hpp"
@@ -60,31 +61,29 @@ int64_t check_mask(const SdpaDims& d, const Mask<T>& mask) {
   return d.L * d.S;
 }
 
-}  // namespace
-}  // namespace detail
-
-template <class T>
-Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
-                                       const Tensor<T>& value,
-                                       const std::type_identity_t<Mask<T>>* attn_mask,
-                                       const AttentionOptions& options, Tensor<T>* attn_weights) {
-  detail::validate_attention_options(options);
-  const detail::SdpaDims d = detail::check_dims(query, key, value);
-  detail::AttentionTensors<T> tensors;
+// The one call of the kernel, for every storage type: E = T (float,
+// double) or 16-bit E with float T (args.narrow).
+template <class T, class E>
+Tensor<E> sdpa_call(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value, const Mask<T>* attn_mask,
+                    const AttentionOptions& options, Tensor<T>* attn_weights) {
+  constexpr bool narrow = !std::is_same_v<T, E>;
+  validate_attention_options(options);
+  const SdpaDims d = check_dims(query, key, value);
+  AttentionTensors<T> tensors;
   Tensor<T> additive;
   if (attn_mask) {
-    tensors.attn_mask_slice_stride = detail::check_mask(d, *attn_mask);
+    tensors.attn_mask_slice_stride = check_mask(d, *attn_mask);
     additive = attn_mask->to_additive();
     tensors.attn_mask = additive.data();
   }
   if (options.check_finite) {
-    detail::check_finite("query", query);
-    detail::check_finite("key", key);
-    detail::check_finite("value", value);
+    check_finite("query", query);
+    check_finite("key", key);
+    check_finite("value", value);
   }
-  Tensor<T> out(detail::with_tail(d.lead, d.L, d.Dv));
-  if (attn_weights) *attn_weights = Tensor<T>(detail::with_tail(d.lead, d.L, d.S));
-  detail::AttentionShape shape;
+  Tensor<E> out(with_tail(d.lead, d.L, d.Dv));
+  if (attn_weights) *attn_weights = Tensor<T>(with_tail(d.lead, d.L, d.S));
+  AttentionShape shape;
   shape.slices = shape_numel(d.lead);
   shape.q_len = d.L;
   shape.kv_len = shape.causal_cols = d.S;
@@ -98,13 +97,40 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& 
                                           std::to_string(slopes.size()));
     tensors.alibi_slopes = slopes.data();
   }
-  tensors.q = query.data();
-  tensors.k = key.data();
-  tensors.v = value.data();
-  tensors.out = out.data();
+  if constexpr (!narrow) {
+    tensors.q = query.data();
+    tensors.k = key.data();
+    tensors.v = value.data();
+    tensors.out = out.data();
+  }
   tensors.weights = attn_weights ? attn_weights->data() : nullptr;
-  detail::attention_forward(detail::make_attention_args(shape, tensors, options), options.kernel);
+  AttentionArgs<T> args = make_attention_args(shape, tensors, options);
+  if constexpr (narrow) args.narrow = {compute_dtype_of<E>(), query.data(), key.data(), value.data(), out.data()};
+  attention_forward(args, options.kernel);
   return out;
+}
+
+}  // namespace
+}  // namespace detail
+
+template <class T>
+Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& key,
+                                       const Tensor<T>& value,
+                                       const std::type_identity_t<Mask<T>>* attn_mask,
+                                       const AttentionOptions& options, Tensor<T>* attn_weights) {
+  return detail::sdpa_call<T, T>(query, key, value, attn_mask, options, attn_weights);
+}
+
+Tensor<bfloat16> scaled_dot_product_attention(const Tensor<bfloat16>& query, const Tensor<bfloat16>& key,
+                                              const Tensor<bfloat16>& value, const Mask<float>* attn_mask,
+                                              const AttentionOptions& options) {
+  return detail::sdpa_call<float, bfloat16>(query, key, value, attn_mask, options, nullptr);
+}
+
+Tensor<float16> scaled_dot_product_attention(const Tensor<float16>& query, const Tensor<float16>& key,
+                                             const Tensor<float16>& value, const Mask<float>* attn_mask,
+                                             const AttentionOptions& options) {
+  return detail::sdpa_call<float, float16>(query, key, value, attn_mask, options, nullptr);
 }
 
 template Tensor<float> scaled_dot_product_attention<float>(const Tensor<float>&, const Tensor<float>&,

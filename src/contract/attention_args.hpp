@@ -28,6 +28,7 @@
 
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
+#include "multihead/narrow.hpp"
 
 namespace multihead::detail {
 
@@ -149,6 +150,20 @@ struct DropoutRule {
   int64_t slice_offset = 0;
 };
 
+// 16-bit storage of q, k, v and out (the bf16 and f16 modules,
+// multihead/narrow.hpp): when dtype is BF16 or F16 these are read and
+// written, as elements of that type in the layouts AttentionArgs gives, in
+// place of its float q, k, v and out (which stay nullptr). Everything else
+// (masks, scale, lse) stays float. Only the flash kernel takes them
+// (run_attention_forward refuses the others).
+struct NarrowOperands {
+  ComputeDtype dtype = ComputeDtype::F32;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+};
+
 template <class T>
 struct AttentionArgs {
   int64_t slices = 0;    // N
@@ -173,6 +188,7 @@ struct AttentionArgs {
   T* out = nullptr;      // [N][L][Dv] (or as out_layout says)
   T* weights = nullptr;  // [N][L][S] or nullptr
   T* lse = nullptr;      // [N][L] contiguous, or nullptr: each row's log-sum-exp
+  NarrowOperands narrow; // 16-bit q, k, v, out (float T only), above
 
   // K/V heads per batch entry, kv_heads resolved (0 means heads).
   int64_t kv_heads_or_heads() const { return kv_heads > 0 ? kv_heads : heads; }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "multihead/error.hpp"
 #include "multihead/tensor.hpp"
@@ -74,7 +75,13 @@ inline std::string index_to_string(const Shape& shape, int64_t flat) {
 template <class T>
 void check_finite(const std::string& name, const Tensor<T>& t) {
   for (int64_t i = 0; i < t.numel(); ++i) {
-    const T x = t[i];
+    const auto x = [&] {
+      if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
+        return to_float(t[i]);  // 16-bit storage: its exact float value
+      } else {
+        return t[i];
+      }
+    }();
     if (!std::isfinite(x)) {
       throw Error(Error::Kind::Value, name + ": non-finite value " +
                                           (std::isnan(x) ? std::string("nan")

@@ -4,15 +4,18 @@
 #include <cblas.h>
 #if MULTIHEAD_WITH_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
 #include <stdexcept>
+#include <vector>
 
 #include "core/parallel.hpp"
 #include "multihead/error.hpp"
@@ -66,6 +69,91 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha,
   cblas_dgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), checked_int(M, "M"), checked_int(N, "N"),
               checked_int(K, "K"), alpha, A, checked_int(lda, "lda"), B, checked_int(ldb, "ldb"),
               beta, C, checked_int(ldc, "ldc"));
+}
+
+namespace {
+
+// op(X) (rows × cols) of a 16-bit X, widened into a packed float matrix.
+template <class E>
+std::vector<float> widened(Trans t, int64_t rows, int64_t cols, const E* X, int64_t ld) {
+  std::vector<float> out(static_cast<std::size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      out[static_cast<std::size_t>(i * cols + j)] = to_float(t == Trans::No ? X[i * ld + j] : X[j * ld + i]);
+  return out;
+}
+
+// The widening product: exact float copies of op(A) and op(B), then the
+// float gemm (so the sums are those of the float path).
+template <class E>
+void widened_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const E* A, int64_t lda,
+                  const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  const std::vector<float> a = widened(ta, M, K, A, lda), b = widened(tb, K, N, B, ldb);
+  gemm(Trans::No, Trans::No, M, N, K, alpha, a.data(), K, b.data(), N, beta, C, ldc);
+}
+
+#if MULTIHEAD_WITH_ONEDNN
+// oneDNN's matmul primitive on bf16 op(A), op(B) (strided views, no copy)
+// and a float C; alpha as its output scale, beta through a sum post-op.
+// The primitive is found again in oneDNN's primitive cache on later calls
+// of the same shape. Returns false, having computed nothing, where oneDNN
+// has no bf16 matmul: oneDNN 2.6 has one from AVX-512 on (avx512_core
+// emulates the bf16 products, avx512_core_bf16 runs vdpbf16ps) and refuses
+// the primitive descriptor below it (AVX2, or ONEDNN_MAX_CPU_ISA=AVX2); the
+// refusal is remembered, and the widened product runs instead.
+bool onednn_bf16_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
+                      int64_t lda, const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  using dnnl::memory;
+  static std::atomic<bool> refused{false};
+  if (refused.load(std::memory_order_relaxed)) return false;
+  try {
+    static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    const memory::desc a_md({M, K}, memory::data_type::bf16, ta == Trans::No ? memory::dims{lda, 1} : memory::dims{1, lda});
+    const memory::desc b_md({K, N}, memory::data_type::bf16, tb == Trans::No ? memory::dims{ldb, 1} : memory::dims{1, ldb});
+    const memory::desc c_md({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);
+      attr.set_post_ops(ops);
+    }
+    std::optional<dnnl::matmul::primitive_desc> pd;
+    try {
+      pd.emplace(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+      refused.store(true, std::memory_order_relaxed);
+      return false;
+    }
+    dnnl::stream stream(engine);
+    memory a(a_md, engine, const_cast<bfloat16*>(A)), b(b_md, engine, const_cast<bfloat16*>(B)), c(c_md, engine, C);
+    dnnl::matmul(*pd).execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+    return true;
+  } catch (const dnnl::error& e) {
+    throw Error(Error::Kind::Value, std::string("gemm: oneDNN bf16 matmul failed: ") + e.what());
+  }
+}
+#endif
+
+}  // namespace
+
+void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
+          const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale_only(M, N, beta, C, ldc);
+#if MULTIHEAD_WITH_ONEDNN
+  if (onednn_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+#endif
+  widened_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float16* A, int64_t lda,
+          const float16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) return scale_only(M, N, beta, C, ldc);
+  widened_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K) {
@@ -126,12 +214,15 @@ constexpr bool kFloatOnOneDnn = true;
 #else
 constexpr bool kFloatOnOneDnn = false;
 #endif
+// float64 always; float (and the 16-bit inputs, which widen to it or run
+// oneDNN's bf16 matmul) without oneDNN.
 template <class T>
-constexpr bool kOnOpenBlas = !std::is_same_v<T, float> || !kFloatOnOneDnn;
+constexpr bool kOnOpenBlas = std::is_same_v<T, double> || !kFloatOnOneDnn;
 
-template <class T>
+// T: the element type of A and B; C's is Acc (T, or float for 16-bit T).
+template <class T, class Acc>
 void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
-             int64_t ldb, T beta, T* C, int64_t ldc, int threads) {
+             int64_t ldb, Acc beta, Acc* C, int64_t ldc, int threads) {
   if (M == 0 || N == 0) return;
   if constexpr (kOnOpenBlas<T>) {
     // Every block's dimensions are at most these: refused here, not by a
@@ -159,7 +250,7 @@ void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, in
                    // of B when transposed.
                    const T* a = ta == Trans::No ? A + m0 * lda : A + m0;
                    const T* b = tb == Trans::No ? B + n0 : B + n0 * ldb;
-                   gemm(ta, tb, rows, cols, K, T(1), a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
+                   gemm(ta, tb, rows, cols, K, Acc(1), a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
                  });
 }
 
@@ -172,6 +263,16 @@ void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const flo
 
 void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
                   const double* B, int64_t ldb, double beta, double* C, int64_t ldc, int threads) {
+  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+}
+
+void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const bfloat16* A, int64_t lda,
+                  const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
+  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+}
+
+void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float16* A, int64_t lda,
+                  const float16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
   blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
 }
 

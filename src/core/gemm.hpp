@@ -8,12 +8,24 @@
 //    OPENBLAS_CORETYPE=Haswell and runs AVX2 kernels) and threads with the
 //    same OpenMP runtime as our kernels, so its workers and ours never spin
 //    against each other.
-//  - double: OpenBLAS through CBLAS (the float64 path is the exact one). Row-major:
+//  - double: OpenBLAS through CBLAS (the float64 path is the exact one).
+//  - bfloat16 / float16 inputs (the narrow modules, multihead/narrow.hpp),
+//    float32 products, sums and C: bf16 through oneDNN's bf16 matmul
+//    (vdpbf16ps on AVX512_BF16, oneDNN's emulation on other AVX-512 CPUs,
+//    the widened product below AVX-512, where oneDNN has none); f16
+//    widens op(A) and op(B) to float32 and runs the float product, since
+//    oneDNN 2.6 (Debian 12) has no f16 matmul on CPUs (its primitive
+//    descriptor is refused), and so does bf16 in a build without oneDNN.
+//    Either way every product of two 16-bit values is exact in float32 and
+//    the K-term sums are float32 sums: the error bound of docs/precision.md.
+// Row-major:
 //   C (M×N) = alpha · op(A) (M×K) · op(B) (K×N) + beta · C
 // op(X) = X or Xᵀ. Leading dimensions are row strides, as in CBLAS RowMajor.
 #pragma once
 
 #include <cstdint>
+
+#include "multihead/narrow.hpp"
 
 namespace multihead::detail {
 
@@ -24,6 +36,12 @@ void gemm(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, float a
           int64_t ldc);
 void gemm(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, double alpha,
           const double* A, int64_t lda, const double* B, int64_t ldb, double beta, double* C,
+          int64_t ldc);
+void gemm(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const bfloat16* A, int64_t lda, const bfloat16* B, int64_t ldb, float beta, float* C,
+          int64_t ldc);
+void gemm(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float16* A, int64_t lda, const float16* B, int64_t ldb, float beta, float* C,
           int64_t ldc);
 
 // The same product, cut into fixed blocks of C (gemm_blocks) whatever the
@@ -44,6 +62,10 @@ void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K,
                   const float* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads);
 void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
                   const double* B, int64_t ldb, double beta, double* C, int64_t ldc, int threads);
+void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const bfloat16* A, int64_t lda,
+                  const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads);
+void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const float16* A, int64_t lda,
+                  const float16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads);
 
 // The blocks of gemm_blocked: a function of the shape alone. Each block call
 // packs its part of op(B) (K × N) again, so

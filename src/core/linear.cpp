@@ -2,9 +2,11 @@
 #include "core/linear.hpp"
 
 #include <algorithm>
+#include <memory>
 
 #include "core/gemm.hpp"
 #include "core/parallel.hpp"
+#include "multihead/error.hpp"
 
 namespace multihead::detail {
 template <class T>
@@ -51,6 +53,47 @@ void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* 
     gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, ldx, beta, g.d_W, in, o.threads);
   //   =>  d_b (+)= Σ_rows d_y
   if (g.d_b != nullptr) column_sums(rows, out, d_y, ld_dy, g.d_b, o.accumulate, o.threads);
+}
+
+namespace {
+
+template <class E>
+void narrow_linear_forward(const LinearRows<E>& x, const LinearWeight<E>& w, const E* b, E* y, int64_t ldy,
+                           const LinearOptions& o) {
+  if (o.accumulate)
+    throw Error(Error::Kind::Value, "linear_forward: accumulate=true is not supported with 16-bit outputs");
+  const int64_t rows = x.rows, ldx = x.ldx > 0 ? x.ldx : w.in;
+  if (ldy <= 0) ldy = w.out;
+  if (rows == 0 || w.out == 0) return;
+  // The float32 product, then + b and one rounding per element, rows split
+  // across threads (each y element is written by one thread: the same bits
+  // for any thread count). The buffer is not zeroed: the product writes it.
+  const std::unique_ptr<float[]> acc(new float[static_cast<std::size_t>(rows * w.out)]);
+  gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f,
+               acc.get(), w.out, o.threads);
+  constexpr int64_t kRows = 16;  // rows per work item
+  parallel_items((rows + kRows - 1) / kRows, requested_threads(o.threads), /*item_cost=*/kRows * w.out,
+                 [&](int64_t item) {
+                   for (int64_t r = item * kRows; r < std::min(rows, (item + 1) * kRows); ++r)
+                     for (int64_t c = 0; c < w.out; ++c) {
+                       const float sum = acc[static_cast<std::size_t>(r * w.out + c)] +
+                                         (b != nullptr ? to_float(b[c]) : 0.0f);
+                       y[r * ldy + c] = narrow_from_float<E>(sum);
+                     }
+                 });
+}
+
+}  // namespace
+
+template <>
+void linear_forward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* b,
+                              bfloat16* y, int64_t ldy, const LinearOptions& o) {
+  narrow_linear_forward(x, w, b, y, ldy, o);
+}
+template <>
+void linear_forward<float16>(const LinearRows<float16>& x, const LinearWeight<float16>& w, const float16* b,
+                             float16* y, int64_t ldy, const LinearOptions& o) {
+  narrow_linear_forward(x, w, b, y, ldy, o);
 }
 
 template void linear_forward<float>(const LinearRows<float>&, const LinearWeight<float>&, const float*, float*,

@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "multihead/narrow.hpp"
+
 namespace multihead::detail {
 
 // A weight as the products read it. ld is the row stride of what `data`
@@ -61,6 +63,17 @@ struct LinearRows {
 template <class T>
 void linear_forward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* b, T* y, int64_t ldy,
                     const LinearOptions& options = {});
+
+// The 16-bit layer (bfloat16, float16: the narrow modules): x, W, b and y
+// in 16 bits; x · Wᵀ through the 16-bit gemm (core/gemm.hpp: exact
+// products, float32 sums), + b in float32, then each y rounded once to
+// nearest even. accumulate is refused (y holds no float32 sum to add to).
+template <>
+void linear_forward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* b,
+                              bfloat16* y, int64_t ldy, const LinearOptions& options);
+template <>
+void linear_forward<float16>(const LinearRows<float16>& x, const LinearWeight<float16>& w, const float16* b,
+                             float16* y, int64_t ldy, const LinearOptions& options);
 
 // What the backward writes; a null pointer skips that gradient.
 template <class T>

@@ -173,5 +173,7 @@ Tensor<T> Tensor<T>::reshaped(Shape shape) && {
 template class Tensor<float>;
 template class Tensor<double>;
 template class Tensor<uint8_t>;
+template class Tensor<bfloat16>;
+template class Tensor<float16>;
 
 }  // namespace multihead

@@ -12,6 +12,8 @@
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 
+#include <type_traits>
+
 namespace multihead {
 
 namespace {
@@ -29,8 +31,19 @@ std::string quote_input(const std::string& s, const char* what) {
 
 }  // namespace
 
-std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// Element type T of the tensors, written as safetensors dtype `dtype`
+// (F32 for float, BF16, F16: the bits as stored).
+template <class T>
+const char* dtype_name() {
+  if constexpr (std::is_same_v<T, float>) return "F32";
+  else if constexpr (std::is_same_v<T, bfloat16>) return "BF16";
+  else return "F16";
+}
+
+template <class T>
+std::string serialize(const std::map<std::string, Tensor<T>>& tensors, const std::map<std::string, std::string>& metadata) {
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
@@ -55,8 +68,9 @@ std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& te
       if (!dims.empty()) dims += ',';
       dims += std::to_string(d);
     }
-    const uint64_t end = offset + static_cast<uint64_t>(t.numel()) * sizeof(float);
-    header += quote_input(key, "tensor name") + ":{\"dtype\":\"F32\",\"shape\":[" + dims + "],\"data_offsets\":[" +
+    const uint64_t end = offset + static_cast<uint64_t>(t.numel()) * sizeof(T);
+    header += quote_input(key, "tensor name") + ":{\"dtype\":\"" + dtype_name<T>() + "\",\"shape\":[" + dims +
+              "],\"data_offsets\":[" +
               std::to_string(offset) + "," + std::to_string(end) + "]},";
     offset = end;
   }
@@ -70,13 +84,29 @@ std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& te
   out += header;
   for (const auto& [key, t] : tensors) {
     if constexpr (std::endian::native == std::endian::little) {
-      out.append(reinterpret_cast<const char*>(t.data()),
-                 static_cast<std::size_t>(t.numel()) * sizeof(float));
-    } else {
+      out.append(reinterpret_cast<const char*>(t.data()), static_cast<std::size_t>(t.numel()) * sizeof(T));
+    } else if constexpr (std::is_same_v<T, float>) {
       for (int64_t i = 0; i < t.numel(); ++i) detail::append_le(out, std::bit_cast<uint32_t>(t[i]));
+    } else {
+      for (int64_t i = 0; i < t.numel(); ++i) detail::append_le(out, t[i].bits);
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::string serialize_safetensors(const std::map<std::string, Tensor<float>>& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  return serialize(tensors, metadata);
+}
+std::string serialize_safetensors_narrow(const std::map<std::string, Tensor<bfloat16>>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
+  return serialize(tensors, metadata);
+}
+std::string serialize_safetensors_narrow(const std::map<std::string, Tensor<float16>>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
+  return serialize(tensors, metadata);
 }
 
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor<float>>& tensors,

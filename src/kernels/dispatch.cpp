@@ -57,6 +57,11 @@ template AttentionKernel resolve_forward_kernel<double>(AttentionKernel, bool);
 
 template <class T>
 void run_attention_forward(const AttentionArgs<T>& args, AttentionKernel kernel) {
+  if (args.narrow.dtype != ComputeDtype::F32 && kernel != AttentionKernel::Flash)
+    throw Error(Error::Kind::Value, "kernel: the " + to_string(args.narrow.dtype) +
+                                        " forward runs on the flash kernel only (16-bit storage); got kernel " +
+                                        std::string(kernel == AttentionKernel::Reference ? "reference" : "materialized") +
+                                        (args.weights != nullptr ? " (attention weights were asked for: use need_weights=false)" : ""));
   if (kernel == AttentionKernel::Flash && !flash_can_serve(args)) {
     // Forcing flash where it cannot run is a usage error, not a silent swap.
     if (args.weights != nullptr)

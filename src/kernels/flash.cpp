@@ -71,8 +71,13 @@ void validate(const AttentionArgs<float>& a) {
          std::to_string(a.value_dim) + ": output rows would overlap");
   }
   const bool work = a.slices > 0 && a.q_len > 0 && a.value_dim > 0;
-  if (work && (a.q == nullptr || a.out == nullptr || (a.kv_len > 0 && (a.k == nullptr || a.v == nullptr)))) {
-    fail("q, k, v and out must not be nullptr");
+  const bool narrow = a.narrow.dtype != ComputeDtype::F32;
+  const void* q = narrow ? a.narrow.q : a.q;
+  const void* k = narrow ? a.narrow.k : a.k;
+  const void* v = narrow ? a.narrow.v : a.v;
+  const void* out = narrow ? a.narrow.out : a.out;
+  if (work && (q == nullptr || out == nullptr || (a.kv_len > 0 && (k == nullptr || v == nullptr)))) {
+    fail(std::string(narrow ? "narrow." : "") + "q, k, v and out must not be nullptr");
   }
 }
 
@@ -111,6 +116,8 @@ std::optional<AttentionArgs<float>> grouped_decode_args(const AttentionArgs<floa
   g.out_layout = SliceLayout{ol.batch, G * ol.head, ol.head};
   g.k = a.k ? a.k + lo * kl.row : nullptr;
   g.v = a.v ? a.v + lo * vl.row : nullptr;
+  if (a.narrow.k) g.narrow.k = static_cast<const uint16_t*>(a.narrow.k) + lo * kl.row;
+  if (a.narrow.v) g.narrow.v = static_cast<const uint16_t*>(a.narrow.v) + lo * vl.row;
   g.k_layout = kl;
   g.v_layout = vl;
   g.modifiers = ScoreModifiers<float>{};
@@ -129,6 +136,9 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
 
   // Dispatch once per call: the target's kernel, and its query tile height.
   const FlashAttentionKernel kernel = flash_attention_kernel_for(simd_target_bit());
+  const auto rows = args.narrow.dtype == ComputeDtype::BF16  ? kernel.rows_bf16
+                    : args.narrow.dtype == ComputeDtype::F16 ? kernel.rows_f16
+                                                             : kernel.rows;
   const int64_t tiles_per_slice = (args.q_len + kernel.row_tile - 1) / kernel.row_tile;
   const int64_t items = args.slices * tiles_per_slice;
 
@@ -146,7 +156,7 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
     if (args.modifiers.causal.enabled) tile = tiles_per_slice - 1 - tile;
     const int64_t row_begin = tile * kernel.row_tile;
     const int64_t row_end = std::min(args.q_len, row_begin + kernel.row_tile);
-    kernel.rows(args, slice, row_begin, row_end, scratch);
+    rows(args, slice, row_begin, row_end, scratch);
   });
 }
 

@@ -7,6 +7,7 @@
 #include "contract/attention_args.hpp"
 #include "contract/attention_weights_args.hpp"
 #include "multihead/attention.hpp"
+#include "simd/decode_compressed.hpp"
 
 namespace multihead::detail {
 
@@ -23,6 +24,14 @@ void attention_forward_materialized(const AttentionArgs<T>& args);
 // Tiled online softmax (Highway SIMD). float only, weights must be nullptr.
 // Defined in src/kernels/flash.cpp.
 void attention_forward_flash(const AttentionArgs<float>& args);
+
+// Attention of args' queries over a compressed KV cache `kv` (bf16, f16 or
+// int8 with block scales; args.k/v unused), widened in registers, softmax in
+// float32: the grouped-query module's forward with such a cache. Reads
+// causal, window, soft-cap and ALiBi from args.modifiers; no masks, weights
+// or dropout. Defined in src/kernels/decode_compressed.cpp; kernel in
+// src/simd/decode_compressed-inl.h.
+void attention_forward_compressed(const AttentionArgs<float>& args, const CompressedKV& kv);
 
 // Choosing a kernel is done once per call (a module call: its forward, and
 // the backward of a training forward, which reuses the forward's choice),

@@ -46,6 +46,19 @@
 // taken once per key tile, so that a call without them runs the loops it
 // ran before they existed; dropout calls its scalar dropout_keep per
 // element, so every kernel drops the same elements.
+//
+// 16-bit storage (AttentionArgs::narrow: the bf16 and f16 modules): the
+// same kernel with E = bfloat16 or float16. Q is widened as the query tile
+// is packed; each key tile's K rows and V rows are widened once into a
+// packed float tile (MaxKeyTile × D and × Dv floats, 40 KiB each at D = 64,
+// in L1/L2) by WidenRows (bf16_compute-inl.h), then the float micro-kernels
+// run on them unchanged: the widening costs keys·(D + Dv) conversions per
+// query tile, against bq·keys·(D + Dv) FMAs (1/64 at bq = 64). Scores,
+// softmax, running max, sums and the accumulators stay float32; each output
+// row is rounded to E once (to nearest even) as it is stored. The
+// alternative for bf16, vdpbf16ps (Highway's ReorderWidenMulAccumulate), is
+// not built: on Intel's AVX512_BF16 it measured half the fp32 FMA rate
+// (issue 19), and this kernel's products are not its bottleneck.
 
 // Per-target include guard (Highway's pattern for -inl.h files).
 #if defined(MULTIHEAD_SIMD_FLASH_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -60,10 +73,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "contract/score_rule.hpp"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
+#include "simd/bf16_compute-inl.h"
 #include "simd/exp2-inl.h"
 #include "simd/flash_attention.hpp"
 
@@ -110,6 +125,11 @@ constexpr size_t MaxKeyTile(size_t nvq) { return KeyTile(nvq) + KeyTile(nvq) / 4
 // st [MaxKeyTile][bq], and m, l, alpha, tmax [bq].
 inline size_t ScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
   return (head_dim + value_dim + MaxKeyTile(nvq) + 4) * nvq * hn::Lanes(DF32());
+}
+// With 16-bit K and V: also the widened key tile kw [MaxKeyTile][D] and
+// value tile vw [MaxKeyTile][Dv].
+inline size_t NarrowScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
+  return ScratchFloats(nvq, head_dim, value_dim) + MaxKeyTile(nvq) * (head_dim + value_dim);
 }
 
 // ---- micro-kernels --------------------------------------------------------
@@ -220,6 +240,10 @@ HWY_INLINE void AccumulateRemainder(size_t cols, DF32 df, const float* HWY_RESTR
 struct QueryTileInputs {
   const float* k;  // [S][D] of slice n, rows k_row apart
   const float* v;  // [S][Dv] of slice n, rows v_row apart
+  // With 16-bit storage (AttentionArgs::narrow) k and v are nullptr and
+  // these point at slice n's rows, of the kernel's E.
+  const void* k_narrow = nullptr;
+  const void* v_narrow = nullptr;
   size_t k_row, v_row;
   SliceModifiers<float> mods;  // score_rule.hpp: masks of slice n, causal rule
   int64_t causal_cols;         // keys j < causal_cols take part in causal masking (0 = none)
@@ -241,11 +265,14 @@ struct TileState {
   float* HWY_RESTRICT l;
   float* HWY_RESTRICT alpha;
   float* HWY_RESTRICT tmax;
+  // 16-bit K/V only: the key tile's widened K and V rows (packed).
+  float* HWY_RESTRICT kw = nullptr;
+  float* HWY_RESTRICT vw = nullptr;
 };
 
 // st [keys][bq] = scale·Q Kᵀ for keys [j0, j0 + keys) (the scale is folded
-// into qt), and tmax [bq] = the tile's max score per query.
-template <size_t NVQ>
+// into qt), and tmax [bq] = the tile's max score per query. E: K's storage.
+template <size_t NVQ, class E = float>
 HWY_INLINE void TileScores(const AttentionArgs<float>& a, const QueryTileInputs& in, const TileState& t,
                            int64_t j0, size_t keys) {
   const DF32 df;
@@ -256,12 +283,18 @@ HWY_INLINE void TileScores(const AttentionArgs<float>& a, const QueryTileInputs&
   const VF32 neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
   for (size_t w = 0; w < NVQ; ++w) hn::Store(neg_inf, df, t.tmax + w * lanes);
   const float* kt = in.k + static_cast<size_t>(j0) * in.k_row;
+  size_t ldk = in.k_row;
+  if constexpr (!std::is_same_v<E, float>) {
+    WidenRows(static_cast<const E*>(in.k_narrow) + static_cast<size_t>(j0) * in.k_row, in.k_row, keys, head_dim,
+              t.kw);
+    kt = t.kw;
+    ldk = head_dim;
+  }
   size_t j = 0;
   for (; j + KR <= keys; j += KR) {
-    ScoresBlock<NVQ, KR>(df, kt + j * in.k_row, in.k_row, head_dim, t.qt, bq, t.st + j * bq, t.tmax);
+    ScoresBlock<NVQ, KR>(df, kt + j * ldk, ldk, head_dim, t.qt, bq, t.st + j * bq, t.tmax);
   }
-  ScoresRemainder<NVQ, KR - 1>(keys - j, df, kt + j * in.k_row, in.k_row, head_dim, t.qt, bq, t.st + j * bq,
-                               t.tmax);
+  ScoresRemainder<NVQ, KR - 1>(keys - j, df, kt + j * ldk, ldk, head_dim, t.qt, bq, t.st + j * bq, t.tmax);
 }
 
 // Vector twin of causal_visible (score_rule.hpp): -inf where key j < cols
@@ -467,7 +500,8 @@ HWY_INLINE void DropoutTile(const AttentionArgs<float>& a, const TileState& t, i
 }
 
 // ot = alpha·ot + Pᵀ-weighted sum of the value rows [j0, j0 + keys).
-template <size_t NVQ>
+// E: V's storage.
+template <size_t NVQ, class E = float>
 HWY_INLINE void AccumulateValues(const AttentionArgs<float>& a, const QueryTileInputs& in, const TileState& t,
                                  int64_t j0, size_t keys) {
   const DF32 df;
@@ -475,24 +509,30 @@ HWY_INLINE void AccumulateValues(const AttentionArgs<float>& a, const QueryTileI
   constexpr size_t KR = BlockRows(NVQ);
   const size_t value_dim = static_cast<size_t>(a.value_dim);
   const float* vt = in.v + static_cast<size_t>(j0) * in.v_row;
+  size_t ldv = in.v_row;
+  if constexpr (!std::is_same_v<E, float>) {
+    WidenRows(static_cast<const E*>(in.v_narrow) + static_cast<size_t>(j0) * in.v_row, in.v_row, keys, value_dim,
+              t.vw);
+    vt = t.vw;
+    ldv = value_dim;
+  }
   size_t c = 0;
   for (; c + KR <= value_dim; c += KR) {
-    AccumulateBlock<NVQ, KR>(df, vt + c, in.v_row, keys, t.st, bq, t.alpha, t.ot + c * bq);
+    AccumulateBlock<NVQ, KR>(df, vt + c, ldv, keys, t.st, bq, t.alpha, t.ot + c * bq);
   }
-  AccumulateRemainder<NVQ, KR - 1>(value_dim - c, df, vt + c, in.v_row, keys, t.st, bq, t.alpha,
-                                   t.ot + c * bq);
+  AccumulateRemainder<NVQ, KR - 1>(value_dim - c, df, vt + c, ldv, keys, t.st, bq, t.alpha, t.ot + c * bq);
 }
 
 // One key tile [j0, j0 + keys) for the query tile: scores, score modifiers,
 // online softmax update, dropout, PV.
-template <size_t NVQ>
+template <size_t NVQ, class E = float>
 HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs& in, const TileState& t,
                             int64_t j0, size_t keys) {
-  TileScores<NVQ>(a, in, t, j0, keys);
+  TileScores<NVQ, E>(a, in, t, j0, keys);
   const bool modified = ApplyScoreModifiers<NVQ>(a, in, t, j0, keys);
   OnlineSoftmax<NVQ>(t, keys, modified);
   if (a.dropout.p > 0.0) DropoutTile<NVQ>(a, t, j0, keys);
-  AccumulateValues<NVQ>(a, in, t, j0, keys);
+  AccumulateValues<NVQ, E>(a, in, t, j0, keys);
 }
 
 // Keys [begin, end) in tiles of KeyTile(NVQ), step(j0, keys) for each; the
@@ -532,6 +572,11 @@ inline QueryTileInputs TileInputs(const AttentionArgs<float>& a, int64_t slice) 
   QueryTileInputs in;
   in.k = kv_slice_start(a.k, k_layout, slice, a.heads, Hkv);
   in.v = kv_slice_start(a.v, v_layout, slice, a.heads, Hkv);
+  if (a.narrow.dtype != ComputeDtype::F32) {
+    // 16-bit elements: the same offsets, in units of 2 bytes.
+    in.k_narrow = kv_slice_start(static_cast<const uint16_t*>(a.narrow.k), k_layout, slice, a.heads, Hkv);
+    in.v_narrow = kv_slice_start(static_cast<const uint16_t*>(a.narrow.v), v_layout, slice, a.heads, Hkv);
+  }
   in.k_row = static_cast<size_t>(k_layout.row);
   in.v_row = static_cast<size_t>(v_layout.row);
   in.mods = slice_modifiers(a.modifiers, slice, a.heads, L, S);
@@ -544,25 +589,38 @@ inline QueryTileInputs TileInputs(const AttentionArgs<float>& a, int64_t slice) 
 // qt [D][bq] = scale · q[i0 + r][d] of slice `slice`, for rows r < rows;
 // padding queries (r >= rows) are 0 and their results are never stored.
 // The query tile of the forward, the backward and the weights recompute.
-template <size_t NVQ>
+// E: Q's storage (float: a.q; 16-bit: a.narrow.q, widened here).
+template <size_t NVQ, class E = float>
 HWY_INLINE void PackQueryTile(const AttentionArgs<float>& a, int64_t slice, int64_t i0, size_t rows,
                               float* HWY_RESTRICT qt) {
   const size_t bq = NVQ * hn::Lanes(DF32());
   const size_t head_dim = static_cast<size_t>(a.head_dim);
   const SliceLayout q_layout = resolve_layout(a.q_layout, a.heads, a.q_len, a.head_dim);
-  const float* HWY_RESTRICT q = slice_start(a.q, q_layout, slice, a.heads) + i0 * q_layout.row;
+  const E* q_base;
+  if constexpr (std::is_same_v<E, float>) {
+    q_base = a.q;
+  } else {
+    q_base = static_cast<const E*>(a.narrow.q);
+  }
+  const E* HWY_RESTRICT q = slice_start(q_base, q_layout, slice, a.heads) + i0 * q_layout.row;
   std::fill(qt, qt + head_dim * bq, 0.0f);
   for (size_t r = 0; r < rows; ++r) {
-    const float* HWY_RESTRICT q_row = q + static_cast<int64_t>(r) * q_layout.row;
-    for (size_t d = 0; d < head_dim; ++d) qt[d * bq + r] = a.scale * q_row[d];
+    const E* HWY_RESTRICT q_row = q + static_cast<int64_t>(r) * q_layout.row;
+    for (size_t d = 0; d < head_dim; ++d) {
+      if constexpr (std::is_same_v<E, float>) {
+        qt[d * bq + r] = a.scale * q_row[d];
+      } else {
+        qt[d * bq + r] = a.scale * to_float(q_row[d]);
+      }
+    }
   }
 }
 
 // qt as PackQueryTile; ot = 0, m = -inf, l = 0.
-template <size_t NVQ>
+template <size_t NVQ, class E = float>
 HWY_INLINE void StartTile(const AttentionArgs<float>& a, const TileState& t, float* HWY_RESTRICT qt) {
   const size_t bq = NVQ * hn::Lanes(DF32());
-  PackQueryTile<NVQ>(a, t.slice, t.i0, t.rows, qt);
+  PackQueryTile<NVQ, E>(a, t.slice, t.i0, t.rows, qt);
   std::fill(t.ot, t.ot + static_cast<size_t>(a.value_dim) * bq, 0.0f);
   std::fill(t.m, t.m + bq, -std::numeric_limits<float>::infinity());
   std::fill(t.l, t.l + bq, 0.0f);
@@ -573,7 +631,8 @@ HWY_INLINE void StartTile(const AttentionArgs<float>& a, const TileState& t, flo
 // When a.lse: lse_i = m_i + log(l_i), the row's log-sum-exp (natural log,
 // as the scores), −inf for a fully masked row; the backward recomputes
 // p_ij = exp(s_ij − lse_i) from it.
-template <size_t NVQ>
+// E: the output's storage (16-bit: each element rounded to nearest even).
+template <size_t NVQ, class E = float>
 HWY_INLINE void StoreTile(const AttentionArgs<float>& a, const TileState& t) {
   const size_t bq = NVQ * hn::Lanes(DF32());
   const size_t value_dim = static_cast<size_t>(a.value_dim);
@@ -585,26 +644,42 @@ HWY_INLINE void StoreTile(const AttentionArgs<float>& a, const TileState& t) {
     for (size_t r = 0; r < t.rows; ++r)
       lse[r] = t.l[r] == 0.0f ? -std::numeric_limits<float>::infinity() : t.m[r] + std::log(t.l[r]);
   }
+  E* out_base;
+  if constexpr (std::is_same_v<E, float>) {
+    out_base = a.out;
+  } else {
+    out_base = static_cast<E*>(a.narrow.out);
+  }
+  const auto store = [](float x) {
+    if constexpr (std::is_same_v<E, float>) {
+      return x;
+    } else {
+      return narrow_from_float<E>(x);
+    }
+  };
   for (size_t r = 0; r < t.rows; ++r) {
-    float* HWY_RESTRICT out =
-        slice_start(a.out, out_layout, t.slice, a.heads) + (t.i0 + static_cast<int64_t>(r)) * out_layout.row;
+    E* HWY_RESTRICT out =
+        slice_start(out_base, out_layout, t.slice, a.heads) + (t.i0 + static_cast<int64_t>(r)) * out_layout.row;
     if (t.l[r] == 0.0f) {
-      std::fill(out, out + value_dim, masked_row_fill<float>(a.masked_rows));
+      std::fill(out, out + value_dim, store(masked_row_fill<float>(a.masked_rows)));
       continue;
     }
     const float inv = all_dropped ? 0.0f : drop_scale / t.l[r];
-    for (size_t c = 0; c < value_dim; ++c) out[c] = t.ot[c * bq + r] * inv;
+    for (size_t c = 0; c < value_dim; ++c) out[c] = store(t.ot[c * bq + r] * inv);
   }
 }
 
-// Output rows [i0, i0 + rows) of slice n, rows <= NVQ·lanes.
-template <size_t NVQ>
+// Output rows [i0, i0 + rows) of slice n, rows <= NVQ·lanes. E: the
+// storage of q, k, v and out (float: a.q…; 16-bit: a.narrow).
+template <size_t NVQ, class E = float>
 HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_t i0, size_t rows,
                             FlashScratch& scratch) {
+  constexpr bool kNarrow = !std::is_same_v<E, float>;
   const size_t bq = NVQ * hn::Lanes(DF32());
   const size_t head_dim = static_cast<size_t>(a.head_dim);
   const size_t value_dim = static_cast<size_t>(a.value_dim);
-  float* HWY_RESTRICT qt = scratch.floats(ScratchFloats(NVQ, head_dim, value_dim));
+  float* HWY_RESTRICT qt = scratch.floats(kNarrow ? NarrowScratchFloats(NVQ, head_dim, value_dim)
+                                                  : ScratchFloats(NVQ, head_dim, value_dim));
   TileState t;
   t.slice = slice;
   t.i0 = i0;
@@ -616,11 +691,15 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
   t.l = t.m + bq;
   t.alpha = t.l + bq;
   t.tmax = t.alpha + bq;
-  StartTile<NVQ>(a, t, qt);
+  if constexpr (kNarrow) {
+    t.kw = t.tmax + bq;
+    t.vw = t.kw + MaxKeyTile(NVQ) * head_dim;
+  }
+  StartTile<NVQ, E>(a, t, qt);
 
   const QueryTileInputs in = TileInputs(a, slice);
-  VisitKeyTiles<NVQ>(a, in, i0, rows, [&](int64_t j0, size_t keys) { KeyTileStep<NVQ>(a, in, t, j0, keys); });
-  StoreTile<NVQ>(a, t);
+  VisitKeyTiles<NVQ>(a, in, i0, rows, [&](int64_t j0, size_t keys) { KeyTileStep<NVQ, E>(a, in, t, j0, keys); });
+  StoreTile<NVQ, E>(a, t);
 }
 
 // The one query-tile driver: rows [row_begin, row_end) in query tiles of
@@ -652,6 +731,15 @@ inline void FlashAttentionRowsF32(const AttentionArgs<float>& a, int64_t slice, 
                                   int64_t row_end, FlashScratch& scratch) {
   ForEachQueryTile(row_begin, row_end, [&]<size_t NVQ>(int64_t i0, size_t rows) {
     QueryTile<NVQ>(a, slice, i0, rows, scratch);
+  });
+}
+
+// The same rows with 16-bit q, k, v and out (a.narrow; E its type).
+template <class E>
+void FlashAttentionRowsNarrow(const AttentionArgs<float>& a, int64_t slice, int64_t row_begin, int64_t row_end,
+                              FlashScratch& scratch) {
+  ForEachQueryTile(row_begin, row_end, [&]<size_t NVQ>(int64_t i0, size_t rows) {
+    QueryTile<NVQ, E>(a, slice, i0, rows, scratch);
   });
 }
 

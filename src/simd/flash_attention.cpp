@@ -26,6 +26,14 @@ void FlashAttentionRows(const AttentionArgs<float>& args, int64_t slice, int64_t
                         int64_t row_end, FlashScratch& scratch) {
   FlashAttentionRowsF32(args, slice, row_begin, row_end, scratch);
 }
+void FlashAttentionRowsBF16(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin,
+                            int64_t row_end, FlashScratch& scratch) {
+  FlashAttentionRowsNarrow<bfloat16>(args, slice, row_begin, row_end, scratch);
+}
+void FlashAttentionRowsF16(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin,
+                           int64_t row_end, FlashScratch& scratch) {
+  FlashAttentionRowsNarrow<float16>(args, slice, row_begin, row_end, scratch);
+}
 int64_t FlashAttentionRowTile() { return FlashAttentionRowTileF32(); }
 int64_t FlashAttentionKeyTile() { return static_cast<int64_t>(KeyTile(kMaxQueryVectors)); }
 int64_t FlashAttentionTarget() { return HWY_TARGET; }
@@ -38,6 +46,8 @@ HWY_AFTER_NAMESPACE();
 namespace multihead::detail {
 
 HWY_EXPORT(FlashAttentionRows);
+HWY_EXPORT(FlashAttentionRowsBF16);
+HWY_EXPORT(FlashAttentionRowsF16);
 HWY_EXPORT(FlashAttentionRowTile);
 HWY_EXPORT(FlashAttentionKeyTile);
 HWY_EXPORT(FlashAttentionTarget);
@@ -61,6 +71,8 @@ FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit) {
   const size_t i = dispatch_table_index(HWY_DISPATCH_TABLE(FlashAttentionTarget), target_bit, "flash attention");
   FlashAttentionKernel kernel;
   kernel.rows = HWY_DISPATCH_TABLE(FlashAttentionRows)[i];
+  kernel.rows_bf16 = HWY_DISPATCH_TABLE(FlashAttentionRowsBF16)[i];
+  kernel.rows_f16 = HWY_DISPATCH_TABLE(FlashAttentionRowsF16)[i];
   kernel.row_tile = HWY_DISPATCH_TABLE(FlashAttentionRowTile)[i]();
   kernel.key_tile = HWY_DISPATCH_TABLE(FlashAttentionKeyTile)[i]();
   return kernel;

@@ -36,6 +36,11 @@ struct FlashAttentionKernel {
   // share the call, so any partition gives bit-identical outputs.
   void (*rows)(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin, int64_t row_end,
                FlashScratch& scratch);
+  // The same with 16-bit storage (args.narrow.dtype BF16 or F16).
+  void (*rows_bf16)(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin, int64_t row_end,
+                    FlashScratch& scratch);
+  void (*rows_f16)(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin, int64_t row_end,
+                   FlashScratch& scratch);
   // Rows per call this target handles best (its widest query tile).
   int64_t row_tile;
   // Keys per key tile with that query tile (the last may take a quarter

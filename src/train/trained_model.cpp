@@ -1,9 +1,13 @@
 // src/train/trained_model.cpp: multihead/trained_model.hpp.
 #include "multihead/trained_model.hpp"
 
+#include <cstdio>
+
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
+#include "multihead/lesson_tasks.hpp"
 #include "train/checkpoint_metadata.hpp"
+#include "train/layers.hpp"
 #include "train/model.hpp"
 
 namespace multihead {
@@ -15,6 +19,62 @@ using train::kCheckpointFormat;
 const char* const kConfigKeys[] = {"format", "task",    "vocabulary", "sequence_length", "d_model",
                                    "heads",  "layers",  "ff",         "dropout",         "causal",
                                    "positional_encoding"};
+
+// A JSON string: the words of the built-in tasks are printable ASCII, but
+// quotes, backslashes and control characters are escaped all the same.
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+// "token_ids": {"<pad>": 0, "the": 1, …} in id order, the words of a task
+// with named tokens (lesson, lookup2); a task of plain symbols (copy,
+// reverse) names each id by its number. Empty when the model is of no
+// built-in task, or of one whose vocabulary it does not have (nothing to
+// describe: the reader of such a file, e.g. `explain --model`, refuses it).
+std::string token_ids(const std::string& task_name, const ModelConfig& c) {
+  std::unique_ptr<Task> task;
+  try {
+    task = make_task(task_name, c.vocabulary, c.sequence_length);
+  } catch (const Error&) {
+    return "";
+  }
+  if (task->vocabulary() != c.vocabulary) return "";
+  const auto* named = dynamic_cast<const HeldOutTask*>(task.get());
+  std::string out = "{";
+  for (int64_t id = 0; id < c.vocabulary; ++id)
+    out += (id ? ", " : "") + json_string(named ? named->token(static_cast<int32_t>(id)) : std::to_string(id)) +
+           ": " + std::to_string(id);
+  return out + "}";
+}
+
+// What a reader needs besides the configuration to rebuild the forward
+// (docs/model-format.md), as this program computes it: one row per key.
+// A file that states another value is refused (the model would not be the
+// one it describes); a file without the key (older files) is read as this.
+struct Description {
+  const char* key;
+  std::string (*value)(const std::string& task, const ModelConfig& c);
+};
+const Description kDescription[] = {
+    {"token_ids", token_ids},
+    {"layer_norm_eps", [](const std::string&, const ModelConfig&) { return to_exact_string(train::kLayerNormEps); }},
+    {"norm_placement", [](const std::string&, const ModelConfig&) { return std::string("pre"); }},
+    {"positional_encoding", [](const std::string&, const ModelConfig& c) { return to_string(c.positions); }},
+    {"activation", [](const std::string&, const ModelConfig&) { return std::string("relu"); }},
+};
 
 }  // namespace
 
@@ -40,6 +100,10 @@ TrainedModel::TrainedModel(const ModelConfig& config, const std::map<std::string
   impl_->metadata["format"] = kModelFormat;
   impl_->metadata["task"] = impl_->task;
   train::write_model_config(c, impl_->metadata);
+  for (const Description& d : kDescription) {
+    const std::string value = d.value(impl_->task, c);
+    if (!value.empty()) impl_->metadata[d.key] = value;
+  }
 }
 
 TrainedModel TrainedModel::of(const Trainer& trainer, const std::string& task) {
@@ -77,6 +141,14 @@ TrainedModel TrainedModel::from_file(const SafetensorsFile& f, const std::string
     c.validate();
   } catch (const Error& e) {
     r.fail(e.what());
+  }
+  for (const Description& d : kDescription) {
+    const auto it = f.metadata.find(d.key);
+    if (it == f.metadata.end()) continue;
+    const std::string want = d.value(task, c);
+    if (!want.empty() && it->second != want)
+      r.fail("'" + std::string(d.key) + "': expected " + quote_input(want) + " (the model this program runs), got " +
+             quote_input(it->second));
   }
   try {
     return TrainedModel(c, parameters_of(f, c, path), task, f.metadata);
@@ -137,9 +209,11 @@ Evaluation TrainedModel::evaluate(const Batch& batch, bool attention_weights, in
 std::string TrainedModel::serialize(const std::map<std::string, std::string>& extra) const {
   std::map<std::string, std::string> m = impl_->metadata;
   for (const auto& [key, value] : extra) {
-    for (const char* k : kConfigKeys)
-      if (key == k)
-        throw Error(Error::Kind::Value, "model metadata '" + key + "': set by the model, not by the writer");
+    bool set_by_model = false;
+    for (const char* k : kConfigKeys) set_by_model = set_by_model || key == k;
+    for (const Description& d : kDescription) set_by_model = set_by_model || key == d.key;
+    if (set_by_model)
+      throw Error(Error::Kind::Value, "model metadata '" + key + "': set by the model, not by the writer");
     m[key] = value;
   }
   return serialize_safetensors(parameters(), m);

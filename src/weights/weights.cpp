@@ -336,8 +336,17 @@ LoadedWeights load_weights(const std::string& path, const LoadOptions& options) 
   // A grouped-query module's file would fail on its first unexpected name;
   // say what it is, and how to read it, instead.
   if (auto gqa = detail::gqa_module_message(file, src.prefix, path)) throw Error(Error::Kind::Format, *gqa);
-  std::map<std::string, Tensor<double>> tensors = take_module(file, src);
   LoadedWeights r;
+  bool first = true;
+  for (const std::string& local : state_dict_names()) {
+    const auto it = file.tensors.find(src.tensor(local));
+    if (it == file.tensors.end()) continue;
+    if (first) r.parameter_dtype = it->second.dtype;
+    else if (r.parameter_dtype != it->second.dtype) r.parameter_dtype.reset();
+    if (!r.parameter_dtype) break;
+    first = false;
+  }
+  std::map<std::string, Tensor<double>> tensors = take_module(file, src);
   r.prefix = src.prefix;
   r.config = config_from_shapes(shapes_of(tensors), src);
   apply_metadata(file.metadata, src, options.overrides, r.config, r.assumed);
@@ -395,6 +404,14 @@ std::string serialize_weights(const BasicMultiheadAttention<T>& module) {
 template <class T>
 void save_weights(const std::string& path, const BasicMultiheadAttention<T>& module) {
   write_file_atomic(path, serialize_weights(module));
+}
+
+// 16-bit modules: their parameters as stored, BF16 or F16 on disk.
+std::string serialize_weights(const NarrowMultiheadAttention<bfloat16>& module) {
+  return serialize_safetensors_narrow(module.state_dict(), config_metadata(module.config()));
+}
+std::string serialize_weights(const NarrowMultiheadAttention<float16>& module) {
+  return serialize_safetensors_narrow(module.state_dict(), config_metadata(module.config()));
 }
 
 template std::string serialize_weights<float>(const BasicMultiheadAttention<float>&);

@@ -648,6 +648,16 @@ def _(ctx):
     return decode(ctx, ["--softcap", "1e39"])
 
 
+@case("decode --cache-dtype fp8", "--cache-dtype", "expected one of f32, bf16, f16, int8", "fp8")
+def _(ctx):
+    return decode(ctx, ["--cache-dtype", "fp8"])
+
+
+@case("decode --cache-dtype int8 --kernel flash", "kernel", "auto", "compressed KV cache (int8", "flash")
+def _(ctx):
+    return decode(ctx, ["--cache-dtype", "int8", "--kernel", "flash"])
+
+
 @case("--causal-align without --is-causal, --window or --alibi", "causal-align", "is-causal", "bottom-right")
 def _(ctx):
     return ctx.args(extra=["--causal-align", "bottom-right"])

@@ -399,11 +399,63 @@ def test_trained(cli, work):
     bad = one_error_line(code, out, err, "TEXT", "zebra", "e.g.")
     check("trained: an unknown word: one line naming it and known words, exit 2", not bad, bad)
     code, out, err = run(cli, "explain", "--model", model, "--format", "bertviz", "--out", "t.json", cwd=work)
-    check("trained: --model FILE (the shipped file) gives the same weights", code == 0 and
-          worst(json.load(open(os.path.join(work, "t.json")))["attention"][0][0], got) == 0, err)
+    check("trained: --model FILE (the shipped file) gives the same weights (bertviz: the words' keys only)",
+          code == 0 and worst(json.load(open(os.path.join(work, "t.json")))["attention"][0][0], got[:, :, :n]) == 0,
+          err)
+    for text in ("", "   "):
+        out_name = f"empty{len(text)}.html"
+        code, out, err = run(cli, "explain", text, "--out", out_name, cwd=work)
+        bad = one_error_line(code, out, err, "TEXT", "expected 1 to 16 words", "got 0")
+        check(f"trained: explain {text!r} is refused: one line, exit 2, no file", not bad and
+              not os.path.exists(os.path.join(work, out_name)), bad)
     code, out, err = run(cli, "explain", "--model", model, "--weights", model, "--input", block_in, cwd=work)
     bad = one_error_line(code, out, err, "--model", "either")
     check("trained: --model with --weights: one line, exit 2", not bad, bad)
+
+
+def head_view_checks(data):
+    """What docs/bertviz.md's snippet does with the file, and bertviz's
+    head_view checks (bertviz/head_view.py: format_attention stacks the
+    layers' (1, H, L, S) tensors, then "Attention has {L} positions, while
+    number of tokens is {n}" for the queries, the same for the keys). Returns
+    "" when head_view would accept the file, else what it would raise."""
+    import torch
+    attention = [torch.tensor(layer) for layer in data["attention"]]  # each (1, H, L, S)
+    if any(t.dim() != 4 or t.shape[0] != 1 for t in attention):
+        return f"layers of shapes {[tuple(t.shape) for t in attention]}, expected (1, H, L, S)"
+    # Self-attention: head_view(attention, data["tokens"]); keys beyond the
+    # tokens: head_view(cross_attention=..., decoder_tokens=tokens, encoder_tokens=key_tokens).
+    left, right = data["tokens"], data.get("key_tokens", data["tokens"])
+    attn = torch.stack([t.squeeze(0) for t in attention]).tolist()
+    if len(attn[0][0]) != len(left):
+        return f"Attention has {len(attn[0][0])} positions, while number of tokens is {len(left)}"
+    if len(attn[0][0][0]) != len(right):
+        return f"Attention has {len(attn[0][0][0])} positions, while number of tokens is {len(right)}"
+    return ""
+
+
+def test_bertviz_shapes(cli, work):
+    """bertviz export on every model kind: query and key dims equal the token lists' lengths."""
+    subprocess.run([cli, "init", "--embed-dim", "16", "--num-heads", "2", "--seed", "7", "--add-bias-kv",
+                    "--add-zero-attn", "--out", "wkv.safetensors"], cwd=work, check=True)
+    cases = [
+        ("trained (the default output)", ["explain", "--format", "bertviz"], "bertviz.json", False),
+        ("trained, another sentence", ["explain", "the dog didn't cross the road because it was too wide",
+                                       "--format", "bertviz", "--out", "bt.json"], "bt.json", False),
+        ("plain module", ["explain", "--weights", "w.safetensors", "--input", "x.npy", "--format", "bertviz",
+                          "--out", "bp.json"], "bp.json", False),
+        ("cross-attention (add_bias_kv, add_zero_attn keys)",
+         ["explain", "--weights", "wkv.safetensors", "--input", "x.npy", "--format", "bertviz", "--out", "bc.json"],
+         "bc.json", True),
+    ]
+    for name, argv, out, cross in cases:
+        code, _, err = run(cli, *argv, cwd=work)
+        with open(os.path.join(work, out)) as f:
+            data = json.load(f)
+        problem = head_view_checks(data) if code == 0 else f"exit {code} {err.strip()!r}"
+        if not problem and ("key_tokens" in data) != cross:
+            problem = f"key_tokens {'missing' if cross else 'present'}: {data.get('key_tokens')}"
+        check(f"bertviz shapes, {name}: attention's query and key dims equal the token lists", not problem, problem)
 
 
 def write_safetensors(path, tensors, meta):
@@ -529,6 +581,7 @@ def main():
     test_bad_usage(cli, a.workdir)
     test_trained(cli, a.workdir)
     test_trained_two_layers(cli, a.workdir)
+    test_bertviz_shapes(cli, a.workdir)
     test_trained_text_golden(cli, a.workdir)
     test_readme_commands(cli, a.workdir, a.readme)
     print(f"{len(PASSED)} passed, {len(FAILURES)} failed")

@@ -1,0 +1,311 @@
+// src/simd/decode_compressed-inl.h: attention of a few query rows over a
+// compressed KV cache (bf16, f16, int8 with per-block scales), compiled once
+// per Highway target by src/simd/decode_compressed.cpp.
+//
+// Legend (decode_compressed.hpp): G query heads per K/V head, L queries, S
+// keys, D head width, N float lanes of the target.
+//
+// The cache is read where it lies and widened in registers: each K row is
+// loaded D/N vectors at a time in its narrow type, PromoteTo'd to float32
+// (int8: converted, times its block's scale) and multiplied into the rows'
+// dot products at once, so a K/V head is read once for the up to
+// kDecodeMaxRows query rows of its group that share the call. Nothing of the
+// cache is written back as float32. Softmax is FlashAttention's online form
+// (Dao et al. 2022) over blocks of kKeyBlock keys, all in float32: the
+// block's scores, the running max m and sum l per row, the output
+// accumulator rescaled by exp(m_old − m_new) when the max grows. The score
+// rules are src/contract/score_rule.hpp's: each row's visible keys from
+// visible_key_range, soft-cap and ALiBi through modified_score.
+//
+// Columns D − D mod N … D − 1 (when N does not divide D) go through the
+// scalar widening of narrow_types.hpp, which equals the vector one.
+
+// Per-target include guard (Highway's pattern for -inl.h files).
+#if defined(MULTIHEAD_SIMD_DECODE_COMPRESSED_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef MULTIHEAD_SIMD_DECODE_COMPRESSED_INL_H_
+#undef MULTIHEAD_SIMD_DECODE_COMPRESSED_INL_H_
+#else
+#define MULTIHEAD_SIMD_DECODE_COMPRESSED_INL_H_
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "contract/score_rule.hpp"
+#include "hwy/highway.h"
+#include "simd/decode_compressed.hpp"
+#include "simd/exp2-inl.h"
+#include "simd/narrow_types.hpp"
+
+HWY_BEFORE_NAMESPACE();
+namespace multihead::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Keys per online-softmax block: the block's scores of 8 rows are 2 KiB, and
+// its K and V rows (64·D narrow values) stay in L1/L2 between the two passes.
+inline constexpr int64_t kKeyBlock = 64;
+
+// The widening of each cache dtype: Vector(df, row, c, scales) is columns
+// c … c + N − 1 of a K/V row (c a multiple of N), Scalar(row, c, scales)
+// column c. `scales` is the row's int8 block scales (unused otherwise).
+struct WidenBf16 {
+  using Elem = uint16_t;
+  static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) {
+    const hn::Rebind<hwy::bfloat16_t, DF32> dn;
+    return hn::PromoteTo(df, hn::LoadU(dn, reinterpret_cast<const hwy::bfloat16_t*>(row + c)));
+  }
+  static float Scalar(const Elem* row, int64_t c, const float*) { return bfloat16_bits_to_float(row[c]); }
+};
+struct WidenF16 {
+  using Elem = uint16_t;
+  static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) {
+    const hn::Rebind<hwy::float16_t, DF32> dn;
+    return hn::PromoteTo(df, hn::LoadU(dn, reinterpret_cast<const hwy::float16_t*>(row + c)));
+  }
+  static float Scalar(const Elem* row, int64_t c, const float*) { return float16_bits_to_float(row[c]); }
+};
+// N divides the block of 32 on every target (N = 1, 4, 8 or 16 floats), so
+// the N columns from c all lie in block c / 32.
+struct WidenInt8 {
+  using Elem = int8_t;
+  static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float* scales) {
+    const hn::Rebind<int8_t, DF32> d8;
+    const hn::Rebind<int32_t, DF32> d32;
+    const VF32 q = hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, row + c)));
+    return hn::Mul(q, hn::Set(df, scales[c / kInt8Block]));
+  }
+  static float Scalar(const Elem* row, int64_t c, const float* scales) {
+    return static_cast<float>(row[c]) * scales[c / kInt8Block];
+  }
+};
+
+// One query row's view and its online-softmax state.
+struct DecodeRow {
+  const float* q;
+  float* out;
+  float* acc;  // [D], the unnormalised output
+  float* lse;  // or nullptr
+  SliceModifiers<float> modifiers;
+  int64_t i;                  // query index
+  int64_t begin, end, rest;   // visible keys: [begin, end) ∪ [rest, S)
+  bool plain;                 // no soft-cap or ALiBi: the score is the scaled dot
+  float m, l;                 // running max and sum
+};
+
+// Independent accumulators per row, so that few rows still keep enough
+// multiply-adds in flight (an FMA's latency is ~4 cycles, and one row's
+// chain alone would wait on it): R·kSplit <= 8 registers.
+template <int R>
+inline constexpr int kSplit = R >= 4 ? 1 : (R >= 2 ? 2 : 4);
+
+// scores[r][jj] = <q_r, k_{j0 + jj}> for jj < jn.
+template <int R, class W>
+HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, const float* k_scales, int64_t blocks,
+                           int64_t D, int64_t j0, int64_t jn, float (*scores)[kKeyBlock]) {
+  const DF32 df;
+  constexpr int A = kSplit<R>;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
+  for (int64_t jj = 0; jj < jn; ++jj) {
+    const typename W::Elem* row = k + (j0 + jj) * D;
+    const float* scales = k_scales ? k_scales + (j0 + jj) * blocks : nullptr;
+    VF32 d[R][A];
+    for (int r = 0; r < R; ++r)
+      for (int s = 0; s < A; ++s) d[r][s] = hn::Zero(df);
+    int64_t c = 0;
+    for (; c + A * N <= Dv; c += A * N)
+      for (int s = 0; s < A; ++s) {
+        const VF32 kv = W::Vector(df, row, c + s * N, scales);
+        for (int r = 0; r < R; ++r) d[r][s] = hn::MulAdd(hn::LoadU(df, rows[r].q + c + s * N), kv, d[r][s]);
+      }
+    for (; c < Dv; c += N) {
+      const VF32 kv = W::Vector(df, row, c, scales);
+      for (int r = 0; r < R; ++r) d[r][0] = hn::MulAdd(hn::LoadU(df, rows[r].q + c), kv, d[r][0]);
+    }
+    float tail[R] = {};
+    for (c = Dv; c < D; ++c) {
+      const float kc = W::Scalar(row, c, scales);
+      for (int r = 0; r < R; ++r) tail[r] += rows[r].q[c] * kc;
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < A; ++s) d[r][0] = hn::Add(d[r][0], d[r][s]);
+      scores[r][jj] = hn::GetLane(hn::SumOfLanes(df, d[r][0])) + tail[r];
+    }
+  }
+}
+
+// acc_r += Σ_jj p[r][jj] · v_{j0 + jj}.
+template <int R, class W>
+HWY_NOINLINE void AccumulateBlock(DecodeRow* rows, const typename W::Elem* v, const float* v_scales, int64_t blocks,
+                                  int64_t D, int64_t j0, int64_t jn, const float (*p)[kKeyBlock]) {
+  const DF32 df;
+  constexpr int A = kSplit<R>;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
+  const auto v_at = [&](int64_t jj, int64_t c) {
+    return W::Vector(df, v + (j0 + jj) * D, c, v_scales ? v_scales + (j0 + jj) * blocks : nullptr);
+  };
+  for (int64_t c = 0; c < Dv; c += N) {
+    VF32 a[R][A];
+    for (int r = 0; r < R; ++r) {
+      a[r][0] = hn::LoadU(df, rows[r].acc + c);
+      for (int s = 1; s < A; ++s) a[r][s] = hn::Zero(df);
+    }
+    int64_t jj = 0;
+    for (; jj + A <= jn; jj += A)
+      for (int s = 0; s < A; ++s) {
+        const VF32 vv = v_at(jj + s, c);
+        for (int r = 0; r < R; ++r) a[r][s] = hn::MulAdd(hn::Set(df, p[r][jj + s]), vv, a[r][s]);
+      }
+    for (; jj < jn; ++jj) {
+      const VF32 vv = v_at(jj, c);
+      for (int r = 0; r < R; ++r) a[r][0] = hn::MulAdd(hn::Set(df, p[r][jj]), vv, a[r][0]);
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < A; ++s) a[r][0] = hn::Add(a[r][0], a[r][s]);
+      hn::StoreU(a[r][0], df, rows[r].acc + c);
+    }
+  }
+  for (int64_t c = Dv; c < D; ++c)
+    for (int64_t jj = 0; jj < jn; ++jj) {
+      const float vc = W::Scalar(v + (j0 + jj) * D, c, v_scales ? v_scales + (j0 + jj) * blocks : nullptr);
+      for (int r = 0; r < R; ++r) rows[r].acc[c] += p[r][jj] * vc;
+    }
+}
+
+// The scores of one block become its weights exp(s − m_new) in place; m, l
+// and acc are rescaled to the new max. A row that has seen only hidden keys
+// so far keeps m = −inf and gets weights 0.
+HWY_INLINE void SoftmaxBlock(DecodeRow& row, float scale, int64_t S, int64_t j0, int64_t jn, float* s, int64_t D) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float block_max = kNegInf;
+  for (int64_t jj = 0; jj < jn; ++jj) {
+    const int64_t j = j0 + jj;
+    const float dot = scale * s[jj];
+    float score;
+    if (row.plain)
+      score = (j >= row.begin && j < row.end) || j >= row.rest ? dot : kNegInf;
+    else
+      score = modified_score(row.modifiers, S, row.i, j, dot);
+    s[jj] = score;
+    block_max = std::fmax(block_max, score);
+  }
+  for (int64_t jj = jn; jj < kKeyBlock; ++jj) s[jj] = kNegInf;
+  const float m_new = std::fmax(row.m, block_max);
+  if (m_new == kNegInf) {
+    for (int64_t jj = 0; jj < kKeyBlock; ++jj) s[jj] = 0.0f;
+    return;
+  }
+  if (m_new != row.m) {
+    const float alpha = row.m == kNegInf ? 0.0f : std::exp(row.m - m_new);
+    row.l *= alpha;
+    for (int64_t c = 0; c < D; ++c) row.acc[c] *= alpha;
+    row.m = m_new;
+  }
+  const DF32 df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const VF32 log2e = hn::Set(df, 1.44269504088896341f), vm = hn::Set(df, m_new);
+  VF32 sum = hn::Zero(df);
+  for (int64_t jj = 0; jj < kKeyBlock; jj += N) {
+    const VF32 p = Exp2NonPositive(df, hn::Mul(hn::Sub(hn::LoadU(df, s + jj), vm), log2e));
+    hn::StoreU(p, df, s + jj);
+    sum = hn::Add(sum, p);
+  }
+  row.l += hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+template <int R, class W>
+void DecodeRowsOf(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, DecodeRow* rows) {
+  using Elem = typename W::Elem;
+  const int64_t D = args.head_dim, S = args.kv_len, blocks = int8_blocks(D);
+  const Elem* k = static_cast<const Elem*>(kv.k) + kv_slice * kv.capacity * D;
+  const Elem* v = static_cast<const Elem*>(kv.v) + kv_slice * kv.capacity * D;
+  const float* ks = kv.k_scales ? kv.k_scales + kv_slice * kv.capacity * blocks : nullptr;
+  const float* vs = kv.v_scales ? kv.v_scales + kv_slice * kv.capacity * blocks : nullptr;
+  // The keys any row sees: [lo, hi) ∪ [max(rest, hi), S).
+  int64_t lo = S, hi = 0;
+  for (int r = 0; r < R; ++r) {
+    lo = std::min(lo, rows[r].begin);
+    hi = std::max(hi, rows[r].end);
+  }
+  const int64_t rest = std::max(rows[0].rest, hi);
+  HWY_ALIGN float s[R][kKeyBlock];
+  const auto visit = [&](int64_t from, int64_t to) {
+    for (int64_t j0 = from; j0 < to; j0 += kKeyBlock) {
+      const int64_t jn = std::min(kKeyBlock, to - j0);
+      DotBlock<R, W>(rows, k, ks, blocks, D, j0, jn, s);
+      for (int r = 0; r < R; ++r) SoftmaxBlock(rows[r], args.scale, S, j0, jn, s[r], D);
+      AccumulateBlock<R, W>(rows, v, vs, blocks, D, j0, jn, s);
+    }
+  };
+  visit(lo, hi);
+  visit(rest, S);
+}
+
+template <class W>
+void DecodeRowsW(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, DecodeRow* rows,
+                 int64_t count) {
+  switch (count) {
+    case 1: return DecodeRowsOf<1, W>(args, kv, kv_slice, rows);
+    case 2: return DecodeRowsOf<2, W>(args, kv, kv_slice, rows);
+    case 3: return DecodeRowsOf<3, W>(args, kv, kv_slice, rows);
+    case 4: return DecodeRowsOf<4, W>(args, kv, kv_slice, rows);
+    case 5: return DecodeRowsOf<5, W>(args, kv, kv_slice, rows);
+    case 6: return DecodeRowsOf<6, W>(args, kv, kv_slice, rows);
+    case 7: return DecodeRowsOf<7, W>(args, kv, kv_slice, rows);
+    default: return DecodeRowsOf<8, W>(args, kv, kv_slice, rows);
+  }
+}
+
+// decode_compressed.hpp's DecodeCompressedKernel::rows.
+inline void DecodeCompressedRows(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice,
+                                 int64_t row_begin, int64_t row_end) {
+  const int64_t H = args.heads, Hkv = args.kv_heads_or_heads(), L = args.q_len, S = args.kv_len;
+  const int64_t D = args.head_dim, count = row_end - row_begin;
+  std::vector<float> acc(static_cast<std::size_t>(count * D), 0.0f);
+  DecodeRow rows[kDecodeMaxRows];
+  const ScoreModifiers<float>& mod = args.modifiers;
+  for (int64_t r = 0; r < count; ++r) {
+    const int64_t rho = row_begin + r, i = rho % L, n = group_query_slice(kv_slice, rho / L, H, Hkv);
+    DecodeRow& row = rows[r];
+    row.q = slice_start(args.q, args.q_layout, n, H) + i * args.q_layout.row;
+    row.out = slice_start(args.out, args.out_layout, n, H) + i * args.out_layout.row;
+    row.acc = acc.data() + r * D;
+    row.lse = args.lse ? args.lse + n * L + i : nullptr;
+    row.modifiers = slice_modifiers(mod, n, H, L, S);
+    row.i = i;
+    const VisibleKeys keys = visible_key_range(mod.causal, mod.window, row.modifiers.shift, S, i, i + 1);
+    row.begin = keys.begin;
+    row.end = keys.end;
+    row.rest = keys.rest;
+    row.plain = !(mod.softcap > 0.0f) && mod.alibi_slopes == nullptr;
+    row.m = -std::numeric_limits<float>::infinity();
+    row.l = 0.0f;
+  }
+  switch (kv.dtype) {
+    case KVCacheDType::BFloat16: DecodeRowsW<WidenBf16>(args, kv, kv_slice, rows, count); break;
+    case KVCacheDType::Float16: DecodeRowsW<WidenF16>(args, kv, kv_slice, rows, count); break;
+    case KVCacheDType::Int8: DecodeRowsW<WidenInt8>(args, kv, kv_slice, rows, count); break;
+    case KVCacheDType::Native: break;  // the driver never sends it
+  }
+  for (int64_t r = 0; r < count; ++r) {
+    const DecodeRow& row = rows[r];
+    if (row.l == 0.0f) {  // every key hidden: the masked-row rule
+      const float fill = masked_row_fill<float>(args.masked_rows);
+      for (int64_t c = 0; c < D; ++c) row.out[c] = fill;
+      if (row.lse) *row.lse = -std::numeric_limits<float>::infinity();
+      continue;
+    }
+    const float inv = 1.0f / row.l;
+    for (int64_t c = 0; c < D; ++c) row.out[c] = row.acc[c] * inv;
+    if (row.lse) *row.lse = row.m + std::log(row.l);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace multihead::detail
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard

@@ -1,0 +1,46 @@
+// src/simd/decode_compressed.hpp: the per-target attention over a compressed
+// KV cache (decode_compressed-inl.h), as seen from
+// src/kernels/decode_compressed.cpp (which threads and calls it).
+//
+// Legend: B batch, H query heads, Hkv K/V heads, G = H / Hkv query heads per
+// K/V head, L queries, S keys, D head width.
+#pragma once
+
+#include <cstdint>
+
+#include "contract/attention_args.hpp"
+#include "multihead/grouped_query_attention.hpp"
+
+namespace multihead::detail {
+
+// The cache's storage (KVCache::k_compressed() …): K and V
+// [B·Hkv][capacity][D] elements of `dtype` (2-byte bit patterns or int8),
+// with int8 scales [B·Hkv][capacity][ceil(D / 32)].
+struct CompressedKV {
+  KVCacheDType dtype = KVCacheDType::BFloat16;  // never Native
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
+  int64_t capacity = 0;
+};
+
+// The most query rows one call handles: their dot-product accumulators and
+// one widened K/V vector stay in registers (8 + 1 of AVX-512's 32).
+inline constexpr int64_t kDecodeMaxRows = 8;
+
+struct DecodeCompressedKernel {
+  // Rows [row_begin, row_end) (at most kDecodeMaxRows) of K/V slice
+  // kv_slice = b·Hkv + g: row ρ is query i = ρ % L of query head
+  // g·G + ρ / L (slice n = b·H + g·G + ρ / L). Reads args' q, layouts,
+  // scale, modifiers (causal, window, softcap, ALiBi; no masks) and writes
+  // out (and lse if non-null) of those rows; args.k/v are not read.
+  void (*rows)(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, int64_t row_begin,
+               int64_t row_end);
+};
+
+// The kernel compiled for Highway target `target_bit` (targets.hpp); throws
+// multihead::Error if it was not compiled in.
+DecodeCompressedKernel decode_compressed_kernel_for(int64_t target_bit);
+
+}  // namespace multihead::detail

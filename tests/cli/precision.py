@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""`--dtype` on the command line (docs/precision.md, "Command line").
+
+  - `--dtype` unknown (forward, bench, init): exit 2, one stderr line naming
+    the flag and the value;
+  - `forward --dtype f16` on a CPU without AVX512_FP16 (this test's host,
+    AMD Zen 4): exactly one note naming AVX512_FP16 and the widening path
+    (on a CPU with it, the note says no fp16-FMA kernel is built);
+  - `init --dtype bf16` / `f16` writes every tensor as BF16 / F16, equal to
+    the f32 file's values rounded to nearest even (torch's rounding);
+  - `forward --dtype bf16` on that file against PyTorch 1.13's bf16 module
+    (`.to(torch.bfloat16)`) on the same numbers, both against float64: ours
+    at most 1.5x PyTorch's RMS error; f16 against float64 within 8 u_f16 of
+    the output's size;
+  - a bf16 checkpoint without --dtype: computed in float32 from the exact
+    values (1e-5 of float64), and one note saying so;
+  - --attn-weights-out with --dtype bf16: refused in one line;
+  - `bench --dtype bf16` runs and reports dtype=bf16.
+
+Usage: /usr/bin/python3 tests/cli/precision.py --multihead PATH --workdir DIR
+Prints one line per check and `N passed, M failed`; exit 1 on any failure.
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "parity"))
+import safetensors_io  # noqa: E402
+
+results = []
+
+
+def check(name, ok, detail=""):
+    results.append(ok)
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + detail))
+
+
+def run(cli, *args):
+    return subprocess.run([cli, *args], capture_output=True, text=True)
+
+
+def torch_module(tensors, E, H, dtype):
+    m = torch.nn.MultiheadAttention(E, H)
+    m.load_state_dict({k: torch.from_numpy(v) for k, (v, _) in tensors.items()})
+    return m.to(dtype).eval()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--multihead", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    cli, d = a.multihead, a.workdir
+    os.makedirs(d, exist_ok=True)
+    p = lambda name: os.path.join(d, name)  # noqa: E731
+    E, H, L, B = 32, 4, 9, 2
+
+    # unknown --dtype, in each command that takes it
+    for cmd in (["forward", "--weights", "/dev/null", "--query", "/dev/null", "--out", p("x.npy")],
+                ["bench", "--seq-len", "8", "--embed-dim", "8", "--num-heads", "2"],
+                ["init", "--embed-dim", "8", "--num-heads", "2", "--out", p("x.safetensors")]):
+        r = run(cli, *cmd, "--dtype", "f8")
+        lines = r.stderr.strip().splitlines()
+        check(f"{cmd[0]} --dtype f8: exit 2, one line", r.returncode == 2 and len(lines) == 1 and "--dtype" in lines[0]
+              and "'f8'" in lines[0], f"rc {r.returncode}, stderr {r.stderr!r}")
+
+    # init in each dtype: the same initialisation, rounded
+    for dt in ("f32", "bf16", "f16"):
+        r = run(cli, "init", "--embed-dim", str(E), "--num-heads", str(H), "--seed", "3", "--dtype", dt,
+                "--out", p(f"w_{dt}.safetensors"))
+        check(f"init --dtype {dt}", r.returncode == 0, r.stderr)
+    f32, _ = safetensors_io.read(p("w_f32.safetensors"))
+    for dt, tag in (("bf16", "BF16"), ("f16", "F16")):
+        t, meta = safetensors_io.read(p(f"w_{dt}.safetensors"))
+        same = all(t[k][1] == tag for k in t) and set(t) == set(f32)
+        rounded = all(np.array_equal(t[k][0], safetensors_io.round_to_dtype(f32[k][0], tag)) for k in t)
+        check(f"init --dtype {dt}: every tensor {tag}, the f32 values rounded to nearest even", same and rounded,
+              f"dtypes {[t[k][1] for k in t]}")
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(L, B, E).astype(np.float32)
+    np.save(p("q.npy"), x)
+    t16, _ = safetensors_io.read(p("w_bf16.safetensors"))
+    x_bf = torch.from_numpy(x).to(torch.bfloat16)
+    with torch.no_grad():
+        m64 = torch_module(t16, E, H, torch.float64)
+        ref = m64(x_bf.double(), x_bf.double(), x_bf.double(), need_weights=False)[0].numpy()
+        m_bf = torch_module(t16, E, H, torch.bfloat16)
+        theirs = m_bf(x_bf, x_bf, x_bf, need_weights=False)[0].float().numpy()
+
+    r = run(cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out", p("o_bf16.npy"),
+            "--dtype", "bf16")
+    check("forward --dtype bf16 runs, no note", r.returncode == 0 and r.stderr == "", r.stderr)
+    if r.returncode == 0:
+        ours = np.load(p("o_bf16.npy"))
+        rms = lambda e: float(np.sqrt(np.mean(e ** 2)))  # noqa: E731
+        e_ours, e_torch = rms(ours - ref), rms(theirs - ref)
+        check(f"forward --dtype bf16: rms error {e_ours:.2e} <= 1.5 x PyTorch bf16's {e_torch:.2e}",
+              ours.dtype == np.float32 and e_ours <= 1.5 * e_torch)
+
+    t_f16, _ = safetensors_io.read(p("w_f16.safetensors"))
+    x_h = torch.from_numpy(x).half().double()
+    with torch.no_grad():
+        ref16 = torch_module(t_f16, E, H, torch.float64)(x_h, x_h, x_h, need_weights=False)[0].numpy()
+    r = run(cli, "forward", "--weights", p("w_f16.safetensors"), "--query", p("q.npy"), "--out", p("o_f16.npy"),
+            "--dtype", "f16")
+    notes = [line for line in r.stderr.splitlines() if line.startswith("multihead: note:")]
+    has_fp16 = "avx512_fp16" in open("/proc/cpuinfo").read()
+    want = "no fp16-FMA kernel is built" if has_fp16 else "this CPU has no AVX512_FP16"
+    check("forward --dtype f16: one note, naming AVX512_FP16 and the widening path",
+          r.returncode == 0 and len(r.stderr.splitlines()) == 1 and len(notes) == 1 and want in notes[0]
+          and "widening path" in notes[0], r.stderr)
+    if r.returncode == 0:
+        err = float(np.abs(np.load(p("o_f16.npy")) - ref16).max())
+        bound = 8 * 2.0 ** -11 * float(np.abs(ref16).max())
+        check(f"forward --dtype f16: max error {err:.2e} <= 8 u_f16 max|y| = {bound:.2e}", err <= bound)
+
+    # a bf16 checkpoint in float32: exact values, one note
+    r = run(cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out", p("o_32.npy"))
+    lines = r.stderr.splitlines()
+    check("bf16 checkpoint without --dtype: one note that it runs in float32",
+          r.returncode == 0 and len(lines) == 1 and "bfloat16 parameters" in lines[0] and "float32" in lines[0], r.stderr)
+    if r.returncode == 0:
+        with torch.no_grad():
+            xd = torch.from_numpy(x).double()
+            ref32 = m64(xd, xd, xd, need_weights=False)[0].numpy()
+        err = float(np.abs(np.load(p("o_32.npy")) - ref32).max())
+        check(f"bf16 checkpoint in float32: max error {err:.1e} <= 1e-5", err <= 1e-5)
+
+    r = run(cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out", p("o.npy"),
+            "--dtype", "bf16", "--attn-weights-out", p("a.npy"))
+    check("--attn-weights-out with --dtype bf16: refused in one line",
+          r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--attn-weights-out" in r.stderr, r.stderr)
+
+    r = run(cli, "bench", "--seq-len", "16", "--embed-dim", "32", "--num-heads", "4", "--repeat", "1", "--warmup", "0",
+            "--dtype", "bf16")
+    check("bench --dtype bf16 reports dtype=bf16", r.returncode == 0 and "dtype=bf16" in r.stdout, r.stdout + r.stderr)
+
+    failed = results.count(False)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
