@@ -41,8 +41,9 @@ tests=(
   pybind11-dev python3-pybind11 python3-dev python3-pytest
   # The wheel test (ctest python_wheel): pip wheel, a venv, setuptools' build.
   python3-pip python3-venv python3-setuptools python3-wheel
-  # tools/plot_experiment.py, run by the cli_experiment_quick test.
-  python3-matplotlib
+  # tools/plot_experiment.py, run by the cli_experiment_quick test; scipy
+  # recomputes the experiment's statistics there (tests/cli/experiment_stats.py).
+  python3-matplotlib python3-scipy
   time
   # The explain report in a real browser (ctest explain_browser): Debian's
   # headless chromium, driven from Node.js by playwright-core, which the test

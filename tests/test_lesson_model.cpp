@@ -84,9 +84,11 @@ Recorded parse_command(const std::string& command) {
     else if (word == "--batch") o.train.batch = std::atoll(value.c_str());
     else if (word == "--lr") o.train.lr = std::strtod(value.c_str(), nullptr);
     else if (word == "--warmup") o.train.warmup = std::atoll(value.c_str());
+    else if (word == "--positions") o.positions = {parse_positions(value)};
     else ADD_FAILURE() << "the recorded command has a flag this test does not know: " << word;
   }
-  r.spec = {r.options.tasks[0], r.options.heads[0], r.options.layers[0], r.options.first_seed};
+  r.spec = {r.options.tasks[0], r.options.heads[0], r.options.layers[0], r.options.first_seed,
+            r.options.positions[0]};
   return r;
 }
 
@@ -170,10 +172,10 @@ TEST(LessonModel, AnswersTheLessonsSentenceAndItsMarkedHeadsAreTheMeasuresPicks)
   const Evaluation e = model.evaluate(task.encode({lesson}));
   EXPECT_EQ(task.token(e.predictions[static_cast<std::size_t>(lesson.it)]), "animal");
   const HeadRoles roles = head_roles(lesson_head_focus(model));
-  EXPECT_EQ(model.metadata().at("referent_head"),
-            std::to_string(roles.referent_layer + 1) + "." + std::to_string(roles.referent_head + 1));
-  EXPECT_EQ(model.metadata().at("adjective_head"),
-            std::to_string(roles.adjective_layer + 1) + "." + std::to_string(roles.adjective_head + 1));
+  EXPECT_EQ(model.metadata().at("referent_head"), head_name(roles.referent_layer, roles.referent_head));
+  EXPECT_EQ(model.metadata().at("subject_head"), head_name(roles.subject_layer, roles.subject_head));
+  EXPECT_EQ(model.metadata().at("object_head"), head_name(roles.object_layer, roles.object_head));
+  EXPECT_EQ(model.metadata().at("adjective_head"), head_name(roles.adjective_layer, roles.adjective_head));
   // The whole held-out test set: the recorded accuracy, recomputed.
   EXPECT_EQ(model.evaluate(task.test_set()).accuracy, std::strtod(model.metadata().at("test_accuracy").c_str(), nullptr));
 }

@@ -45,10 +45,15 @@ ModelConfig small_model(int64_t V, int64_t L) {
 // keeps the truncation error near 1e-12. ReLU kinks: a pre-activation
 // within h of 0 would break the bound; this seed has none (the test would
 // show it as a single outlier, not as noise).
+// Each positional encoding too (RoPE through the grouped-query module,
+// ALiBi through MultiheadAttention's option, none: no positions at all).
 TEST(TrainModelFiniteDifferences, EveryParameterV5L4E8H2F6Layers2B2Double) {
-  for (bool causal : {false, true}) {
+  for (auto [causal, positions] : {std::pair{false, Positions::Sinusoidal}, std::pair{true, Positions::Sinusoidal},
+                                   std::pair{false, Positions::None}, std::pair{false, Positions::Rope},
+                                   std::pair{false, Positions::Alibi}}) {
     ModelConfig cfg = small_model(5, 4);
     cfg.causal = causal;
+    cfg.positions = positions;
     Model<double> model(cfg, 3);
     const auto task = make_task("reverse", 5, 4);
     Batch batch = task->batch(9, 0, 2);
@@ -66,11 +71,12 @@ TEST(TrainModelFiniteDifferences, EveryParameterV5L4E8H2F6Layers2B2Double) {
         return m2.run(batch, po, false).loss.loss;
       };
       const FdWorst w = finite_difference(p.data(), p.numel(), f, g.data());
-      EXPECT_LE(w.error, kFdBound) << (causal ? "causal " : "") << name << ": " << w.describe();
+      EXPECT_LE(w.error, kFdBound) << (causal ? "causal " : "") << to_string(positions) << " " << name << ": "
+                                   << w.describe();
       worst = std::max(worst, w.error);
     }
-    std::printf("[ model FD ] causal=%d: %zu parameters, worst error %.3g (bound %.0e)\n", causal ? 1 : 0,
-                params.size(), worst, kFdBound);
+    std::printf("[ model FD ] causal=%d positions=%s: %zu parameters, worst error %.3g (bound %.0e)\n",
+                causal ? 1 : 0, to_string(positions).c_str(), params.size(), worst, kFdBound);
   }
 }
 

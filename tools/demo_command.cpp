@@ -218,7 +218,13 @@ void run_trained_demo(const DemoArgs& a) {
 
   const ModelConfig& c = model.config();
   const auto& meta = model.metadata();
-  const auto referent_head = head_of(meta, "referent_head"), adjective_head = head_of(meta, "adjective_head");
+  // The roles head_role gave the heads when the model was trained
+  // (multihead/experiment.hpp; "none" when no head has the role).
+  const std::pair<const char*, std::pair<int64_t, int64_t>> role_heads[] = {
+      {"referent head", head_of(meta, "referent_head")},
+      {"subject head", head_of(meta, "subject_head")},
+      {"object head", head_of(meta, "object_head")},
+      {"adjective head", head_of(meta, "adjective_head")}};
   std::printf("multihead demo: where does \"%s\" attend, head by head?\n\n", a.focus.c_str());
   std::printf("  sentence : ");
   for (const auto& w : words) std::printf("%s ", w.c_str());
@@ -249,15 +255,17 @@ void run_trained_demo(const DemoArgs& a) {
         std::printf("%*.0f", width[static_cast<std::size_t>(j)], 100.0 * row[j]);
       }
       std::string mark;
-      if (referent_head == std::pair<int64_t, int64_t>{layer, h}) mark += "  <- referent head";
-      if (adjective_head == std::pair<int64_t, int64_t>{layer, h}) mark += "  <- adjective head";
+      for (const auto& [role, head] : role_heads)
+        if (head == std::pair<int64_t, int64_t>{layer, h}) mark += std::string("  <- ") + role;
       std::printf("   %-9s%s\n", words[static_cast<std::size_t>(best)].c_str(), mark.c_str());
     }
   }
-  if (referent_head.first >= 0)
-    std::printf("\n  Marked: the heads that put the most attention from \"it\" on the referent noun and on the\n"
-                "  adjective, averaged over the 513 test sentences (multihead experiment's specialisation measure).\n"
-                "  Heads are numbered layer.head, from 1.\n");
+  if (meta.count("adjective_head"))
+    std::printf("\n  Marked: each head's role over the 513 test sentences (multihead experiment's head measures):\n"
+                "  a referent head attends from \"it\" to the referent both where it is the subject and where it\n"
+                "  is the object; a subject (object) head prefers the subject (object) whichever is meant.\n"
+                "  Referent head: %s. Heads are numbered layer.head, from 1.\n",
+                meta.count("referent_head") ? meta.at("referent_head").c_str() : "none");
 
   // The answer at "it": the model's distribution over the vocabulary.
   const int64_t V = c.vocabulary;

@@ -16,6 +16,7 @@
 
 #include "commands.hpp"
 #include "file_flags.hpp"
+#include "cli_manners.hpp"
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/experiment.hpp"
@@ -27,16 +28,18 @@ namespace {
 
 struct ExperimentArgs {
   ExperimentOptions options;
+  std::vector<std::string> positions;  // --positions, parsed into options.positions
   bool quick = false;
   std::string json, markdown, save_model;
 };
 
-// --quick: the CI run (tests/experiment_quick.py), under a minute on two
-// cores: both tasks, 1 and 4 heads, one layer, 2 seeds, 600 steps.
+// --quick: the CI run (tests/cli/experiment_quick.py), well under a minute
+// on two cores: the tasks given, 1 and 4 heads, one layer, 4 seeds (the
+// fewest that give the statistics something to test), 600 steps.
 void apply_quick(ExperimentOptions& o) {
   o.heads = {1, 4};
   o.layers = {1};
-  o.seeds = 2;
+  o.seeds = 4;
   o.train.steps = 600;
   o.curve_points = 5;
 }
@@ -64,6 +67,11 @@ std::string reproduce(const ExperimentArgs& a) {
                   std::to_string(o.ff) + " --steps " + std::to_string(o.train.steps) + " --batch " +
                   std::to_string(o.train.batch) + " --lr " + number(o.train.lr) + " --warmup " +
                   std::to_string(o.train.warmup) + " --curve-points " + std::to_string(o.curve_points);
+  if (o.positions.size() != 1 || o.positions[0] != Positions::Sinusoidal) {
+    std::vector<std::string> names;
+    for (Positions p : o.positions) names.push_back(to_string(p));
+    s += " --positions " + join(names);
+  }
   if (!a.json.empty()) s += " --json " + a.json;
   if (!a.markdown.empty()) s += " --markdown " + a.markdown;
   return s;
@@ -78,24 +86,30 @@ void run_save_model(ExperimentArgs& a) {
   o.seeds = 2;  // validate() wants two; one run is trained
   o.validate();
   check_files({}, {{"--save-model", a.save_model}});
-  const RunSpec spec{o.tasks[0], o.heads[0], o.layers[0], o.first_seed};
+  if (o.positions.size() != 1)
+    throw Error(Error::Kind::Value, "--save-model: expected one --positions value, got " +
+                                        std::to_string(o.positions.size()));
+  const RunSpec spec{o.tasks[0], o.heads[0], o.layers[0], o.first_seed, o.positions[0]};
   std::printf("reproduce: %s\n", run_command(spec, o, a.save_model).c_str());
   // The file records the command with the JSON's placeholder path, not
   // --save-model's: its bytes do not depend on where it is written.
   const std::string command = run_command(spec, o, "run.safetensors");
   std::fflush(stdout);
   std::optional<TrainedModel> model;
-  const RunResult r = run_one({o.tasks[0], o.heads[0], o.layers[0], o.first_seed}, o, &model);
+  const RunResult r = run_one(spec, o, &model);
   write_outputs({{{"--save-model", a.save_model}, model_file(r, *model, command)}});
   std::printf("saved %s: %s, %lld layer(s), %lld heads, %lld parameters; test accuracy %.1f%%, loss %.4f -> %.4f",
               a.save_model.c_str(), o.tasks[0].c_str(), static_cast<long long>(o.layers[0]),
               static_cast<long long>(o.heads[0]), static_cast<long long>(r.parameters), 100.0 * r.test_accuracy,
               r.first_loss, r.final_loss);
-  if (o.tasks[0] == "lesson")
-    std::printf("; referent head %lld.%lld (mass %.2f), adjective head %lld.%lld (mass %.2f)",
-                static_cast<long long>(r.roles.referent_layer + 1), static_cast<long long>(r.roles.referent_head + 1),
-                r.roles.referent, static_cast<long long>(r.roles.adjective_layer + 1),
-                static_cast<long long>(r.roles.adjective_head + 1), r.roles.adjective);
+  if (r.has_heads) {
+    const HeadRoles& h = r.trained.roles;
+    std::printf("; heads: referent %s, subject %s, object %s, adjective %s (best referent selectivity %.2f, "
+                "untrained %.2f)",
+                head_name(h.referent_layer, h.referent_head).c_str(), head_name(h.subject_layer, h.subject_head).c_str(),
+                head_name(h.object_layer, h.object_head).c_str(), head_name(h.adjective_layer, h.adjective_head).c_str(),
+                h.referent, r.untrained.roles.referent);
+  }
   std::printf("\n");
 }
 
@@ -106,6 +120,8 @@ void run_experiment_command(ExperimentArgs& a) {
     if (is_stdout(path))
       throw Error(Error::Kind::Value, std::string(flag) +
                                           ": expected a file path, got '-' (standard output carries the progress)");
+  a.options.positions.clear();
+  for (const std::string& p : a.positions) a.options.positions.push_back(parse_positions(p, "--positions"));
   if (!a.save_model.empty()) return run_save_model(a);
   if (a.quick) apply_quick(a.options);
   a.options.validate();
@@ -142,10 +158,18 @@ Runner add_experiment_command(CLI::App& app) {
   o.train.batch = 32;
   o.train.lr = 2e-3;
   o.train.warmup = 50;
+  a->positions = {"sinusoidal"};
   CLI::App* c = app.add_subcommand("experiment", "Measure what several heads gain over one (held-out accuracy, "
-                                                 "Welch's t-test, head specialisation)");
-  c->add_option("--tasks", o.tasks, "Tasks, comma-separated: lesson (the lesson's sentence), lookup2 (two lookups)")
+                                                 "paired tests with Holm's correction, head selectivity beside "
+                                                 "its baselines)");
+  c->add_option("--tasks", o.tasks,
+                "Tasks, comma-separated: lesson (the lesson's sentence), lookup2 (two lookups), reverse (order)")
       ->delimiter(',');
+  c->add_option("--positions", a->positions,
+                "Positional encodings, comma-separated (none, sinusoidal, rope, alibi); with several, each is "
+                "compared with the first")
+      ->delimiter(',')
+      ->transform(one_of({"none", "sinusoidal", "rope", "alibi"}));
   c->add_option("--heads", o.heads, "Head counts, comma-separated (each divides --d-model)")->delimiter(',');
   c->add_option("--layers", o.layers, "Layer counts, comma-separated")->delimiter(',');
   c->add_option("--seeds", o.seeds, "Seeds per cell")->check(integer_in(2, 1000, "2 to 1000 seeds"));
@@ -162,9 +186,10 @@ Runner add_experiment_command(CLI::App& app) {
   c->add_option("--workers", o.workers, "Runs trained at once, one thread each (the numbers do not depend on it)")
       ->check(integer_in(1, 64, "1 to 64 workers"));
   c->add_flag("--quick", a->quick,
-              "The CI run: heads 1,4, one layer, 2 seeds, 600 steps, 5 curve points (replaces those flags; under a "
-              "minute)");
-  c->add_option("--json", a->json, "Write every number here (runs, curves, head focus, cells, t-tests)")->check(path());
+              "The CI run: heads 1,4, one layer, 4 seeds, 600 steps, 5 curve points (replaces those flags; well "
+              "under a minute)");
+  c->add_option("--json", a->json, "Write every number here (every run's per-seed numbers, curves, head measures, cells, comparisons: "
+              "docs/experiment.md)")->check(path());
   c->add_option("--markdown", a->markdown, "Write the Markdown table here")->check(path());
   c->add_option("--save-model", a->save_model,
                 "Train one run (one --tasks, --heads, --layers value; seed --first-seed) and write the model file "

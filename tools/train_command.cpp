@@ -37,6 +37,7 @@ struct TrainArgs {
   ModelConfig model;
   TrainOptions train;
   std::string schedule = "cosine";
+  std::string positions = "sinusoidal";
   std::string checkpoint_out, resume, dump_gradients;
   int64_t checkpoint_every = 0, log_interval = 10;
   std::string progress = "auto";
@@ -177,6 +178,7 @@ std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
                                             " (the task has its own vocabulary and length)");
   a.train.schedule = parse_schedule(a.schedule);
   a.train.gradients = a.parallel.empty() ? GradientSum::Batched : GradientSum::PerExample;
+  a.model.positions = parse_positions(a.positions, "--positions");
   if (a.resume.empty() && a.model.d_model % a.model.heads != 0)
     throw Error(Error::Kind::Value, "--heads: expected a divisor of --d-model " + std::to_string(a.model.d_model) +
                                         ", got " + std::to_string(a.model.heads));
@@ -204,6 +206,7 @@ std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
       if (given("--ff")) m.ff = a.model.ff;
       if (given("--dropout")) m.dropout = a.model.dropout;
       if (given("--causal")) m.causal = a.model.causal;
+      if (given("--positions")) m.positions = a.model.positions;
       if (given("--batch")) o.batch = a.train.batch;
       if (given("--lr")) o.lr = a.train.lr;
       if (given("--warmup")) o.warmup = a.train.warmup;
@@ -333,6 +336,10 @@ Runner add_train_command(CLI::App& app) {
   c->add_option("--dropout", a->model.dropout, "Dropout on the attention weights while training")
       ->check(unit_interval_open("a probability"));
   c->add_flag("--causal", a->model.causal, "Causal self-attention (each position sees itself and the past)");
+  c->add_option("--positions", a->positions,
+                "Positional encoding: none, sinusoidal (added to the embeddings), rope (rotary, on each head's query "
+                "and key), alibi (a per-head distance penalty on the scores)")
+      ->transform(one_of({"none", "sinusoidal", "rope", "alibi"}));
   c->add_option("--steps", a->train.steps, "Training steps in all (with --resume: up to this step)")
       ->check(non_negative_integer());
   c->add_option("--batch", a->train.batch, "Sequences per step")->check(positive_integer());

@@ -154,4 +154,26 @@ class TwoLookupsTask : public HeldOutTask {
   static bool held_out(const int32_t* tokens);
 };
 
+// ---- Task C ------------------------------------------------------------------------
+// "reverse" with a held-out test set (the positional-encoding experiment's
+// order-sensitive task): kLength tokens drawn uniformly from kSymbols, the
+// target at position l the token at kLength − 1 − l, every position
+// scored. Without positions attention sees a set, so an output can only
+// guess the mirrored token (chance 1/kSymbols). Held out: every sequence
+// whose hash puts it in the test share (1 in 8); training batches draw
+// such a sequence again.
+class HeldOutReverseTask : public HeldOutTask {
+ public:
+  static constexpr int64_t kSymbols = 8, kLength = 8;
+  std::string name() const override { return "reverse"; }
+  int64_t vocabulary() const override { return kSymbols; }
+  int64_t sequence_length() const override { return kLength; }
+  Batch batch(uint64_t seed, int64_t step, int64_t batch_size) const override;
+  Batch test_set() const override;  // 512 held-out sequences
+  double chance() const override { return 1.0 / kSymbols; }
+  std::string chance_reason() const override { return "a guess among the 8 symbols"; }
+  std::string token(int32_t id) const override { return "s" + std::to_string(id); }
+  static bool held_out(const int32_t* tokens);
+};
+
 }  // namespace multihead

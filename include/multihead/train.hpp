@@ -78,6 +78,18 @@ std::unique_ptr<Task> make_task(const std::string& name, int64_t symbols, int64_
 std::vector<std::string> task_names();
 
 // ---- model and training ----------------------------------------------------------
+// Where the model learns token order from (docs/experiment.md, "Positional
+// encodings"): nothing; sinusoidal vectors added to the embeddings
+// (Vaswani et al. 2017 §3.5, the default); RoPE on each head's query and key
+// (Su et al. 2021, half-split, theta 10000: the grouped-query module of
+// multihead/grouped_query_attention.hpp with one K/V head per head and
+// biases, since MultiheadAttention has no RoPE); ALiBi's per-head distance
+// penalty on the scores (Press et al. 2022, ForwardOptions::alibi).
+enum class Positions { None, Sinusoidal, Rope, Alibi };
+std::string to_string(Positions positions);  // "none", "sinusoidal", "rope", "alibi"
+// Throws multihead::Error naming `what` for another name.
+Positions parse_positions(const std::string& name, const std::string& what = "positions");
+
 struct ModelConfig {
   int64_t vocabulary = 0;       // V
   int64_t sequence_length = 0;  // L (positions the encoding is built for)
@@ -87,6 +99,7 @@ struct ModelConfig {
   int64_t ff = 128;             // F; 0 = no feed-forward sub-layer
   double dropout = 0.0;         // on the attention weights, while training
   bool causal = false;          // causal self-attention
+  Positions positions = Positions::Sinusoidal;
   // Throws multihead::Error naming the bad field, expected and actual.
   void validate() const;
 };

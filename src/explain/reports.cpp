@@ -161,18 +161,20 @@ Report lesson_report(const TrainedModel& model, const std::vector<std::string>& 
   for (int64_t layer = 0; layer < c.layers; ++layer) {
     HeadMeasure ref, adj;
     ref.name = "\"it\" \u2192 referent noun";
-    ref.description = "Mean attention from \"it\" to the noun it refers to, over the lesson task's " +
+    ref.description = "Referent selectivity of the attention from \"it\" over the lesson task's " +
                       std::to_string(task.test_sentences().size()) +
-                      " held-out test sentences (multihead experiment's specialisation measure); the marked head "
-                      "has the most.";
+                      " held-out test sentences: the smaller of w(referent) \u2212 w(other noun) where the referent "
+                      "is the subject and where it is the object (multihead experiment's head measures). The marked "
+                      "head is the referent head (selective on both); a head that prefers the subject whichever is "
+                      "meant scores below 0 and is not marked.";
     adj.name = "\"it\" \u2192 adjective";
-    adj.description = "Mean attention from \"it\" to the adjective that decides the referent, over the same "
-                      "sentences; the marked head has the most.";
+    adj.description = "Adjective selectivity: mean attention from \"it\" to the adjective that decides the referent, "
+                      "above the mean over the sentence's other words; the marked head is the adjective head.";
     ref.layer = adj.layer = layer;
     for (const HeadFocus& f : focus)
       if (f.layer == layer) {
-        ref.per_head.push_back(f.referent);
-        adj.per_head.push_back(f.adjective);
+        ref.per_head.push_back(f.referent_score());
+        adj.per_head.push_back(f.adjective_selectivity);
       }
     if (roles.referent_layer == layer) ref.picked = roles.referent_head;
     if (roles.adjective_layer == layer) adj.picked = roles.adjective_head;

@@ -18,6 +18,7 @@ void write_model_config(const ModelConfig& c, std::map<std::string, std::string>
   out["ff"] = std::to_string(c.ff);
   out["dropout"] = to_exact_string(c.dropout);
   out["causal"] = c.causal ? "true" : "false";
+  out["positional_encoding"] = to_string(c.positions);
 }
 
 void MetadataReader::fail(const std::string& what) const {
@@ -80,6 +81,11 @@ ModelConfig MetadataReader::model_config() const {
   c.ff = integer("ff");
   c.dropout = number("dropout");
   c.causal = boolean("causal");
+  // Files written before the key existed had sinusoidal positions.
+  if (file_.metadata.count("positional_encoding"))
+    c.positions = read("positional_encoding", [](const std::string& name, const std::string& s) {
+      return parse_positions(s, "metadata " + name);
+    });
   return c;
 }
 

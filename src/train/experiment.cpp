@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <tuple>
 
 #include <omp.h>
 
@@ -42,9 +43,12 @@ class OneThread {
 };
 
 std::shared_ptr<const HeldOutTask> held_out_task(const std::string& name) {
+  // The training command's "reverse" has no test set; the experiment's
+  // has (multihead/lesson_tasks.hpp, HeldOutReverseTask).
+  if (name == "reverse") return std::make_shared<HeldOutReverseTask>();
   std::shared_ptr<const Task> t = make_task(name, 2, 1);
   auto h = std::dynamic_pointer_cast<const HeldOutTask>(t);
-  if (!h) bad("task", "a task with a held-out test set (lesson, lookup2)", quote_input(name));
+  if (!h) bad("task", "a task with a held-out test set (lesson, lookup2, reverse)", quote_input(name));
   return h;
 }
 
@@ -58,6 +62,10 @@ void ExperimentOptions::validate() const {
     if (h < 1 || d_model % h != 0)
       bad("heads", "divisors of d_model " + std::to_string(d_model), std::to_string(h));
   if (layers.empty()) bad("layers", "at least one", "none");
+  if (positions.empty()) bad("positions", "at least one", "none");
+  for (std::size_t i = 0; i < positions.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (positions[i] == positions[j]) bad("positions", "each at most once", to_string(positions[i]) + " twice");
   for (int64_t l : layers)
     if (l < 1 || l > 16) bad("layers", "1 to 16", std::to_string(l));
   if (seeds < 2) bad("seeds", "at least 2 (a standard deviation needs two)", std::to_string(seeds));
@@ -67,54 +75,158 @@ void ExperimentOptions::validate() const {
   if (train.steps < 1) bad("steps", "at least 1", std::to_string(train.steps));
 }
 
+HeadRole head_role(const HeadFocus& f) {
+  if (f.referent_score() >= kRoleThreshold) return HeadRole::Referent;
+  if (f.subject_preference() >= kRoleThreshold) return HeadRole::Subject;
+  if (-f.subject_preference() >= kRoleThreshold) return HeadRole::Object;
+  return HeadRole::None;
+}
+
+bool is_adjective_head(const HeadFocus& f) { return f.adjective_selectivity >= kRoleThreshold; }
+
+std::string to_string(HeadRole role) {
+  switch (role) {
+    case HeadRole::Referent: return "referent";
+    case HeadRole::Subject: return "subject";
+    case HeadRole::Object: return "object";
+    case HeadRole::None: return "none";
+  }
+  return "none";
+}
+
+std::string head_name(int64_t layer, int64_t head) {
+  if (layer < 0 || head < 0) return "none";
+  return std::to_string(layer + 1) + "." + std::to_string(head + 1);
+}
+
 HeadRoles head_roles(const std::vector<HeadFocus>& focus) {
   HeadRoles r;
-  r.referent = r.adjective = -1;
+  const double lowest = -std::numeric_limits<double>::infinity();
+  r.referent = r.adjective = r.subject = lowest;
+  double best_referent = lowest, best_subject = lowest, best_object = lowest, best_adjective = lowest;
   for (const HeadFocus& f : focus) {
-    if (f.referent > r.referent) {
-      r.referent = f.referent;
-      r.referent_layer = f.layer;
-      r.referent_head = f.head;
+    r.referent = std::max(r.referent, f.referent_score());
+    r.adjective = std::max(r.adjective, f.adjective_selectivity);
+    r.subject = std::max(r.subject, f.subject_preference());
+    const HeadRole role = head_role(f);
+    if (role == HeadRole::Referent) {
+      ++r.referent_heads;
+      if (f.referent_score() > best_referent) {
+        best_referent = f.referent_score();
+        r.referent_layer = f.layer;
+        r.referent_head = f.head;
+      }
+    } else if (role == HeadRole::Subject) {
+      ++r.subject_heads;
+      if (f.subject_preference() > best_subject) {
+        best_subject = f.subject_preference();
+        r.subject_layer = f.layer;
+        r.subject_head = f.head;
+      }
+    } else if (role == HeadRole::Object) {
+      ++r.object_heads;
+      if (-f.subject_preference() > best_object) {
+        best_object = -f.subject_preference();
+        r.object_layer = f.layer;
+        r.object_head = f.head;
+      }
     }
-    if (f.adjective > r.adjective) {
-      r.adjective = f.adjective;
-      r.adjective_layer = f.layer;
-      r.adjective_head = f.head;
+    if (is_adjective_head(f)) {
+      ++r.adjective_heads;
+      if (f.adjective_selectivity > best_adjective) {
+        best_adjective = f.adjective_selectivity;
+        r.adjective_layer = f.layer;
+        r.adjective_head = f.head;
+      }
     }
   }
+  if (focus.empty()) r.referent = r.adjective = r.subject = 0;
   return r;
 }
 
-std::vector<HeadFocus> lesson_head_focus(const TrainedModel& model) {
-  const LessonTask task;
-  const std::vector<LessonSentence> sentences = task.test_sentences();
-  const Evaluation e = model.evaluate(task.encode(sentences), true);
-  const int64_t H = model.config().heads, L = LessonTask::kLength;
+std::vector<HeadFocus> head_focus(const std::vector<Tensor<float>>& attention,
+                                  const std::vector<LessonSentence>& sentences) {
   std::vector<HeadFocus> out;
-  for (std::size_t layer = 0; layer < e.attention.size(); ++layer) {
-    const Tensor<float>& w = e.attention[layer];  // (B, H, L, L)
+  const int64_t B = static_cast<int64_t>(sentences.size());
+  for (std::size_t layer = 0; layer < attention.size(); ++layer) {
+    const Tensor<float>& w = attention[layer];  // (B, H, L, L)
+    if (w.dim() != 4 || w.size(0) != B || w.size(2) != w.size(3))
+      throw Error(Error::Kind::Shape, "head_focus attention[" + std::to_string(layer) + "]: expected (" +
+                                          std::to_string(B) + ", H, L, L), got " + shape_to_string(w.shape()));
+    const int64_t H = w.size(1), L = w.size(2);
     for (int64_t h = 0; h < H; ++h) {
       HeadFocus f;
       f.layer = static_cast<int64_t>(layer);
       f.head = h;
-      for (std::size_t b = 0; b < sentences.size(); ++b) {
-        const LessonSentence& s = sentences[b];
-        const float* row = w.data() + ((static_cast<int64_t>(b) * H + h) * L + s.it) * L;
+      int64_t on_subject = 0, on_object = 0;
+      for (int64_t b = 0; b < B; ++b) {
+        const LessonSentence& s = sentences[static_cast<std::size_t>(b)];
+        const float* row = w.data() + ((b * H + h) * L + s.it) * L;
         f.referent += row[s.referent()];
         f.adjective += row[s.adjective];
         f.subject += row[s.subject];
         f.object += row[s.object];
+        if (s.refers_to_subject) {
+          f.on_subject += double(row[s.subject]) - double(row[s.object]);
+          ++on_subject;
+        } else {
+          f.on_object += double(row[s.object]) - double(row[s.subject]);
+          ++on_object;
+        }
+        // The adjective above the mean of the sentence's other words.
+        const int64_t n = static_cast<int64_t>(s.words.size());
+        double others = 0;
+        for (int64_t j = 0; j < n; ++j)
+          if (j != s.adjective) others += row[j];
+        f.adjective_selectivity += double(row[s.adjective]) - others / double(n - 1);
       }
-      const double count = double(sentences.size());
+      const double count = double(B);
       f.referent /= count;
       f.adjective /= count;
       f.subject /= count;
       f.object /= count;
+      f.adjective_selectivity /= count;
+      if (on_subject > 0) f.on_subject /= double(on_subject);
+      if (on_object > 0) f.on_object /= double(on_object);
       out.push_back(f);
     }
   }
   return out;
 }
+
+std::vector<HeadFocus> lesson_head_focus(const TrainedModel& model) {
+  const LessonTask task;
+  const std::vector<LessonSentence> sentences = task.test_sentences();
+  return head_focus(model.evaluate(task.encode(sentences), true).attention, sentences);
+}
+
+std::vector<HeadFocus> lesson_head_focus_permuted(const TrainedModel& model, uint64_t seed) {
+  const LessonTask task;
+  std::vector<LessonSentence> sentences = task.test_sentences();
+  const Evaluation e = model.evaluate(task.encode(sentences), true);
+  train::SplitMix64 rng{seed};
+  const auto below = [&](uint64_t n) { return static_cast<int64_t>(((rng.next() >> 32) * n) >> 32); };
+  for (std::size_t i = sentences.size() - 1; i >= 1; --i)
+    std::swap(sentences[i].refers_to_subject, sentences[static_cast<std::size_t>(below(i + 1))].refers_to_subject);
+  // The adjective's position: one of the sentence's words other than "it",
+  // drawn uniformly (sentence by sentence, after the shuffle).
+  for (LessonSentence& s : sentences) {
+    const int64_t k = below(s.words.size() - 1);
+    s.adjective = k < s.it ? k : k + 1;
+  }
+  return head_focus(e.attention, sentences);
+}
+
+namespace {
+
+HeadMeasures measures(std::vector<HeadFocus> focus) {
+  HeadMeasures m;
+  m.roles = head_roles(focus);
+  m.focus = std::move(focus);
+  return m;
+}
+
+}  // namespace
 
 RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional<TrainedModel>* model_out) {
   const auto start = std::chrono::steady_clock::now();
@@ -125,6 +237,7 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
   m.heads = spec.heads;
   m.layers = spec.layers;
   m.ff = o.ff;
+  m.positions = spec.positions;
   TrainOptions t = o.train;
   t.seed = spec.seed;
   t.threads = 1;
@@ -133,9 +246,16 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
 
   RunResult r;
   r.spec = spec;
+  r.has_heads = spec.task == "lesson" && spec.positions != Positions::Rope;
   // Inference on the held-out set with the parameters as they stand (no
   // update, no dropout; the optimiser state is untouched).
   auto test_accuracy = [&] { return TrainedModel::of(trainer, spec.task).evaluate(test, false, 1).accuracy; };
+  {
+    // The untrained baseline: the same model at step 0.
+    const TrainedModel untrained = TrainedModel::of(trainer, spec.task);
+    r.untrained_accuracy = untrained.evaluate(test, false, 1).accuracy;
+    if (r.has_heads) r.untrained = measures(lesson_head_focus(untrained));
+  }
   const int64_t steps = t.steps;
   const int64_t tail = std::max<int64_t>(1, steps / 10);
   double window = 0, tail_sum = 0;
@@ -163,22 +283,17 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
     }
   }
   r.final_loss = tail_sum / double(tail);
-  for (std::size_t k = 0; k < r.curve_steps.size(); ++k)
-    if (r.curve_steps[k] * 5 >= steps) {
-      r.early_step = r.curve_steps[k];
-      r.early_accuracy = r.curve_test_accuracy[k];  // the last point is filled in below
-      break;
-    }
   TrainedModel model = TrainedModel::of(trainer, spec.task);
   const Evaluation e = model.evaluate(test, false, 1);
   r.test_loss = e.loss;
   r.test_accuracy = e.accuracy;
   if (!r.curve_test_accuracy.empty()) r.curve_test_accuracy.back() = e.accuracy;
-  if (r.early_step == steps) r.early_accuracy = e.accuracy;
+  r.accuracy_area = train::curve_area(r.untrained_accuracy, r.curve_steps, r.curve_test_accuracy);
+  r.steps_to_90 = train::steps_to_fraction(r.untrained_accuracy, r.curve_steps, r.curve_test_accuracy, 0.9);
   r.parameters = model.parameter_count();
-  if (spec.task == "lesson") {
-    r.focus = lesson_head_focus(model);
-    r.roles = head_roles(r.focus);
+  if (r.has_heads) {
+    r.trained = measures(lesson_head_focus(model));
+    r.permuted = measures(lesson_head_focus_permuted(model, kPermutationSeed));
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (model_out) model_out->emplace(std::move(model));
@@ -206,7 +321,8 @@ std::string run_command(const RunSpec& spec, const ExperimentOptions& o, const s
          std::to_string(spec.heads) + " --layers " + std::to_string(spec.layers) + " --first-seed " +
          std::to_string(spec.seed) + " --d-model " + std::to_string(o.d_model) + " --ff " + std::to_string(o.ff) +
          " --steps " + std::to_string(o.train.steps) + " --batch " + std::to_string(o.train.batch) + " --lr " +
-         number(o.train.lr) + " --warmup " + std::to_string(o.train.warmup);
+         number(o.train.lr) + " --warmup " + std::to_string(o.train.warmup) +
+         (spec.positions == Positions::Sinusoidal ? "" : " --positions " + to_string(spec.positions));
 }
 
 std::string arithmetic_identity() {
@@ -227,14 +343,71 @@ std::string model_file(const RunResult& r, const TrainedModel& model, const std:
                                               {"first_loss", number(r.first_loss)},
                                               {"final_loss", number(r.final_loss)},
                                               {"losses", exact_list(r.losses)}};
-  if (r.spec.task == "lesson") {
-    extra["referent_head"] =
-        std::to_string(r.roles.referent_layer + 1) + "." + std::to_string(r.roles.referent_head + 1);
-    extra["adjective_head"] =
-        std::to_string(r.roles.adjective_layer + 1) + "." + std::to_string(r.roles.adjective_head + 1);
+  if (r.has_heads) {
+    const HeadRoles& roles = r.trained.roles;
+    extra["referent_head"] = head_name(roles.referent_layer, roles.referent_head);
+    extra["subject_head"] = head_name(roles.subject_layer, roles.subject_head);
+    extra["object_head"] = head_name(roles.object_layer, roles.object_head);
+    extra["adjective_head"] = head_name(roles.adjective_layer, roles.adjective_head);
   }
   return model.serialize(extra);
 }
+
+namespace {
+
+// One planned comparison of a against b (paired over seeds); Holm is
+// applied per family afterwards.
+Comparison compare(const std::string& family, const std::string& task, int64_t layers, const std::string& a,
+                   const std::string& b, const std::vector<double>& av, const std::vector<double>& bv, bool tost) {
+  Comparison c;
+  c.family = family;
+  c.task = task;
+  c.layers = layers;
+  c.a = a;
+  c.b = b;
+  c.a_values = av;
+  c.b_values = bv;
+  c.a_mean = train::mean(av);
+  c.b_mean = train::mean(bv);
+  const train::PairedResult p = train::paired_t_test(av, bv);
+  c.mean_difference = p.mean_difference;
+  c.sd_difference = p.sd_difference;
+  c.t = p.t;
+  c.df = p.df;
+  c.p = p.p;
+  c.dz = p.dz;
+  std::vector<double> d(av.size());
+  for (std::size_t i = 0; i < av.size(); ++i) d[i] = av[i] - bv[i];
+  const train::BootstrapCI ci = train::bootstrap_mean_ci(d, kBootstrapSeed, kBootstrapResamples, 0.95);
+  c.ci_lower = ci.lower;
+  c.ci_upper = ci.upper;
+  if (tost) {
+    c.has_tost = true;
+    c.tost_margin = kEquivalenceMargin;
+    c.tost_p = train::paired_tost(av, bv, kEquivalenceMargin).p;
+  }
+  return c;
+}
+
+void apply_holm(std::vector<Comparison>& all) {
+  std::map<std::string, std::vector<std::size_t>> families;
+  for (std::size_t i = 0; i < all.size(); ++i) families[all[i].family].push_back(i);
+  for (const auto& [family, members] : families) {
+    std::vector<double> p, tost;
+    for (std::size_t i : members) {
+      p.push_back(all[i].p);
+      if (all[i].has_tost) tost.push_back(all[i].tost_p);
+    }
+    const std::vector<double> hp = train::holm(p), ht = train::holm(tost);
+    std::size_t k = 0, kt = 0;
+    for (std::size_t i : members) {
+      all[i].p_holm = hp[k++];
+      if (all[i].has_tost) all[i].tost_p_holm = ht[kt++];
+    }
+  }
+}
+
+}  // namespace
 
 ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& command,
                                 const std::function<void(const RunResult&, int64_t, int64_t)>& progress) {
@@ -243,8 +416,10 @@ ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& c
   std::vector<RunSpec> specs;
   for (const auto& task : o.tasks)
     for (int64_t layers : o.layers)
-      for (int64_t h : o.heads)
-        for (int64_t s = 0; s < o.seeds; ++s) specs.push_back({task, h, layers, o.first_seed + uint64_t(s)});
+      for (Positions positions : o.positions)
+        for (int64_t h : o.heads)
+          for (int64_t s = 0; s < o.seeds; ++s)
+            specs.push_back({task, h, layers, o.first_seed + uint64_t(s), positions});
   // The longest runs first (more layers), so the workers finish together.
   std::vector<std::size_t> order(specs.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -270,65 +445,103 @@ ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& c
   rep.options = o;
   rep.command = command;
   rep.runs = std::move(runs);
+  // The runs of one cell, in seed order (specs are).
+  const auto cell_runs = [&](const std::string& task, int64_t layers, Positions positions, int64_t h) {
+    std::vector<const RunResult*> out;
+    for (const RunResult& r : rep.runs)
+      if (r.spec.task == task && r.spec.layers == layers && r.spec.positions == positions && r.spec.heads == h)
+        out.push_back(&r);
+    return out;
+  };
+  using Get = std::function<double(const RunResult&)>;
+  const auto values = [](const std::vector<const RunResult*>& rs, const Get& get) {
+    std::vector<double> v;
+    for (const RunResult* r : rs) v.push_back(get(*r));
+    return v;
+  };
+  const Get accuracy = [](const RunResult& r) { return r.test_accuracy; };
+  const Get area = [](const RunResult& r) { return r.accuracy_area; };
+  const Get steps90 = [](const RunResult& r) { return double(r.steps_to_90); };
+  const bool heads_family = o.heads.size() > 1 && std::count(o.heads.begin(), o.heads.end(), int64_t(1)) > 0;
   for (const auto& task : o.tasks) {
     rep.chance.push_back({task, held_out_task(task)->chance()});
-    for (int64_t layers : o.layers) {
-      std::map<int64_t, std::vector<double>> accuracy, early_accuracy;
-      for (int64_t h : o.heads) {
-        CellSummary c;
-        c.task = task;
-        c.heads = h;
-        c.layers = layers;
-        std::vector<double> acc, early, loss, ref, adj;
-        for (const RunResult& r : rep.runs) {
-          if (r.spec.task != task || r.spec.heads != h || r.spec.layers != layers) continue;
-          c.parameters = r.parameters;
-          acc.push_back(r.test_accuracy);
-          early.push_back(r.early_accuracy);
-          loss.push_back(r.final_loss);
-          ref.push_back(r.roles.referent);
-          adj.push_back(r.roles.adjective);
-          if (r.roles.split()) ++c.split_runs;
-        }
-        c.n = static_cast<int64_t>(acc.size());
-        c.accuracy_mean = train::mean(acc);
-        c.accuracy_std = train::stddev(acc);
-        c.early_mean = train::mean(early);
-        c.early_std = train::stddev(early);
-        c.final_loss_mean = train::mean(loss);
-        if (task == "lesson") {
-          c.referent_mass_mean = train::mean(ref);
-          c.adjective_mass_mean = train::mean(adj);
-        }
-        accuracy[h] = acc;
-        early_accuracy[h] = early;
-        rep.cells.push_back(c);
-      }
-      if (accuracy.count(1) == 0) continue;  // nothing to compare with
-      for (const char* metric : {"final", "early"}) {
-        auto& by_heads = std::string(metric) == "final" ? accuracy : early_accuracy;
-        Comparison cmp;
-        cmp.metric = metric;
-        cmp.task = task;
-        cmp.layers = layers;
-        cmp.best_heads = 1;
-        cmp.one_head_mean = train::mean(by_heads[1]);
-        cmp.best_mean = cmp.one_head_mean;
-        for (const auto& [h, acc] : by_heads)
-          if (train::mean(acc) > cmp.best_mean) {
-            cmp.best_mean = train::mean(acc);
-            cmp.best_heads = h;
+    for (int64_t layers : o.layers)
+      for (Positions positions : o.positions)
+        for (int64_t h : o.heads) {
+          const auto rs = cell_runs(task, layers, positions, h);
+          CellSummary c;
+          c.task = task;
+          c.heads = h;
+          c.layers = layers;
+          c.positions = positions;
+          c.parameters = rs.front()->parameters;
+          c.n = static_cast<int64_t>(rs.size());
+          const std::vector<double> acc = values(rs, accuracy);
+          c.accuracy_mean = train::mean(acc);
+          c.accuracy_std = train::stddev(acc);
+          c.untrained_accuracy_mean = train::mean(values(rs, [](const RunResult& r) { return r.untrained_accuracy; }));
+          c.area_mean = train::mean(values(rs, area));
+          c.steps_to_90_mean = train::mean(values(rs, steps90));
+          c.final_loss_mean = train::mean(values(rs, [](const RunResult& r) { return r.final_loss; }));
+          c.has_heads = rs.front()->has_heads;
+          if (c.has_heads) {
+            const Get ref = [](const RunResult& r) { return r.trained.roles.referent; };
+            const Get ref0 = [](const RunResult& r) { return r.untrained.roles.referent; };
+            const Get refp = [](const RunResult& r) { return r.permuted.roles.referent; };
+            const Get adj = [](const RunResult& r) { return r.trained.roles.adjective; };
+            const Get adj0 = [](const RunResult& r) { return r.untrained.roles.adjective; };
+            const Get adjp = [](const RunResult& r) { return r.permuted.roles.adjective; };
+            c.referent_mean = train::mean(values(rs, ref));
+            c.referent_untrained_mean = train::mean(values(rs, ref0));
+            c.referent_permuted_mean = train::mean(values(rs, refp));
+            c.adjective_mean = train::mean(values(rs, adj));
+            c.adjective_untrained_mean = train::mean(values(rs, adj0));
+            c.adjective_permuted_mean = train::mean(values(rs, adjp));
+            for (const RunResult* r : rs) {
+              c.runs_with_referent_head += r->trained.roles.referent_heads > 0;
+              c.runs_with_subject_head += r->trained.roles.subject_heads > 0;
+              c.runs_with_object_head += r->trained.roles.object_heads > 0;
+            }
+            for (auto [family, get, base, base_name] :
+                 {std::tuple{"referent_selectivity", ref, ref0, "untrained"},
+                  std::tuple{"referent_selectivity", ref, refp, "permuted"},
+                  std::tuple{"adjective_selectivity", adj, adj0, "untrained"},
+                  std::tuple{"adjective_selectivity", adj, adjp, "permuted"}}) {
+              Comparison cmp = compare(family, task, layers, "trained", base_name, values(rs, get), values(rs, base),
+                                       false);
+              cmp.heads = h;
+              cmp.positions = to_string(positions);
+              rep.comparisons.push_back(std::move(cmp));
+            }
           }
-        if (cmp.best_heads != 1) {
-          const train::WelchResult w = train::welch_t_test(by_heads[cmp.best_heads], by_heads[1]);
-          cmp.t = w.t;
-          cmp.df = w.df;
-          cmp.p = w.p;
+          rep.cells.push_back(c);
+          // Every h against h = 1 (same positions).
+          if (heads_family && h != 1) {
+            const auto one = cell_runs(task, layers, positions, 1);
+            const std::string prefix = o.positions.size() > 1 ? to_string(positions) + " " : "";
+            for (auto [family, get, tost] : {std::tuple{"final_accuracy", accuracy, true},
+                                             std::tuple{"accuracy_area", area, true},
+                                             std::tuple{"steps_to_90", steps90, false}}) {
+              Comparison cmp = compare(family, task, layers, prefix + "h=" + std::to_string(h), prefix + "h=1",
+                                       values(rs, get), values(one, get), tost);
+              cmp.positions = to_string(positions);
+              rep.comparisons.push_back(std::move(cmp));
+            }
+          }
+          // Every encoding against the first listed (same h).
+          if (o.positions.size() > 1 && positions != o.positions.front()) {
+            const auto first = cell_runs(task, layers, o.positions.front(), h);
+            for (auto [family, get, tost] : {std::tuple{"positions_final_accuracy", accuracy, true},
+                                             std::tuple{"positions_accuracy_area", area, true}}) {
+              Comparison cmp = compare(family, task, layers, to_string(positions), to_string(o.positions.front()),
+                                       values(rs, get), values(first, get), tost);
+              cmp.heads = h;
+              rep.comparisons.push_back(std::move(cmp));
+            }
+          }
         }
-        rep.comparisons.push_back(cmp);
-      }
-    }
   }
+  apply_holm(rep.comparisons);
   rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return rep;
 }

@@ -5,7 +5,10 @@
 //   h = x + attn(a, a, a)                      MultiheadAttention, batch_first (B, L, E)
 //   c = norm2(h);  f = relu(c·W1ᵀ + b1)        when ff > 0
 //   x' = h + f·W2ᵀ + b2                        (else x' = h)
-// then z = norm_f(x_layers), logits = z·W_rᵀ + b_r.
+// then z = norm_f(x_layers), logits = z·W_rᵀ + b_r. The embedding adds
+// sinusoidal positions with Positions::Sinusoidal only; ALiBi is the
+// attention module's option; RoPE runs the grouped-query module instead
+// (multihead/train.hpp, Positions).
 #include "train/model.hpp"
 
 #include <random>
@@ -26,6 +29,17 @@ MultiheadAttentionConfig attention_config(const ModelConfig& c) {
   return a;
 }
 
+GroupedQueryAttentionConfig rope_attention_config(const ModelConfig& c) {
+  GroupedQueryAttentionConfig a;
+  a.embed_dim = c.d_model;
+  a.num_heads = c.heads;
+  a.num_kv_heads = c.heads;
+  a.bias = true;  // as MultiheadAttention's in- and out-projections
+  a.rope = RopeOptions{};
+  a.causal = c.causal;
+  return a;
+}
+
 std::string layer(int64_t i, const char* name) { return "blocks." + std::to_string(i) + "." + name; }
 
 // What one block's forward keeps for its backward.
@@ -34,6 +48,7 @@ struct BlockSaved {
   Tensor<T> x;                     // (N, E) block input
   Tensor<T> a, mean1, rstd1;       // norm1(x) as (B, L, E), its row statistics (N)
   ForwardContext<T> attn;          // the attention module's own
+  GroupedQueryForwardContext<T> rope_attn;  // with RoPE
   Tensor<T> h;                     // (N, E) x + attention
   Tensor<T> c, mean2, rstd2;       // norm2(h), when ff
   Tensor<T> f1, r;                 // (N, F) pre- and post-ReLU, when ff
@@ -60,9 +75,11 @@ std::map<std::string, Shape> Model<T>::parameter_shapes(const ModelConfig& c) {
   for (int64_t i = 0; i < c.layers; ++i) {
     s[layer(i, "norm1.weight")] = {E};
     s[layer(i, "norm1.bias")] = {E};
-    for_each_parameter(attention_config(c), [&](const ParameterInfo& info) {
+    const auto add = [&](const ParameterInfo& info) {
       if (info.present) s[layer(i, ("attn." + std::string(info.name)).c_str())] = info.shape;
-    });
+    };
+    if (c.positions == Positions::Rope) for_each_parameter(rope_attention_config(c), add);
+    else for_each_parameter(attention_config(c), add);
     if (F > 0) {
       s[layer(i, "norm2.weight")] = {E};
       s[layer(i, "norm2.bias")] = {E};
@@ -111,9 +128,13 @@ Model<T>::Model(const ModelConfig& config, uint64_t seed) : config_(config) {
     }
     params_[name] = std::move(t);
   }
-  for (int64_t i = 0; i < config_.layers; ++i)
-    attn_.push_back(std::make_unique<BasicMultiheadAttention<T>>(
-        attention_config(config_), stream_value(seed, Stream::Init, k + static_cast<uint64_t>(i), 1)));
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const uint64_t stream = stream_value(seed, Stream::Init, k + static_cast<uint64_t>(i), 1);
+    if (config_.positions == Positions::Rope)
+      rope_attn_.push_back(std::make_unique<GroupedQueryAttention<T>>(rope_attention_config(config_), stream));
+    else
+      attn_.push_back(std::make_unique<BasicMultiheadAttention<T>>(attention_config(config_), stream));
+  }
 }
 
 template <class T>
@@ -136,8 +157,13 @@ Model<T>::Model(const ModelConfig& config, const std::map<std::string, Tensor<T>
       throw Error(Error::Kind::Value, "parameter '" + name + "': not a parameter of this model (shape " +
                                           shape_to_string(t.shape()) + ")");
   for (int64_t i = 0; i < config_.layers; ++i) {
-    MultiheadAttentionParameters<T> p;
     const std::string pre = block_prefix(i);
+    if (config_.positions == Positions::Rope) {
+      rope_attn_.push_back(std::make_unique<GroupedQueryAttention<T>>(
+          GroupedQueryAttention<T>::from_tensors(rope_attention_config(config_), parameters, pre)));
+      continue;
+    }
+    MultiheadAttentionParameters<T> p;
     const MultiheadAttentionConfig attention = attention_config(config_);
     for_each_parameter(attention, p, [&](const ParameterInfo& info, Tensor<T>& t) {
       if (info.present) t = parameters.at(pre + info.name);
@@ -150,16 +176,20 @@ template <class T>
 std::map<std::string, Tensor<T>> Model<T>::parameters() const {
   std::map<std::string, Tensor<T>> out = params_;
   for (int64_t i = 0; i < config_.layers; ++i)
-    for (auto& [name, t] : attn_[static_cast<std::size_t>(i)]->state_dict()) out[block_prefix(i) + name] = t;
+    for (auto& [name, t] : config_.positions == Positions::Rope ? rope_attn_[static_cast<std::size_t>(i)]->state_dict()
+                                                               : attn_[static_cast<std::size_t>(i)]->state_dict())
+      out[block_prefix(i) + name] = t;
   return out;
 }
 
 template <class T>
 void Model<T>::update_parameters(const std::function<void(const std::string&, Tensor<T>&)>& update) {
   for (auto& [name, t] : params_) update(name, t);
-  for (int64_t i = 0; i < config_.layers; ++i)
-    attn_[static_cast<std::size_t>(i)]->update_parameters(
-        [&](const std::string& name, Tensor<T>& t) { update(block_prefix(i) + name, t); });
+  for (int64_t i = 0; i < config_.layers; ++i) {
+    const auto each = [&](const std::string& name, Tensor<T>& t) { update(block_prefix(i) + name, t); };
+    if (config_.positions == Positions::Rope) rope_attn_[static_cast<std::size_t>(i)]->update_parameters(each);
+    else attn_[static_cast<std::size_t>(i)]->update_parameters(each);
+  }
 }
 
 template <class T>
@@ -189,7 +219,7 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   // ---- forward ----
   Tensor<T> x({N, E});
   embedding_forward(tokens, N, at(P, "embedding.weight"), E, x.data());
-  positions_forward(x.data(), B, L, E, positions_.data());
+  if (c.positions == Positions::Sinusoidal) positions_forward(x.data(), B, L, E, positions_.data());
 
   std::vector<BlockSaved<T>> saved(static_cast<std::size_t>(c.layers));
   std::vector<Tensor<T>> inspected;  // per-head weights, when o.inspect
@@ -201,18 +231,28 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
     s.rstd1 = Tensor<T>({N});
     layernorm_forward(s.x.data(), N, E, at(P, layer(i, "norm1.weight")), at(P, layer(i, "norm1.bias")), s.a.data(),
                       s.mean1.data(), s.rstd1.data());
-    ForwardOptions<T> fo;
-    fo.need_weights = o.inspect;
-    fo.average_attn_weights = false;
-    fo.training = o.training && c.dropout > 0;
-    fo.attention.is_causal = c.causal;
-    fo.attention.num_threads = th;
-    fo.attention.dropout_seed = dropout_seed(o.seed, o.step, i, o.example);
-    // Self-attention: one tensor as query, key and value.
-    ForwardResult<T> r = attn_[static_cast<std::size_t>(i)]->forward(s.a, s.a, s.a, fo, s.attn);
-    if (o.inspect) inspected.push_back(std::move(*r.attn_weights));
     s.h = Tensor<T>({N, E});
-    for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + r.output[k];
+    if (c.positions == Positions::Rope) {
+      AttentionOptions ao;
+      ao.num_threads = th;
+      if (o.training && c.dropout > 0) ao.dropout_p = c.dropout;
+      ao.dropout_seed = dropout_seed(o.seed, o.step, i, o.example);
+      const Tensor<T> out = rope_attn_[static_cast<std::size_t>(i)]->forward(s.a, ao, s.rope_attn);
+      for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + out[k];
+    } else {
+      ForwardOptions<T> fo;
+      fo.alibi = c.positions == Positions::Alibi;
+      fo.need_weights = o.inspect;
+      fo.average_attn_weights = false;
+      fo.training = o.training && c.dropout > 0;
+      fo.attention.is_causal = c.causal;
+      fo.attention.num_threads = th;
+      fo.attention.dropout_seed = dropout_seed(o.seed, o.step, i, o.example);
+      // Self-attention: one tensor as query, key and value.
+      ForwardResult<T> r = attn_[static_cast<std::size_t>(i)]->forward(s.a, s.a, s.a, fo, s.attn);
+      if (o.inspect) inspected.push_back(std::move(*r.attn_weights));
+      for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + r.output[k];
+    }
     if (F == 0) {
       x = s.h;
       continue;
@@ -275,16 +315,23 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
     }
     // forward: h = x + attn(a, a, a), a = norm1(x)
     //   =>  d_x = d_h + norm1'(d_a),  d_a = d_query + d_key + d_value (one tensor in three roles)
-    const MultiheadAttentionGradients<T> g =
-        attn_[static_cast<std::size_t>(i)]->backward(s.attn, d_h.reshaped({B, L, E}));
     Tensor<T> d_a({N, E});
-    for (int64_t k = 0; k < N * E; ++k) d_a[k] = g.query[k] + g.key[k] + g.value[k];
-    for (const auto& [name, t] : g.parameters) G[block_prefix(i) + name] = t;
+    if (c.positions == Positions::Rope) {
+      GroupedQueryAttentionGradients<T> g =
+          rope_attn_[static_cast<std::size_t>(i)]->backward(s.rope_attn, d_h.reshaped({B, L, E}));
+      for (int64_t k = 0; k < N * E; ++k) d_a[k] = g.x[k];
+      for (const auto& [name, t] : g.parameters) G[block_prefix(i) + name] = t;
+    } else {
+      const MultiheadAttentionGradients<T> g =
+          attn_[static_cast<std::size_t>(i)]->backward(s.attn, d_h.reshaped({B, L, E}));
+      for (int64_t k = 0; k < N * E; ++k) d_a[k] = g.query[k] + g.key[k] + g.value[k];
+      for (const auto& [name, t] : g.parameters) G[block_prefix(i) + name] = t;
+    }
     d_x = d_h;
     layernorm_backward(d_a.data(), s.x.data(), s.mean1.data(), s.rstd1.data(), at(P, layer(i, "norm1.weight")), N, E,
                        d_x.data(), at(G, layer(i, "norm1.weight")), at(G, layer(i, "norm1.bias")));
   }
-  // forward: x = embedding[tokens] + pe
+  // forward: x = embedding[tokens] + pe (pe = 0 without sinusoidal positions)
   Tensor<T> d_embedded({N, E}, T(0));
   positions_backward(d_x.data(), N, E, d_embedded.data());
   embedding_backward(tokens, N, d_embedded.data(), E, at(G, "embedding.weight"));

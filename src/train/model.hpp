@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "multihead/grouped_query_attention.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/tensor.hpp"
 #include "multihead/train.hpp"
@@ -26,7 +27,8 @@ struct PassOptions {
   uint64_t seed = 0;       // the run's seed; with step, gives each layer's dropout seed
   int64_t step = 0;
   int threads = 0;         // our loops and the attention kernel; 0 = OpenMP's default
-  bool inspect = false;    // also return each layer's per-head attention weights and the logits
+  bool inspect = false;    // also return each layer's per-head attention weights and the logits (with RoPE
+                           // the logits only: its module returns no weights)
   // A pass over part of a step's batch (TrainOptions::gradients = PerExample):
   //  - loss_count > 0: the loss gradient divides by this (the whole batch's
   //    counted positions), not by this pass's own count, so the parts'
@@ -42,7 +44,7 @@ template <class T>
 struct PassResult {
   CrossEntropyResult loss;
   std::map<std::string, Tensor<T>> gradients;  // empty when not asked for
-  // With PassOptions::inspect: per layer (B, H, L, L), and the logits (B·L, V).
+  // With PassOptions::inspect: per layer (B, H, L, L) (none with RoPE), and the logits (B·L, V).
   std::vector<Tensor<T>> attention;
   Tensor<T> logits;
 };
@@ -72,8 +74,11 @@ class Model {
  private:
   ModelConfig config_;
   std::map<std::string, Tensor<T>> params_;  // everything but the attention modules'
+  // One attention module per block: MultiheadAttention, or with RoPE the
+  // grouped-query module (one K/V head per head, biases).
   std::vector<std::unique_ptr<BasicMultiheadAttention<T>>> attn_;
-  Tensor<T> positions_;  // (L, E) sinusoidal_positions, a constant
+  std::vector<std::unique_ptr<GroupedQueryAttention<T>>> rope_attn_;
+  Tensor<T> positions_;  // (L, E) sinusoidal_positions, a constant (added with Positions::Sinusoidal only)
 };
 
 extern template class Model<float>;

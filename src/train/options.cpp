@@ -33,6 +33,8 @@ void ModelConfig::validate() const {
   if (layers < 1 || layers > 1024) bad("layers", "1 to 1024", std::to_string(layers));
   if (ff < 0 || ff > 1 << 20) bad("ff", "0 (none) to 2^20", std::to_string(ff));
   if (!(dropout >= 0.0 && dropout < 1.0)) bad("dropout", "a probability in [0, 1)", num(dropout));
+  if (positions == Positions::Rope && (d_model / heads) % 2 != 0)
+    bad("heads", "a head width d_model/heads that is even (RoPE rotates pairs)", std::to_string(heads));
 }
 
 void TrainOptions::validate() const {
@@ -55,6 +57,22 @@ Schedule parse_schedule(const std::string& name) {
   if (name == "constant") return Schedule::Constant;
   if (name == "cosine") return Schedule::Cosine;
   throw Error(Error::Kind::Value, "schedule: expected one of constant, cosine; got " + quote_input(name));
+}
+
+std::string to_string(Positions p) {
+  switch (p) {
+    case Positions::None: return "none";
+    case Positions::Sinusoidal: return "sinusoidal";
+    case Positions::Rope: return "rope";
+    case Positions::Alibi: return "alibi";
+  }
+  return "sinusoidal";
+}
+
+Positions parse_positions(const std::string& name, const std::string& what) {
+  for (Positions p : {Positions::None, Positions::Sinusoidal, Positions::Rope, Positions::Alibi})
+    if (name == to_string(p)) return p;
+  throw Error(Error::Kind::Value, what + ": expected one of none, sinusoidal, rope, alibi; got " + quote_input(name));
 }
 
 double learning_rate(const TrainOptions& o, int64_t step) {

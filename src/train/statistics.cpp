@@ -1,6 +1,7 @@
 // src/train/statistics.cpp: see statistics.hpp.
 #include "train/statistics.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -97,6 +98,132 @@ WelchResult welch_t_test(const std::vector<double>& a, const std::vector<double>
   r.df = (va + vb) * (va + vb) / (va * va / (na - 1) + vb * vb / (nb - 1));
   r.p = student_t_two_sided_p(r.t, r.df);
   return r;
+}
+
+PairedResult paired_t_test(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size() || a.size() < 2)
+    throw Error(Error::Kind::Value, "paired_t_test: expected two samples of one length >= 2, got " +
+                                        std::to_string(a.size()) + " and " + std::to_string(b.size()));
+  std::vector<double> d(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  PairedResult r;
+  r.n = static_cast<int64_t>(d.size());
+  r.mean_difference = mean(d);
+  r.sd_difference = stddev(d);
+  r.df = double(r.n - 1);
+  if (r.sd_difference == 0) {
+    const double inf = std::numeric_limits<double>::infinity();
+    r.t = r.dz = r.mean_difference == 0 ? 0 : std::copysign(inf, r.mean_difference);
+    r.p = r.mean_difference == 0 ? 1 : 0;
+    return r;
+  }
+  r.t = r.mean_difference / (r.sd_difference / std::sqrt(double(r.n)));
+  r.dz = r.mean_difference / r.sd_difference;
+  r.p = student_t_two_sided_p(r.t, r.df);
+  return r;
+}
+
+double student_t_upper_p(double t, double nu) {
+  if (std::isinf(t)) return t > 0 ? 0 : 1;
+  const double two = student_t_two_sided_p(t, nu);
+  return t >= 0 ? two / 2 : 1 - two / 2;
+}
+
+TostResult paired_tost(const std::vector<double>& a, const std::vector<double>& b, double margin) {
+  if (!(margin > 0)) throw Error(Error::Kind::Value, "paired_tost margin: expected > 0, got " + std::to_string(margin));
+  const PairedResult d = paired_t_test(a, b);
+  TostResult r;
+  r.margin = margin;
+  if (d.sd_difference == 0) {
+    r.p_lower = r.p_upper = r.p = std::fabs(d.mean_difference) < margin ? 0 : 1;
+    const double inf = std::numeric_limits<double>::infinity();
+    r.t_lower = std::copysign(inf, d.mean_difference + margin);
+    r.t_upper = std::copysign(inf, d.mean_difference - margin);
+    return r;
+  }
+  const double se = d.sd_difference / std::sqrt(double(d.n));
+  r.t_lower = (d.mean_difference + margin) / se;
+  r.t_upper = (d.mean_difference - margin) / se;
+  r.p_lower = student_t_upper_p(r.t_lower, d.df);       // H0: mean <= −margin
+  r.p_upper = 1 - student_t_upper_p(r.t_upper, d.df);   // H0: mean >= +margin
+  r.p = std::max(r.p_lower, r.p_upper);
+  return r;
+}
+
+std::vector<double> holm(const std::vector<double>& p) {
+  const std::size_t m = p.size();
+  std::vector<std::size_t> order(m);
+  for (std::size_t i = 0; i < m; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return p[x] < p[y]; });
+  std::vector<double> out(m);
+  double running = 0;
+  for (std::size_t j = 0; j < m; ++j) {
+    running = std::max(running, std::min(1.0, double(m - j) * p[order[j]]));
+    out[order[j]] = running;
+  }
+  return out;
+}
+
+uint64_t SplitMix64::next() {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+BootstrapCI bootstrap_mean_ci(const std::vector<double>& x, uint64_t seed, int64_t resamples, double level) {
+  if (x.empty() || resamples < 1 || !(level > 0 && level < 1))
+    throw Error(Error::Kind::Value, "bootstrap_mean_ci: expected values, resamples >= 1 and level in (0, 1), got " +
+                                        std::to_string(x.size()) + " values, " + std::to_string(resamples) +
+                                        " resamples, level " + std::to_string(level));
+  const uint64_t n = x.size();
+  SplitMix64 rng{seed};
+  std::vector<double> means(static_cast<std::size_t>(resamples));
+  for (auto& m : means) {
+    double s = 0;
+    for (uint64_t k = 0; k < n; ++k) s += x[static_cast<std::size_t>(((rng.next() >> 32) * n) >> 32)];
+    m = s / double(n);
+  }
+  std::sort(means.begin(), means.end());
+  const auto k = static_cast<std::size_t>(std::floor(double(resamples) * (1 - level) / 2));
+  return {means[k], means[means.size() - 1 - k]};
+}
+
+double paired_detectable_effect(int64_t n, double alpha) {
+  if (n < 2 || !(alpha > 0 && alpha < 1))
+    throw Error(Error::Kind::Value, "paired_detectable_effect: expected n >= 2 and alpha in (0, 1), got n = " +
+                                        std::to_string(n) + ", alpha = " + std::to_string(alpha));
+  double lo = 0, hi = 1e6;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = (lo + hi) / 2;
+    (student_t_two_sided_p(mid, double(n - 1)) > alpha ? lo : hi) = mid;
+  }
+  return (lo + 0.8416212335729143) / std::sqrt(double(n));
+}
+
+double curve_area(double a0, const std::vector<int64_t>& steps, const std::vector<double>& acc) {
+  if (steps.empty() || steps.size() != acc.size())
+    throw Error(Error::Kind::Value, "curve_area: expected as many accuracies as steps (>= 1), got " +
+                                        std::to_string(acc.size()) + " and " + std::to_string(steps.size()));
+  double area = 0, prev_s = 0, prev_a = a0;
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    area += (double(steps[k]) - prev_s) * (prev_a + acc[k]) / 2;
+    prev_s = double(steps[k]);
+    prev_a = acc[k];
+  }
+  return area / double(steps.back());
+}
+
+int64_t steps_to_fraction(double a0, const std::vector<int64_t>& steps, const std::vector<double>& acc,
+                          double fraction) {
+  if (steps.empty() || steps.size() != acc.size())
+    throw Error(Error::Kind::Value, "steps_to_fraction: expected as many accuracies as steps (>= 1), got " +
+                                        std::to_string(acc.size()) + " and " + std::to_string(steps.size()));
+  const double target = fraction * acc.back();
+  if (a0 >= target) return 0;
+  for (std::size_t k = 0; k < steps.size(); ++k)
+    if (acc[k] >= target) return steps[k];
+  return steps.back();
 }
 
 }  // namespace multihead::train

@@ -17,7 +17,8 @@ constexpr const char* kModelFormat = "multihead-model-1";
 using train::bad_file;
 using train::kCheckpointFormat;
 const char* const kConfigKeys[] = {"format", "task",    "vocabulary", "sequence_length", "d_model",
-                                   "heads",  "layers",  "ff",         "dropout",         "causal"};
+                                   "heads",  "layers",  "ff",         "dropout",         "causal",
+                                   "positional_encoding"};
 
 // A JSON string: the words of the built-in tasks are printable ASCII, but
 // quotes, backslashes and control characters are escaped all the same.
@@ -71,7 +72,7 @@ const Description kDescription[] = {
     {"token_ids", token_ids},
     {"layer_norm_eps", [](const std::string&, const ModelConfig&) { return to_exact_string(train::kLayerNormEps); }},
     {"norm_placement", [](const std::string&, const ModelConfig&) { return std::string("pre"); }},
-    {"positional_encoding", [](const std::string&, const ModelConfig&) { return std::string("sinusoidal"); }},
+    {"positional_encoding", [](const std::string&, const ModelConfig& c) { return to_string(c.positions); }},
     {"activation", [](const std::string&, const ModelConfig&) { return std::string("relu"); }},
 };
 
@@ -182,6 +183,11 @@ int64_t TrainedModel::parameter_count() const {
 }
 
 Evaluation TrainedModel::evaluate(const Batch& batch, bool attention_weights, int threads) const {
+  // RoPE runs the grouped-query module, which returns no attention weights
+  // (experiment.cpp's has_heads): asking for them is an error, not an empty list.
+  if (attention_weights && config().positions == Positions::Rope)
+    throw Error(Error::Kind::Value, "model: expected a model whose attention returns its weights (positional "
+                                    "encoding none, sinusoidal or alibi), got positional_encoding rope");
   train::PassOptions o;
   o.training = false;
   o.threads = threads;

@@ -120,7 +120,8 @@ std::string first_difference(const CheckpointInfo& ck, const std::string& task, 
            " in the checkpoint, got " +
            (o.gradients == GradientSum::PerExample ? "per example (--parallel data)" : "over the batch at once");
   for (const char* key : {"task", "vocabulary", "sequence_length", "d_model", "heads", "layers", "ff", "dropout",
-                          "causal", "seed", "batch", "lr", "warmup", "schedule", "weight_decay", "beta1", "beta2",
+                          "causal", "positional_encoding", "seed", "batch", "lr", "warmup", "schedule", "weight_decay",
+                          "beta1", "beta2",
                           "eps", "clip"})
     if (std::string d = differs(key, theirs.at(key), mine.at(key)); !d.empty()) return d;
   return "";

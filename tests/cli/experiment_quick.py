@@ -11,6 +11,12 @@ trainer may move them a little); it checks that
     subject and object) by 15 points; lookup2 (chance 1/64) by 3 points;
   - the JSON has every cell and run, the head counts of a task and layer
     count have the same parameter count, p-values are in [0, 1];
+  - every statistic recomputes from the JSON's per-seed numbers
+    (tests/cli/experiment_stats.py, scipy), and a deliberately broken one
+    fails that check: a copy of the JSON with one p, one Holm p, one CI
+    bound, one TOST p or one per-seed value perturbed must be refused;
+  - the untrained and label-permuted baselines are shown beside the head
+    measures in the Markdown table;
   - the command printed first ("reproduce: ...") is a multihead experiment
     command, and the Markdown table was written;
   - tools/plot_experiment.py draws the three plots from the JSON (PNG files);
@@ -40,6 +46,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--multihead", required=True)
     ap.add_argument("--plot-script", required=True)
+    ap.add_argument("--stats-script", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--max-seconds", type=float, default=60.0)
     args = ap.parse_args()
@@ -81,7 +88,29 @@ def main():
         check(f"p-value in [0, 1]: {c['task']} layers={c['layers']}", 0 <= c["p"] <= 1, f"{c['p']}")
     with open(md) as f:
         table = f.read()
-    check("Markdown table written", "| layers | heads |" in table and "Welch" in table, table[:200])
+    check("Markdown table written", "| layers | heads |" in table and "Holm" in table, table[:200])
+    check("Markdown shows the baselines beside the head measures",
+          "referent selectivity (untrained, permuted)" in table and "untrained %" in table, table[:400])
+
+    # Every statistic recomputed; a broken one refused.
+    def stats_ok(path):
+        return subprocess.run(["/usr/bin/python3", args.stats_script, path], capture_output=True, text=True,
+                              timeout=300)
+    s = stats_ok(js)
+    check("every statistic recomputes from the per-seed numbers", s.returncode == 0, s.stdout[-800:])
+    lesson = next(i for i, c in enumerate(rep["comparisons"]) if c["family"] == "final_accuracy")
+    for what, key, change in (("p", "p", lambda v: v * 1.01 + 1e-6), ("Holm p", "p_holm", lambda v: v * 0.5),
+                              ("CI bound", "ci_lower", lambda v: v - 1e-9), ("TOST p", "tost_p", lambda v: v * 0.9),
+                              ("per-seed value", "a_values", lambda v: [v[0] + 1e-3] + v[1:])):
+        broken = json.loads(json.dumps(rep))
+        c = broken["comparisons"][lesson]
+        c[key] = change(c[key])
+        path = os.path.join(args.workdir, f"broken_{key}.json")
+        with open(path, "w") as f:
+            json.dump(broken, f)
+        b = stats_ok(path)
+        check(f"a perturbed {what} fails the statistics check", b.returncode == 1 and "FAIL" in b.stdout,
+              f"exit {b.returncode}: {b.stdout[-300:]}")
 
     plots = os.path.join(args.workdir, "plots")
     p = subprocess.run(["/usr/bin/python3", args.plot_script, js, "--out-dir", plots], capture_output=True, text=True,
