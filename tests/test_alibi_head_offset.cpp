@@ -16,7 +16,7 @@ namespace {
 
 // Per-head weights of heads [first, first + 2) of a 4-head, E = 8 module,
 // computed by a 2-head module holding those heads' rows of W_q and W_k.
-TEST(AlibiHeadOffset, TwoHeadsOfFourHaveTheWholeModulesSlopes_f64_bound1e12th) {
+TEST(AlibiHeadOffset, TwoHeadsOfFourHaveTheWholeModulesSlopes_f64_bound_1e_minus12) {
   MultiheadAttentionConfig whole_config;
   whole_config.embed_dim = 8;
   whole_config.num_heads = 4;
