@@ -184,6 +184,15 @@ class HeadParallelMultiheadAttention {
   // most num_heads = 4 ranks in head parallel, got 6").
   HeadParallelMultiheadAttention(Communicator& comm, const MultiheadAttentionConfig& config,
                                  const MultiheadAttentionParameters<T>& whole);
+  // The same, reading from a safetensors file (a whole module's state_dict,
+  // names under `prefix` as LoadOptions::prefix) only this rank's blocks:
+  // the file is mapped and the other rows are never decoded, so a rank's
+  // parameters take 1/P of the memory. `config` is the module's (the file's
+  // metadata as load_weights reads it, or the caller's own). Every tensor
+  // the configuration has is checked for its shape (an error names it and
+  // the file, the same on every rank).
+  static HeadParallelMultiheadAttention load(Communicator& comm, const std::string& path,
+                                             const MultiheadAttentionConfig& config, const std::string& prefix = "");
   ~HeadParallelMultiheadAttention();
   HeadParallelMultiheadAttention(HeadParallelMultiheadAttention&&) noexcept;
 
@@ -206,6 +215,11 @@ class HeadParallelMultiheadAttention {
   MultiheadAttentionGradients<T> backward(const HeadParallelContext<T>& saved, const Tensor<T>& d_output) const;
 
  private:
+  // block(name, first, count, columns): rows [first, first + count) of the
+  // named parameter (flattened), or columns of a 2-D one.
+  using BlockSource = std::function<Tensor<T>(const std::string&, int64_t, int64_t, bool)>;
+  HeadParallelMultiheadAttention(Communicator& comm, const MultiheadAttentionConfig& config,
+                                 const std::function<void()>& check, const BlockSource& block);
   ForwardResult<T> run(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
                        const ForwardOptions<T>& options, HeadParallelContext<T>* save) const;
   struct Local;

@@ -29,6 +29,7 @@
 
 #include "attention/mha_plan.hpp"
 #include "core/linear.hpp"
+#include "distributed/safetensors_slices.hpp"
 #include "distributed/slices.hpp"
 #include "multihead/distributed.hpp"
 #include "multihead/error.hpp"
@@ -102,38 +103,85 @@ template <class T>
 HeadParallelMultiheadAttention<T>::HeadParallelMultiheadAttention(Communicator& comm,
                                                                   const MultiheadAttentionConfig& config,
                                                                   const MultiheadAttentionParameters<T>& whole)
+    : HeadParallelMultiheadAttention(comm, config, [&] {
+        config.validate();
+        validate_parameters(config, whole);
+      }, [&](const std::string& name, int64_t first, int64_t count, bool columns) {
+        Tensor<T> t;
+        for_each_parameter(config, whole, [&](const ParameterInfo& info, const Tensor<T>& p) {
+          if (name != info.name) return;
+          const int64_t per = p.numel() / p.shape()[0];
+          t = columns ? column_block(p.data(), p.shape()[0], p.shape()[1], first, count)
+                      : row_block(p.data(), per, first, count, {count * per});
+        });
+        return t;
+      }) {}
+
+template <class T>
+HeadParallelMultiheadAttention<T> HeadParallelMultiheadAttention<T>::load(Communicator& comm, const std::string& path,
+                                                                          const MultiheadAttentionConfig& config,
+                                                                          const std::string& prefix) {
+  std::optional<detail::SafetensorsSlices> file;
+  const std::string p = prefix.empty() || prefix.back() == '.' ? prefix : prefix + ".";
+  return HeadParallelMultiheadAttention(comm, config, [&] {
+    config.validate();
+    file.emplace(path);
+    // Every parameter the configuration has, of its shape (the rest of the
+    // file is not read).
+    for_each_parameter(config, [&](const ParameterInfo& info) {
+      if (!info.present) return;
+      const Shape& got = file->shape(p + info.name);
+      if (got != info.shape)
+        throw Error(Error::Kind::Shape, p + info.name + ": expected shape " + shape_to_string(info.shape) + ", got " +
+                                            shape_to_string(got) + " in '" + path + "'");
+    });
+  }, [&](const std::string& name, int64_t first, int64_t count, bool columns) {
+    return columns ? file->columns<T>(p + name, first, count) : file->rows<T>(p + name, first, count);
+  });
+}
+
+template <class T>
+HeadParallelMultiheadAttention<T>::HeadParallelMultiheadAttention(Communicator& comm,
+                                                                  const MultiheadAttentionConfig& config,
+                                                                  const std::function<void()>& check,
+                                                                  const BlockSource& block)
     : comm_(&comm), config_(config), local_(std::make_unique<Local>()) {
   comm.agree([&] {
-    config.validate();
-    validate_parameters(config, whole);
+    check();
     check_ranks_fit(comm.size(), config.num_heads, "num_heads", "head");
   });
   heads_ = share_of(config.num_heads, comm.size(), comm.rank());
   const int64_t E = config.embed_dim, D = config.head_dim(), Ek = config.key_dim(), Ev = config.value_dim();
   const int64_t r0 = heads_.begin * D, n = heads_.count * D;
   Local& l = *local_;
-  if (config.same_embed_dim()) {
-    const T* w = whole.in_proj_weight.data();
-    l.wq = row_block(w, E, r0, n, {n, E});
-    l.wk = row_block(w, E, E + r0, n, {n, E});
-    l.wv = row_block(w, E, 2 * E + r0, n, {n, E});
-  } else {
-    l.wq = row_block(whole.q_proj_weight.data(), E, r0, n, {n, E});
-    l.wk = row_block(whole.k_proj_weight.data(), Ek, r0, n, {n, Ek});
-    l.wv = row_block(whole.v_proj_weight.data(), Ev, r0, n, {n, Ev});
-  }
-  if (config.bias) {
-    const T* b = whole.in_proj_bias.data();
-    l.bq = row_block(b, 1, r0, n, {n});
-    l.bk = row_block(b, 1, E + r0, n, {n});
-    l.bv = row_block(b, 1, 2 * E + r0, n, {n});
-    l.bo = whole.out_proj_bias;
-  }
-  l.wo = column_block(whole.out_proj_weight.data(), E, E, r0, n);
-  if (config.add_bias_kv) {
-    l.bias_k = row_block(whole.bias_k.data(), 1, r0, n, {1, 1, n});
-    l.bias_v = row_block(whole.bias_v.data(), 1, r0, n, {1, 1, n});
-  }
+  const auto rows = [&](const char* name, int64_t first, Shape shape) {
+    return block(name, first, n, false).reshaped(std::move(shape));
+  };
+  comm.agree([&] {  // reading the blocks may fail (a file's I/O)
+    if (config.same_embed_dim()) {
+      l.wq = rows("in_proj_weight", r0, {n, E});
+      l.wk = rows("in_proj_weight", E + r0, {n, E});
+      l.wv = rows("in_proj_weight", 2 * E + r0, {n, E});
+    } else {
+      l.wq = rows("q_proj_weight", r0, {n, E});
+      l.wk = rows("k_proj_weight", r0, {n, Ek});
+      l.wv = rows("v_proj_weight", r0, {n, Ev});
+    }
+    if (config.bias) {
+      l.bq = rows("in_proj_bias", r0, {n});
+      l.bk = rows("in_proj_bias", E + r0, {n});
+      l.bv = rows("in_proj_bias", 2 * E + r0, {n});
+      l.bo = block("out_proj.bias", 0, E, false);
+    }
+    l.wo = block("out_proj.weight", r0, n, true);
+    if (config.add_bias_kv) {
+      // (1, 1, E): its elements are the rows of the flattened tensor.
+      l.bias_k = block("bias_k", 0, 1, false).reshaped({E});
+      l.bias_k = row_block(l.bias_k.data(), 1, r0, n, {1, 1, n});
+      l.bias_v = block("bias_v", 0, 1, false).reshaped({E});
+      l.bias_v = row_block(l.bias_v.data(), 1, r0, n, {1, 1, n});
+    }
+  });
   // The local module: H_r heads of width D on the projected query.
   MultiheadAttentionConfig& lc = l.config;
   lc = config;

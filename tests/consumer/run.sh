@@ -98,7 +98,12 @@ fi
 cmake -S "$source_dir" -B "$work/shared-build" -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=Release \
   -DMULTIHEAD_BUILD_TESTS=OFF -DMULTIHEAD_BUILD_TOOLS=OFF -DMULTIHEAD_BUILD_PYTHON=OFF >"$work/shared-configure.log" 2>&1 ||
   { cat "$work/shared-configure.log" >&2; fail "configuring the shared library failed"; }
-cmake --build "$work/shared-build" -j"$(nproc)" --target multihead >"$work/shared-build.log" 2>&1 ||
+# The installed package holds multihead::distributed too when MPI was found.
+shared_targets=(multihead)
+if [[ $(cmake --build "$work/shared-build" --target help 2>/dev/null) == *multihead_distributed* ]]; then
+  shared_targets+=(multihead_distributed)
+fi
+cmake --build "$work/shared-build" -j"$(nproc)" --target "${shared_targets[@]}" >"$work/shared-build.log" 2>&1 ||
   { tail -30 "$work/shared-build.log" >&2; fail "building the shared library failed"; }
 shared_prefix=$(install_moved "$work/shared-build" shared)
 [[ -e $shared_prefix/lib/libmultihead.so.$soversion ]] ||

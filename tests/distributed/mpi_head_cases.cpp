@@ -1,12 +1,16 @@
 // tests/distributed/mpi_head_cases.cpp: head parallel against the one-process
 // module, forward and backward, for every row of the tables below (each
 // name says all its parameters), in float32 and float64.
+#include <unistd.h>
+
+#include <cstdio>
 #include <map>
 
 #include "mpi_inputs.hpp"
 #include "mpi_test.hpp"
 #include "multihead/distributed.hpp"
 #include "multihead/grouped_query_attention.hpp"
+#include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead::mpi_test {
@@ -296,5 +300,56 @@ std::vector<Case> make_cases() {
 }  // namespace
 
 MULTIHEAD_MPI_CASES(head, make_cases);
+
+}  // namespace multihead::mpi_test
+
+// HeadParallelMultiheadAttention::load reads only the rank's blocks from a
+// safetensors file: the same slices as from the whole parameters, bit for bit.
+namespace multihead::mpi_test {
+namespace {
+
+std::vector<Case> make_load_cases() {
+  std::vector<Case> cases;
+  for (bool packed : {true, false})
+    cases.push_back({std::string("load_slices_from_safetensors/") + (packed ? "packed" : "kdim=5,vdim=3,bias_kv"),
+                     [packed](Communicator& comm, Report& report) {
+                       MultiheadAttentionConfig c;
+                       c.embed_dim = 20;
+                       c.num_heads = 5;
+                       if (!packed) {
+                         c.kdim = 5;
+                         c.vdim = 3;
+                         c.add_bias_kv = true;
+                       }
+                       MultiheadAttention whole(c, 9);
+                       randomise(whole, 40);
+                       int64_t pid = ::getpid();  // rank 0's names the file
+                       comm.broadcast(&pid, 1, 0);
+                       const std::string path = "/tmp/multihead-mpi-load-" + std::to_string(pid) + ".safetensors";
+                       // Rank 0 writes; the barrier orders the reads after it.
+                       if (comm.rank() == 0) {
+                         std::map<std::string, Tensor<float>> sd;
+                         for (auto& [n, t] : whole.state_dict()) sd["layer.attn." + n] = t;
+                         write_safetensors(path, sd);
+                       }
+                       comm.barrier();
+                       const auto from_file =
+                           distributed::HeadParallelMultiheadAttention<float>::load(comm, path, c, "layer.attn");
+                       const distributed::HeadParallelMultiheadAttention<float> from_whole(comm, c, whole.parameters());
+                       const auto a = from_file.state_dict(), b = from_whole.state_dict();
+                       for (const auto& [name, t] : b) {
+                         auto it = a.find(name);
+                         if (it == a.end()) report.fail(name + ": missing");
+                         else expect_close(report, name, it->second, t, 0.0);
+                       }
+                       comm.barrier();
+                       if (comm.rank() == 0) std::remove(path.c_str());
+                     }});
+  return cases;
+}
+
+}  // namespace
+
+MULTIHEAD_MPI_CASES(head_load, make_load_cases);
 
 }  // namespace multihead::mpi_test

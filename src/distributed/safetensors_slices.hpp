@@ -1,0 +1,46 @@
+// src/distributed/safetensors_slices.hpp: row and column blocks of tensors in
+// a safetensors file, decoded without decoding the rest: the file is mapped
+// (map_file), the header parsed, and only the blocks asked for are read, so
+// a head-parallel rank's memory for its parameters is its share (1/P).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "io/file_util.hpp"
+#include "multihead/io.hpp"
+#include "multihead/tensor.hpp"
+
+namespace multihead::distributed::detail {
+
+class SafetensorsSlices {
+ public:
+  // Throws Error naming the file: unreadable, not safetensors, a header
+  // whose tensors do not fit the file or their dtype and shape.
+  explicit SafetensorsSlices(const std::string& path);
+  bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  // Throws Error(Missing) naming the tensor and the file when absent.
+  const Shape& shape(const std::string& name) const;
+  // Rows [first, first + count) of the tensor seen as (shape[0], rest).
+  template <class T>
+  Tensor<T> rows(const std::string& name, int64_t first, int64_t count) const;
+  // Columns [first, first + count) of a 2-D tensor, as (rows, count).
+  template <class T>
+  Tensor<T> columns(const std::string& name, int64_t first, int64_t count) const;
+
+ private:
+  struct Entry {
+    DType dtype = DType::F32;
+    Shape shape;
+    uint64_t begin = 0;  // byte offset in the file
+  };
+  const Entry& entry(const std::string& name) const;
+  std::string path_;
+  multihead::detail::FileBytes bytes_;
+  std::map<std::string, Entry> entries_;
+};
+
+}  // namespace multihead::distributed::detail
