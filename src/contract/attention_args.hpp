@@ -49,8 +49,12 @@ inline SliceLayout resolve_layout(const SliceLayout& layout, int64_t heads, int6
   return SliceLayout{heads * len * width, len * width, width};
 }
 // Start of slice n under a resolved layout.
+// A null base (a tensor the call does not have, or the float pointers of a
+// 16-bit call, whose data is in AttentionArgs::narrow) stays null: an offset
+// applied to null is undefined behaviour.
 template <class P>
 P* slice_start(P* base, const SliceLayout& l, int64_t n, int64_t heads) {
+  if (base == nullptr) return base;
   return base + (n / heads) * l.batch + (n % heads) * l.head;
 }
 

@@ -282,7 +282,9 @@ HWY_INLINE void TileScores(const AttentionArgs<float>& a, const QueryTileInputs&
   const size_t head_dim = static_cast<size_t>(a.head_dim);
   const VF32 neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
   for (size_t w = 0; w < NVQ; ++w) hn::Store(neg_inf, df, t.tmax + w * lanes);
-  const float* kt = in.k + static_cast<size_t>(j0) * in.k_row;
+  // 16-bit storage: in.k is null (the rows are in k_narrow), so no offset
+  // may be applied to it.
+  const float* kt = std::is_same_v<E, float> ? in.k + static_cast<size_t>(j0) * in.k_row : nullptr;
   size_t ldk = in.k_row;
   if constexpr (!std::is_same_v<E, float>) {
     WidenRows(static_cast<const E*>(in.k_narrow) + static_cast<size_t>(j0) * in.k_row, in.k_row, keys, head_dim,
@@ -508,7 +510,7 @@ HWY_INLINE void AccumulateValues(const AttentionArgs<float>& a, const QueryTileI
   const size_t bq = NVQ * hn::Lanes(df);
   constexpr size_t KR = BlockRows(NVQ);
   const size_t value_dim = static_cast<size_t>(a.value_dim);
-  const float* vt = in.v + static_cast<size_t>(j0) * in.v_row;
+  const float* vt = std::is_same_v<E, float> ? in.v + static_cast<size_t>(j0) * in.v_row : nullptr;  // as kt
   size_t ldv = in.v_row;
   if constexpr (!std::is_same_v<E, float>) {
     WidenRows(static_cast<const E*>(in.v_narrow) + static_cast<size_t>(j0) * in.v_row, in.v_row, keys, value_dim,
