@@ -124,8 +124,10 @@ void print_summary(const ForwardArgs& args, const LoadedWeights& w, const Forwar
   std::fprintf(stderr, "%s%s\n", line.c_str(), time);
 }
 
+// `w` is load_weights' result; with --parallel heads only the header's
+// (HeadParallelForward then decodes this rank's slices of the file).
 template <class T>
-void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTensor& query_file) {
+void run_forward(const ForwardArgs& args, LoadedWeights& w, const LoadedTensor& query_file, const LoadOptions& load) {
   const Tensor<T> query = as<T>(query_file);
   // key and value default to the query (self-attention): the same tensor, so
   // the fused form can do its single packed in-projection.
@@ -138,11 +140,12 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
     if (!args.value.empty()) value = as<T>(read_input(args.value, "value"));
     key_padding_mask = read_mask<T>(args.key_padding_mask, "key_padding_mask");
     attn_mask = read_mask<T>(args.attn_mask, "attn_mask");
-    module.emplace(w.config, cast_parameters<T>(w.parameters));
+    if (args.parallel != "heads") module.emplace(w.config, cast_parameters<T>(w.parameters));
   });
+  std::optional<HeadParallelForward<T>> heads;
+  if (args.parallel == "heads") heads.emplace(args.weights, load, w);  // collective
   const Tensor<T>& k = key ? *key : query;
   const Tensor<T>& v = value ? *value : (key && args.value.empty() ? *key : query);
-  const BasicMultiheadAttention<T>& mha = *module;
   ForwardOptions<T> o;
   o.key_padding_mask = key_padding_mask.get();
   o.attn_mask = attn_mask.get();
@@ -167,9 +170,11 @@ void run_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTe
   const auto t0 = std::chrono::steady_clock::now();
   try {
     for (int r = 0; r < args.repeat; ++r)
-      result = !args.parallel.empty()
-                   ? parallel_mha_forward<T>(args.parallel, w.config, mha.parameters(), query, k, v, o)
-                   : args.form == "textbook" ? mha.forward_textbook(query, k, v, o) : mha.forward(query, k, v, o);
+      result = heads                   ? heads->forward(query, k, v, o)
+               : !args.parallel.empty() ? parallel_mha_forward<T>(args.parallel, w.config, module->parameters(),
+                                                                  query, k, v, o)
+               : args.form == "textbook" ? module->forward_textbook(query, k, v, o)
+                                         : module->forward(query, k, v, o);
   } catch (const Error& e) {
     // The library names its option (weights_rows[0]: …); say which flag set it.
     const std::string what = e.what();
@@ -467,15 +472,16 @@ Runner add_forward_command(CLI::App& app) {
     LoadedWeights w;
     LoadedTensor query;
     agree_on(args->parallel, [&] {
-      w = load_weights(args->weights, load);
+      // --parallel heads: each rank decodes only its slices (run_forward).
+      if (args->parallel != "heads") w = load_weights(args->weights, load);
       query = read_input(args->query, "query");
     });
     if (const std::string note = compute_dtype_note(dtype); !note.empty())
       std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", args->dtype.c_str(), note.c_str());
     if (dtype == ComputeDtype::BF16) run_narrow_forward<bfloat16>(*args, w, query);
     else if (dtype == ComputeDtype::F16) run_narrow_forward<float16>(*args, w, query);
-    else if (query.dtype == DType::F64) run_forward<double>(*args, w, query);
-    else run_forward<float>(*args, w, query);
+    else if (query.dtype == DType::F64) run_forward<double>(*args, w, query, load);
+    else run_forward<float>(*args, w, query, load);
     if (dtype == ComputeDtype::F32 && w.parameter_dtype && writes_outputs() &&
         (*w.parameter_dtype == DType::BF16 || *w.parameter_dtype == DType::F16))
       std::fprintf(stderr, "multihead: note: --weights holds %s parameters; computed in %s from their exact values "

@@ -75,6 +75,23 @@ ForwardResult<T> parallel_mha_forward(const std::string& mode, const MultiheadAt
 }
 
 template <class T>
+struct HeadParallelForward<T>::Module {
+  distributed::HeadParallelMultiheadAttention<T> module;
+};
+
+template <class T>
+HeadParallelForward<T>::HeadParallelForward(const std::string& weights, const LoadOptions& load,
+                                            LoadedWeights& header)
+    : module_(std::make_unique<Module>(
+          Module{distributed::HeadParallelMultiheadAttention<T>::load(world_communicator(), weights, load, &header)})) {}
+
+template <class T>
+ForwardResult<T> HeadParallelForward<T>::forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                                                 const ForwardOptions<T>& options) const {
+  return module_->module.forward(query, key, value, options);
+}
+
+template <class T>
 Tensor<T> parallel_gqa_forward(const std::string& mode, const GroupedQueryAttention<T>& module, const Tensor<T>& x,
                                const AttentionOptions& options) {
   distributed::Communicator& comm = world_communicator();
@@ -153,6 +170,21 @@ void parallel_bench(const std::string& mode, const MultiheadAttentionConfig& con
 
 #else
 
+template <class T>
+struct HeadParallelForward<T>::Module {};
+
+template <class T>
+HeadParallelForward<T>::HeadParallelForward(const std::string&, const LoadOptions&, LoadedWeights&) {
+  require_mpi("--parallel", "heads");
+}
+
+template <class T>
+ForwardResult<T> HeadParallelForward<T>::forward(const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,
+                                                 const ForwardOptions<T>&) const {
+  require_mpi("--parallel", "heads");
+  return {};
+}
+
 void agree_on(const std::string& mode, const std::function<void()>& prepare) {
   if (!mode.empty()) require_mpi("--parallel", mode);
   prepare();
@@ -177,6 +209,13 @@ void parallel_bench(const std::string& mode, const MultiheadAttentionConfig&, co
 }
 
 #endif
+
+template <class T>
+HeadParallelForward<T>::~HeadParallelForward() = default;
+template <class T>
+HeadParallelForward<T>::HeadParallelForward(HeadParallelForward&&) noexcept = default;
+template class HeadParallelForward<float>;
+template class HeadParallelForward<double>;
 
 template ForwardResult<float> parallel_mha_forward(const std::string&, const MultiheadAttentionConfig&,
                                                    const MultiheadAttentionParameters<float>&, const Tensor<float>&,

@@ -12,10 +12,12 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "multihead/grouped_query_attention.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/weights.hpp"
 
 namespace multihead::cli {
 
@@ -35,6 +37,25 @@ template <class T>
 ForwardResult<T> parallel_mha_forward(const std::string& mode, const MultiheadAttentionConfig& config,
                                       const MultiheadAttentionParameters<T>& parameters, const Tensor<T>& query,
                                       const Tensor<T>& key, const Tensor<T>& value, const ForwardOptions<T>& options);
+// `forward --parallel heads`: the head-parallel module of a weights file,
+// each rank decoding only its slices (HeadParallelMultiheadAttention::load:
+// its parameters take 1/P of the memory); `header` gets the configuration,
+// read from the file's header as load_weights reads it. Collective.
+template <class T>
+class HeadParallelForward {
+ public:
+  HeadParallelForward(const std::string& weights, const LoadOptions& load, LoadedWeights& header);
+  ~HeadParallelForward();
+  HeadParallelForward(HeadParallelForward&&) noexcept;
+  // The whole result on every rank.
+  ForwardResult<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                           const ForwardOptions<T>& options) const;
+
+ private:
+  struct Module;
+  std::unique_ptr<Module> module_;
+};
+
 // The grouped-query module's (heads only).
 template <class T>
 Tensor<T> parallel_gqa_forward(const std::string& mode, const GroupedQueryAttention<T>& module, const Tensor<T>& x,

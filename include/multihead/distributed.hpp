@@ -40,6 +40,7 @@
 #include "multihead/error.hpp"
 #include "multihead/grouped_query_attention.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/weights.hpp"
 
 namespace multihead {
 
@@ -193,6 +194,13 @@ class HeadParallelMultiheadAttention {
   // the file, the same on every rank).
   static HeadParallelMultiheadAttention load(Communicator& comm, const std::string& path,
                                              const MultiheadAttentionConfig& config, const std::string& prefix = "");
+  // The same with the configuration, too, read from the file's header as
+  // load_weights reads it (options: prefix and overrides; see
+  // weights_from_header): no rank decodes more than its blocks. `header`,
+  // if given, receives what the header said (config, metadata, assumed
+  // settings; no parameters).
+  static HeadParallelMultiheadAttention load(Communicator& comm, const std::string& path, const LoadOptions& options,
+                                             LoadedWeights* header = nullptr);
   ~HeadParallelMultiheadAttention();
   HeadParallelMultiheadAttention(HeadParallelMultiheadAttention&&) noexcept;
 
@@ -203,6 +211,9 @@ class HeadParallelMultiheadAttention {
   // in_proj_bias (3·H_r·D), bias_k / bias_v (1, 1, H_r·D),
   // out_proj.weight (E, H_r·D), out_proj.bias (E).
   std::map<std::string, Tensor<T>> state_dict() const;
+  // Parameter values load() decoded from the file on this rank (0 when
+  // built from whole parameters): the rank's share, about 1/P of the file.
+  uint64_t values_read() const;
 
   // Collective. Validates on every rank and agrees before communicating.
   ForwardResult<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
@@ -302,6 +313,14 @@ struct RingAttentionInputs {
   const T* attn_mask = nullptr;
   int64_t attn_mask_slices = 1;
   const T* key_padding = nullptr;
+  // Keys without a position that every rank holds whole (bias_k / bias_v,
+  // the zero-attention key): extra_k [B·Hkv][extra_len][D], extra_v
+  // [B·Hkv][extra_len][Dv], after the S keys. Every rank's queries see them
+  // as one more block, never sent: no mask column (the masks' zero padding),
+  // no causal, window or ALiBi position (score_rule's keys j >= cols).
+  const T* extra_k = nullptr;
+  const T* extra_v = nullptr;
+  int64_t extra_len = 0;
 };
 
 // out [N][L_r][Dv] and lse [N][L_r] (each row's log-sum-exp over all S
@@ -320,10 +339,13 @@ void ring_attention_forward(Communicator& comm, const RingAttentionInputs<T>& in
 // rows), d_q [N][L_r][D], d_k [B·Hkv][S_r][D], d_v [B·Hkv][S_r][Dv] of this
 // rank's rows. The K/V blocks travel as in the forward, and with each its
 // dK/dV accumulator, which every rank adds its queries' share to; after a
-// full turn the accumulators reach their owners.
+// full turn the accumulators reach their owners. With extra keys,
+// d_extra_k / d_extra_v (as extra_k / extra_v; nullptr: not wanted) get this
+// rank's queries' share of their gradients (sum them over the ranks).
 template <class T>
 void ring_attention_backward(Communicator& comm, const RingAttentionInputs<T>& in, const AttentionOptions& options,
-                             const T* out, const T* lse, const T* d_out, T* d_q, T* d_k, T* d_v);
+                             const T* out, const T* lse, const T* d_out, T* d_q, T* d_k, T* d_v,
+                             T* d_extra_k = nullptr, T* d_extra_v = nullptr);
 
 // ---- sequence parallel MultiheadAttention: ring or Ulysses ----------------------
 //  - Ring: the projections on the rank's rows, ring_attention_* on its heads,
@@ -337,9 +359,14 @@ void ring_attention_backward(Communicator& comm, const RingAttentionInputs<T>& i
 // layout ((L_r, B, E), (B, L_r, E) batch first, or (L_r, E)); attn_mask and
 // key_padding_mask are the whole masks (every rank the same; each reads its
 // rows). The output is the rank's rows. Parameter gradients are the whole
-// module's, on every rank (summed over ranks in rank order). Not supported
-// (refused with an error naming it): bias_k/bias_v, add_zero_attn, dropout
-// while training, need_weights.
+// module's, on every rank (summed over ranks in rank order). bias_k /
+// bias_v and the zero-attention key are keys without a position after the S
+// keys, as in the one-process module: ring gives them to every rank as one
+// local block (RingAttentionInputs::extra_*), Ulysses appends them to its
+// heads' keys. Not supported (refused with an error naming it): dropout
+// while training (its keep decisions hash a kernel call's own row and column
+// indices, which a ring block does not share with the whole call),
+// need_weights.
 enum class SequenceMode { Ring, Ulysses };
 
 template <class T>
@@ -394,8 +421,70 @@ struct SequenceParallelContext {
   std::vector<T> q, k, v, out, lse, concat;
   std::vector<T> attn_mask, key_padding;
   int64_t attn_mask_slices = 1;
+  // bias_k / bias_v, then the zero key, per slice ([B·H][extra][D]; ring).
+  std::vector<T> extra_k, extra_v;
+  int64_t extra = 0;
   AttentionOptions attention;
   Shape output_shape;
+  bool filled = false;
+};
+
+// ---- sequence parallel GroupedQueryAttention: ring or Ulysses ----------------------
+// The grouped-query module (self-attention, config.causal bottom-right,
+// RoPE) with the sequence split across the ranks:
+//  - Ring: projections and RoPE (at the rows' global positions) on the
+//    rank's rows; ring_attention_* with kv_heads = Hkv (a K/V block carries
+//    the rank's rows of every K/V head, read by its group's H/Hkv query
+//    heads where it arrives); o_proj on the rank's rows. Zig-zag rows when
+//    causal_balance and config.causal.
+//  - Ulysses: P must divide Hkv (a K/V head travels with its whole group:
+//    rank r takes K/V heads [r·Hkv/P, (r+1)·Hkv/P) and the query heads
+//    [r·H/P, (r+1)·H/P) that read them); otherwise an error naming both.
+// x is the rank's rows (B, L_r, E) of the whole (B, L, E) (batch first, as
+// the module; rows ring_segments(L, P, r, order())); the output is the
+// rank's rows. options as GroupedQueryAttention::forward takes them
+// (alibi_slopes: H values, the module's); dropout_p must be 0. Every rank
+// holds the whole parameters; backward gives the rank's rows of dℓ/dx and
+// the whole module's parameter gradients on every rank (summed in rank
+// order).
+template <class T>
+struct SequenceParallelGqaContext;
+
+template <class T>
+class SequenceParallelGroupedQueryAttention {
+ public:
+  SequenceParallelGroupedQueryAttention(Communicator& comm, const GroupedQueryAttentionConfig& config,
+                                        const GroupedQueryAttentionParameters<T>& whole, SequenceMode mode,
+                                        bool causal_balance = true);
+  const GroupedQueryAttentionConfig& config() const { return config_; }
+  SequenceMode mode() const { return mode_; }
+  RingOrder order() const { return order_; }
+  Tensor<T> forward(const Tensor<T>& x, int64_t L, const AttentionOptions& options = {}) const;
+  Tensor<T> forward(const Tensor<T>& x, int64_t L, const AttentionOptions& options,
+                    SequenceParallelGqaContext<T>& save) const;
+  GroupedQueryAttentionGradients<T> backward(const SequenceParallelGqaContext<T>& saved,
+                                             const Tensor<T>& d_output) const;
+
+ private:
+  Tensor<T> run(const Tensor<T>& x, int64_t L, const AttentionOptions& options,
+                SequenceParallelGqaContext<T>* save) const;
+  RingAttentionInputs<T> ring_inputs(const SequenceParallelGqaContext<T>& s, int64_t B, int64_t H, int64_t Hkv,
+                                     int64_t L, int64_t D) const;
+  Communicator* comm_;
+  GroupedQueryAttentionConfig config_;
+  GroupedQueryAttentionParameters<T> params_;
+  SequenceMode mode_;
+  RingOrder order_;
+};
+
+// What its training forward keeps (the rank's rows; Ulysses: q, k, v, out
+// and lse of its heads' every row).
+template <class T>
+struct SequenceParallelGqaContext {
+  Tensor<T> x;
+  std::vector<T> q, k, v, out, lse, merged;
+  AttentionOptions attention;  // as the kernels ran (causal, this rank's slopes)
+  int64_t L = 0;
   bool filled = false;
 };
 

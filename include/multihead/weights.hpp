@@ -79,6 +79,22 @@ inline LoadedWeights load_weights(const std::string& path, const WeightOverrides
   return load_weights(path, LoadOptions{"", overrides});
 }
 
+// What load_weights(path, options) gives, from the file's header alone: the
+// configuration (from the shapes of the tensors under the prefix and the
+// metadata, by the same rules), metadata, prefix and assumed settings; the
+// parameters stay empty and parameter_dtype is the shared dtype of those
+// tensors, if one. `tensors` maps the file's floating-point tensors, full
+// names, to their dtype and shape. For a reader that decodes only its part of
+// a file (a head-parallel rank, multihead/distributed.hpp). Names under the
+// prefix that are no parameter are skipped here (load_weights refuses them).
+struct TensorHeader {
+  DType dtype = DType::F32;
+  Shape shape;
+};
+LoadedWeights weights_from_header(const std::map<std::string, TensorHeader>& tensors,
+                                  const std::map<std::string, std::string>& metadata, const std::string& path,
+                                  const LoadOptions& options = {});
+
 // A MultiheadAttention state_dict found inside a file: a prefix p with
 // p + "out_proj.weight" and p + "in_proj_weight" (or p + "q_proj_weight").
 struct FoundModule {

@@ -49,6 +49,7 @@ struct HeadParallelMultiheadAttention<T>::Local {
   MultiheadAttentionConfig config;              // H_r heads of width D
   std::optional<BasicMultiheadAttention<T>> module;
   Tensor<T> wq, bq, wk, bk, wv, bv, wo, bo, bias_k, bias_v;  // the rank's slices
+  uint64_t values_read = 0;                     // by load(), from the file
 };
 
 namespace {
@@ -123,7 +124,7 @@ HeadParallelMultiheadAttention<T> HeadParallelMultiheadAttention<T>::load(Commun
                                                                           const std::string& prefix) {
   std::optional<detail::SafetensorsSlices> file;
   const std::string p = prefix.empty() || prefix.back() == '.' ? prefix : prefix + ".";
-  return HeadParallelMultiheadAttention(comm, config, [&] {
+  HeadParallelMultiheadAttention m(comm, config, [&] {
     config.validate();
     file.emplace(path);
     // Every parameter the configuration has, of its shape (the rest of the
@@ -138,6 +139,27 @@ HeadParallelMultiheadAttention<T> HeadParallelMultiheadAttention<T>::load(Commun
   }, [&](const std::string& name, int64_t first, int64_t count, bool columns) {
     return columns ? file->columns<T>(p + name, first, count) : file->rows<T>(p + name, first, count);
   });
+  m.local_->values_read = file->values_read();
+  return m;
+}
+
+template <class T>
+HeadParallelMultiheadAttention<T> HeadParallelMultiheadAttention<T>::load(Communicator& comm, const std::string& path,
+                                                                          const LoadOptions& options,
+                                                                          LoadedWeights* header) {
+  LoadedWeights w;
+  comm.agree([&] {
+    const detail::SafetensorsSlices file(path);  // the header only
+    w = weights_from_header(file.tensors(), file.metadata(), path, options);
+  });
+  HeadParallelMultiheadAttention m = load(comm, path, w.config, w.prefix);
+  if (header) *header = std::move(w);
+  return m;
+}
+
+template <class T>
+uint64_t HeadParallelMultiheadAttention<T>::values_read() const {
+  return local_->values_read;
 }
 
 template <class T>

@@ -129,8 +129,11 @@ struct Ring {
   // The kernel arguments for query segment qs against key segment ks of
   // block `src` (K then V, [Nkv][S_src][·] each, in `block`). Masks are
   // copied into `mask` and `padding` as the call's [M][Lq][Sk] and [B][Sk].
+  // positionless: the extra keys (in.extra_len of them, ks = {{kv_len,
+  // extra_len}, 0}): no mask column, no causal or window or ALiBi position,
+  // as the one-process module pads its masks with zeros for them.
   AttentionArgs<T> args(const Segment& qs, const Segment& ks, int64_t S_src, const T* block, std::vector<T>& mask,
-                        std::vector<T>& padding) const {
+                        std::vector<T>& padding, bool positionless = false) const {
     const int64_t Lq = qs.positions.count, Sk = ks.positions.count;
     multihead::detail::AttentionShape shape;
     shape.slices = N;
@@ -139,7 +142,7 @@ struct Ring {
     shape.kv_len = Sk;
     shape.head_dim = D;
     shape.value_dim = Dv;
-    shape.causal_cols = Sk;
+    shape.causal_cols = positionless ? 0 : Sk;
     multihead::detail::AttentionTensors<T> t;
     t.q = in.q + qs.row * D;
     t.q_layout = SliceLayout{in.heads * L_r * D, L_r * D, D};
@@ -150,7 +153,7 @@ struct Ring {
     t.k_layout = SliceLayout{kvh * S_src * D, S_src * D, D};
     t.v = v + ks.row * Dv;
     t.v_layout = SliceLayout{kvh * S_src * Dv, S_src * Dv, Dv};
-    if (in.attn_mask) {
+    if (in.attn_mask && !positionless) {
       const int64_t M = in.attn_mask_slices;
       mask.resize(static_cast<std::size_t>(M * Lq * Sk));
       for (int64_t m = 0; m < M; ++m)
@@ -161,7 +164,7 @@ struct Ring {
       t.attn_mask = mask.data();
       t.attn_mask_slice_stride = M == 1 ? 0 : Lq * Sk;
     }
-    if (in.key_padding) {
+    if (in.key_padding && !positionless) {
       padding.resize(static_cast<std::size_t>(in.batch * Sk));
       for (int64_t b = 0; b < in.batch; ++b)
         std::copy(in.key_padding + b * in.kv_len + ks.positions.begin,
@@ -199,6 +202,9 @@ void validate(Communicator& comm, const RingAttentionInputs<T>& in, const Attent
     if (in.attn_mask && in.attn_mask_slices != 1 && in.attn_mask_slices != in.batch * in.heads)
       fail("attn_mask: expected 1 or N = " + std::to_string(in.batch * in.heads) + " slices, got " +
            std::to_string(in.attn_mask_slices));
+    if (in.extra_len < 0 || (in.extra_len > 0 && (!in.extra_k || !in.extra_v)))
+      fail("extra_len: expected 0, or extra_k and extra_v with extra_len >= 1 keys, got " +
+           std::to_string(in.extra_len));
     if (o.kernel == AttentionKernel::Flash && sizeof(T) != 4)
       fail("kernel: the flash kernel runs float32 only, got float64");
   });
@@ -221,6 +227,47 @@ std::size_t largest_block(const Ring<T>& ring) {
   return static_cast<std::size_t>(m);
 }
 
+// The extra keys packed as a block (K [Nkv][extra][D], then V), and their segment.
+template <class T>
+std::vector<T> extra_block(const Ring<T>& ring) {
+  const int64_t nk = ring.Nkv * ring.in.extra_len * ring.D, nv = ring.Nkv * ring.in.extra_len * ring.Dv;
+  std::vector<T> b(static_cast<std::size_t>(nk + nv));
+  std::copy(ring.in.extra_k, ring.in.extra_k + nk, b.data());
+  std::copy(ring.in.extra_v, ring.in.extra_v + nv, b.data() + nk);
+  return b;
+}
+template <class T>
+Segment extra_segment(const Ring<T>& ring) {
+  return {{ring.in.kv_len, ring.in.extra_len}, 0};
+}
+
+// Merges a block's rows (block_out [N][Lq][Dv], block_lse [N][Lq]) into the
+// running out / lse rows of query segment qs, by log-sum-exp.
+template <class T>
+void merge_block(const Ring<T>& ring, const Segment& qs, const std::vector<T>& block_out,
+                 const std::vector<T>& block_lse, T* out, T* lse) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t Lq = qs.positions.count, Dv = ring.Dv, L_r = ring.L_r;
+  for (int64_t n = 0; n < ring.N; ++n)
+    for (int64_t i = 0; i < Lq; ++i) {
+      const T lb = block_lse[static_cast<std::size_t>(n * Lq + i)];
+      if (lb == kNegInf) continue;
+      T& l = lse[n * L_r + qs.row + i];
+      T* o = out + (n * L_r + qs.row + i) * Dv;
+      const T* ob = block_out.data() + (n * Lq + i) * Dv;
+      if (l == kNegInf) {
+        std::copy(ob, ob + Dv, o);
+        l = lb;
+        continue;
+      }
+      const T m = std::max(l, lb);
+      const T merged = m + std::log1p(std::exp(std::min(l, lb) - m));
+      const T a_old = std::exp(l - merged), a_new = std::exp(lb - merged);
+      for (int64_t d = 0; d < Dv; ++d) o[d] = o[d] * a_old + ob[d] * a_new;
+      l = merged;
+    }
+}
+
 constexpr int kTagKV = 11, kTagGrad = 12;
 
 }  // namespace
@@ -238,6 +285,17 @@ void ring_attention_forward(Communicator& comm, const RingAttentionInputs<T>& in
   const std::size_t capacity = largest_block(ring);
   std::vector<T> cur = own_block(ring, capacity), next(capacity);
   std::vector<T> mask, padding, block_out, block_lse;
+  // One kernel call for query segment qs, merged into out / lse.
+  const auto block = [&](const Segment& qs, AttentionArgs<T> a) {
+    const int64_t Lq = qs.positions.count;
+    block_out.assign(static_cast<std::size_t>(N * Lq * Dv), T(0));
+    block_lse.assign(static_cast<std::size_t>(N * Lq), kNegInf);
+    a.out = block_out.data();
+    a.out_layout = {};
+    a.lse = block_lse.data();
+    multihead::detail::run_attention_forward(a, ring.kernel);
+    merge_block(ring, qs, block_out, block_lse, out, lse);
+  };
   for (int t = 0; t < P; ++t) {
     const int src = (r - t + P) % P;
     Request send, recv;
@@ -249,37 +307,17 @@ void ring_attention_forward(Communicator& comm, const RingAttentionInputs<T>& in
     for (const Segment& ks : segments_of(in.kv_len, P, src, in.order))
       for (const Segment& qs : ring.q_segments) {
         if (hidden(qs.positions, ks.positions, ring.shift, options)) continue;
-        const int64_t Lq = qs.positions.count;
-        block_out.assign(static_cast<std::size_t>(N * Lq * Dv), T(0));
-        block_lse.assign(static_cast<std::size_t>(N * Lq), kNegInf);
-        AttentionArgs<T> a = ring.args(qs, ks, S_src, cur.data(), mask, padding);
-        a.out = block_out.data();
-        a.out_layout = {};
-        a.lse = block_lse.data();
-        multihead::detail::run_attention_forward(a, ring.kernel);
-        // Merge by log-sum-exp, row by row.
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t i = 0; i < Lq; ++i) {
-            const T lb = block_lse[static_cast<std::size_t>(n * Lq + i)];
-            if (lb == kNegInf) continue;
-            T& l = lse[n * L_r + qs.row + i];
-            T* o = out + (n * L_r + qs.row + i) * Dv;
-            const T* ob = block_out.data() + (n * Lq + i) * Dv;
-            if (l == kNegInf) {
-              std::copy(ob, ob + Dv, o);
-              l = lb;
-              continue;
-            }
-            const T m = std::max(l, lb);
-            const T merged = m + std::log1p(std::exp(std::min(l, lb) - m));
-            const T a_old = std::exp(l - merged), a_new = std::exp(lb - merged);
-            for (int64_t d = 0; d < Dv; ++d) o[d] = o[d] * a_old + ob[d] * a_new;
-            l = merged;
-          }
+        block(qs, ring.args(qs, ks, S_src, cur.data(), mask, padding));
       }
     comm.wait(recv);
     comm.wait(send);
     std::swap(cur, next);
+  }
+  // The extra keys every rank holds: one more block, never sent.
+  if (in.extra_len > 0) {
+    const std::vector<T> extra = extra_block(ring);
+    for (const Segment& qs : ring.q_segments)
+      block(qs, ring.args(qs, extra_segment(ring), in.extra_len, extra.data(), mask, padding, true));
   }
   if (options.masked_rows == MaskedRowPolicy::NaN)
     for (int64_t x = 0; x < N * L_r; ++x)
@@ -288,7 +326,8 @@ void ring_attention_forward(Communicator& comm, const RingAttentionInputs<T>& in
 
 template <class T>
 void ring_attention_backward(Communicator& comm, const RingAttentionInputs<T>& in, const AttentionOptions& options,
-                             const T* out, const T* lse, const T* d_out, T* d_q, T* d_k, T* d_v) {
+                             const T* out, const T* lse, const T* d_out, T* d_q, T* d_k, T* d_v, T* d_extra_k,
+                             T* d_extra_v) {
   validate(comm, in, options);
   const Ring<T> ring(comm, in, options);
   const int P = ring.P, r = ring.r;
@@ -299,6 +338,34 @@ void ring_attention_backward(Communicator& comm, const RingAttentionInputs<T>& i
   // dK then dV of the block at hand, [Nkv][S_src][D] and [Nkv][S_src][Dv].
   std::vector<T> acc(capacity, T(0)), acc_next(capacity);
   std::vector<T> mask, padding, seg_lse, tmp_dq(static_cast<std::size_t>(N * L_r * D)), tmp_dkv(capacity);
+  // One block's backward for query segment qs: its share of dQ into d_q,
+  // of the block's dK then dV ([Nkv][S_src][·]) into `into`.
+  const auto block = [&](const Segment& qs, const Segment& ks, int64_t S_src, AttentionArgs<T> forward, T* into) {
+    const int64_t Lq = qs.positions.count, Sk = ks.positions.count, nk = Nkv * S_src * D;
+    if (tmp_dkv.size() < static_cast<std::size_t>(nk + Nkv * S_src * Dv))
+      tmp_dkv.resize(static_cast<std::size_t>(nk + Nkv * S_src * Dv));
+    AttentionBackwardArgs<T> b;
+    b.forward = forward;
+    b.forward.masked_rows = options.masked_rows;
+    b.forward.out = const_cast<T*>(out) + qs.row * Dv;
+    b.forward.out_layout = SliceLayout{in.heads * L_r * Dv, L_r * Dv, Dv};
+    seg_lse.resize(static_cast<std::size_t>(N * Lq));
+    for (int64_t n = 0; n < N; ++n)
+      std::copy(lse + n * L_r + qs.row, lse + n * L_r + qs.row + Lq, seg_lse.data() + n * Lq);
+    b.lse = seg_lse.data();
+    b.d_out = d_out + qs.row * Dv;
+    b.d_q = tmp_dq.data() + qs.row * D;
+    b.d_k = tmp_dkv.data() + ks.row * D;
+    b.d_v = tmp_dkv.data() + nk + ks.row * Dv;
+    multihead::detail::run_attention_backward(b, ring.kernel);
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t x = (n * L_r + qs.row) * D; x < (n * L_r + qs.row + Lq) * D; ++x) d_q[x] += tmp_dq[x];
+    for (int64_t g = 0; g < Nkv; ++g) {
+      for (int64_t x = (g * S_src + ks.row) * D; x < (g * S_src + ks.row + Sk) * D; ++x) into[x] += tmp_dkv[x];
+      for (int64_t x = nk + (g * S_src + ks.row) * Dv; x < nk + (g * S_src + ks.row + Sk) * Dv; ++x)
+        into[x] += tmp_dkv[x];
+    }
+  };
   // At step t, acc holds what ranks r − t … r − 1 added to block src's dK/dV.
   for (int t = 0; t < P; ++t) {
     const int src = (r - t + P) % P;
@@ -308,32 +375,10 @@ void ring_attention_backward(Communicator& comm, const RingAttentionInputs<T>& i
       recv = comm.irecv(next.data(), ring.block_values((src - 1 + P) % P), (r - 1 + P) % P, kTagKV);
       send = comm.isend(cur.data(), ring.block_values(src), (r + 1) % P, kTagKV);
     }
-    const int64_t nk = Nkv * S_src * D;
     for (const Segment& ks : segments_of(in.kv_len, P, src, in.order))
       for (const Segment& qs : ring.q_segments) {
         if (hidden(qs.positions, ks.positions, ring.shift, options)) continue;
-        const int64_t Lq = qs.positions.count, Sk = ks.positions.count;
-        AttentionBackwardArgs<T> b;
-        b.forward = ring.args(qs, ks, S_src, cur.data(), mask, padding);
-        b.forward.masked_rows = options.masked_rows;
-        b.forward.out = const_cast<T*>(out) + qs.row * Dv;
-        b.forward.out_layout = SliceLayout{in.heads * L_r * Dv, L_r * Dv, Dv};
-        seg_lse.resize(static_cast<std::size_t>(N * Lq));
-        for (int64_t n = 0; n < N; ++n)
-          std::copy(lse + n * L_r + qs.row, lse + n * L_r + qs.row + Lq, seg_lse.data() + n * Lq);
-        b.lse = seg_lse.data();
-        b.d_out = d_out + qs.row * Dv;
-        b.d_q = tmp_dq.data() + qs.row * D;
-        b.d_k = tmp_dkv.data() + ks.row * D;
-        b.d_v = tmp_dkv.data() + nk + ks.row * Dv;
-        multihead::detail::run_attention_backward(b, ring.kernel);
-        for (int64_t n = 0; n < N; ++n)
-          for (int64_t x = (n * L_r + qs.row) * D; x < (n * L_r + qs.row + Lq) * D; ++x) d_q[x] += tmp_dq[x];
-        for (int64_t g = 0; g < Nkv; ++g) {
-          for (int64_t x = (g * S_src + ks.row) * D; x < (g * S_src + ks.row + Sk) * D; ++x) acc[x] += tmp_dkv[x];
-          for (int64_t x = nk + (g * S_src + ks.row) * Dv; x < nk + (g * S_src + ks.row + Sk) * Dv; ++x)
-            acc[x] += tmp_dkv[x];
-        }
+        block(qs, ks, S_src, ring.args(qs, ks, S_src, cur.data(), mask, padding), acc.data());
       }
     comm.wait(recv);
     comm.wait(send);
@@ -353,6 +398,17 @@ void ring_attention_backward(Communicator& comm, const RingAttentionInputs<T>& i
   const int64_t nk = Nkv * ring.S_r * D, nv = Nkv * ring.S_r * Dv;
   std::copy(acc.data(), acc.data() + nk, d_k);
   std::copy(acc.data() + nk, acc.data() + nk + nv, d_v);
+  // The extra keys: this rank's queries' share of their gradients.
+  if (in.extra_len > 0) {
+    const std::vector<T> extra = extra_block(ring);
+    std::vector<T> d_extra(extra.size(), T(0));
+    const Segment es = extra_segment(ring);
+    for (const Segment& qs : ring.q_segments)
+      block(qs, es, in.extra_len, ring.args(qs, es, in.extra_len, extra.data(), mask, padding, true), d_extra.data());
+    const int64_t ek = Nkv * in.extra_len * D;
+    if (d_extra_k) std::copy(d_extra.data(), d_extra.data() + ek, d_extra_k);
+    if (d_extra_v) std::copy(d_extra.data() + ek, d_extra.data() + d_extra.size(), d_extra_v);
+  }
 }
 
 template void ring_attention_forward<float>(Communicator&, const RingAttentionInputs<float>&,
@@ -361,9 +417,9 @@ template void ring_attention_forward<double>(Communicator&, const RingAttentionI
                                              const AttentionOptions&, double*, double*);
 template void ring_attention_backward<float>(Communicator&, const RingAttentionInputs<float>&,
                                              const AttentionOptions&, const float*, const float*, const float*,
-                                             float*, float*, float*);
+                                             float*, float*, float*, float*, float*);
 template void ring_attention_backward<double>(Communicator&, const RingAttentionInputs<double>&,
                                               const AttentionOptions&, const double*, const double*, const double*,
-                                              double*, double*, double*);
+                                              double*, double*, double*, double*, double*);
 
 }  // namespace multihead::distributed

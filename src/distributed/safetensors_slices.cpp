@@ -45,7 +45,14 @@ SafetensorsSlices::SafetensorsSlices(const std::string& path) : path_(path) {
   if (!root.is_object()) throw bad("its header is not a JSON object");
   const uint64_t buffer = 8 + header;
   for (const auto& [name, v] : root.items()) {
-    if (name == "__metadata__") continue;
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw bad("its __metadata__ is not a JSON object");
+      for (const auto& [key, text] : v.items()) {
+        if (!text.is_string()) throw bad("__metadata__." + key + " is not a string");
+        metadata_[key] = text.get<std::string>();
+      }
+      continue;
+    }
     Entry e;
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
       throw bad("tensor '" + name + "' lacks dtype, shape or data_offsets");
@@ -75,6 +82,12 @@ const SafetensorsSlices::Entry& SafetensorsSlices::entry(const std::string& name
   return it->second;
 }
 
+std::map<std::string, TensorHeader> SafetensorsSlices::tensors() const {
+  std::map<std::string, TensorHeader> out;
+  for (const auto& [name, e] : entries_) out.emplace(name, TensorHeader{e.dtype, e.shape});
+  return out;
+}
+
 const Shape& SafetensorsSlices::shape(const std::string& name) const { return entry(name).shape; }
 
 template <class T>
@@ -84,6 +97,7 @@ Tensor<T> SafetensorsSlices::rows(const std::string& name, int64_t first, int64_
   for (std::size_t d = 1; d < e.shape.size(); ++d) per *= e.shape[d];
   const std::size_t item = multihead::detail::itemsize(e.dtype);
   std::vector<double> values(static_cast<std::size_t>(count * per));
+  values_read_ += values.size();
   multihead::detail::decode_to_double(bytes_.data() + e.begin + static_cast<std::size_t>(first * per) * item,
                                       values.size(), e.dtype, false, values.data());
   Tensor<T> out(Shape{count * per});
@@ -98,6 +112,7 @@ Tensor<T> SafetensorsSlices::columns(const std::string& name, int64_t first, int
   const std::size_t item = multihead::detail::itemsize(e.dtype);
   Tensor<T> out(Shape{R, count});
   std::vector<double> row(static_cast<std::size_t>(count));
+  values_read_ += static_cast<uint64_t>(R * count);
   for (int64_t r = 0; r < R; ++r) {
     multihead::detail::decode_to_double(bytes_.data() + e.begin + static_cast<std::size_t>(r * C + first) * item,
                                         row.size(), e.dtype, false, row.data());

@@ -13,6 +13,7 @@
 #include "io/file_util.hpp"
 #include "multihead/io.hpp"
 #include "multihead/tensor.hpp"
+#include "multihead/weights.hpp"
 
 namespace multihead::distributed::detail {
 
@@ -22,6 +23,13 @@ class SafetensorsSlices {
   // whose tensors do not fit the file or their dtype and shape.
   explicit SafetensorsSlices(const std::string& path);
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  // The floating-point tensors' dtypes and shapes, and the __metadata__
+  // (weights_from_header reads the configuration from them).
+  std::map<std::string, TensorHeader> tensors() const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Values decoded so far by rows() and columns() (what this reader took
+  // from the file: a test counts it).
+  uint64_t values_read() const { return values_read_; }
   // Throws Error(Missing) naming the tensor and the file when absent.
   const Shape& shape(const std::string& name) const;
   // Rows [first, first + count) of the tensor seen as (shape[0], rest).
@@ -41,6 +49,8 @@ class SafetensorsSlices {
   std::string path_;
   multihead::detail::FileBytes bytes_;
   std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+  mutable uint64_t values_read_ = 0;
 };
 
 }  // namespace multihead::distributed::detail

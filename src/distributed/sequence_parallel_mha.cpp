@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "attention/attention_call.hpp"
+#include "distributed/sequence_layout.hpp"
 #include "core/linear.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/distributed.hpp"
@@ -34,92 +35,13 @@ namespace {
 
 using multihead::detail::LinearOptions;
 using multihead::detail::LinearWeight;
+using detail::heads_to_rows;
+using detail::merge_heads;
+using detail::Rows;
+using detail::rows_to_heads;
+using detail::split_heads;
 
 [[noreturn]] void fail(Error::Kind kind, const std::string& message) { throw Error(kind, message); }
-
-// Where token (b, l) of a (len, B, ·) / (B, len, ·) / (len, ·) tensor is.
-struct Rows {
-  bool batch_first = false;
-  int64_t B = 1, len = 0;
-  int64_t row(int64_t b, int64_t l) const { return batch_first ? b * len + l : l * B + b; }
-};
-
-// split_heads: X (rows × H·w, token layout) -> [B·H][len][w].
-template <class T>
-std::vector<T> split_heads(const T* x, const Rows& rows, int64_t H, int64_t w) {
-  std::vector<T> out(static_cast<std::size_t>(rows.B * H * rows.len * w));
-  for (int64_t b = 0; b < rows.B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t l = 0; l < rows.len; ++l) {
-        const T* src = x + rows.row(b, l) * H * w + h * w;
-        std::copy(src, src + w, out.data() + ((b * H + h) * rows.len + l) * w);
-      }
-  return out;
-}
-
-// merge_heads: [B·H][len][w] -> (rows × H·w) in the token layout.
-template <class T>
-void merge_heads(const T* heads, const Rows& rows, int64_t H, int64_t w, T* x) {
-  for (int64_t b = 0; b < rows.B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t l = 0; l < rows.len; ++l) {
-        const T* src = heads + ((b * H + h) * rows.len + l) * w;
-        std::copy(src, src + w, x + rows.row(b, l) * H * w + h * w);
-      }
-}
-
-// Ulysses' all-to-all, rows -> heads: [B·H][n_r][w], the rank's contiguous
-// rows of every head, to [B·Hp][n][w], every row of heads [r·Hp, (r+1)·Hp).
-// Blocks are padded to ⌈n/P⌉ rows, as MPI_Alltoall wants equal blocks.
-template <class T>
-std::vector<T> rows_to_heads(Communicator& comm, const std::vector<T>& local, int64_t B, int64_t H, int64_t n,
-                             int64_t w) {
-  const int P = comm.size(), r = comm.rank();
-  const int64_t Hp = H / P, pad = (n + P - 1) / P, mine = share_of(n, P, r).count;
-  const int64_t block = B * Hp * pad * w;
-  std::vector<T> send(static_cast<std::size_t>(block * P), T(0)), recv(send.size());
-  for (int j = 0; j < P; ++j)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hp; ++h)
-        std::copy(local.data() + ((b * H + j * Hp + h) * mine) * w, local.data() + ((b * H + j * Hp + h) * mine + mine) * w,
-                  send.data() + j * block + ((b * Hp + h) * pad) * w);
-  comm.all_to_all(send.data(), recv.data(), block);
-  std::vector<T> out(static_cast<std::size_t>(B * Hp * n * w));
-  for (int j = 0; j < P; ++j) {
-    const Share s = share_of(n, P, j);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hp; ++h)
-        std::copy(recv.data() + j * block + ((b * Hp + h) * pad) * w,
-                  recv.data() + j * block + ((b * Hp + h) * pad + s.count) * w,
-                  out.data() + ((b * Hp + h) * n + s.begin) * w);
-  }
-  return out;
-}
-
-// The inverse: [B·Hp][n][w] of the rank's heads -> [B·H][n_r][w] of its rows.
-template <class T>
-std::vector<T> heads_to_rows(Communicator& comm, const T* heads, int64_t B, int64_t H, int64_t n, int64_t w) {
-  const int P = comm.size(), r = comm.rank();
-  const int64_t Hp = H / P, pad = (n + P - 1) / P, mine = share_of(n, P, r).count;
-  const int64_t block = B * Hp * pad * w;
-  std::vector<T> send(static_cast<std::size_t>(block * P), T(0)), recv(send.size());
-  for (int j = 0; j < P; ++j) {
-    const Share s = share_of(n, P, j);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hp; ++h)
-        std::copy(heads + ((b * Hp + h) * n + s.begin) * w, heads + ((b * Hp + h) * n + s.end()) * w,
-                  send.data() + j * block + ((b * Hp + h) * pad) * w);
-  }
-  comm.all_to_all(send.data(), recv.data(), block);
-  std::vector<T> out(static_cast<std::size_t>(B * H * mine * w));
-  for (int j = 0; j < P; ++j)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < Hp; ++h)
-        std::copy(recv.data() + j * block + ((b * Hp + h) * pad) * w,
-                  recv.data() + j * block + ((b * Hp + h) * pad + mine) * w,
-                  out.data() + ((b * H + j * Hp + h) * mine) * w);
-  return out;
-}
 
 template <class T>
 struct Projections {
@@ -151,6 +73,87 @@ Projections<T> projections(const MultiheadAttentionConfig& c, const MultiheadAtt
   return w;
 }
 
+// The extra keys of slice (b, h) in [slices][extra][D] layout: bias_k (or
+// bias_v) first when present, then the zero key.
+template <class T>
+std::vector<T> extra_keys(const T* bias, bool zero, int64_t B, int64_t first_head, int64_t heads, int64_t D) {
+  const int64_t extra = (bias ? 1 : 0) + (zero ? 1 : 0);
+  std::vector<T> out(static_cast<std::size_t>(B * heads * extra * D), T(0));
+  if (bias)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < heads; ++h)
+        std::copy(bias + (first_head + h) * D, bias + (first_head + h + 1) * D,
+                  out.data() + (b * heads + h) * extra * D);
+  return out;
+}
+
+// The opposite: d bias[(first_head + h)·D + d] += Σ_b d_keys[b·heads + h][0][d]
+// (the bias is each slice's first extra key).
+template <class T>
+void add_bias_gradient(const T* d_keys, int64_t B, int64_t heads, int64_t first_head, int64_t extra, int64_t D,
+                       T* d_bias) {
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t d = 0; d < D; ++d) d_bias[(first_head + h) * D + d] += d_keys[((b * heads + h) * extra) * D + d];
+}
+
+// The ring's inputs from a forward's saved context.
+template <class T>
+RingAttentionInputs<T> ring_inputs(const SequenceParallelContext<T>& s, int64_t B, int64_t H, int64_t L, int64_t S,
+                                   int64_t D, RingOrder order) {
+  RingAttentionInputs<T> in;
+  in.batch = B;
+  in.heads = H;
+  in.q_len = L;
+  in.kv_len = S;
+  in.head_dim = D;
+  in.value_dim = D;
+  in.order = order;
+  in.q = s.q.data();
+  in.k = s.k.data();
+  in.v = s.v.data();
+  in.attn_mask = s.attn_mask.empty() ? nullptr : s.attn_mask.data();
+  in.attn_mask_slices = s.attn_mask_slices;
+  in.key_padding = s.key_padding.empty() ? nullptr : s.key_padding.data();
+  in.extra_k = s.extra_k.empty() ? nullptr : s.extra_k.data();
+  in.extra_v = s.extra_v.empty() ? nullptr : s.extra_v.data();
+  in.extra_len = s.extra;
+  return in;
+}
+
+// Ulysses' kernel call on the rank's Hp heads, every row: L queries against
+// St = S + extra keys (the extra ones without a position).
+template <class T>
+struct UlyssesCall {
+  multihead::detail::AttentionShape shape;
+  multihead::detail::AttentionTensors<T> t;
+  std::vector<T> slopes;
+  UlyssesCall(const SequenceParallelContext<T>& s, int64_t Np, int64_t Hp, int64_t L, int64_t S, int64_t D)
+      : shape{Np, Hp, L, S + s.extra, D, D, S, 0}, slopes(s.attention.alibi_slopes.begin(), s.attention.alibi_slopes.end()) {
+    t.q = s.q.data();
+    t.k = s.k.data();
+    t.v = s.v.data();
+    t.attn_mask = s.attn_mask.empty() ? nullptr : s.attn_mask.data();
+    t.attn_mask_slice_stride = s.attn_mask_slices == 1 ? 0 : L * (S + s.extra);
+    t.key_padding = s.key_padding.empty() ? nullptr : s.key_padding.data();
+    t.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
+  }
+  UlyssesCall(const UlyssesCall&) = delete;
+};
+
+// [n][len][w] -> [n][len + extra][w], slice i's extra rows from keys[i] ([n][extra][w]).
+template <class T>
+std::vector<T> append_rows(const std::vector<T>& x, const std::vector<T>& keys, int64_t n, int64_t len,
+                           int64_t extra, int64_t w) {
+  std::vector<T> out(static_cast<std::size_t>(n * (len + extra) * w));
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy(x.data() + i * len * w, x.data() + (i + 1) * len * w, out.data() + i * (len + extra) * w);
+    std::copy(keys.data() + i * extra * w, keys.data() + (i + 1) * extra * w,
+              out.data() + (i * (len + extra) + len) * w);
+  }
+  return out;
+}
+
 }  // namespace
 
 template <class T>
@@ -163,12 +166,6 @@ SequenceParallelMultiheadAttention<T>::SequenceParallelMultiheadAttention(Commun
   comm.agree([&] {
     config.validate();
     validate_parameters(config, whole);
-    if (config.add_bias_kv)
-      fail(Error::Kind::Value, "add_bias_kv: not supported in sequence parallel (bias_k / bias_v are keys "
-                               "without a position), got true");
-    if (config.add_zero_attn)
-      fail(Error::Kind::Value, "add_zero_attn: not supported in sequence parallel (the zero key has no "
-                               "position), got true");
     if (mode == SequenceMode::Ulysses && config.num_heads % comm.size() != 0)
       fail(Error::Kind::Value, "ranks: expected a divisor of num_heads = " + std::to_string(config.num_heads) +
                                    " in Ulysses (each rank takes H/P heads), got " + std::to_string(comm.size()));
@@ -204,6 +201,9 @@ ForwardResult<T> SequenceParallelMultiheadAttention<T>::run(const Tensor<T>& que
   const Rows q_rows{c.batch_first, B, L_r}, kv_rows{c.batch_first, B, S_r};
   const Projections<T> w = projections(c, params_);
   const LinearOptions lin{false, options.attention.num_threads};
+  const int64_t extra = (c.add_bias_kv ? 1 : 0) + (c.add_zero_attn ? 1 : 0);
+  const T* bias_k = c.add_bias_kv ? params_.bias_k.data() : nullptr;
+  const T* bias_v = c.add_bias_kv ? params_.bias_v.data() : nullptr;
   SequenceParallelContext<T> local;
   SequenceParallelContext<T>& s = save ? *save : local;
   comm.agree([&] {
@@ -238,6 +238,7 @@ ForwardResult<T> SequenceParallelMultiheadAttention<T>::run(const Tensor<T>& que
     s.attn_mask.clear();
     s.key_padding.clear();
     s.attn_mask_slices = 1;
+    s.extra = extra;
     const std::vector<Share> q_segments = ring_segments(L, P, r, order_);
     const int64_t Hp = mode_ == SequenceMode::Ulysses ? H / P : H;
     if (const Mask<T>* m = options.attn_mask) {
@@ -253,12 +254,15 @@ ForwardResult<T> SequenceParallelMultiheadAttention<T>::run(const Tensor<T>& que
           for (const Share& seg : q_segments)
             s.attn_mask.insert(s.attn_mask.end(), add.data() + (n * L + seg.begin) * S,
                                add.data() + (n * L + seg.end()) * S);
-      } else {
+      } else {  // every row, padded with zeros for the extra keys
         s.attn_mask_slices = M == 1 ? 1 : B * Hp;
         for (int64_t b = 0; b < (M == 1 ? 1 : B); ++b)
           for (int64_t h = 0; h < (M == 1 ? 1 : Hp); ++h) {
             const int64_t n = M == 1 ? 0 : b * H + r * Hp + h;
-            s.attn_mask.insert(s.attn_mask.end(), add.data() + n * L * S, add.data() + (n + 1) * L * S);
+            for (int64_t i = 0; i < L; ++i) {
+              s.attn_mask.insert(s.attn_mask.end(), add.data() + (n * L + i) * S, add.data() + (n * L + i + 1) * S);
+              s.attn_mask.insert(s.attn_mask.end(), static_cast<std::size_t>(extra), T(0));
+            }
           }
       }
     }
@@ -268,7 +272,12 @@ ForwardResult<T> SequenceParallelMultiheadAttention<T>::run(const Tensor<T>& que
         fail(Error::Kind::Shape, "key_padding_mask: expected the whole mask " + shape_to_string(want) + ", got " +
                                      shape_to_string(m->shape()));
       const Tensor<T> add = m->to_additive();
-      s.key_padding.assign(add.data(), add.data() + add.numel());
+      s.key_padding.clear();
+      const int64_t pad = mode_ == SequenceMode::Ulysses ? extra : 0;  // the ring's extra block has no mask
+      for (int64_t b = 0; b < B; ++b) {
+        s.key_padding.insert(s.key_padding.end(), add.data() + b * S, add.data() + (b + 1) * S);
+        s.key_padding.insert(s.key_padding.end(), static_cast<std::size_t>(pad), T(0));
+      }
     }
     s.attention = options.attention;
     if (options.alibi) {
@@ -291,44 +300,27 @@ ForwardResult<T> SequenceParallelMultiheadAttention<T>::run(const Tensor<T>& que
   const int64_t N = B * H;
   std::vector<T> heads_out;
   if (mode_ == SequenceMode::Ring) {
-    RingAttentionInputs<T> in;
-    in.batch = B;
-    in.heads = H;
-    in.q_len = L;
-    in.kv_len = S;
-    in.head_dim = D;
-    in.value_dim = D;
-    in.order = order_;
-    in.q = s.q.data();
-    in.k = s.k.data();
-    in.v = s.v.data();
-    in.attn_mask = s.attn_mask.empty() ? nullptr : s.attn_mask.data();
-    in.attn_mask_slices = s.attn_mask_slices;
-    in.key_padding = s.key_padding.empty() ? nullptr : s.key_padding.data();
+    s.extra_k = extra_keys(bias_k, c.add_zero_attn, B, 0, H, D);
+    s.extra_v = extra_keys(bias_v, c.add_zero_attn, B, 0, H, D);
     s.out.resize(static_cast<std::size_t>(N * L_r * D));
     s.lse.resize(static_cast<std::size_t>(N * L_r));
-    ring_attention_forward(comm, in, s.attention, s.out.data(), s.lse.data());
+    ring_attention_forward(comm, ring_inputs(s, B, H, L, S, D, order_), s.attention, s.out.data(), s.lse.data());
     heads_out = s.out;
   } else {
     const int64_t Hp = H / P, Np = B * Hp;
     s.q = rows_to_heads(comm, s.q, B, H, L, D);
     s.k = rows_to_heads(comm, s.k, B, H, S, D);
     s.v = rows_to_heads(comm, s.v, B, H, S, D);
+    if (extra > 0) {  // the rank's heads' extra keys after their S keys
+      s.k = append_rows(s.k, extra_keys(bias_k, c.add_zero_attn, B, r * Hp, Hp, D), Np, S, extra, D);
+      s.v = append_rows(s.v, extra_keys(bias_v, c.add_zero_attn, B, r * Hp, Hp, D), Np, S, extra, D);
+    }
     s.out.assign(static_cast<std::size_t>(Np * L * D), T(0));
     s.lse.assign(static_cast<std::size_t>(Np * L), T(0));
     comm.agree([&] {
-      multihead::detail::AttentionShape shape{Np, Hp, L, S, D, D, S, 0};
-      multihead::detail::AttentionTensors<T> t;
-      t.q = s.q.data();
-      t.k = s.k.data();
-      t.v = s.v.data();
-      t.attn_mask = s.attn_mask.empty() ? nullptr : s.attn_mask.data();
-      t.attn_mask_slice_stride = s.attn_mask_slices == 1 ? 0 : L * S;
-      t.key_padding = s.key_padding.empty() ? nullptr : s.key_padding.data();
-      std::vector<T> slopes(s.attention.alibi_slopes.begin(), s.attention.alibi_slopes.end());
-      t.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
-      t.out = s.out.data();
-      auto a = multihead::detail::make_attention_args(shape, t, s.attention);
+      UlyssesCall<T> call(s, Np, Hp, L, S, D);
+      call.t.out = s.out.data();
+      auto a = multihead::detail::make_attention_args(call.shape, call.t, s.attention);
       a.lse = s.lse.data();
       multihead::detail::run_attention_forward(
           a, multihead::detail::resolve_forward_kernel<T>(s.attention.kernel, false));
@@ -400,42 +392,27 @@ MultiheadAttentionGradients<T> SequenceParallelMultiheadAttention<T>::backward(c
   std::vector<T> d_heads = split_heads(d_concat.data(), q_rows, H, D);
   const int64_t N = B * H;
   std::vector<T> dq(static_cast<std::size_t>(N * L_r * D)), dk(static_cast<std::size_t>(N * S_r * D)), dv(dk.size());
+  const int64_t extra = s.extra;
+  T* d_bias_k = c.add_bias_kv ? g.parameters["bias_k"].data() : nullptr;
+  T* d_bias_v = c.add_bias_kv ? g.parameters["bias_v"].data() : nullptr;
   if (mode_ == SequenceMode::Ring) {
-    RingAttentionInputs<T> in;
-    in.batch = B;
-    in.heads = H;
-    in.q_len = L;
-    in.kv_len = S;
-    in.head_dim = D;
-    in.value_dim = D;
-    in.order = order_;
-    in.q = s.q.data();
-    in.k = s.k.data();
-    in.v = s.v.data();
-    in.attn_mask = s.attn_mask.empty() ? nullptr : s.attn_mask.data();
-    in.attn_mask_slices = s.attn_mask_slices;
-    in.key_padding = s.key_padding.empty() ? nullptr : s.key_padding.data();
-    ring_attention_backward(comm, in, s.attention, s.out.data(), s.lse.data(), d_heads.data(), dq.data(), dk.data(),
-                            dv.data());
+    std::vector<T> d_extra_k(s.extra_k.size()), d_extra_v(s.extra_v.size());
+    ring_attention_backward(comm, ring_inputs(s, B, H, L, S, D, order_), s.attention, s.out.data(), s.lse.data(),
+                            d_heads.data(), dq.data(), dk.data(), dv.data(), d_extra_k.data(), d_extra_v.data());
+    if (d_bias_k) {  // this rank's queries' share (the all-reduce below sums the ranks')
+      add_bias_gradient(d_extra_k.data(), B, H, 0, extra, D, d_bias_k);
+      add_bias_gradient(d_extra_v.data(), B, H, 0, extra, D, d_bias_v);
+    }
   } else {
-    const int64_t Hp = H / P, Np = B * Hp;
+    const int64_t Hp = H / P, Np = B * Hp, St = S + extra;
     const std::vector<T> d_out_u = rows_to_heads(comm, d_heads, B, H, L, D);
-    std::vector<T> dq_u(static_cast<std::size_t>(Np * L * D)), dk_u(static_cast<std::size_t>(Np * S * D)),
+    std::vector<T> dq_u(static_cast<std::size_t>(Np * L * D)), dk_u(static_cast<std::size_t>(Np * St * D)),
         dv_u(dk_u.size());
     comm.agree([&] {
-      multihead::detail::AttentionShape shape{Np, Hp, L, S, D, D, S, 0};
-      multihead::detail::AttentionTensors<T> t;
-      t.q = s.q.data();
-      t.k = s.k.data();
-      t.v = s.v.data();
-      t.attn_mask = s.attn_mask.empty() ? nullptr : s.attn_mask.data();
-      t.attn_mask_slice_stride = s.attn_mask_slices == 1 ? 0 : L * S;
-      t.key_padding = s.key_padding.empty() ? nullptr : s.key_padding.data();
-      std::vector<T> slopes(s.attention.alibi_slopes.begin(), s.attention.alibi_slopes.end());
-      t.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
-      t.out = const_cast<T*>(s.out.data());
+      UlyssesCall<T> call(s, Np, Hp, L, S, D);
+      call.t.out = const_cast<T*>(s.out.data());
       multihead::detail::AttentionBackwardArgs<T> b;
-      b.forward = multihead::detail::make_attention_args(shape, t, s.attention);
+      b.forward = multihead::detail::make_attention_args(call.shape, call.t, s.attention);
       b.lse = s.lse.data();
       b.d_out = d_out_u.data();
       b.d_q = dq_u.data();
@@ -444,6 +421,22 @@ MultiheadAttentionGradients<T> SequenceParallelMultiheadAttention<T>::backward(c
       multihead::detail::run_attention_backward(
           b, multihead::detail::resolve_forward_kernel<T>(s.attention.kernel, false));
     });
+    if (extra > 0) {  // the extra keys' rows: d bias_k / d bias_v of the rank's heads, then dropped
+      std::vector<T> ek(static_cast<std::size_t>(Np * extra * D)), ev(ek.size());
+      std::vector<T> k_only(static_cast<std::size_t>(Np * S * D)), v_only(k_only.size());
+      for (int64_t i = 0; i < Np; ++i) {
+        std::copy(dk_u.data() + i * St * D, dk_u.data() + (i * St + S) * D, k_only.data() + i * S * D);
+        std::copy(dv_u.data() + i * St * D, dv_u.data() + (i * St + S) * D, v_only.data() + i * S * D);
+        std::copy(dk_u.data() + (i * St + S) * D, dk_u.data() + (i + 1) * St * D, ek.data() + i * extra * D);
+        std::copy(dv_u.data() + (i * St + S) * D, dv_u.data() + (i + 1) * St * D, ev.data() + i * extra * D);
+      }
+      if (d_bias_k) {
+        add_bias_gradient(ek.data(), B, Hp, r * Hp, extra, D, d_bias_k);
+        add_bias_gradient(ev.data(), B, Hp, r * Hp, extra, D, d_bias_v);
+      }
+      dk_u = std::move(k_only);
+      dv_u = std::move(v_only);
+    }
     dq = heads_to_rows(comm, dq_u.data(), B, H, L, D);
     dk = heads_to_rows(comm, dk_u.data(), B, H, S, D);
     dv = heads_to_rows(comm, dv_u.data(), B, H, S, D);

@@ -357,6 +357,32 @@ LoadedWeights load_weights(const std::string& path, const LoadOptions& options) 
   return r;
 }
 
+LoadedWeights weights_from_header(const std::map<std::string, TensorHeader>& tensors,
+                                  const std::map<std::string, std::string>& metadata, const std::string& path,
+                                  const LoadOptions& options) {
+  const Source src{path, normalize_prefix(options.prefix)};
+  LoadedWeights r;
+  ShapeMap shapes;
+  bool first = true;
+  for (const auto& [name, t] : tensors) {
+    if (!name.starts_with(src.prefix) || !state_dict_names().count(name.substr(src.prefix.size()))) continue;
+    shapes.emplace(name.substr(src.prefix.size()), t.shape);
+    if (first) r.parameter_dtype = t.dtype;
+    else if (r.parameter_dtype != t.dtype) r.parameter_dtype.reset();
+    first = false;
+  }
+  if (shapes.empty() && !src.prefix.empty())
+    throw Error(Error::Kind::Missing, "--prefix " + quote_input(src.prefix) + ": no tensor in " + src.path +
+                                          " starts with it");
+  r.prefix = src.prefix;
+  r.config = config_from_shapes(shapes, src);
+  apply_metadata(metadata, src, options.overrides, r.config, r.assumed);
+  check_metadata_agrees(metadata, src, r.config);
+  r.config.validate();
+  r.metadata = metadata;
+  return r;
+}
+
 std::vector<FoundModule> find_attention_modules(const SafetensorsFile& file, const std::string& name) {
   static const std::string kAnchor = "out_proj.weight";
   std::vector<FoundModule> out;

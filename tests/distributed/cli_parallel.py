@@ -12,6 +12,8 @@ Rows (P = 1 … 4, oversubscribed, one thread per rank):
     one line naming both numbers, no file;
   - a rank killed by SIGKILL mid-run: mpirun exits non-zero within 60 s,
     no output file (Open MPI's default: a dead peer aborts the job);
+  - --parallel heads reads only its slices: a rank's peak memory above the
+    program's own at P = 4 is below half of that at P = 1;
   - without mpirun, --parallel runs as one rank.
 
 Usage: cli_parallel.py --multihead BIN --mpirun MPIRUN --workdir DIR
@@ -113,6 +115,35 @@ def main():
                     werr = np.abs(np.load(p("W.npy")) - ref_w).max()
                     ok = ok and werr <= bound
                 report(ok, label, f"max error / max(1, |out|) = {err:.3g} (bound {bound:g})")
+
+    # Memory per rank falls as 1/P: each rank of --parallel heads decodes only
+    # its slices of the file. Peak RSS of the largest process of the run
+    # (RUSAGE_CHILDREN of a fresh wrapper: mpirun and its ranks), minus the
+    # same run's on the tiny weights (the program and MPI themselves). The
+    # whole-file reader measured ~the same excess at every P; slices give
+    # ~1/P of the parameters (plus W^O's pages, touched by its columns).
+    Ebig = 1024
+    subprocess.run([cli, "init", "--embed-dim", str(Ebig), "--num-heads", "8", "--seed", "6", "--out",
+                    p("big.safetensors")], check=True)
+    np.save(p("qbig.npy"), rng.standard_normal((2, 1, Ebig)).astype(np.float32))
+    np.save(p("qtiny.npy"), rng.standard_normal((2, 1, E)).astype(np.float32))
+    peak = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True); "
+            "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss if r.returncode == 0 else -1)")
+
+    def excess_kib(P):
+        sizes = []
+        for w, qf in (("big.safetensors", "qbig.npy"), ("w.safetensors", "qtiny.npy")):
+            r = run([sys.executable, "-c", peak, *mpi, "-np", str(P), cli, "forward", "--parallel", "heads",
+                     "--weights", p(w), "--query", p(qf), "--out", p("rss.npy")])
+            sizes.append(int(r.stdout.decode().strip() or -1))
+        return sizes[0] - sizes[1] if min(sizes) > 0 else None
+
+    e1, e4 = excess_kib(1), excess_kib(4)
+    file_kib = os.path.getsize(p("big.safetensors")) // 1024
+    report(e1 is not None and e4 is not None and e4 < 0.5 * e1,
+           "--parallel heads: a rank's memory for the weights falls with P",
+           f"peak RSS above the tiny run: {e1} KiB at P = 1, {e4} KiB at P = 4 (file {file_kib} KiB; "
+           f"bound: P = 4 below half of P = 1)")
 
     # Without mpirun: one rank.
     r = run([cli, "forward", "--parallel", "ring", *base, "--query", p("q.npy"), "--out", p("one.npy")])

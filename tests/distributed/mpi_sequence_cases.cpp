@@ -2,8 +2,10 @@
 // and Ulysses against the one-process module, forward and backward, for
 // every row of the table (each name says all its parameters), f32 and f64.
 #include "mpi_inputs.hpp"
+#include "mpi_reference.hpp"
 #include "mpi_test.hpp"
 #include "multihead/distributed.hpp"
+#include "multihead/grouped_query_attention.hpp"
 #include "multihead/multihead_attention.hpp"
 
 namespace multihead::mpi_test {
@@ -13,33 +15,9 @@ using distributed::Communicator;
 using distributed::RingOrder;
 using distributed::SequenceMode;
 
-struct SeqRow {
-  int64_t E = 12, H = 4, kdim = 0, vdim = 0;
-  bool bias = true, batch_first = false, batched = true;
-  int64_t B = 2, L = 9, S = 9;
-  MaskKind mask = MaskKind::None;
-  int padding = 0;
-  int causal = 0;  // 0 off, 1 top-left, 2 bottom-right
-  std::optional<int64_t> window;
-  std::optional<double> softcap;
-  bool alibi = false, self = true;
-  MaskedRowPolicy masked = MaskedRowPolicy::Zeros;
-  std::string name() const {
-    std::string s = "E=" + std::to_string(E) + ",H=" + std::to_string(H);
-    if (kdim) s += ",kdim=" + std::to_string(kdim) + ",vdim=" + std::to_string(vdim);
-    s += std::string(",bias=") + (bias ? "1" : "0");
-    if (batch_first) s += ",batch_first";
-    if (!batched) s += ",unbatched";
-    s += ",B=" + std::to_string(B) + ",L=" + std::to_string(L) + ",S=" + std::to_string(S);
-    s += std::string(",mask=") + mask_name(mask);
-    if (padding) s += padding == 1 ? ",kpm=bool" : ",kpm=float";
-    if (causal) s += causal == 1 ? ",causal=top-left" : ",causal=bottom-right";
-    if (window) s += ",window=" + std::to_string(*window);
-    if (softcap) s += ",softcap";
-    if (alibi) s += ",alibi";
-    if (masked == MaskedRowPolicy::NaN) s += ",masked_rows=nan";
-    return s + (self ? ",self" : ",cross");
-  }
+// L = S = 9 unless a row says otherwise.
+struct SeqRow : ModuleRow {
+  SeqRow() { L = S = 9; }
 };
 
 // The rows of positions `segments` of a (len, B, w) / (B, len, w) / (len, w) tensor.
@@ -66,68 +44,41 @@ Tensor<T> take_rows(const Tensor<T>& t, bool batch_first, const std::vector<dist
 
 template <class T>
 void sequence_case(const SeqRow& row, SequenceMode mode, bool balance, Communicator& comm, Report& report) {
-  MultiheadAttentionConfig c;
-  c.embed_dim = row.E;
-  c.num_heads = row.H;
-  c.kdim = row.kdim;
-  c.vdim = row.vdim;
-  c.bias = row.bias;
-  c.batch_first = row.batch_first;
-  BasicMultiheadAttention<T> whole(c, 5);
-  {
-    auto sd = whole.state_dict();
-    uint64_t seed = 300;
-    for (auto& [name, t] : sd) t = random_tensor<T>(t.shape(), seed++, 0.3);
-    whole.load_state_dict(sd);
-  }
-  const auto shape = [&](int64_t len, int64_t width) {
-    if (!row.batched) return Shape{len, width};
-    return row.batch_first ? Shape{row.B, len, width} : Shape{len, row.B, width};
-  };
-  const Tensor<T> q = random_tensor<T>(shape(row.L, row.E), 1);
-  const Tensor<T> k = random_tensor<T>(shape(row.S, c.key_dim()), 2);
-  const Tensor<T> v = random_tensor<T>(shape(row.S, c.value_dim()), 3);
-  const bool self = row.self && row.L == row.S && c.same_embed_dim();
-  const Tensor<T>& key = self ? q : k;
-  const Tensor<T>& value = self ? q : v;
-  const int64_t B = row.batched ? row.B : 1;
-  const auto mask = make_mask<T>(row.mask, B * row.H, row.L, row.S, 4);
-  const auto padding = make_key_padding<T>(row.padding, row.B, row.S, row.batched, 5);
-  ForwardOptions<T> o;
-  o.attn_mask = mask ? &*mask : nullptr;
-  o.key_padding_mask = padding ? &*padding : nullptr;
-  o.need_weights = false;
-  o.attention.is_causal = row.causal != 0;
-  o.attention.causal_alignment = row.causal == 2 ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
-  o.attention.window = row.window;
-  o.attention.softcap = row.softcap;
-  o.attention.masked_rows = row.masked;
-  o.alibi = row.alibi;
-  o.attention.num_threads = 1;
-  ForwardContext<T> ctx;
-  const ForwardResult<T> want = whole.forward(q, key, value, o, ctx);
-  const Tensor<T> d_out = random_tensor<T>(want.output.shape(), 6);
-  const MultiheadAttentionGradients<T> want_g = whole.backward(ctx, d_out);
-
-  const distributed::SequenceParallelMultiheadAttention<T> sp(comm, c, whole.parameters(), mode, balance);
+  const Reference<T> ref(row, 5, 300);
+  const distributed::SequenceParallelMultiheadAttention<T> sp(comm, ref.config, ref.whole->parameters(), mode,
+                                                              balance);
   const auto q_seg = distributed::ring_segments(row.L, comm.size(), comm.rank(), sp.order());
   const auto k_seg = distributed::ring_segments(row.S, comm.size(), comm.rank(), sp.order());
-  const Tensor<T> q_r = take_rows(q, row.batch_first, q_seg);
-  const Tensor<T> k_r = take_rows(key, row.batch_first, k_seg);
-  const Tensor<T> v_r = take_rows(value, row.batch_first, k_seg);
+  const Tensor<T> q_r = take_rows(ref.q, row.batch_first, q_seg);
+  const Tensor<T> k_r = take_rows(ref.key(), row.batch_first, k_seg);
+  const Tensor<T> v_r = take_rows(ref.value(), row.batch_first, k_seg);
   distributed::SequenceParallelContext<T> sctx;
-  const ForwardResult<T> got = sp.forward(q_r, self ? q_r : k_r, self ? q_r : v_r, row.L, row.S, o, sctx);
-  const MultiheadAttentionGradients<T> got_g = sp.backward(sctx, take_rows(d_out, row.batch_first, q_seg));
+  const ForwardResult<T> got =
+      sp.forward(q_r, ref.self ? q_r : k_r, ref.self ? q_r : v_r, row.L, row.S, ref.options, sctx);
+  const MultiheadAttentionGradients<T> got_g = sp.backward(sctx, take_rows(ref.d_out, row.batch_first, q_seg));
   const double tol = tolerance<T>();
-  expect_close(report, "output", got.output, take_rows(want.output, row.batch_first, q_seg), tol);
-  expect_close(report, "d_query", got_g.query, take_rows(want_g.query, row.batch_first, q_seg), tol);
-  expect_close(report, "d_key", got_g.key, take_rows(want_g.key, row.batch_first, k_seg), tol);
-  expect_close(report, "d_value", got_g.value, take_rows(want_g.value, row.batch_first, k_seg), tol);
-  for (const auto& [name, t] : want_g.parameters) {
-    auto it = got_g.parameters.find(name);
-    if (it == got_g.parameters.end()) report.fail("d " + name + ": missing");
-    else expect_close(report, "d " + name, it->second, t, tol);
-  }
+  expect_close(report, "output", got.output, take_rows(ref.want.output, row.batch_first, q_seg), tol);
+  expect_close(report, "d_query", got_g.query, take_rows(ref.want_g.query, row.batch_first, q_seg), tol);
+  expect_close(report, "d_key", got_g.key, take_rows(ref.want_g.key, row.batch_first, k_seg), tol);
+  expect_close(report, "d_value", got_g.value, take_rows(ref.want_g.value, row.batch_first, k_seg), tol);
+  // Every rank holds the whole module's parameter gradients.
+  expect_gradients(report, got_g, ref.want_g, [](const std::string&, const Tensor<T>& w) { return w; });
+}
+
+// The grouped-query module in sequence parallel (self-attention, batch first).
+template <class T>
+void gqa_sequence_case(const GqaRow& row, SequenceMode mode, bool balance, Communicator& comm, Report& report) {
+  const GqaReference<T> ref(row);
+  const distributed::SequenceParallelGroupedQueryAttention<T> sp(comm, ref.config, ref.whole->parameters(), mode,
+                                                                 balance);
+  const auto seg = distributed::ring_segments(row.L, comm.size(), comm.rank(), sp.order());
+  distributed::SequenceParallelGqaContext<T> sctx;
+  const Tensor<T> got = sp.forward(take_rows(ref.x, true, seg), row.L, ref.options, sctx);
+  const GroupedQueryAttentionGradients<T> got_g = sp.backward(sctx, take_rows(ref.d_out, true, seg));
+  const double tol = tolerance<T>();
+  expect_close(report, "output", got, take_rows(ref.want, true, seg), tol);
+  expect_close(report, "d_x", got_g.x, take_rows(ref.want_g.x, true, seg), tol);
+  expect_gradients(report, got_g, ref.want_g, [](const std::string&, const Tensor<T>& w) { return w; });
 }
 
 std::vector<SeqRow> rows() {
@@ -148,6 +99,13 @@ std::vector<SeqRow> rows() {
   add([](SeqRow& r) { r.causal = 1; r.window = 3; r.alibi = true; });
   add([](SeqRow& r) { r.window = 2; r.softcap = 5.0; r.padding = 1; });
   add([](SeqRow& r) { r.alibi = true; r.causal = 2; r.L = 5; r.S = 9; r.self = false; });
+  // bias_k / bias_v and the zero key: keys without a position after the S keys.
+  add([](SeqRow& r) { r.bias_kv = true; r.causal = 1; r.mask = MaskKind::Float3D; r.padding = 1; });
+  add([](SeqRow& r) { r.zero_attn = true; r.window = 2; r.alibi = true; r.batch_first = true; });
+  add([](SeqRow& r) {
+    r.bias_kv = r.zero_attn = true; r.causal = 2; r.L = 7; r.S = 11; r.self = false; r.mask = MaskKind::Bool2D;
+    r.kdim = 5; r.vdim = 7;
+  });
   return out;
 }
 
@@ -176,6 +134,36 @@ std::vector<Case> make_cases() {
       cases.push_back(f64);
       cases.push_back(f32);
     }
+  for (const Mode& m : modes)
+    for (GqaRow row : gqa_rows()) {
+      row.L = 9;  // uneven rows on 2 and 4 ranks, zig-zag chunks on 3
+      for (int f64 = 1; f64 >= 0; --f64)
+        cases.push_back({std::string(m.name) + "/gqa/" + (f64 ? "f64/" : "f32/") + row.name(),
+                         [row, m, f64](Communicator& comm, Report& r) {
+                           if (m.mode == SequenceMode::Ulysses && row.Hkv % comm.size() != 0) return;
+                           if (f64) gqa_sequence_case<double>(row, m.mode, m.balance, comm, r);
+                           else gqa_sequence_case<float>(row, m.mode, m.balance, comm, r);
+                         }});
+    }
+  cases.push_back({"ulysses/gqa/ranks_not_dividing_kv_heads", [](Communicator& comm, Report& report) {
+                     if (comm.size() < 2) return;
+                     GroupedQueryAttentionConfig c;
+                     c.num_kv_heads = comm.size() + 1;
+                     c.num_heads = 2 * c.num_kv_heads;
+                     c.embed_dim = 2 * c.num_heads;
+                     const GroupedQueryAttention<float> whole(c, 1);
+                     try {
+                       distributed::SequenceParallelGroupedQueryAttention<float> sp(comm, c, whole.parameters(),
+                                                                                   SequenceMode::Ulysses);
+                       report.fail("no error");
+                     } catch (const AgreedError& e) {
+                       const std::string want = "ranks: expected a divisor of num_kv_heads = " +
+                                                std::to_string(c.num_kv_heads) +
+                                                " in Ulysses (each rank takes Hkv/P K/V heads with their query "
+                                                "heads), got " + std::to_string(comm.size());
+                       if (e.what() != want) report.fail(std::string("got '") + e.what() + "'");
+                     }
+                   }});
   // Ulysses when P does not divide H, and more ranks than query rows: one
   // agreed error naming both numbers.
   cases.push_back({"ulysses/ranks_not_dividing_heads", [](Communicator& comm, Report& report) {
