@@ -82,8 +82,8 @@ struct HeadParallelForward<T>::Module {
 template <class T>
 HeadParallelForward<T>::HeadParallelForward(const std::string& weights, const LoadOptions& load,
                                             LoadedWeights& header)
-    : module_(std::make_unique<Module>(
-          Module{distributed::HeadParallelMultiheadAttention<T>::load(world_communicator(), weights, load, &header)})) {}
+    : module_(std::make_unique<Module>(Module{
+          distributed::HeadParallelMultiheadAttention<T>::load(world_communicator(), weights, load, &header)})) {}
 
 template <class T>
 ForwardResult<T> HeadParallelForward<T>::forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
@@ -95,13 +95,22 @@ template <class T>
 Tensor<T> parallel_gqa_forward(const std::string& mode, const GroupedQueryAttention<T>& module, const Tensor<T>& x,
                                const AttentionOptions& options) {
   distributed::Communicator& comm = world_communicator();
+  if (mode == "heads") {
+    const distributed::HeadParallelGroupedQueryAttention<T> hp(comm, module.config(), module.parameters());
+    return hp.forward(x, options);
+  }
+  const distributed::SequenceParallelGroupedQueryAttention<T> sp(comm, module.config(), module.parameters(),
+                                                                 sequence_mode(mode));
+  const int64_t L = x.size(1);  // x is (B, L, E), batch first
   comm.agree([&] {
-    if (mode != "heads")
-      throw Error(Error::Kind::Value, "--parallel: expected heads with --num-kv-heads (the grouped-query module "
-                                      "splits by K/V groups), got '" + mode + "'");
+    if (comm.size() > L)
+      throw Error(Error::Kind::Value, "ranks: expected at most L = " + std::to_string(L) +
+                                          " ranks in sequence parallel (each rank needs a query row), got " +
+                                          std::to_string(comm.size()));
   });
-  const distributed::HeadParallelGroupedQueryAttention<T> hp(comm, module.config(), module.parameters());
-  return hp.forward(x, options);
+  const Tensor<T> x_r = distributed::take_positions(x, true, distributed::ring_segments(L, comm.size(), comm.rank(),
+                                                                                        sp.order()));
+  return distributed::gather_positions(comm, sp.forward(x_r, L, options), true, L, sp.order());
 }
 
 void parallel_bench(const std::string& mode, const MultiheadAttentionConfig& config, const Tensor<float>& x,

@@ -56,7 +56,7 @@ class HeadParallelForward {
   std::unique_ptr<Module> module_;
 };
 
-// The grouped-query module's (heads only).
+// The grouped-query module's (x batch first, (B, L, E)).
 template <class T>
 Tensor<T> parallel_gqa_forward(const std::string& mode, const GroupedQueryAttention<T>& module, const Tensor<T>& x,
                                const AttentionOptions& options);

@@ -468,8 +468,6 @@ class SequenceParallelGroupedQueryAttention {
  private:
   Tensor<T> run(const Tensor<T>& x, int64_t L, const AttentionOptions& options,
                 SequenceParallelGqaContext<T>* save) const;
-  RingAttentionInputs<T> ring_inputs(const SequenceParallelGqaContext<T>& s, int64_t B, int64_t H, int64_t Hkv,
-                                     int64_t L, int64_t D) const;
   Communicator* comm_;
   GroupedQueryAttentionConfig config_;
   GroupedQueryAttentionParameters<T> params_;

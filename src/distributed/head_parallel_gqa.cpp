@@ -14,6 +14,8 @@
 // heads, G_r this rank's K/V heads, D head width.
 #include <string>
 
+#include <utility>
+
 #include "distributed/slices.hpp"
 #include "multihead/distributed.hpp"
 #include "multihead/error.hpp"
@@ -90,15 +92,26 @@ AttentionOptions HeadParallelGroupedQueryAttention<T>::local_options(const Atten
   return o;
 }
 
+namespace {
+
+// The ranks' partial outputs summed (one all-reduce), o_proj's bias added once.
+template <class T>
+Tensor<T> sum_partials(Communicator& comm, const GroupedQueryAttentionConfig& config, const Tensor<T>& out_bias,
+                       Tensor<T> out) {
+  comm.all_reduce_sum(out.data(), out.numel());
+  if (config.bias)
+    for (int64_t t = 0, E = config.embed_dim; t < out.numel() / E; ++t)
+      for (int64_t e = 0; e < E; ++e) out.data()[t * E + e] += out_bias.data()[e];
+  return out;
+}
+
+}  // namespace
+
 template <class T>
 Tensor<T> HeadParallelGroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionOptions& options) const {
   Tensor<T> out;
   comm_->agree([&] { out = local_->forward(x, local_options(options)); });
-  comm_->all_reduce_sum(out.data(), out.numel());
-  if (config_.bias)
-    for (int64_t t = 0, E = config_.embed_dim; t < out.numel() / E; ++t)
-      for (int64_t e = 0; e < E; ++e) out.data()[t * E + e] += out_bias_.data()[e];
-  return out;
+  return sum_partials(*comm_, config_, out_bias_, std::move(out));
 }
 
 template <class T>
@@ -106,11 +119,7 @@ Tensor<T> HeadParallelGroupedQueryAttention<T>::forward(const Tensor<T>& x, cons
                                                         GroupedQueryForwardContext<T>& save) const {
   Tensor<T> out;
   comm_->agree([&] { out = local_->forward(x, local_options(options), save); });
-  comm_->all_reduce_sum(out.data(), out.numel());
-  if (config_.bias)
-    for (int64_t t = 0, E = config_.embed_dim; t < out.numel() / E; ++t)
-      for (int64_t e = 0; e < E; ++e) out.data()[t * E + e] += out_bias_.data()[e];
-  return out;
+  return sum_partials(*comm_, config_, out_bias_, std::move(out));
 }
 
 template <class T>

@@ -8,8 +8,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "attention/attention_call.hpp"
+#include "kernels/kernel.hpp"
 #include "multihead/distributed.hpp"
 
 namespace multihead::distributed::detail {
@@ -96,6 +100,56 @@ std::vector<T> heads_to_rows(Communicator& comm, const T* heads, int64_t B, int6
                   recv.data() + j * block + ((b * Hp + h) * pad + mine) * w,
                   out.data() + ((b * H + j * Hp + h) * mine) * w);
   return out;
+}
+
+// The ring's inputs for the heads q [B·H][L_r][D] and k, v [B·Hkv][S_r][D]
+// (Hkv = H: multi-head), no masks or extra keys (the caller adds its own).
+template <class T>
+RingAttentionInputs<T> ring_heads(int64_t B, int64_t H, int64_t Hkv, int64_t L, int64_t S, int64_t D,
+                                  RingOrder order, const std::vector<T>& q, const std::vector<T>& k,
+                                  const std::vector<T>& v) {
+  RingAttentionInputs<T> in;
+  in.batch = B;
+  in.heads = H;
+  in.kv_heads = Hkv == H ? 0 : Hkv;
+  in.q_len = L;
+  in.kv_len = S;
+  in.head_dim = D;
+  in.value_dim = D;
+  in.order = order;
+  in.q = q.data();
+  in.k = k.data();
+  in.v = v.data();
+  return in;
+}
+
+// Ulysses' kernel backward on the rank's heads: `forward` the forward call's
+// arguments, lse its rows' log-sum-exp.
+template <class T>
+void ulysses_backward(multihead::detail::AttentionArgs<T> forward, const T* lse, const T* d_out, T* d_q, T* d_k,
+                      T* d_v, AttentionKernel kernel) {
+  multihead::detail::AttentionBackwardArgs<T> b;
+  b.forward = forward;
+  b.lse = lse;
+  b.d_out = d_out;
+  b.d_q = d_q;
+  b.d_k = d_k;
+  b.d_v = d_v;
+  multihead::detail::run_attention_backward(b, multihead::detail::resolve_forward_kernel<T>(kernel, false));
+}
+
+// Every gradient of the map summed over the ranks: one message, rank order
+// (Communicator::all_reduce_sum), the same bits on every rank.
+template <class T>
+void sum_over_ranks(Communicator& comm, std::map<std::string, Tensor<T>>& grads) {
+  std::vector<T> all;
+  for (auto& [name, t] : grads) all.insert(all.end(), t.data(), t.data() + t.numel());
+  comm.all_reduce_sum(all.data(), static_cast<int64_t>(all.size()));
+  std::size_t at = 0;
+  for (auto& [name, t] : grads) {
+    std::copy(all.data() + at, all.data() + at + t.numel(), t.data());
+    at += static_cast<std::size_t>(t.numel());
+  }
 }
 
 }  // namespace multihead::distributed::detail

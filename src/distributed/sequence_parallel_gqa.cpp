@@ -191,11 +191,12 @@ Tensor<T> SequenceParallelGroupedQueryAttention<T>::run(const Tensor<T>& x, int6
     const int64_t Hp = mode_ == SequenceMode::Ulysses ? H / P : H, h0 = mode_ == SequenceMode::Ulysses ? r * Hp : 0;
     if (!options.alibi_slopes.empty())
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t h = 0; h < Hp; ++h) s.attention.alibi_slopes.push_back(options.alibi_slopes[static_cast<std::size_t>(h0 + h)]);
+        for (int64_t h = 0; h < Hp; ++h)
+          s.attention.alibi_slopes.push_back(options.alibi_slopes[static_cast<std::size_t>(h0 + h)]);
   });
   std::vector<T> heads_out;
   if (mode_ == SequenceMode::Ring) {
-    RingAttentionInputs<T> in = ring_inputs(s, B, H, Hkv, L, D);
+    const RingAttentionInputs<T> in = detail::ring_heads(B, H, Hkv, L, L, D, order_, s.q, s.k, s.v);
     s.out.resize(static_cast<std::size_t>(B * H * L_r * D));
     s.lse.resize(static_cast<std::size_t>(B * H * L_r));
     ring_attention_forward(comm, in, s.attention, s.out.data(), s.lse.data());
@@ -230,25 +231,6 @@ Tensor<T> SequenceParallelGroupedQueryAttention<T>::run(const Tensor<T>& x, int6
 }
 
 template <class T>
-RingAttentionInputs<T> SequenceParallelGroupedQueryAttention<T>::ring_inputs(const SequenceParallelGqaContext<T>& s,
-                                                                            int64_t B, int64_t H, int64_t Hkv,
-                                                                            int64_t L, int64_t D) const {
-  RingAttentionInputs<T> in;
-  in.batch = B;
-  in.heads = H;
-  in.kv_heads = Hkv;
-  in.q_len = L;
-  in.kv_len = L;
-  in.head_dim = D;
-  in.value_dim = D;
-  in.order = order_;
-  in.q = s.q.data();
-  in.k = s.k.data();
-  in.v = s.v.data();
-  return in;
-}
-
-template <class T>
 GroupedQueryAttentionGradients<T> SequenceParallelGroupedQueryAttention<T>::backward(
     const SequenceParallelGqaContext<T>& s, const Tensor<T>& d_output) const {
   Communicator& comm = *comm_;
@@ -280,8 +262,8 @@ GroupedQueryAttentionGradients<T> SequenceParallelGroupedQueryAttention<T>::back
   std::vector<T> dq(static_cast<std::size_t>(B * H * L_r * D)), dk(static_cast<std::size_t>(B * Hkv * L_r * D)),
       dv(dk.size());
   if (mode_ == SequenceMode::Ring) {
-    ring_attention_backward(comm, ring_inputs(s, B, H, Hkv, L, D), s.attention, s.out.data(), s.lse.data(),
-                            d_heads.data(), dq.data(), dk.data(), dv.data());
+    ring_attention_backward(comm, detail::ring_heads(B, H, Hkv, L, L, D, order_, s.q, s.k, s.v), s.attention,
+                            s.out.data(), s.lse.data(), d_heads.data(), dq.data(), dk.data(), dv.data());
   } else {
     const int64_t Hp = H / P, Gp = Hkv / P;
     const std::vector<T> d_out_u = rows_to_heads(comm, d_heads, B, H, L, D);
@@ -290,15 +272,8 @@ GroupedQueryAttentionGradients<T> SequenceParallelGroupedQueryAttention<T>::back
     comm.agree([&] {
       UlyssesGqaCall<T> call(s, B, Hp, Gp, L, D);
       call.t.out = const_cast<T*>(s.out.data());
-      multihead::detail::AttentionBackwardArgs<T> b;
-      b.forward = call.args();
-      b.lse = s.lse.data();
-      b.d_out = d_out_u.data();
-      b.d_q = dq_u.data();
-      b.d_k = dk_u.data();
-      b.d_v = dv_u.data();
-      multihead::detail::run_attention_backward(
-          b, multihead::detail::resolve_forward_kernel<T>(s.attention.kernel, false));
+      detail::ulysses_backward(call.args(), s.lse.data(), d_out_u.data(), dq_u.data(), dk_u.data(), dv_u.data(),
+                               s.attention.kernel);
     });
     dq = heads_to_rows(comm, dq_u.data(), B, H, L, D);
     dk = heads_to_rows(comm, dk_u.data(), B, Hkv, L, D);
@@ -325,15 +300,7 @@ GroupedQueryAttentionGradients<T> SequenceParallelGroupedQueryAttention<T>::back
                                            grad((n + ".bias").c_str())},
                                           acc);
   }
-  // Σ over ranks, one message, rank order.
-  std::vector<T> all;
-  for (auto& [name, t] : g.parameters) all.insert(all.end(), t.data(), t.data() + t.numel());
-  comm.all_reduce_sum(all.data(), static_cast<int64_t>(all.size()));
-  std::size_t at = 0;
-  for (auto& [name, t] : g.parameters) {
-    std::copy(all.data() + at, all.data() + at + t.numel(), t.data());
-    at += static_cast<std::size_t>(t.numel());
-  }
+  detail::sum_over_ranks(comm, g.parameters);  // one message, rank order
   return g;
 }
 

@@ -101,17 +101,7 @@ void add_bias_gradient(const T* d_keys, int64_t B, int64_t heads, int64_t first_
 template <class T>
 RingAttentionInputs<T> ring_inputs(const SequenceParallelContext<T>& s, int64_t B, int64_t H, int64_t L, int64_t S,
                                    int64_t D, RingOrder order) {
-  RingAttentionInputs<T> in;
-  in.batch = B;
-  in.heads = H;
-  in.q_len = L;
-  in.kv_len = S;
-  in.head_dim = D;
-  in.value_dim = D;
-  in.order = order;
-  in.q = s.q.data();
-  in.k = s.k.data();
-  in.v = s.v.data();
+  RingAttentionInputs<T> in = detail::ring_heads(B, H, H, L, S, D, order, s.q, s.k, s.v);
   in.attn_mask = s.attn_mask.empty() ? nullptr : s.attn_mask.data();
   in.attn_mask_slices = s.attn_mask_slices;
   in.key_padding = s.key_padding.empty() ? nullptr : s.key_padding.data();
@@ -129,7 +119,8 @@ struct UlyssesCall {
   multihead::detail::AttentionTensors<T> t;
   std::vector<T> slopes;
   UlyssesCall(const SequenceParallelContext<T>& s, int64_t Np, int64_t Hp, int64_t L, int64_t S, int64_t D)
-      : shape{Np, Hp, L, S + s.extra, D, D, S, 0}, slopes(s.attention.alibi_slopes.begin(), s.attention.alibi_slopes.end()) {
+      : shape{Np, Hp, L, S + s.extra, D, D, S, 0},
+        slopes(s.attention.alibi_slopes.begin(), s.attention.alibi_slopes.end()) {
     t.q = s.q.data();
     t.k = s.k.data();
     t.v = s.v.data();
@@ -411,15 +402,9 @@ MultiheadAttentionGradients<T> SequenceParallelMultiheadAttention<T>::backward(c
     comm.agree([&] {
       UlyssesCall<T> call(s, Np, Hp, L, S, D);
       call.t.out = const_cast<T*>(s.out.data());
-      multihead::detail::AttentionBackwardArgs<T> b;
-      b.forward = multihead::detail::make_attention_args(call.shape, call.t, s.attention);
-      b.lse = s.lse.data();
-      b.d_out = d_out_u.data();
-      b.d_q = dq_u.data();
-      b.d_k = dk_u.data();
-      b.d_v = dv_u.data();
-      multihead::detail::run_attention_backward(
-          b, multihead::detail::resolve_forward_kernel<T>(s.attention.kernel, false));
+      detail::ulysses_backward(multihead::detail::make_attention_args(call.shape, call.t, s.attention),
+                               s.lse.data(), d_out_u.data(), dq_u.data(), dk_u.data(), dv_u.data(),
+                               s.attention.kernel);
     });
     if (extra > 0) {  // the extra keys' rows: d bias_k / d bias_v of the rank's heads, then dropped
       std::vector<T> ek(static_cast<std::size_t>(Np * extra * D)), ev(ek.size());
@@ -455,15 +440,7 @@ MultiheadAttentionGradients<T> SequenceParallelMultiheadAttention<T>::backward(c
                                         {g.key.data(), Ek, d_wk, d_b ? d_b + E : nullptr}, lin);
   multihead::detail::linear_backward<T>({B * S_r, s.value.data(), Ev}, w.v, dvp.data(), E,
                                         {g.value.data(), Ev, d_wv, d_b ? d_b + 2 * E : nullptr}, lin);
-  // Σ over ranks, one message, rank order.
-  std::vector<T> all;
-  for (auto& [name, t] : g.parameters) all.insert(all.end(), t.data(), t.data() + t.numel());
-  comm.all_reduce_sum(all.data(), static_cast<int64_t>(all.size()));
-  std::size_t at = 0;
-  for (auto& [name, t] : g.parameters) {
-    std::copy(all.data() + at, all.data() + at + t.numel(), t.data());
-    at += static_cast<std::size_t>(t.numel());
-  }
+  detail::sum_over_ranks(comm, g.parameters);  // one message, rank order
   (void)r;
   return g;
 }
