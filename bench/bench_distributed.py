@@ -29,7 +29,8 @@ It prints
 
 --quick (or --smoke) runs a tiny shape (seconds) to check the script;
 numbers are then meaningless. The machine must be quiet for real numbers:
-the full run takes about an hour on 2 cores (P = 4 oversubscribes them).
+the full run takes about half an hour on 2 idle cores (estimated from a
+rough single-rank timing: 25 to 40 min; P = 4 oversubscribes them).
 
 Usage: bench_distributed.py --multihead BUILD/tools/multihead [--mpirun mpirun]
        [--bandwidth 25] [--latency 5] [--quick]
@@ -112,7 +113,7 @@ def main():
                     help="tiny shapes (seconds): checks the script, not the machine")
     a = ap.parse_args()
     if a.smoke:
-        shapes, ranks, repeat, warmup = [(1, 256, 64, 4)], [1, 2], 2, 1
+        shapes, ranks, repeat, warmup = [(1, 256, 64, 4), (1, 512, 64, 4)], [1, 2], 2, 1
     else:
         shapes, ranks, repeat, warmup = [(1, 4096, 1024, 16), (1, 16384, 1024, 16)], [1, 2, 4], 5, 1
     print(f"# bench_distributed: one thread per rank, causal; model network {a.bandwidth:g} GB/s, "
@@ -164,10 +165,10 @@ def main():
         per_token = slope - 4 * E * P
         print(f"ring at P = {P}: {per_token:.0f} bytes of peak memory per token per rank (forward + backward; "
               f"measured slope {slope:.0f} minus the bench's whole-input copy, {4 * E * P} bytes)")
-        for Pm in (8, 16, 32, 64):
+        for Pm in (1, 2, 4, 8, 16, 32, 64):
             print(f"  P = {Pm}: longest context at 24 GiB per rank ≈ {int(Pm * 24 * 2**30 / per_token):,} tokens")
     else:
-        print("ring memory per token: needs two lengths (not in --smoke)")
+        print("ring memory per token: needs two lengths")
     return 0
 
 
