@@ -5,12 +5,12 @@
 
 namespace multihead::cli {
 
-std::string assumed_settings_note(const LoadedWeights& weights, const std::string& weights_path) {
+std::string assumed_settings_note(const std::vector<AssumedSetting>& assumed, const std::string& weights_path) {
   static const std::map<std::string, std::string> kFlag = {
       {"batch_first", "--batch-first"}, {"add_zero_attn", "--add-zero-attn"}, {"dropout", "--dropout"}};
-  if (weights.assumed.empty()) return "";
+  if (assumed.empty()) return "";
   std::string values, flags;
-  for (const AssumedSetting& a : weights.assumed) {
+  for (const AssumedSetting& a : assumed) {
     values += (values.empty() ? "" : ", ") + a.key + "=" + a.value;
     flags += (flags.empty() ? "" : ", ") + kFlag.at(a.key);
   }

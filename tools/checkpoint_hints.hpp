@@ -14,7 +14,7 @@ namespace multihead::cli {
 
 // "assumed batch_first=false, dropout=0 (not in W.safetensors's __metadata__;
 // set them with --batch-first, --dropout)", or "" when nothing was assumed.
-std::string assumed_settings_note(const LoadedWeights& weights, const std::string& weights_path);
+std::string assumed_settings_note(const std::vector<AssumedSetting>& assumed, const std::string& weights_path);
 
 struct InputShapes {
   Shape query, key, value;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "checkpoint_hints.hpp"
 #include "cli_manners.hpp"
@@ -29,6 +30,7 @@
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "multihead/weights.hpp"
 
 namespace multihead::cli {
@@ -196,11 +198,13 @@ void run_forward(const ForwardArgs& args, LoadedWeights& w, const LoadedTensor& 
   if (args.verbose) print_summary(args, w, result, ms);
 }
 
-// --dtype bf16 / f16: the 16-bit module, E its element type. Inputs and
-// weights rounded to E (from float32: a float64 file is read as float32
-// first), masks kept float32, the output widened to float32.
+// --dtype bf16 / f16: the 16-bit module, E its element type. Inputs rounded
+// to E (from float32: a float64 file is read as float32 first), weights as
+// load_weights_narrow gives them (an E checkpoint as stored, with no wider
+// copy; any other rounded once), masks kept float32, the output widened to
+// float32.
 template <class E>
-void run_narrow_forward(const ForwardArgs& args, const LoadedWeights& w, const LoadedTensor& query_file) {
+void run_narrow_forward(const ForwardArgs& args, BasicLoadedWeights<E> w, const LoadedTensor& query_file) {
   const Tensor<E> query = round_to<E>(as<float>(query_file));
   std::optional<Tensor<E>> key, value;
   if (!args.key.empty()) key = round_to<E>(as<float>(read_input(args.key, "key")));
@@ -209,8 +213,7 @@ void run_narrow_forward(const ForwardArgs& args, const LoadedWeights& w, const L
   const Tensor<E>& v = value ? *value : (key && args.value.empty() ? *key : query);
   const auto key_padding_mask = read_mask<float>(args.key_padding_mask, "key_padding_mask");
   const auto attn_mask = read_mask<float>(args.attn_mask, "attn_mask");
-  const NarrowMultiheadAttention<E> mha =
-      NarrowMultiheadAttention<E>::rounded(w.config, cast_parameters<float>(w.parameters));
+  const NarrowMultiheadAttention<E> mha(w.config, std::move(w.parameters));
   ForwardOptions<float> o;
   o.key_padding_mask = key_padding_mask.get();
   o.attn_mask = attn_mask.get();
@@ -241,10 +244,35 @@ void run_narrow_forward(const ForwardArgs& args, const LoadedWeights& w, const L
   write_outputs({{{"--out", args.out}, serialize_npy(widen<float>(out))}});
   if (args.verbose)
     std::fprintf(stderr, "multihead forward: output %s, %s (written as float32); embed_dim %lld, num_heads %lld; "
-                 "kernel %s, form fused; %.3f ms for %d forward pass%s\n",
+                 "kernel %s, form fused%s; %.3f ms for %d forward pass%s\n",
                  shape_to_string(out.shape()).c_str(), to_string(compute_dtype_of<E>()).c_str(),
                  static_cast<long long>(w.config.embed_dim), static_cast<long long>(w.config.num_heads),
-                 args.kernel.c_str(), ms, args.repeat, args.repeat == 1 ? "" : "es");
+                 args.kernel.c_str(),
+                 std::is_same_v<E, bfloat16> ? ("; bf16 dot " + bf16_dot_current()).c_str() : "", ms, args.repeat,
+                 args.repeat == 1 ? "" : "es");
+}
+
+// --dtype bf16 / f16 from the reading of the files on: the weights read
+// straight into E (load_weights_narrow), and the notes, each printed once:
+// the compute path (compute_dtype_note), then, after the run (so a failed
+// run prints one line), a checkpoint of another dtype rounded to E.
+template <class E>
+void load_and_run_narrow(const ForwardArgs& args, const LoadOptions& load) {
+  constexpr ComputeDtype kDtype = compute_dtype_of<E>();
+  BasicLoadedWeights<E> w = load_weights_narrow<E>(args.weights, load);
+  const LoadedTensor query = read_input(args.query, "query");
+  if (const std::string note = compute_dtype_note(kDtype); !note.empty())
+    std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", args.dtype.c_str(), note.c_str());
+  const std::optional<DType> stored = w.parameter_dtype;
+  const std::vector<AssumedSetting> assumed = w.assumed;
+  run_narrow_forward<E>(args, std::move(w), query);
+  const DType own = kDtype == ComputeDtype::BF16 ? DType::BF16 : DType::F16;
+  if (stored != own && writes_outputs())
+    std::fprintf(stderr, "multihead: note: --weights holds %s parameters; rounded once to %s (nearest even) for "
+                 "--dtype %s\n",
+                 stored ? to_string(*stored).c_str() : "mixed-dtype", to_string(own).c_str(), args.dtype.c_str());
+  if (const std::string note = assumed_settings_note(assumed, args.weights); !note.empty() && writes_outputs())
+    std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
 }
 
 // --num-kv-heads: the grouped-query module (multihead/grouped_query_attention.hpp,
@@ -469,6 +497,8 @@ Runner add_forward_command(CLI::App& app) {
     if (batch_first->count() > 0) ov.batch_first = args->batch_first_flag;
     if (add_zero_attn->count() > 0) ov.add_zero_attn = args->add_zero_attn;
     ov.dropout = args->dropout;
+    if (dtype == ComputeDtype::BF16) return load_and_run_narrow<bfloat16>(*args, load);
+    if (dtype == ComputeDtype::F16) return load_and_run_narrow<float16>(*args, load);
     LoadedWeights w;
     LoadedTensor query;
     agree_on(args->parallel, [&] {
@@ -476,20 +506,16 @@ Runner add_forward_command(CLI::App& app) {
       if (args->parallel != "heads") w = load_weights(args->weights, load);
       query = read_input(args->query, "query");
     });
-    if (const std::string note = compute_dtype_note(dtype); !note.empty())
-      std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", args->dtype.c_str(), note.c_str());
-    if (dtype == ComputeDtype::BF16) run_narrow_forward<bfloat16>(*args, w, query);
-    else if (dtype == ComputeDtype::F16) run_narrow_forward<float16>(*args, w, query);
-    else if (query.dtype == DType::F64) run_forward<double>(*args, w, query, load);
+    if (query.dtype == DType::F64) run_forward<double>(*args, w, query, load);
     else run_forward<float>(*args, w, query, load);
-    if (dtype == ComputeDtype::F32 && w.parameter_dtype && writes_outputs() &&
+    if (w.parameter_dtype && writes_outputs() &&
         (*w.parameter_dtype == DType::BF16 || *w.parameter_dtype == DType::F16))
       std::fprintf(stderr, "multihead: note: --weights holds %s parameters; computed in %s from their exact values "
                    "(--dtype %s computes in %s)\n",
                    to_string(*w.parameter_dtype).c_str(), query.dtype == DType::F64 ? "float64" : "float32",
                    *w.parameter_dtype == DType::BF16 ? "bf16" : "f16", to_string(*w.parameter_dtype).c_str());
     // After the run, so that a failed one still prints exactly one line.
-    if (const std::string note = assumed_settings_note(w, args->weights); !note.empty() && writes_outputs())
+    if (const std::string note = assumed_settings_note(w.assumed, args->weights); !note.empty() && writes_outputs())
       std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
   };
 }

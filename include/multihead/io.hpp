@@ -85,15 +85,26 @@ struct IntegerTensorInfo {
   uint64_t byte_size = 0;  // numel × itemsize: what its data_offsets span
 };
 
+//
+// With Sixteen::Keep, BF16 and F16 tensors are not decoded: each is copied
+// as stored (its bits, 2 bytes an element) into `bf16_tensors` or
+// `f16_tensors` instead of `tensors`, so a 16-bit checkpoint read for a
+// 16-bit module costs its own size once, not 4x that as double (the
+// narrow load_weights, multihead/weights.hpp). Each name is still in
+// exactly one map.
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
   std::map<std::string, LoadedTensor> tensors;
   std::map<std::string, IntegerTensorInfo> integer_tensors;
+  std::map<std::string, Tensor<bfloat16>> bf16_tensors;  // Sixteen::Keep only
+  std::map<std::string, Tensor<float16>> f16_tensors;    // Sixteen::Keep only
 };
+enum class Sixteen { Decode, Keep };
 
 // `name` is what error messages call the file (e.g. its path).
-SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name);
-SafetensorsFile read_safetensors(const std::string& path);
+SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name,
+                                  Sixteen sixteen = Sixteen::Decode);
+SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen = Sixteen::Decode);
 
 // Writes every tensor as F32, keys sorted, metadata as given. Atomic.
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor<float>>& tensors,

@@ -10,7 +10,10 @@
 //   2. scaled_dot_product_attention on the rounded Q, K, V (and bias_k,
 //      bias_v, the zero-attention key): widened to float32 in registers,
 //      scores, softmax, its running max and sum, and the weighted sums in
-//      float32 (the flash kernel), each head's output rounded once
+//      float32 (the flash kernel), each head's output rounded once; for
+//      bf16, where vdpbf16ps is measured faster, QKᵀ and PV run on bf16
+//      pairs instead, P rounded to bf16 (docs/precision.md, "The two bf16
+//      dot ways"; MULTIHEAD_BF16_DOT forces either)
 //   3. out_projection: round(concat W^Oᵀ + b^O)
 // docs/precision.md derives the error bound from these steps.
 //

@@ -37,6 +37,21 @@ std::string simd_target_current();
 // Throws multihead::Error naming the available targets for a bad name.
 void simd_target_force(const std::string& name);
 
+// The bf16 flash kernel's way of computing QKᵀ and PV (docs/precision.md,
+// "The two bf16 dot ways"): "fma" (bf16 widened to float32, float32 FMA) or
+// "dpbf16" (bf16 pairs multiplied into float32: vdpbf16ps where the CPU has
+// AVX512_BF16, else Highway's widening of the same pairs). By default
+// ("auto") each SIMD target measures vdpbf16ps against FMA once, in a few
+// microseconds, and takes dpbf16 only at >= 1.2x the FMA's FLOP rate.
+// MULTIHEAD_BF16_DOT=auto|fma|dpbf16 sets it for the process;
+// bf16_dot_force("fma" | "dpbf16") forces one for every later call, "" or
+// "auto" lifts the force. Throws multihead::Error for another name.
+void bf16_dot_force(const std::string& way);
+// What the current SIMD target runs now and why, one line: e.g.
+// "dpbf16 (vdpbf16ps, forced)", "fma (auto: vdpbf16ps at 0.98x the FMA
+// rate, below 1.2x)", "fma (auto: no AVX512_BF16 on this target)".
+std::string bf16_dot_current();
+
 // Forces a kernel for every later call in this process, whatever the call
 // asks for; Auto lifts the force (then MULTIHEAD_KERNEL, if set, applies).
 void kernel_force(AttentionKernel kernel);

@@ -53,17 +53,21 @@ struct AssumedSetting {
   std::string value;
 };
 
-struct LoadedWeights {
+// T: the parameters' element type. double for load_weights (exact for every
+// file dtype); bfloat16 or float16 for load_weights_narrow.
+template <class T>
+struct BasicLoadedWeights {
   MultiheadAttentionConfig config;
-  MultiheadAttentionParameters<double> parameters;  // exact for every file dtype
+  MultiheadAttentionParameters<T> parameters;
   std::map<std::string, std::string> metadata;
   std::string prefix;                  // as used, with its final '.'
   std::vector<AssumedSetting> assumed; // in the order batch_first, add_zero_attn, dropout
   // The parameters' dtype on disk when they all share one (F16, BF16, F32,
   // F64, Bool), else nullopt: lets a caller say that a bf16 checkpoint runs
-  // in float32, or run it in bf16 (NarrowMultiheadAttention) exactly.
+  // in float32, or that an f32 one was rounded into a bf16 module.
   std::optional<DType> parameter_dtype;
 };
+using LoadedWeights = BasicLoadedWeights<double>;
 
 // Infers embed_dim, kdim, vdim, bias and add_bias_kv from the tensors, takes
 // the rest from metadata and overrides, and validates everything. Throws
@@ -94,6 +98,18 @@ struct TensorHeader {
 LoadedWeights weights_from_header(const std::map<std::string, TensorHeader>& tensors,
                                   const std::map<std::string, std::string>& metadata, const std::string& path,
                                   const LoadOptions& options = {});
+
+// The same rules, into a 16-bit module's element type E (bfloat16, float16)
+// with no float32 or float64 copy of the weights: a tensor stored as E is
+// copied bit for bit from the file (read with Sixteen::Keep), so the peak
+// memory is the mapped file plus the parameters, each the file's size. A
+// tensor of another dtype is rounded to E once, to nearest even (F32, BF16
+// into float16 and F16 into bfloat16 are widened exactly to float32 first;
+// F64 is rounded to float32, then to E). parameter_dtype says which it was;
+// serialize_weights(NarrowMultiheadAttention<E>) writes an E file back bit
+// for bit.
+template <class E>
+BasicLoadedWeights<E> load_weights_narrow(const std::string& path, const LoadOptions& options = {});
 
 // A MultiheadAttention state_dict found inside a file: a prefix p with
 // p + "out_proj.weight" and p + "in_proj_weight" (or p + "q_proj_weight").

@@ -2,6 +2,7 @@
 #include "multihead/runtime.hpp"
 
 #include <atomic>
+#include <cstdio>
 #include <string>
 
 #include <omp.h>
@@ -9,6 +10,7 @@
 #include "core/gemm.hpp"
 #include "kernels/kernel_force.hpp"
 #include "multihead/error.hpp"
+#include "simd/flash_attention.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead {
@@ -29,6 +31,19 @@ int blas_threads() { return detail::blas_threads(); }
 std::vector<std::string> simd_targets_available() { return detail::simd_targets_available(); }
 std::string simd_target_current() { return detail::simd_target_current(); }
 void simd_target_force(const std::string& name) { detail::simd_target_force(name); }
+
+void bf16_dot_force(const std::string& way) { detail::bf16_dot_force(way); }
+std::string bf16_dot_current() {
+  const detail::Bf16DotChoice c = detail::bf16_dot_choice(detail::simd_target_bit());
+  const std::string instruction = c.native ? "vdpbf16ps" : "Highway's widening: no AVX512_BF16 on this target";
+  if (detail::bf16_dot_setting() != detail::Bf16Dot::Auto)
+    return c.dpbf16 ? "dpbf16 (" + instruction + ", forced)" : "fma (forced)";
+  if (!c.native) return "fma (auto: no AVX512_BF16 on this target)";
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2f", c.rate_ratio);
+  return std::string(c.dpbf16 ? "dpbf16" : "fma") + " (auto: vdpbf16ps at " + ratio + "x the FMA rate, " +
+         (c.dpbf16 ? "at least" : "below") + " 1.2x)";
+}
 
 void kernel_force(AttentionKernel kernel) { detail::forced_kernel().store(kernel, std::memory_order_relaxed); }
 AttentionKernel kernel_forced() { return detail::forced_kernel().load(std::memory_order_relaxed); }

@@ -243,9 +243,26 @@ void reject_other_formats(const uint8_t* data, std::size_t size, const std::stri
 
 // A validated entry into the map for its kind of dtype (io.hpp): integer
 // tensors are described, the others decoded.
-void add_tensor(const Entry& e, const uint8_t* buffer, SafetensorsFile& out) {
+// With Sixteen::Keep a BF16 or F16 tensor keeps its bits (io.hpp).
+template <class E>
+Tensor<E> copy_sixteen(const Entry& e, const uint8_t* buffer) {
+  Tensor<E> t(e.shape);
+  const uint8_t* src = buffer + e.begin;
+  for (int64_t i = 0; i < t.numel(); ++i) t[i].bits = detail::load_le<uint16_t>(src + 2 * i);
+  return t;
+}
+
+void add_tensor(const Entry& e, const uint8_t* buffer, Sixteen sixteen, SafetensorsFile& out) {
   if (is_integer(e.dtype)) {
     out.integer_tensors.emplace(e.key, IntegerTensorInfo{e.dtype, e.shape, e.end - e.begin});
+    return;
+  }
+  if (sixteen == Sixteen::Keep && e.dtype == DType::BF16) {
+    out.bf16_tensors.emplace(e.key, copy_sixteen<bfloat16>(e, buffer));
+    return;
+  }
+  if (sixteen == Sixteen::Keep && e.dtype == DType::F16) {
+    out.f16_tensors.emplace(e.key, copy_sixteen<float16>(e, buffer));
     return;
   }
   Storage<double> values(static_cast<std::size_t>(shape_numel(e.shape)));
@@ -255,7 +272,8 @@ void add_tensor(const Entry& e, const uint8_t* buffer, SafetensorsFile& out) {
 
 }  // namespace
 
-SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name) {
+SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name,
+                                  Sixteen sixteen) {
   reject_other_formats(data, size, name);
   if (size < 8)
     fail(name, "file has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
@@ -287,7 +305,7 @@ SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const s
   check_no_overlap(std::move(pointers), name);
   check_no_trailing_data(entries, buffer_size, name);
 
-  for (const Entry& e : entries) add_tensor(e, buffer, out);
+  for (const Entry& e : entries) add_tensor(e, buffer, sixteen, out);
   return out;
 }
 
@@ -319,9 +337,9 @@ std::optional<uint64_t> safetensors_size(const uint8_t* data, std::size_t size) 
 
 }  // namespace
 
-SafetensorsFile read_safetensors(const std::string& path) {
+SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen) {
   const detail::FileBytes bytes = detail::map_file(path, path, safetensors_size);
-  return parse_safetensors(bytes.data(), bytes.size(), path);
+  return parse_safetensors(bytes.data(), bytes.size(), path, sixteen);
 }
 
 }  // namespace multihead

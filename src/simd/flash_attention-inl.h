@@ -55,10 +55,19 @@
 // run on them unchanged: the widening costs keys·(D + Dv) conversions per
 // query tile, against bq·keys·(D + Dv) FMAs (1/64 at bq = 64). Scores,
 // softmax, running max, sums and the accumulators stay float32; each output
-// row is rounded to E once (to nearest even) as it is stored. The
-// alternative for bf16, vdpbf16ps (Highway's ReorderWidenMulAccumulate), is
-// not built: on Intel's AVX512_BF16 it measured half the fp32 FMA rate
-// (issue 19), and this kernel's products are not its bottleneck.
+// row is rounded to E once (to nearest even) as it is stored.
+//
+// bf16 has a second way (Bf16Way::Dot), chosen per host by measured rate
+// (flash_attention.cpp, docs/precision.md "The two bf16 dot ways"): QKᵀ and
+// PV on bf16 pairs with vdpbf16ps (bf16_compute-inl.h's PairDot), two
+// products per float32 lane per instruction. The query tile is packed as
+// pairs along D (qp [ceil(D/2)][bq], unscaled: the scale multiplies the
+// scores), each key tile's K rows as pairs along D (kp [keys][ceil(D/2)]),
+// its V rows as pairs down the keys (vp [ceil(keys/2)][Dv]), and the
+// probabilities, rounded to bf16 once, as pairs down the keys (pp
+// [ceil(keys/2)][bq]); the micro-kernels are the float ones with PairDot
+// for MulAdd over half the steps. What it changes: the summation order
+// (pairs), and P rounded to bf16 before PV (the float way keeps it float32).
 
 // Per-target include guard (Highway's pattern for -inl.h files).
 #if defined(MULTIHEAD_SIMD_FLASH_ATTENTION_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -69,6 +78,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -81,6 +91,7 @@
 #include "simd/bf16_compute-inl.h"
 #include "simd/exp2-inl.h"
 #include "simd/flash_attention.hpp"
+#include "simd/targets.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace multihead::detail {
@@ -130,6 +141,11 @@ inline size_t ScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
 // value tile vw [MaxKeyTile][Dv].
 inline size_t NarrowScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
   return ScratchFloats(nvq, head_dim, value_dim) + MaxKeyTile(nvq) * (head_dim + value_dim);
+}
+// With Bf16Way::Dot: also pp [ceil(MaxKeyTile/2)][bq], before kw (kp, vp
+// and qp fit where kw, vw and qt were: ceil(n/2) <= n).
+inline size_t DotScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
+  return NarrowScratchFloats(nvq, head_dim, value_dim) + (MaxKeyTile(nvq) + 1) / 2 * nvq * hn::Lanes(DF32());
 }
 
 // ---- micro-kernels --------------------------------------------------------
@@ -233,6 +249,103 @@ HWY_INLINE void AccumulateRemainder(size_t cols, DF32 df, const float* HWY_RESTR
   }
 }
 
+// ---- micro-kernels of the bf16 pair way (Bf16Way::Dot) -----------------------
+
+// ScoresBlock on pairs: st[r][q] = scale · Σ_p PairDot(kp[r][p], qp[p][q])
+// over `pairs` pairs (kp rows ldk pairs apart), and the tile's row max.
+template <size_t NVQ, size_t KR, bool kNative>
+HWY_INLINE void ScoresBlockDot(DF32 df, const uint32_t* HWY_RESTRICT kp, size_t ldk, size_t pairs,
+                               const uint32_t* HWY_RESTRICT qp, size_t bq, float scale, float* HWY_RESTRICT st,
+                               float* HWY_RESTRICT tmax) {
+  const hn::RebindToUnsigned<DF32> du;
+  const size_t lanes = hn::Lanes(df);
+  VF32 acc[KR][NVQ];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < KR; ++r) {
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < NVQ; ++v) acc[r][v] = hn::Zero(df);
+  }
+  for (size_t p = 0; p < pairs; ++p) {
+    hn::Vec<decltype(du)> q[NVQ];
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < NVQ; ++v) q[v] = hn::Load(du, qp + p * bq + v * lanes);
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < KR; ++r) {
+      const auto kb = hn::Set(du, kp[r * ldk + p]);
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < NVQ; ++v) acc[r][v] = PairDot<kNative>(df, kb, q[v], acc[r][v]);
+    }
+  }
+  const VF32 s = hn::Set(df, scale);
+  HWY_UNROLL(4)
+  for (size_t v = 0; v < NVQ; ++v) {
+    VF32 block_max = hn::Load(df, tmax + v * lanes);
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < KR; ++r) {
+      acc[r][v] = hn::Mul(acc[r][v], s);
+      hn::Store(acc[r][v], df, st + r * bq + v * lanes);
+      block_max = hn::Max(block_max, acc[r][v]);
+    }
+    hn::Store(block_max, df, tmax + v * lanes);
+  }
+}
+
+template <size_t NVQ, size_t R, bool kNative>
+HWY_INLINE void ScoresRemainderDot(size_t rows, DF32 df, const uint32_t* HWY_RESTRICT kp, size_t ldk, size_t pairs,
+                                   const uint32_t* HWY_RESTRICT qp, size_t bq, float scale, float* HWY_RESTRICT st,
+                                   float* HWY_RESTRICT tmax) {
+  if constexpr (R > 0) {
+    if (rows == R) return ScoresBlockDot<NVQ, R, kNative>(df, kp, ldk, pairs, qp, bq, scale, st, tmax);
+    ScoresRemainderDot<NVQ, R - 1, kNative>(rows, df, kp, ldk, pairs, qp, bq, scale, st, tmax);
+  }
+}
+
+// AccumulateBlock on pairs of keys: ot[c][q] = alpha[q]·ot[c][q] +
+// Σ_p PairDot(vp[p][c], pp[p][q]) over `pairs` key pairs (vp rows ldv apart,
+// at column c0; ot at row c0).
+template <size_t NVQ, size_t RV, bool kNative>
+HWY_INLINE void AccumulateBlockDot(DF32 df, const uint32_t* HWY_RESTRICT vp, size_t ldv, size_t pairs,
+                                   const uint32_t* HWY_RESTRICT pp, size_t bq, const float* HWY_RESTRICT alpha,
+                                   float* HWY_RESTRICT ot) {
+  const hn::RebindToUnsigned<DF32> du;
+  const size_t lanes = hn::Lanes(df);
+  VF32 acc[RV][NVQ];
+  VF32 a[NVQ];
+  HWY_UNROLL(4)
+  for (size_t w = 0; w < NVQ; ++w) a[w] = hn::Load(df, alpha + w * lanes);
+  HWY_UNROLL(8)
+  for (size_t c = 0; c < RV; ++c) {
+    HWY_UNROLL(4)
+    for (size_t w = 0; w < NVQ; ++w) acc[c][w] = hn::Mul(hn::Load(df, ot + c * bq + w * lanes), a[w]);
+  }
+  for (size_t p = 0; p < pairs; ++p) {
+    hn::Vec<decltype(du)> pj[NVQ];
+    HWY_UNROLL(4)
+    for (size_t w = 0; w < NVQ; ++w) pj[w] = hn::Load(du, pp + p * bq + w * lanes);
+    HWY_UNROLL(8)
+    for (size_t c = 0; c < RV; ++c) {
+      const auto vb = hn::Set(du, vp[p * ldv + c]);
+      HWY_UNROLL(4)
+      for (size_t w = 0; w < NVQ; ++w) acc[c][w] = PairDot<kNative>(df, vb, pj[w], acc[c][w]);
+    }
+  }
+  HWY_UNROLL(8)
+  for (size_t c = 0; c < RV; ++c) {
+    HWY_UNROLL(4)
+    for (size_t w = 0; w < NVQ; ++w) hn::Store(acc[c][w], df, ot + c * bq + w * lanes);
+  }
+}
+
+template <size_t NVQ, size_t R, bool kNative>
+HWY_INLINE void AccumulateRemainderDot(size_t cols, DF32 df, const uint32_t* HWY_RESTRICT vp, size_t ldv,
+                                       size_t pairs, const uint32_t* HWY_RESTRICT pp, size_t bq,
+                                       const float* HWY_RESTRICT alpha, float* HWY_RESTRICT ot) {
+  if constexpr (R > 0) {
+    if (cols == R) return AccumulateBlockDot<NVQ, R, kNative>(df, vp, ldv, pairs, pp, bq, alpha, ot);
+    AccumulateRemainderDot<NVQ, R - 1, kNative>(cols, df, vp, ldv, pairs, pp, bq, alpha, ot);
+  }
+}
+
 // ---- one query tile -------------------------------------------------------
 
 // What a query tile [i0, i0 + rows) of slice n reads, hoisted out of the
@@ -265,10 +378,17 @@ struct TileState {
   float* HWY_RESTRICT l;
   float* HWY_RESTRICT alpha;
   float* HWY_RESTRICT tmax;
-  // 16-bit K/V only: the key tile's widened K and V rows (packed).
+  // 16-bit K/V only: the key tile's widened K and V rows (packed); with
+  // Bf16Way::Dot, the same space holds kp and vp, qt holds qp, and pp the
+  // paired probabilities.
   float* HWY_RESTRICT kw = nullptr;
   float* HWY_RESTRICT vw = nullptr;
+  uint32_t* HWY_RESTRICT pp = nullptr;
 };
+
+// The bf16 kernel's two ways (header): Fma widens to float32; Dot runs on
+// bf16 pairs, kNative with vdpbf16ps, else with Highway's widening.
+enum class Bf16Way { Fma, Dot, DotNative };
 
 // st [keys][bq] = scale·Q Kᵀ for keys [j0, j0 + keys) (the scale is folded
 // into qt), and tmax [bq] = the tile's max score per query. E: K's storage.
@@ -525,16 +645,63 @@ HWY_INLINE void AccumulateValues(const AttentionArgs<float>& a, const QueryTileI
   AccumulateRemainder<NVQ, KR - 1>(value_dim - c, df, vt + c, ldv, keys, t.st, bq, t.alpha, t.ot + c * bq);
 }
 
+// TileScores on bf16 pairs (Bf16Way::Dot): the key tile's K rows packed
+// as pairs (kp, in kw's space), qp the packed query tile (in qt's space).
+template <size_t NVQ, bool kNative>
+HWY_INLINE void TileScoresDot(const AttentionArgs<float>& a, const QueryTileInputs& in, const TileState& t,
+                              int64_t j0, size_t keys) {
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  const size_t bq = NVQ * lanes;
+  constexpr size_t KR = BlockRows(NVQ);
+  const size_t pairs = (static_cast<size_t>(a.head_dim) + 1) / 2;
+  const VF32 neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
+  for (size_t w = 0; w < NVQ; ++w) hn::Store(neg_inf, df, t.tmax + w * lanes);
+  uint32_t* HWY_RESTRICT kp = reinterpret_cast<uint32_t*>(t.kw);
+  const uint32_t* HWY_RESTRICT qp = reinterpret_cast<const uint32_t*>(t.qt);
+  PackRowPairs(static_cast<const bfloat16*>(in.k_narrow) + static_cast<size_t>(j0) * in.k_row, in.k_row, keys,
+               static_cast<size_t>(a.head_dim), kp);
+  size_t j = 0;
+  for (; j + KR <= keys; j += KR)
+    ScoresBlockDot<NVQ, KR, kNative>(df, kp + j * pairs, pairs, pairs, qp, bq, a.scale, t.st + j * bq, t.tmax);
+  ScoresRemainderDot<NVQ, KR - 1, kNative>(keys - j, df, kp + j * pairs, pairs, pairs, qp, bq, a.scale,
+                                           t.st + j * bq, t.tmax);
+}
+
+// AccumulateValues on bf16 pairs of keys: the probabilities rounded to bf16
+// and paired (pp), the key tile's V rows paired (vp, in vw's space).
+template <size_t NVQ, bool kNative>
+HWY_INLINE void AccumulateValuesDot(const AttentionArgs<float>& a, const QueryTileInputs& in, const TileState& t,
+                                    int64_t j0, size_t keys) {
+  const DF32 df;
+  const size_t bq = NVQ * hn::Lanes(df);
+  constexpr size_t KR = BlockRows(NVQ);
+  const size_t value_dim = static_cast<size_t>(a.value_dim);
+  const size_t pairs = (keys + 1) / 2;
+  uint32_t* HWY_RESTRICT vp = reinterpret_cast<uint32_t*>(t.vw);
+  PackColumnPairs(static_cast<const bfloat16*>(in.v_narrow) + static_cast<size_t>(j0) * in.v_row, in.v_row, keys,
+                  value_dim, vp);
+  PackRoundedColumnPairs(df, t.st, keys, bq, t.pp);
+  size_t c = 0;
+  for (; c + KR <= value_dim; c += KR)
+    AccumulateBlockDot<NVQ, KR, kNative>(df, vp + c, value_dim, pairs, t.pp, bq, t.alpha, t.ot + c * bq);
+  AccumulateRemainderDot<NVQ, KR - 1, kNative>(value_dim - c, df, vp + c, value_dim, pairs, t.pp, bq, t.alpha,
+                                               t.ot + c * bq);
+}
+
 // One key tile [j0, j0 + keys) for the query tile: scores, score modifiers,
-// online softmax update, dropout, PV.
-template <size_t NVQ, class E = float>
+// online softmax update, dropout, PV. W: the bf16 way (Fma for every other E).
+template <size_t NVQ, class E = float, Bf16Way W = Bf16Way::Fma>
 HWY_INLINE void KeyTileStep(const AttentionArgs<float>& a, const QueryTileInputs& in, const TileState& t,
                             int64_t j0, size_t keys) {
-  TileScores<NVQ, E>(a, in, t, j0, keys);
+  constexpr bool kDot = W != Bf16Way::Fma;
+  if constexpr (kDot) TileScoresDot<NVQ, W == Bf16Way::DotNative>(a, in, t, j0, keys);
+  else TileScores<NVQ, E>(a, in, t, j0, keys);
   const bool modified = ApplyScoreModifiers<NVQ>(a, in, t, j0, keys);
   OnlineSoftmax<NVQ>(t, keys, modified);
   if (a.dropout.p > 0.0) DropoutTile<NVQ>(a, t, j0, keys);
-  AccumulateValues<NVQ, E>(a, in, t, j0, keys);
+  if constexpr (kDot) AccumulateValuesDot<NVQ, W == Bf16Way::DotNative>(a, in, t, j0, keys);
+  else AccumulateValues<NVQ, E>(a, in, t, j0, keys);
 }
 
 // Keys [begin, end) in tiles of KeyTile(NVQ), step(j0, keys) for each; the
@@ -618,11 +785,32 @@ HWY_INLINE void PackQueryTile(const AttentionArgs<float>& a, int64_t slice, int6
   }
 }
 
-// qt as PackQueryTile; ot = 0, m = -inf, l = 0.
-template <size_t NVQ, class E = float>
+// PackQueryTile on bf16 pairs (Bf16Way::Dot): qp [ceil(D/2)][bq] =
+// the pairs of q[i0 + r][2p], q[i0 + r][2p + 1], unscaled (ScoresBlockDot
+// scales the scores); padding queries and an odd D's last high half are 0.
+template <size_t NVQ>
+HWY_INLINE void PackQueryPairs(const AttentionArgs<float>& a, int64_t slice, int64_t i0, size_t rows,
+                               uint32_t* HWY_RESTRICT qp) {
+  const size_t bq = NVQ * hn::Lanes(DF32());
+  const size_t head_dim = static_cast<size_t>(a.head_dim);
+  const size_t pairs = (head_dim + 1) / 2;
+  const SliceLayout q_layout = resolve_layout(a.q_layout, a.heads, a.q_len, a.head_dim);
+  const bfloat16* HWY_RESTRICT q =
+      slice_start(static_cast<const bfloat16*>(a.narrow.q), q_layout, slice, a.heads) + i0 * q_layout.row;
+  std::fill(qp, qp + pairs * bq, 0u);
+  for (size_t r = 0; r < rows; ++r) {
+    const bfloat16* HWY_RESTRICT q_row = q + static_cast<int64_t>(r) * q_layout.row;
+    for (size_t p = 0; p < pairs; ++p)
+      qp[p * bq + r] = PackPair(q_row[2 * p].bits, 2 * p + 1 < head_dim ? q_row[2 * p + 1].bits : uint16_t{0});
+  }
+}
+
+// qt as PackQueryTile (or qp as PackQueryPairs); ot = 0, m = -inf, l = 0.
+template <size_t NVQ, class E = float, Bf16Way W = Bf16Way::Fma>
 HWY_INLINE void StartTile(const AttentionArgs<float>& a, const TileState& t, float* HWY_RESTRICT qt) {
   const size_t bq = NVQ * hn::Lanes(DF32());
-  PackQueryTile<NVQ, E>(a, t.slice, t.i0, t.rows, qt);
+  if constexpr (W != Bf16Way::Fma) PackQueryPairs<NVQ>(a, t.slice, t.i0, t.rows, reinterpret_cast<uint32_t*>(qt));
+  else PackQueryTile<NVQ, E>(a, t.slice, t.i0, t.rows, qt);
   std::fill(t.ot, t.ot + static_cast<size_t>(a.value_dim) * bq, 0.0f);
   std::fill(t.m, t.m + bq, -std::numeric_limits<float>::infinity());
   std::fill(t.l, t.l + bq, 0.0f);
@@ -672,16 +860,20 @@ HWY_INLINE void StoreTile(const AttentionArgs<float>& a, const TileState& t) {
 }
 
 // Output rows [i0, i0 + rows) of slice n, rows <= NVQ·lanes. E: the
-// storage of q, k, v and out (float: a.q…; 16-bit: a.narrow).
-template <size_t NVQ, class E = float>
+// storage of q, k, v and out (float: a.q…; 16-bit: a.narrow). W: the bf16
+// way (E = bfloat16 only, for Dot).
+template <size_t NVQ, class E = float, Bf16Way W = Bf16Way::Fma>
 HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_t i0, size_t rows,
                             FlashScratch& scratch) {
   constexpr bool kNarrow = !std::is_same_v<E, float>;
+  constexpr bool kDot = W != Bf16Way::Fma;
+  static_assert(!kDot || std::is_same_v<E, bfloat16>, "the pair way is bf16's");
   const size_t bq = NVQ * hn::Lanes(DF32());
   const size_t head_dim = static_cast<size_t>(a.head_dim);
   const size_t value_dim = static_cast<size_t>(a.value_dim);
-  float* HWY_RESTRICT qt = scratch.floats(kNarrow ? NarrowScratchFloats(NVQ, head_dim, value_dim)
-                                                  : ScratchFloats(NVQ, head_dim, value_dim));
+  float* HWY_RESTRICT qt = scratch.floats(kDot      ? DotScratchFloats(NVQ, head_dim, value_dim)
+                                          : kNarrow ? NarrowScratchFloats(NVQ, head_dim, value_dim)
+                                                    : ScratchFloats(NVQ, head_dim, value_dim));
   TileState t;
   t.slice = slice;
   t.i0 = i0;
@@ -694,13 +886,20 @@ HWY_NOINLINE void QueryTile(const AttentionArgs<float>& a, int64_t slice, int64_
   t.alpha = t.l + bq;
   t.tmax = t.alpha + bq;
   if constexpr (kNarrow) {
-    t.kw = t.tmax + bq;
+    // pp first, where the vector alignment of bq-float rows still holds.
+    float* after = t.tmax + bq;
+    if constexpr (kDot) {
+      t.pp = reinterpret_cast<uint32_t*>(after);
+      after += (MaxKeyTile(NVQ) + 1) / 2 * bq;
+    }
+    t.kw = after;
     t.vw = t.kw + MaxKeyTile(NVQ) * head_dim;
   }
-  StartTile<NVQ, E>(a, t, qt);
+  StartTile<NVQ, E, W>(a, t, qt);
 
   const QueryTileInputs in = TileInputs(a, slice);
-  VisitKeyTiles<NVQ>(a, in, i0, rows, [&](int64_t j0, size_t keys) { KeyTileStep<NVQ, E>(a, in, t, j0, keys); });
+  VisitKeyTiles<NVQ>(a, in, i0, rows,
+                     [&](int64_t j0, size_t keys) { KeyTileStep<NVQ, E, W>(a, in, t, j0, keys); });
   StoreTile<NVQ, E>(a, t);
 }
 
@@ -736,13 +935,54 @@ inline void FlashAttentionRowsF32(const AttentionArgs<float>& a, int64_t slice, 
   });
 }
 
-// The same rows with 16-bit q, k, v and out (a.narrow; E its type).
-template <class E>
+// The same rows with 16-bit q, k, v and out (a.narrow; E its type; W the
+// bf16 way).
+template <class E, Bf16Way W = Bf16Way::Fma>
 void FlashAttentionRowsNarrow(const AttentionArgs<float>& a, int64_t slice, int64_t row_begin, int64_t row_end,
                               FlashScratch& scratch) {
   ForEachQueryTile(row_begin, row_end, [&]<size_t NVQ>(int64_t i0, size_t rows) {
-    QueryTile<NVQ, E>(a, slice, i0, rows, scratch);
+    QueryTile<NVQ, E, W>(a, slice, i0, rows, scratch);
   });
+}
+
+// vdpbf16ps's FLOP rate over the float32 FMA's on this core, from
+// register-resident chains (bench/fma_peak.cpp's method, a few microseconds:
+// 16 independent chains of 2048 instructions each, best of 5); 0 where this
+// target cannot issue vdpbf16ps or the CPU lacks AVX512_BF16. Counted as
+// FLOPs: an FMA is 2 per lane, a vdpbf16ps 4 (two products, two additions).
+inline double Bf16DotRateRatio() {
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
+  if (!cpu_has_avx512_bf16()) return 0.0;
+  const DF32 df;
+  const hn::RebindToUnsigned<DF32> du;
+  constexpr int kChains = 16;
+  constexpr long kSteps = 2048;
+  auto time_chains = [&](auto step) {
+    VF32 acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = hn::Set(df, static_cast<float>(c));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (long i = 0; i < kSteps; ++i) {
+      HWY_UNROLL(16)
+      for (int c = 0; c < kChains; ++c) acc[c] = step(acc[c]);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    VF32 sum = acc[0];
+    for (int c = 1; c < kChains; ++c) sum = hn::Add(sum, acc[c]);
+    volatile float sink = hn::GetLane(sum);
+    (void)sink;
+    return std::chrono::duration<double>(t1 - t0).count();
+  };
+  const VF32 fa = hn::Set(df, 0.999999f), fb = hn::Set(df, 1e-7f);
+  const auto pa = hn::Set(du, 0x3f7f3f7fu), pb = hn::Set(du, 0x33d633d6u);  // bf16 pairs (0.996, 1e-7)
+  double fma = 1e30, dot = 1e30;
+  for (int round = 0; round < 5; ++round) {
+    fma = std::min(fma, time_chains([&](VF32 x) { return hn::MulAdd(x, fa, fb); }));
+    dot = std::min(dot, time_chains([&](VF32 x) { return PairDot<true>(df, pa, pb, x); }));
+  }
+  return dot > 0.0 ? (4.0 / dot) / (2.0 / fma) : 0.0;
+#else
+  return 0.0;
+#endif
 }
 
 inline int64_t FlashAttentionRowTileF32() {

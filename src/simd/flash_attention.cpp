@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "multihead/error.hpp"
@@ -30,6 +32,22 @@ void FlashAttentionRowsBF16(const AttentionArgs<float>& args, int64_t slice, int
                             int64_t row_end, FlashScratch& scratch) {
   FlashAttentionRowsNarrow<bfloat16>(args, slice, row_begin, row_end, scratch);
 }
+// The bf16 pair way (flash_attention-inl.h, Bf16Way::Dot): with Highway's
+// widening on every target, and with vdpbf16ps on the AVX-512 ones (the
+// same code as the widening elsewhere; never chosen there).
+void FlashAttentionRowsBF16Dot(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin,
+                               int64_t row_end, FlashScratch& scratch) {
+  FlashAttentionRowsNarrow<bfloat16, Bf16Way::Dot>(args, slice, row_begin, row_end, scratch);
+}
+void FlashAttentionRowsBF16DotNative(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin,
+                                     int64_t row_end, FlashScratch& scratch) {
+#if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)  // kHasDpbf16
+  FlashAttentionRowsNarrow<bfloat16, Bf16Way::DotNative>(args, slice, row_begin, row_end, scratch);
+#else
+  FlashAttentionRowsBF16Dot(args, slice, row_begin, row_end, scratch);
+#endif
+}
+double FlashAttentionBf16DotRateRatio() { return Bf16DotRateRatio(); }
 void FlashAttentionRowsF16(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin,
                            int64_t row_end, FlashScratch& scratch) {
   FlashAttentionRowsNarrow<float16>(args, slice, row_begin, row_end, scratch);
@@ -48,6 +66,9 @@ namespace multihead::detail {
 HWY_EXPORT(FlashAttentionRows);
 HWY_EXPORT(FlashAttentionRowsBF16);
 HWY_EXPORT(FlashAttentionRowsF16);
+HWY_EXPORT(FlashAttentionRowsBF16Dot);
+HWY_EXPORT(FlashAttentionRowsBF16DotNative);
+HWY_EXPORT(FlashAttentionBf16DotRateRatio);
 HWY_EXPORT(FlashAttentionRowTile);
 HWY_EXPORT(FlashAttentionKeyTile);
 HWY_EXPORT(FlashAttentionTarget);
@@ -67,11 +88,48 @@ float* FlashScratch::floats(std::size_t count) {
   return data_;
 }
 
+namespace {
+
+// vdpbf16ps over float32 FMA, measured once per target (0: no vdpbf16ps).
+double bf16_dot_rate_ratio_at(std::size_t i, int64_t target_bit) {
+  static std::mutex mutex;
+  static std::map<int64_t, double> measured;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = measured.find(target_bit);
+  if (it != measured.end()) return it->second;
+  return measured[target_bit] = HWY_DISPATCH_TABLE(FlashAttentionBf16DotRateRatio)[i]();
+}
+
+// Whether this target issues vdpbf16ps (an AVX-512 target on a CPU with
+// AVX512_BF16); the measured ratio is > 0 exactly then.
+bool native_dpbf16(int64_t target_bit) {
+  return (target_bit == HWY_AVX3 || target_bit == HWY_AVX3_DL) && cpu_has_avx512_bf16();
+}
+
+}  // namespace
+
+Bf16DotChoice bf16_dot_choice(int64_t target_bit) {
+  const size_t i = dispatch_table_index(HWY_DISPATCH_TABLE(FlashAttentionTarget), target_bit, "flash attention");
+  Bf16DotChoice c;
+  c.native = native_dpbf16(target_bit);
+  const Bf16Dot setting = bf16_dot_setting();
+  if (setting == Bf16Dot::Auto) {
+    c.rate_ratio = c.native ? bf16_dot_rate_ratio_at(i, target_bit) : 0.0;
+    c.dpbf16 = c.native && bf16_dot_prefers_dpbf16(c.rate_ratio);
+  } else {
+    c.dpbf16 = setting == Bf16Dot::Dpbf16;
+  }
+  return c;
+}
+
 FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit) {
   const size_t i = dispatch_table_index(HWY_DISPATCH_TABLE(FlashAttentionTarget), target_bit, "flash attention");
   FlashAttentionKernel kernel;
   kernel.rows = HWY_DISPATCH_TABLE(FlashAttentionRows)[i];
-  kernel.rows_bf16 = HWY_DISPATCH_TABLE(FlashAttentionRowsBF16)[i];
+  const Bf16DotChoice bf16 = bf16_dot_choice(target_bit);
+  kernel.rows_bf16 = !bf16.dpbf16 ? HWY_DISPATCH_TABLE(FlashAttentionRowsBF16)[i]
+                     : bf16.native ? HWY_DISPATCH_TABLE(FlashAttentionRowsBF16DotNative)[i]
+                                   : HWY_DISPATCH_TABLE(FlashAttentionRowsBF16Dot)[i];
   kernel.rows_f16 = HWY_DISPATCH_TABLE(FlashAttentionRowsF16)[i];
   kernel.row_tile = HWY_DISPATCH_TABLE(FlashAttentionRowTile)[i]();
   kernel.key_tile = HWY_DISPATCH_TABLE(FlashAttentionKeyTile)[i]();

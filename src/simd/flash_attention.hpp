@@ -52,4 +52,13 @@ struct FlashAttentionKernel {
 // throws multihead::Error if it was not compiled in.
 FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit);
 
+// How the bf16 kernel of `target_bit` computes QKᵀ and PV now (targets.hpp's
+// Bf16Dot): by bf16_dot_setting(), or under Auto by the measured rate.
+struct Bf16DotChoice {
+  bool dpbf16 = false;      // the pair way (else widen and float32 FMA)
+  bool native = false;      // vdpbf16ps runs here (else Highway's widening)
+  double rate_ratio = 0.0;  // Auto only: vdpbf16ps / FMA FLOP rate, 0 without vdpbf16ps
+};
+Bf16DotChoice bf16_dot_choice(int64_t target_bit);
+
 }  // namespace multihead::detail

@@ -5,6 +5,10 @@
 #include <cctype>
 #include <cstdlib>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "hwy/highway.h"
 #include "hwy/targets.h"
 #include "multihead/error.hpp"
@@ -98,6 +102,47 @@ std::string simd_target_current() { return hwy::TargetName(simd_target_bit()); }
 void simd_target_force(const std::string& name) {
   const int64_t bit = name.empty() ? 0 : simd_target_parse(name, "simd_target_force");
   g_forced_target.store(bit, std::memory_order_relaxed);
+}
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
+  return (a >> 5) & 1u;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+Bf16Dot parse_bf16_dot(const std::string& name, const std::string& what) {
+  if (name.empty() || name == "auto") return Bf16Dot::Auto;
+  if (name == "fma") return Bf16Dot::Fma;
+  if (name == "dpbf16") return Bf16Dot::Dpbf16;
+  throw Error(Error::Kind::Value, what + ": expected auto, fma or dpbf16, got " + quote_input(name));
+}
+
+// MULTIHEAD_BF16_DOT, parsed once (as default_target).
+Bf16Dot env_bf16_dot() {
+  static const Bf16Dot way = [] {
+    const char* env = std::getenv("MULTIHEAD_BF16_DOT");
+    return parse_bf16_dot(env == nullptr ? "" : env, "MULTIHEAD_BF16_DOT");
+  }();
+  return way;
+}
+
+std::atomic<int> g_forced_bf16_dot{static_cast<int>(Bf16Dot::Auto)};
+
+}  // namespace
+
+Bf16Dot bf16_dot_setting() {
+  const auto forced = static_cast<Bf16Dot>(g_forced_bf16_dot.load(std::memory_order_relaxed));
+  return forced != Bf16Dot::Auto ? forced : env_bf16_dot();
+}
+
+void bf16_dot_force(const std::string& name) {
+  g_forced_bf16_dot.store(static_cast<int>(parse_bf16_dot(name, "bf16_dot_force")), std::memory_order_relaxed);
 }
 
 void fail_target_not_compiled(int64_t target_bit, const char* kernel) {

@@ -43,6 +43,30 @@ int64_t simd_target_parse(const std::string& name, const std::string& what);
 
 [[noreturn]] void fail_target_not_compiled(int64_t target_bit, const char* kernel);
 
+// Whether the CPU has AVX512_BF16 (CPUID leaf 7 subleaf 1, EAX bit 5): the
+// vdpbf16ps of the bf16 flash kernel's pair way. False off x86.
+bool cpu_has_avx512_bf16();
+
+// The bf16 flash kernel's two ways of computing QKᵀ and PV
+// (flash_attention-inl.h): Fma widens bf16 to float32 and uses float32 FMA;
+// Dpbf16 multiplies bf16 pairs into float32 (vdpbf16ps where the CPU has
+// AVX512_BF16 and the target is AVX3 or AVX3_DL, else Highway's widening
+// of the same pairs). Auto picks by bf16_dot_prefers_dpbf16.
+enum class Bf16Dot { Auto, Fma, Dpbf16 };
+// The setting now: bf16_dot_force's, else MULTIHEAD_BF16_DOT (auto, fma or
+// dpbf16, read once per process), else Auto. Throws multihead::Error naming
+// the variable, the value and the accepted names for a bad value.
+Bf16Dot bf16_dot_setting();
+// Forces "fma" or "dpbf16" for every later call; "" or "auto" returns to
+// MULTIHEAD_BF16_DOT or Auto. Throws multihead::Error for another name.
+void bf16_dot_force(const std::string& name);
+// The rule of Auto, from Bf16DotRateRatio (vdpbf16ps FLOP/s over float32
+// FMA FLOP/s, measured once per process and target): the pair way only where
+// its products come faster by a margin, since it also packs P and V in pairs
+// and rounds P to bf16 (docs/precision.md).
+inline constexpr double kBf16DotMinRatio = 1.2;
+inline bool bf16_dot_prefers_dpbf16(double rate_ratio) { return rate_ratio >= kBf16DotMinRatio; }
+
 // Index of `target_bit` in the HWY_EXPORT tables of a src/simd file, given
 // the table of a function of that file that returns HWY_TARGET. Rather than
 // rely on how Highway orders its tables, ask each entry which target it was

@@ -48,7 +48,9 @@ namespace detail {
 std::optional<std::string> gqa_module_message(const SafetensorsFile& file, const std::string& prefix,
                                               const std::string& path) {
   auto has = [&](const char* name) {
-    return file.tensors.count(prefix + name) != 0 || file.integer_tensors.count(prefix + name) != 0;
+    const std::string n = prefix + name;
+    return file.tensors.count(n) != 0 || file.integer_tensors.count(n) != 0 || file.bf16_tensors.count(n) != 0 ||
+           file.f16_tensors.count(n) != 0;
   };
   if (!has("q_proj.weight") || !has("o_proj.weight")) return std::nullopt;
   std::string count = "N";

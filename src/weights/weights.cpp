@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "core/check.hpp"
+#include "core/parameters.hpp"
 #include "io/metadata.hpp"
 #include "weights/gqa_format.hpp"
 #include "multihead/error.hpp"
@@ -212,13 +213,62 @@ std::string normalize_prefix(const std::string& prefix) {
 std::vector<std::string> tensor_names(const SafetensorsFile& file) {
   std::vector<std::string> names;
   for (const auto& [name, tensor] : file.tensors) names.push_back(name);
+  for (const auto& [name, tensor] : file.bf16_tensors) names.push_back(name);
+  for (const auto& [name, tensor] : file.f16_tensors) names.push_back(name);
   for (const auto& [name, info] : file.integer_tensors) names.push_back(name);
   std::sort(names.begin(), names.end());
   return names;
 }
 
+// A real-valued tensor's dtype on disk and shape, from whichever map holds
+// it (decoded, or kept 16-bit: io.hpp's Sixteen), or nothing.
+struct RealTensor {
+  DType dtype;
+  const Shape* shape;
+};
+std::optional<RealTensor> find_real(const SafetensorsFile& file, const std::string& name) {
+  if (auto it = file.tensors.find(name); it != file.tensors.end())
+    return RealTensor{it->second.dtype, &it->second.values.shape()};
+  if (auto it = file.bf16_tensors.find(name); it != file.bf16_tensors.end())
+    return RealTensor{DType::BF16, &it->second.shape()};
+  if (auto it = file.f16_tensors.find(name); it != file.f16_tensors.end())
+    return RealTensor{DType::F16, &it->second.shape()};
+  return std::nullopt;
+}
+
 bool has_tensor(const SafetensorsFile& file, const std::string& name) {
-  return file.tensors.count(name) != 0 || file.integer_tensors.count(name) != 0;
+  return find_real(file, name) || file.integer_tensors.count(name) != 0;
+}
+
+// The tensor `name` (known to be real-valued) moved out of the file as
+// element type T: as stored when the file holds it as T, else converted
+// (exactly to double; to a 16-bit T rounded once: weights.hpp).
+template <class T, class From>
+Tensor<T> convert_tensor(const Tensor<From>& t) {
+  if constexpr (std::is_same_v<T, double>) {
+    return widen<double>(t);
+  } else if constexpr (std::is_same_v<From, double>) {
+    Storage<T> out(static_cast<std::size_t>(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      out[static_cast<std::size_t>(i)] = narrow_from_float<T>(static_cast<float>(t[i]));
+    return Tensor<T>(t.shape(), std::move(out));
+  } else {
+    return round_to<T>(widen<float>(t));
+  }
+}
+template <class T>
+Tensor<T> take_tensor(SafetensorsFile& file, const std::string& name) {
+  auto take = [&](auto& map) {
+    auto node = map.extract(name);
+    using From = typename std::decay_t<decltype(node.mapped())>::value_type;
+    if constexpr (std::is_same_v<From, T>) return std::move(node.mapped());
+    else return convert_tensor<T>(node.mapped());
+  };
+  if (file.bf16_tensors.count(name)) return take(file.bf16_tensors);
+  if (file.f16_tensors.count(name)) return take(file.f16_tensors);
+  auto node = file.tensors.extract(name);
+  if constexpr (std::is_same_v<T, double>) return std::move(node.mapped().values);
+  else return convert_tensor<T>(node.mapped().values);
 }
 
 // A parameter is real-valued; an integer tensor under a parameter's name is
@@ -247,7 +297,8 @@ std::string module_prefixes_hint(const SafetensorsFile& file, const Source& src)
 // whatever its dtype; tensors outside the prefix are never looked at.
 // Names are checked before anything moves, since the error message lists the
 // file's modules from their shapes.
-std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const Source& src) {
+template <class T>
+std::map<std::string, Tensor<T>> take_module(SafetensorsFile& file, const Source& src) {
   // A module nested under the prefix ("a." holding "a.b.", which inspect
   // lists as a module of its own) keeps its tensors: they are its
   // parameters, not unexpected ones of this module.
@@ -274,13 +325,13 @@ std::map<std::string, Tensor<double>> take_module(SafetensorsFile& file, const S
   if (names.empty() && !src.prefix.empty())
     throw Error(Error::Kind::Missing, "--prefix " + quote_input(src.prefix) + ": no tensor in " + src.path +
                                           " starts with it" + module_prefixes_hint(file, src));
-  std::map<std::string, Tensor<double>> out;
-  for (const std::string& name : names)
-    out.emplace(name.substr(src.prefix.size()), std::move(file.tensors.at(name).values));
+  std::map<std::string, Tensor<T>> out;
+  for (const std::string& name : names) out.emplace(name.substr(src.prefix.size()), take_tensor<T>(file, name));
   return out;
 }
 
-ShapeMap shapes_of(const std::map<std::string, Tensor<double>>& tensors) {
+template <class T>
+ShapeMap shapes_of(const std::map<std::string, Tensor<T>>& tensors) {
   ShapeMap out;
   for (const auto& [name, t] : tensors) out.emplace(name, t.shape());
   return out;
@@ -288,25 +339,27 @@ ShapeMap shapes_of(const std::map<std::string, Tensor<double>>& tensors) {
 
 // The tensors in the module's own layout. With kdim = vdim = embed_dim given
 // explicitly as three weights, PyTorch packs them into in_proj_weight.
-MultiheadAttentionParameters<double> build_parameters(std::map<std::string, Tensor<double>>& t,
-                                                      const MultiheadAttentionConfig& c, const Source& src) {
-  auto take = [&](const char* n) { return t.count(n) ? std::move(t.at(n)) : Tensor<double>(); };
-  MultiheadAttentionParameters<double> p;
+template <class T>
+MultiheadAttentionParameters<T> build_parameters(std::map<std::string, Tensor<T>>& t,
+                                                 const MultiheadAttentionConfig& c, const Source& src) {
+  auto take = [&](const char* n) { return t.count(n) ? std::move(t.at(n)) : Tensor<T>(); };
+  MultiheadAttentionParameters<T> p;
   const int64_t E = c.embed_dim;
   if (t.count("q_proj_weight") && c.same_embed_dim()) {
-    const Tensor<double> q = take("q_proj_weight"), k = take("k_proj_weight"), v = take("v_proj_weight");
+    const Tensor<T> q = take("q_proj_weight"), k = take("k_proj_weight"), v = take("v_proj_weight");
     detail::expect_shape(src.tensor("q_proj_weight"), q.shape(), {E, E});
-    Storage<double> packed;
+    Storage<T> packed;
     packed.reserve(static_cast<std::size_t>(3 * E * E));
     for (const auto* w : {&q, &k, &v}) packed.insert(packed.end(), w->vec().begin(), w->vec().end());
-    p.in_proj_weight = Tensor<double>({3 * E, E}, std::move(packed));
+    p.in_proj_weight = Tensor<T>({3 * E, E}, std::move(packed));
   }
   // Every row the packing above did not fill takes the tensor of its name.
-  for_each_parameter(c, p, [&](const ParameterInfo& info, Tensor<double>& tensor) {
+  for_each_parameter(c, p, [&](const ParameterInfo& info, Tensor<T>& tensor) {
     if (tensor.shape().empty()) tensor = take(info.name);
   });
   try {
-    validate_parameters(c, p);
+    c.validate();
+    detail::check_parameters(c, p);
   } catch (const Error& e) {
     // Its messages start with the local tensor name.
     throw Error(e.kind(), src.prefix + e.what() + src.in_file());
@@ -330,23 +383,27 @@ std::map<std::string, std::string> config_metadata(const MultiheadAttentionConfi
           {"format", "pt"}};
 }
 
-LoadedWeights load_weights(const std::string& path, const LoadOptions& options) {
-  SafetensorsFile file = read_safetensors(path);
+namespace {
+
+// load_weights and load_weights_narrow: one rule, T the parameters' type.
+template <class T>
+BasicLoadedWeights<T> load_module(const std::string& path, const LoadOptions& options) {
+  SafetensorsFile file = read_safetensors(path, std::is_same_v<T, double> ? Sixteen::Decode : Sixteen::Keep);
   const Source src{path, normalize_prefix(options.prefix)};
   // A grouped-query module's file would fail on its first unexpected name;
   // say what it is, and how to read it, instead.
   if (auto gqa = detail::gqa_module_message(file, src.prefix, path)) throw Error(Error::Kind::Format, *gqa);
-  LoadedWeights r;
+  BasicLoadedWeights<T> r;
   bool first = true;
   for (const std::string& local : state_dict_names()) {
-    const auto it = file.tensors.find(src.tensor(local));
-    if (it == file.tensors.end()) continue;
-    if (first) r.parameter_dtype = it->second.dtype;
-    else if (r.parameter_dtype != it->second.dtype) r.parameter_dtype.reset();
+    const auto found = find_real(file, src.tensor(local));
+    if (!found) continue;
+    if (first) r.parameter_dtype = found->dtype;
+    else if (r.parameter_dtype != found->dtype) r.parameter_dtype.reset();
     if (!r.parameter_dtype) break;
     first = false;
   }
-  std::map<std::string, Tensor<double>> tensors = take_module(file, src);
+  std::map<std::string, Tensor<T>> tensors = take_module<T>(file, src);
   r.prefix = src.prefix;
   r.config = config_from_shapes(shapes_of(tensors), src);
   apply_metadata(file.metadata, src, options.overrides, r.config, r.assumed);
@@ -356,6 +413,19 @@ LoadedWeights load_weights(const std::string& path, const LoadOptions& options) 
   r.metadata = std::move(file.metadata);
   return r;
 }
+
+}  // namespace
+
+LoadedWeights load_weights(const std::string& path, const LoadOptions& options) {
+  return load_module<double>(path, options);
+}
+
+template <class E>
+BasicLoadedWeights<E> load_weights_narrow(const std::string& path, const LoadOptions& options) {
+  return load_module<E>(path, options);
+}
+template BasicLoadedWeights<bfloat16> load_weights_narrow<bfloat16>(const std::string&, const LoadOptions&);
+template BasicLoadedWeights<float16> load_weights_narrow<float16>(const std::string&, const LoadOptions&);
 
 LoadedWeights weights_from_header(const std::map<std::string, TensorHeader>& tensors,
                                   const std::map<std::string, std::string>& metadata, const std::string& path,
@@ -393,8 +463,7 @@ std::vector<FoundModule> find_attention_modules(const SafetensorsFile& file, con
       continue;
     ShapeMap shapes;
     for (const std::string& local : state_dict_names())
-      if (auto it = file.tensors.find(src.tensor(local)); it != file.tensors.end())
-        shapes.emplace(local, it->second.values.shape());
+      if (const auto found = find_real(file, src.tensor(local))) shapes.emplace(local, *found->shape);
     FoundModule m;
     m.prefix = src.prefix;
     try {

@@ -14,6 +14,12 @@
     the output's size;
   - a bf16 checkpoint without --dtype: computed in float32 from the exact
     values (1e-5 of float64), and one note saying so;
+  - an f32 checkpoint with --dtype bf16: one note that it was rounded once,
+    and the output bit-identical to the bf16 checkpoint's (the same values
+    rounded by init); a bf16 checkpoint with --dtype f16: one note;
+  - MULTIHEAD_BF16_DOT=dpbf16 and =fma: `--verbose` names the way, and each
+    is at most 1.5x PyTorch's bf16 RMS error; an unknown value: exit 2, one
+    line naming the variable;
   - --attn-weights-out with --dtype bf16: refused in one line;
   - `bench --dtype bf16` runs and reports dtype=bf16.
 
@@ -96,10 +102,11 @@ def main():
     r = run(cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out", p("o_bf16.npy"),
             "--dtype", "bf16")
     check("forward --dtype bf16 runs, no note", r.returncode == 0 and r.stderr == "", r.stderr)
+    rms = lambda e: float(np.sqrt(np.mean(e ** 2)))  # noqa: E731
+    e_torch = rms(theirs - ref)
     if r.returncode == 0:
         ours = np.load(p("o_bf16.npy"))
-        rms = lambda e: float(np.sqrt(np.mean(e ** 2)))  # noqa: E731
-        e_ours, e_torch = rms(ours - ref), rms(theirs - ref)
+        e_ours = rms(ours - ref)
         check(f"forward --dtype bf16: rms error {e_ours:.2e} <= 1.5 x PyTorch bf16's {e_torch:.2e}",
               ours.dtype == np.float32 and e_ours <= 1.5 * e_torch)
 
@@ -131,6 +138,40 @@ def main():
             ref32 = m64(xd, xd, xd, need_weights=False)[0].numpy()
         err = float(np.abs(np.load(p("o_32.npy")) - ref32).max())
         check(f"bf16 checkpoint in float32: max error {err:.1e} <= 1e-5", err <= 1e-5)
+
+    # an f32 checkpoint into the bf16 module: rounded once, said once
+    r = run(cli, "forward", "--weights", p("w_f32.safetensors"), "--query", p("q.npy"), "--out", p("o_f32bf.npy"),
+            "--dtype", "bf16")
+    lines = r.stderr.splitlines()
+    check("f32 checkpoint with --dtype bf16: one note that it was rounded once",
+          r.returncode == 0 and len(lines) == 1 and "float32 parameters; rounded once to bfloat16" in lines[0], r.stderr)
+    if r.returncode == 0 and os.path.exists(p("o_bf16.npy")):
+        check("f32 checkpoint with --dtype bf16: output bit-identical to the bf16 checkpoint's",
+              np.array_equal(np.load(p("o_f32bf.npy")), np.load(p("o_bf16.npy"))))
+    r = run(cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out", p("o_bf16h.npy"),
+            "--dtype", "f16")
+    notes = [line for line in r.stderr.splitlines() if "rounded once" in line]
+    check("bf16 checkpoint with --dtype f16: one note that it was rounded once to float16",
+          r.returncode == 0 and len(notes) == 1 and "bfloat16 parameters; rounded once to float16" in notes[0], r.stderr)
+
+    # the two bf16 dot ways, forced by the environment
+    for way in ("dpbf16", "fma"):
+        env = dict(os.environ, MULTIHEAD_BF16_DOT=way)
+        r = subprocess.run([cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out",
+                            p(f"o_{way}.npy"), "--dtype", "bf16", "--verbose"], capture_output=True, text=True, env=env)
+        check(f"MULTIHEAD_BF16_DOT={way}: --verbose names the way",
+              r.returncode == 0 and f"bf16 dot {way} (" in r.stderr, r.stderr)
+        if r.returncode == 0:
+            e_way = rms(np.load(p(f"o_{way}.npy")) - ref)
+            check(f"MULTIHEAD_BF16_DOT={way}: rms error {e_way:.2e} <= 1.5 x PyTorch bf16's {e_torch:.2e}",
+                  e_way <= 1.5 * e_torch)
+    env = dict(os.environ, MULTIHEAD_BF16_DOT="vnni")
+    r = subprocess.run([cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out",
+                        p("o_bad.npy"), "--dtype", "bf16"], capture_output=True, text=True, env=env)
+    lines = r.stderr.strip().splitlines()
+    check("MULTIHEAD_BF16_DOT=vnni: exit 2, one line naming the variable and the accepted ways",
+          r.returncode == 2 and len(lines) == 1 and "MULTIHEAD_BF16_DOT" in lines[0] and "fma or dpbf16" in lines[0]
+          and not os.path.exists(p("o_bad.npy")), r.stderr)
 
     r = run(cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out", p("o.npy"),
             "--dtype", "bf16", "--attn-weights-out", p("a.npy"))
