@@ -115,9 +115,11 @@ struct MixedCase {
 // One pass's every gradient at bf16 and f16 (f16 with loss scale 2^10, as
 // the trainer's scaler would run it), against Model<double> on the same
 // rounded parameters and the same tokens: norm-wise per parameter within
-// rounding_sites · u. The sensitivity checks below show the bound is not
-// vacuous: bf16's gradients break f16's bound, and a gradient left scaled
-// breaks its own.
+// rounding_sites · u (34u here). Measured: bf16 1.2u–2.0u, f16 1.1u–1.4u
+// (the worst parameter), so the first-order bound holds with a wide
+// margin; the checks below show it is not vacuous: the error is above
+// float32's level (the 16-bit path ran), a gradient left scaled fails, and
+// one element moved by twice the allowed norm fails.
 TEST(MixedPrecisionGradients, OnePassAgainstFloat64OnTheSameRoundedWeightsV7L6E16H2F16Layers2B4) {
   const MixedCase cases[] = {{ComputeDtype::BF16, Positions::Sinusoidal, false, 1.0},
                              {ComputeDtype::BF16, Positions::Alibi, true, 1.0},
@@ -150,9 +152,18 @@ TEST(MixedPrecisionGradients, OnePassAgainstFloat64OnTheSameRoundedWeightsV7L6E1
     if (mc.loss_scale != 1.0) {
       EXPECT_GT(relative_errors(mixed.gradients, exact.gradients, 1.0).worst_ratio, sites * u);
     }
-    // bf16's gradients are not within f16's bound: the bound tells the two apart.
-    if (mc.dtype == ComputeDtype::BF16) {
-      EXPECT_GT(e.worst_ratio, sites * unit_roundoff(ComputeDtype::F16)) << name;
+    // The 16-bit path ran: the error is far above float32's (which is
+    // ~1e-7 here), at least u/16.
+    EXPECT_GT(e.worst_ratio, u / 16) << name;
+    // The checker: one element of the worst parameter's gradient moved by
+    // twice the allowed error norm fails it.
+    {
+      auto perturbed = mixed.gradients;
+      double norm = 0;
+      for (int64_t i = 0; i < exact.gradients.at(e.worst_name).numel(); ++i)
+        norm += exact.gradients.at(e.worst_name)[i] * exact.gradients.at(e.worst_name)[i];
+      perturbed.at(e.worst_name)[0] += float(2 * sites * u * std::sqrt(norm) * mc.loss_scale);
+      EXPECT_GT(relative_errors(perturbed, exact.gradients, mc.loss_scale).worst_ratio, sites * u) << name;
     }
     std::printf("[ mixed gradients ] %s: worst ||g16 - g64|| / ||g64|| = %.3g (%s), bound %lld sites x u = %.3g\n",
                 name.c_str(), e.worst_ratio, e.worst_name.c_str(), static_cast<long long>(rounding_sites(cfg)),
