@@ -187,8 +187,20 @@ struct Sum {
   double bound(int64_t extra = 0) const { return error + gamma32(static_cast<double>(n + extra)) * (sizes + error); }
 };
 
-// Rounded to 16 bits: the bound of round(x̂) against x, x̂ within e of x.
-double rounded(double u, double x, double e) { return e + u * (std::abs(x) + e); }
+// Rounding to 16 bits: |round(x) − x| <= u|x| + η, η half the smallest
+// subnormal (2^-25 for f16, whose subnormals start below 6.1e-5, where
+// small gradients fall; 2^-134 for bf16).
+struct Rounding {
+  double u, eta;
+};
+template <class E>
+Rounding rounding_of() {
+  const bool f16 = compute_dtype_of<E>() == ComputeDtype::F16;
+  return {unit_roundoff(compute_dtype_of<E>()), std::ldexp(1.0, f16 ? -25 : -134)};
+}
+
+// The bound of round(x̂) against x, x̂ within e of x.
+double rounded(const Rounding& r, double x, double e) { return e + r.u * (std::abs(x) + e) + r.eta; }
 
 // One slice's backward, traced (before the 16-bit rounding): given the
 // slice's forward trace and d_out [L][D] with its bounds.
@@ -252,19 +264,19 @@ struct TracedGradients {
 template <class E>
 TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t) {
   const Problem& p = bp.p;
-  const double u = unit_roundoff(compute_dtype_of<E>());
+  const Rounding r = rounding_of<E>();
   const oracle::Config& c = p.config;
   const int64_t L = t.L, B = t.B, S = t.S, St = t.St, E_ = t.E, H = t.H, D = t.D;
   const Array<double> dY = seq_first(bp.d_output, c.batch_first);  // (L, B, E)
   const auto lbe = [&](int64_t l, int64_t b, int64_t e) { return static_cast<std::size_t>((l * B + b) * E_ + e); };
-  TracedGradients r;
+  TracedGradients out;
   const auto put = [&](const std::string& name, std::size_t n) {
-    r.value[name].assign(n, 0.0);
-    r.bound[name].assign(n, 0.0);
+    out.value[name].assign(n, 0.0);
+    out.bound[name].assign(n, 0.0);
   };
   const auto set = [&](const std::string& name, std::size_t at, double value, double bound) {
-    r.value[name][at] = value;
-    r.bound[name][at] = 1.05 * bound;
+    out.value[name][at] = value;
+    out.bound[name][at] = 1.05 * bound;
   };
   // 4. out_projection.
   const Array<double>& Wo = p.params.out_proj_weight;
@@ -275,7 +287,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
         Sum s;
         for (int64_t e = 0; e < E_; ++e) s.add(dY.v[lbe(l, b, e)], 0, Wo.v[static_cast<std::size_t>(e * E_ + k)], 0);
         dC.value.v[lbe(l, b, k)] = s.value;
-        dC.error.v[lbe(l, b, k)] = rounded(u, s.value, s.bound());
+        dC.error.v[lbe(l, b, k)] = rounded(r, s.value, s.bound());
       }
   put("out_proj.weight", static_cast<std::size_t>(E_ * E_));
   for (int64_t e = 0; e < E_; ++e)
@@ -283,7 +295,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
       Sum s;
       for (int64_t l = 0; l < L; ++l)
         for (int64_t b = 0; b < B; ++b) s.add(dY.v[lbe(l, b, e)], 0, t.O.value.v[lbe(l, b, k)], t.O.error.v[lbe(l, b, k)]);
-      set("out_proj.weight", static_cast<std::size_t>(e * E_ + k), s.value, rounded(u, s.value, s.bound()));
+      set("out_proj.weight", static_cast<std::size_t>(e * E_ + k), s.value, rounded(r, s.value, s.bound()));
     }
   if (c.bias) {
     put("out_proj.bias", static_cast<std::size_t>(E_));
@@ -291,7 +303,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
       Sum s;
       for (int64_t l = 0; l < L; ++l)
         for (int64_t b = 0; b < B; ++b) s.add(dY.v[lbe(l, b, e)], 0, 1, 0);
-      set("out_proj.bias", static_cast<std::size_t>(e), s.value, rounded(u, s.value, s.bound()));
+      set("out_proj.bias", static_cast<std::size_t>(e), s.value, rounded(r, s.value, s.bound()));
     }
   }
   // 3, 2. attention per slice, then the rounding (and bias_k's sum) into
@@ -313,7 +325,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
         for (int64_t d = 0; d < D; ++d) {
           const std::size_t from = static_cast<std::size_t>(i * D + d);
           dQ.value.v[lbe(i, b, h * D + d)] = g.dq[from];
-          dQ.error.v[lbe(i, b, h * D + d)] = rounded(u, g.dq[from], g.edq[from]);
+          dQ.error.v[lbe(i, b, h * D + d)] = rounded(r, g.dq[from], g.edq[from]);
         }
       for (int64_t j = 0; j < St; ++j)
         for (int64_t d = 0; d < D; ++d) {
@@ -321,9 +333,9 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
           if (j < S) {
             const std::size_t to = static_cast<std::size_t>((j * B + b) * E_ + h * D + d);
             dK.value.v[to] = g.dk[from];
-            dK.error.v[to] = rounded(u, g.dk[from], g.edk[from]);
+            dK.error.v[to] = rounded(r, g.dk[from], g.edk[from]);
             dV.value.v[to] = g.dv[from];
-            dV.error.v[to] = rounded(u, g.dv[from], g.edv[from]);
+            dV.error.v[to] = rounded(r, g.dv[from], g.edv[from]);
           } else if (c.add_bias_kv && j == S) {  // Σ_b of the float32 gradients, then one rounding
             d_bias_k[static_cast<std::size_t>(h * D + d)].add(g.dk[from], g.edk[from], 1, 0);
             d_bias_v[static_cast<std::size_t>(h * D + d)].add(g.dv[from], g.edv[from], 1, 0);
@@ -336,8 +348,8 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
     for (int64_t e = 0; e < E_; ++e) {
       const Sum& k = d_bias_k[static_cast<std::size_t>(e)];
       const Sum& v = d_bias_v[static_cast<std::size_t>(e)];
-      set("bias_k", static_cast<std::size_t>(e), k.value, rounded(u, k.value, k.bound()));
-      set("bias_v", static_cast<std::size_t>(e), v.value, rounded(u, v.value, v.bound()));
+      set("bias_k", static_cast<std::size_t>(e), k.value, rounded(r, k.value, k.bound()));
+      set("bias_v", static_cast<std::size_t>(e), v.value, rounded(r, v.value, v.bound()));
     }
   }
   // 1. in_projection: d_x, d_W (a block of rows of in_proj_weight when
@@ -362,7 +374,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
             s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
                   dy.error.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
                   W.v[static_cast<std::size_t>((r0 + e) * in + col)], 0);
-          set(input, t.caller(l, b, col, len, in), s.value, rounded(u, s.value, s.bound()));
+          set(input, t.caller(l, b, col, len, in), s.value, rounded(r, s.value, s.bound()));
         }
     for (int64_t e = 0; e < E_; ++e) {
       for (int64_t col = 0; col < in; ++col) {
@@ -372,7 +384,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
             s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
                   dy.error.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
                   x.v[row(l, b) * static_cast<std::size_t>(in) + static_cast<std::size_t>(col)], 0);
-        set(wname, static_cast<std::size_t>((r0 + e) * in + col), s.value, rounded(u, s.value, s.bound()));
+        set(wname, static_cast<std::size_t>((r0 + e) * in + col), s.value, rounded(r, s.value, s.bound()));
       }
       if (c.bias) {
         Sum s;
@@ -380,14 +392,14 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
           for (int64_t b = 0; b < B; ++b)
             s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
                   dy.error.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)], 1, 0);
-        set("in_proj_bias", static_cast<std::size_t>(block * E_ + e), s.value, rounded(u, s.value, s.bound()));
+        set("in_proj_bias", static_cast<std::size_t>(block * E_ + e), s.value, rounded(r, s.value, s.bound()));
       }
     }
   };
   part("query", "q_proj_weight", 0, t.xq, L, dQ, p.params.q_proj_weight);
   part("key", "k_proj_weight", 1, t.xk, S, dK, p.params.k_proj_weight);
   part("value", "v_proj_weight", 2, t.xv, S, dV, p.params.v_proj_weight);
-  return r;
+  return out;
 }
 
 // The backward's trace: the forward's, with dropout's keep factors.
@@ -495,6 +507,158 @@ TEST(PrecisionBackwardChecker, OutProjectionBoundBelowGradientScale) {
       EXPECT_LT(widest, 0.1 * scale) << backward_case_at(i).name() << " d_" << name;
     }
   }
+}
+
+// The 16-bit scaled_dot_product_attention_backward against float64's on
+// the same numbers, with the attention step's bound alone
+// (trace_slice_backward on exact Q, K, V and d_output; the output's own
+// bound from trace_slice_forward), then each gradient's rounding.
+template <class E>
+void check_sdpa_backward(int64_t N, int64_t L, int64_t S, int64_t D, bool causal, bool bottom_right) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](Shape shape) {
+    Tensor<E> t(shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t[i] = narrow_from_float<E>(static_cast<float>(normal(rng)));
+    return t;
+  };
+  const Tensor<E> q = fill({N, L, D}), k = fill({N, S, D}), v = fill({N, S, D}), d_out = fill({N, L, D});
+  AttentionOptions o;
+  o.is_causal = causal;
+  o.causal_alignment = bottom_right ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
+  Tensor<float> lse;
+  const Tensor<E> out = scaled_dot_product_attention(q, k, v, nullptr, o, &lse);
+  const SdpaGradients<E> got = scaled_dot_product_attention_backward(q, k, v, nullptr, o, out, lse, d_out);
+  Tensor<double> lse64;
+  const Tensor<double> q64 = widen<double>(q), k64 = widen<double>(k), v64 = widen<double>(v), do64 = widen<double>(d_out);
+  const Tensor<double> out64 = scaled_dot_product_attention<double>(q64, k64, v64, nullptr, o, nullptr, &lse64);
+  const SdpaGradients<double> want = scaled_dot_product_attention_backward<double>(q64, k64, v64, nullptr, o, out64, lse64, do64);
+  const double u = unit_roundoff(compute_dtype_of<E>());
+  const Rounding r = rounding_of<E>();
+  const std::string name = std::string(to_string(compute_dtype_of<E>())) + "_N" + std::to_string(N) + "_L" +
+                           std::to_string(L) + "_S" + std::to_string(S) + "_D" + std::to_string(D) +
+                           (causal ? (bottom_right ? "_causal_bottomright" : "_causal_topleft") : "");
+  const int64_t shift = bottom_right ? S - L : 0;
+  for (int64_t n = 0; n < N; ++n) {
+    SliceTrace t;
+    t.L = L;
+    t.St = S;
+    t.D = D;
+    t.scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const auto rows = [&](const Tensor<double>& x, int64_t len) {
+      return std::vector<double>(x.data() + n * len * D, x.data() + (n + 1) * len * D);
+    };
+    t.q = rows(q64, L);
+    t.k = rows(k64, S);
+    t.v = rows(v64, S);
+    t.eq.assign(t.q.size(), 0.0);
+    t.ek.assign(t.k.size(), 0.0);
+    t.ev.assign(t.v.size(), 0.0);
+    t.mask.assign(static_cast<std::size_t>(L * S), 0.0);
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < S; ++j)
+        if (causal && j > i + shift) t.mask[static_cast<std::size_t>(i * S + j)] = -INFINITY;
+    t.keep.assign(t.mask.size(), 1.0);
+    trace_slice_forward(t, u);
+    const std::vector<double> dout = rows(do64, L);
+    const SliceGradients g = trace_slice_backward(t, dout, std::vector<double>(dout.size(), 0.0));
+    const auto check = [&](const char* what, const Tensor<E>& mine, const Tensor<double>& ref,
+                           const std::vector<double>& e, int64_t len) {
+      std::vector<double> bound(e.size()), ours(e.size()), theirs(e.size());
+      for (std::size_t x = 0; x < e.size(); ++x) {
+        ours[x] = to_float(mine[n * len * D + static_cast<int64_t>(x)]);
+        theirs[x] = ref[n * len * D + static_cast<int64_t>(x)];
+        bound[x] = 1.05 * rounded(r, theirs[x], e[x]);
+      }
+      const Verdict verdict = compare(ours, theirs, bound);
+      EXPECT_TRUE(verdict.ok) << name << " slice " << n << " d_" << what << ": " << verdict.message;
+    };
+    check("query", got.query, want.query, g.edq, L);
+    check("key", got.key, want.key, g.edk, S);
+    check("value", got.value, want.value, g.edv, S);
+  }
+}
+
+TEST(PrecisionSdpaBackward, BF16_N3_L70_S130_D16) { check_sdpa_backward<bfloat16>(3, 70, 130, 16, false, false); }
+TEST(PrecisionSdpaBackward, BF16_N2_L65_S65_D7_causal_topleft) { check_sdpa_backward<bfloat16>(2, 65, 65, 7, true, false); }
+TEST(PrecisionSdpaBackward, BF16_N2_L9_S40_D8_causal_bottomright) { check_sdpa_backward<bfloat16>(2, 9, 40, 8, true, true); }
+TEST(PrecisionSdpaBackward, F16_N3_L70_S130_D16) { check_sdpa_backward<float16>(3, 70, 130, 16, false, false); }
+TEST(PrecisionSdpaBackward, F16_N2_L1_S300_D64_causal_bottomright) { check_sdpa_backward<float16>(2, 1, 300, 64, true, true); }
+
+// ---- bad input: one clear line ----------------------------------------------
+
+// The message of what `f` throws (multihead::Error), "" if nothing.
+template <class F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (const multihead::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_one_line(const std::string& message, const char* names) {
+  EXPECT_NE(message.find(names), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+TEST(PrecisionBackwardBadInput, ContextEmptyForeignStaleAndWrongDOutput) {
+  const BackwardProblem b = make_backward_problem<bfloat16>(backward_case_at(1));
+  NarrowMultiheadAttention<bfloat16> mha(config_of(b.p), parameters_of<bfloat16>(b.p));
+  const NarrowMultiheadAttention<bfloat16> other(config_of(b.p), parameters_of<bfloat16>(b.p));
+  const CallOptions<float> o(b.p);
+  const Tensor<bfloat16> q = tensor_of<bfloat16>(b.p.call.query), k = tensor_of<bfloat16>(b.p.call.key),
+                         v = tensor_of<bfloat16>(b.p.call.value), dy = tensor_of<bfloat16>(b.d_output);
+  NarrowForwardContext<bfloat16> ctx;
+  expect_one_line(thrown([&] { mha.backward(ctx, dy); }), "saved: empty NarrowForwardContext");
+  mha.forward(q, k, v, o.options, ctx);
+  EXPECT_FALSE(ctx.empty());
+  EXPECT_GT(ctx.bytes(), 0u);
+  expect_one_line(thrown([&] { other.backward(ctx, dy); }), "saved: this NarrowForwardContext was filled by another module");
+  const Tensor<bfloat16> wrong(Shape{dy.size(0), dy.size(1), dy.size(2) + 1});
+  expect_one_line(thrown([&] { mha.backward(ctx, wrong); }), "d_output");
+  EXPECT_EQ(thrown([&] { mha.backward(ctx, dy); }), "");
+  mha.update_parameters([](const std::string&, Tensor<bfloat16>&) {});
+  expect_one_line(thrown([&] { mha.backward(ctx, dy); }), "before update_parameters()");
+  // A reshaping update is refused, naming the parameter, and changes nothing.
+  const std::map<std::string, Tensor<bfloat16>> before = mha.state_dict();
+  expect_one_line(thrown([&] {
+                    mha.update_parameters([](const std::string& name, Tensor<bfloat16>& t) {
+                      if (name == "out_proj.weight") t = Tensor<bfloat16>(Shape{1});
+                    });
+                  }),
+                  "out_proj.weight");
+  EXPECT_EQ(mha.state_dict().at("out_proj.weight").shape(), before.at("out_proj.weight").shape());
+  ctx.clear();
+  EXPECT_TRUE(ctx.empty());
+}
+
+TEST(PrecisionBackwardBadInput, SdpaWrongShapesAndKernel) {
+  const Tensor<bfloat16> q(Shape{2, 3, 4}), k(Shape{2, 5, 4}), v(Shape{2, 5, 4});
+  Tensor<float> lse;
+  const Tensor<bfloat16> out = scaled_dot_product_attention(q, k, v, nullptr, {}, &lse);
+  expect_one_line(thrown([&] { scaled_dot_product_attention_backward(q, k, v, nullptr, {}, out, lse, Tensor<bfloat16>(Shape{2, 3, 5})); }),
+                  "d_output");
+  expect_one_line(thrown([&] { scaled_dot_product_attention_backward(q, k, v, nullptr, {}, out, Tensor<float>(Shape{2, 4}), out); }),
+                  "lse");
+  AttentionOptions reference;
+  reference.kernel = AttentionKernel::Reference;
+  expect_one_line(thrown([&] { scaled_dot_product_attention_backward(q, k, v, nullptr, reference, out, lse, out); }),
+                  "kernel");
+}
+
+// A training forward's output is the inference forward's, bit for bit.
+TEST(PrecisionBackward, TrainingForwardSameBits) {
+  const BackwardProblem b = make_backward_problem<float16>(backward_case_at(7));
+  const NarrowMultiheadAttention<float16> mha(config_of(b.p), parameters_of<float16>(b.p));
+  const CallOptions<float> o(b.p);
+  const Tensor<float16> q = tensor_of<float16>(b.p.call.query), k = tensor_of<float16>(b.p.call.key),
+                        v = tensor_of<float16>(b.p.call.value);
+  NarrowForwardContext<float16> ctx;
+  const Tensor<float16> trained = mha.forward(q, k, v, o.options, ctx), plain = mha.forward(q, k, v, o.options);
+  ASSERT_EQ(trained.numel(), plain.numel());
+  for (int64_t i = 0; i < plain.numel(); ++i) ASSERT_EQ(trained[i].bits, plain[i].bits) << i;
 }
 
 }  // namespace
