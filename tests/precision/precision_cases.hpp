@@ -578,15 +578,25 @@ inline void write_array(std::ostream& os, const char* name, const std::vector<in
   os << "]}, ";
 }
 
-inline void write_case(const std::string& path, const Case& c, const Problem& p) {
+// With d_output (the backward's cases): also d_output, and the gradient
+// names in the order torch_bf16.py writes them.
+inline void write_case(const std::string& path, const std::string& name, const Problem& p,
+                       const oracle::Array<double>* d_output = nullptr,
+                       const std::vector<std::string>& gradient_names = {}) {
   std::ofstream os(path);
   const oracle::Config& k = p.config;
-  os << "{\"name\": \"" << c.name() << "\", \"E\": " << k.E << ", \"H\": " << k.H << ", \"kdim\": " << k.Ek()
+  os << "{\"name\": \"" << name << "\", \"E\": " << k.E << ", \"H\": " << k.H << ", \"kdim\": " << k.Ek()
      << ", \"vdim\": " << k.Ev() << ", \"bias\": " << (k.bias ? "true" : "false")
      << ", \"add_bias_kv\": " << (k.add_bias_kv ? "true" : "false")
      << ", \"add_zero_attn\": " << (k.add_zero_attn ? "true" : "false")
      << ", \"batch_first\": " << (k.batch_first ? "true" : "false") << ", \"causal\": " << (p.call.is_causal ? "true" : "false")
-     << ", ";
+     << ", \"bottom_right\": " << (p.bottom_right ? "true" : "false") << ", ";
+  if (d_output) write_array(os, "d_output", d_output->shape, d_output->v);
+  if (!gradient_names.empty()) {
+    os << "\"gradient_names\": [";
+    for (std::size_t i = 0; i < gradient_names.size(); ++i) os << (i ? ", " : "") << "\"" << gradient_names[i] << "\"";
+    os << "], ";
+  }
   const oracle::Params<double>& q = p.params;
   const std::pair<const char*, const oracle::Array<double>*> params[] = {
       {"in_proj_weight", &q.in_proj_weight}, {"q_proj_weight", &q.q_proj_weight}, {"k_proj_weight", &q.k_proj_weight},

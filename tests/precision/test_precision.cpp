@@ -162,7 +162,7 @@ TEST(PrecisionTorch, Dump) {
   ASSERT_NE(torch_dir(), nullptr) << "run by tests/precision/torch_bf16.py";
   for (int i = 0; i < kCaseCount; ++i) {
     const Case c = case_at(i);
-    if (torch_case(c)) write_case(std::string(torch_dir()) + "/case_" + std::to_string(i) + ".json", c, make_problem<bfloat16>(c));
+    if (torch_case(c)) write_case(std::string(torch_dir()) + "/case_" + std::to_string(i) + ".json", c.name(), make_problem<bfloat16>(c));
   }
 }
 
