@@ -137,6 +137,9 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
     s->options = options;
     s->options.attn_mask = s->options.key_padding_mask = nullptr;
     s->query_shape = query.shape();
+    s->query = query;
+    s->key = key;
+    s->value = value;
   }
   Tensor<E> output(detail::output_shape(p, query.shape()));
   if (p.B == 0 || p.L == 0) {
@@ -205,9 +208,6 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
                          config_.bias ? params_.out_proj_bias.data() : nullptr, output.data(), 0, lo);
   if (s) {
     s->masks = std::move(masks);
-    s->query = query;
-    s->key = key;
-    s->value = value;
     s->q = std::move(q);
     s->k = std::move(k);
     s->v = std::move(v);

@@ -744,5 +744,39 @@ TEST(PrecisionTorchBackward, Compare) {
   EXPECT_GE(compared, 110);  // 118 of the 240 are PyTorch-representable
 }
 
+// No query rows: the forward does no work, every gradient is zeros of its
+// tensor's shape.
+TEST(PrecisionBackward, EmptyQueryGivesZeroGradients) {
+  MultiheadAttentionConfig cfg;
+  cfg.embed_dim = 8;
+  cfg.num_heads = 2;
+  std::mt19937_64 rng(3);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  MultiheadAttentionParameters<float> p;
+  for_each_parameter(cfg, p, [&](const ParameterInfo& info, Tensor<float>& t) {
+    if (!info.present) return;
+    t = Tensor<float>(info.shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t[i] = static_cast<float>(normal(rng));
+  });
+  const auto mha = NarrowMultiheadAttention<bfloat16>::rounded(cfg, p);
+  ForwardOptions<float> o;
+  o.need_weights = false;
+  NarrowForwardContext<bfloat16> ctx;
+  const Tensor<bfloat16> q(Shape{0, 8}), kv(Shape{5, 8});
+  const Tensor<bfloat16> y = mha.forward(q, kv, kv, o, ctx);
+  EXPECT_EQ(y.shape(), (Shape{0, 8}));
+  const MultiheadAttentionGradients<bfloat16> g = mha.backward(ctx, y);
+  EXPECT_EQ(g.query.shape(), q.shape());
+  EXPECT_EQ(g.key.shape(), kv.shape());
+  EXPECT_EQ(g.value.shape(), kv.shape());
+  for (const Tensor<bfloat16>* t : {&g.key, &g.value})
+    for (int64_t i = 0; i < t->numel(); ++i) EXPECT_EQ((*t)[i].bits, 0);
+  EXPECT_EQ(g.parameters.size(), mha.state_dict().size());
+  for (const auto& [name, t] : g.parameters) {
+    EXPECT_EQ(t.shape(), mha.state_dict().at(name).shape()) << name;
+    for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t[i].bits, 0) << name;
+  }
+}
+
 }  // namespace
 }  // namespace multihead
