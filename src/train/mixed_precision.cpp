@@ -95,19 +95,6 @@ class NarrowAttentionOf final : public NarrowBlockAttention {
 }  // namespace
 
 template <class T>
-void round_in_place(ComputeDtype dtype, T* x, int64_t count) {
-  if (dtype == ComputeDtype::F32) return;
-  if constexpr (!std::is_same_v<T, float>) {
-    (void)x;
-    (void)count;
-    refuse_double(dtype);
-  } else {
-    for (int64_t i = 0; i < count; ++i)
-      x[i] = dtype == ComputeDtype::BF16 ? to_float(to_bfloat16(x[i])) : to_float(to_float16(x[i]));
-  }
-}
-
-template <class T>
 void linear_forward_at(ComputeDtype dtype, int64_t rows, const T* x, const T* W, int64_t out, int64_t in, const T* b,
                        T* y, int threads) {
   if (dtype == ComputeDtype::F32) {
@@ -147,8 +134,6 @@ std::unique_ptr<NarrowBlockAttention> make_narrow_block_attention(ComputeDtype d
   throw Error(Error::Kind::Value, "make_narrow_block_attention: expected bf16 or f16, got " + to_string(dtype));
 }
 
-template void round_in_place<float>(ComputeDtype, float*, int64_t);
-template void round_in_place<double>(ComputeDtype, double*, int64_t);
 template void linear_forward_at<float>(ComputeDtype, int64_t, const float*, const float*, int64_t, int64_t,
                                        const float*, float*, int);
 template void linear_forward_at<double>(ComputeDtype, int64_t, const double*, const double*, int64_t, int64_t,

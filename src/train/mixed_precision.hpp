@@ -27,13 +27,9 @@
 
 namespace multihead::train {
 
-// The values of x[0, count) rounded to `dtype` (and widened back), in place.
-// F32: unchanged. T must be float for BF16 / F16 (a double would be rounded
-// twice, through float); double throws multihead::Error.
-template <class T>
-void round_in_place(ComputeDtype dtype, T* x, int64_t count);
-
-// y (rows × out) = x (rows × in) · Wᵀ + b at `dtype` (W is out × in, as nn.Linear).
+// y (rows × out) = x (rows × in) · Wᵀ + b at `dtype` (W is out × in, as
+// nn.Linear). T must be float for BF16 / F16 (a double would be rounded
+// twice, through float): double throws multihead::Error.
 template <class T>
 void linear_forward_at(ComputeDtype dtype, int64_t rows, const T* x, const T* W, int64_t out, int64_t in, const T* b,
                        T* y, int threads);

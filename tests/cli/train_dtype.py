@@ -17,7 +17,10 @@ the summary says the dtype. Notes: f16 on a CPU without AVX512_FP16 (this
 test's host) prints exactly one note on stderr naming AVX512_FP16 and the
 widening path, as `forward --dtype f16` does; bf16 prints none.
 Checkpoint: --dtype bf16 writes float32 tensors and compute_dtype=bf16;
---resume continues in bf16 without --dtype, and refuses --dtype f32.
+--resume continues in bf16 without --dtype, and refuses --dtype f32; an
+f16 checkpoint holds the loss scaler's state, and a resume refuses a bad
+compute_dtype, a loss_scale that is no power of two, or a clean-step count
+outside [0, 2000), in one line.
 Bad input (exit 2, exactly one line naming the flag, nothing written):
 unknown --dtype, --dtype bf16 with --positions rope, --dtype f16 with
 --parallel data.
@@ -128,6 +131,21 @@ def notes_and_checkpoints(cli, work):
     code, _, err = run(cli, "--resume", ck, "--steps", "6", "--dtype", "f32")
     check("--resume a bf16 checkpoint with --dtype f32: refused in one line",
           code == 2 and len(err.splitlines()) == 1 and "dtype is bf16 in the checkpoint, got f32" in err, err)
+
+    # Hostile 16-bit metadata: each refused in one line naming the key.
+    f16 = os.path.join(work, "f16.safetensors")
+    code, _, err = run(cli, *SMALL, "--steps", "2", "--dtype", "f16", "--checkpoint-out", f16)
+    tensors16, meta16 = safetensors_io.read(f16)
+    check("--dtype f16 checkpoint: the scaler's state in the metadata",
+          code == 0 and meta16.get("loss_scale") == "65536" and meta16.get("loss_scale_clean_steps") == "2", meta16)
+    for key, value, needle in [("compute_dtype", "f64", "'compute_dtype': expected f32, bf16 or f16, got 'f64'"),
+                               ("loss_scale", "3", "'loss_scale': expected a power of two, got 3"),
+                               ("loss_scale_clean_steps", "2000", "'loss_scale_clean_steps': expected 0 to 1999")]:
+        bad = os.path.join(work, f"bad-{key}.safetensors")
+        safetensors_io.write(bad, {k: (v, "F32") for k, (v, _) in tensors16.items()}, {**meta16, key: value})
+        code, _, err = run(cli, "--resume", bad, "--steps", "4")
+        check(f"--resume with metadata {key}={value!r}: refused in one line",
+              code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err)
 
 
 def bad_input(cli, work):
