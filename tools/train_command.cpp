@@ -5,6 +5,8 @@
 // place (step, loss, accuracy, tokens/s, time left); otherwise a plain line
 // every --log-interval steps, key=value pairs that a script can split:
 //   step=20 loss=1.8734 accuracy=0.4123 lr=0.001 grad_norm=0.8812 tokens_per_s=51234 elapsed_s=0.31
+// (with --dtype f16 two more pairs, the loss scale of the last step and the
+// steps skipped so far: "… elapsed_s=0.31 loss_scale=65536 skipped=0"),
 // and, either way, a final summary line starting "done:".
 #include <unistd.h>
 
@@ -23,6 +25,7 @@
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
+#include "multihead/narrow.hpp"
 #include "multihead/train.hpp"
 #if MULTIHEAD_WITH_MPI
 #include "multihead/data_parallel.hpp"
@@ -42,6 +45,7 @@ struct TrainArgs {
   int64_t checkpoint_every = 0, log_interval = 10;
   std::string progress = "auto";
   std::string parallel;  // "" or "data"
+  std::string dtype = "f32";
 };
 
 // A finite number >= 0 (weight decay, clip).
@@ -92,12 +96,15 @@ std::string rate(double tokens_per_s) {
 // The progress of a run: a bar on a terminal, lines elsewhere.
 class Progress {
  public:
-  Progress(bool bar, int64_t first, int64_t last, int64_t interval)
-      : bar_(bar), first_(first), last_(last), interval_(interval), start_(std::chrono::steady_clock::now()) {}
+  // scaled: the run scales its loss (f16), so the lines say the scale and the skipped steps.
+  Progress(bool bar, int64_t first, int64_t last, int64_t interval, bool scaled)
+      : bar_(bar), scaled_(scaled), first_(first), last_(last), interval_(interval),
+        start_(std::chrono::steady_clock::now()) {}
 
   // quiet: count the tokens only (--progress none).
   void report(const StepStats& s, bool quiet) {
     tokens_ += s.tokens;
+    skipped_ += s.skipped ? 1 : 0;
     if (quiet) return;
     const double elapsed = seconds();
     const int64_t done = s.step + 1 - first_, left = last_ - (s.step + 1);
@@ -118,8 +125,10 @@ class Progress {
       return;
     }
     if ((s.step + 1) % interval_ != 0 && left > 0) return;
-    std::printf("step=%lld loss=%.9g accuracy=%.4f lr=%.6g grad_norm=%.6g tokens_per_s=%.0f elapsed_s=%.3f\n",
+    std::printf("step=%lld loss=%.9g accuracy=%.4f lr=%.6g grad_norm=%.6g tokens_per_s=%.0f elapsed_s=%.3f",
                 static_cast<long long>(s.step + 1), s.loss, s.accuracy, s.lr, s.grad_norm, tps, elapsed);
+    if (scaled_) std::printf(" loss_scale=%.17g skipped=%lld", s.loss_scale, static_cast<long long>(skipped_));
+    std::printf("\n");
     std::fflush(stdout);
   }
 
@@ -127,12 +136,13 @@ class Progress {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   }
   int64_t tokens() const { return tokens_; }
+  int64_t skipped() const { return skipped_; }
 
  private:
-  bool bar_;
+  bool bar_, scaled_;
   int64_t first_, last_, interval_;
   std::chrono::steady_clock::time_point start_;
-  int64_t tokens_ = 0;
+  int64_t tokens_ = 0, skipped_ = 0;
   double drawn_ = -1;
 };
 
@@ -179,12 +189,19 @@ std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
   a.train.schedule = parse_schedule(a.schedule);
   a.train.gradients = a.parallel.empty() ? GradientSum::Batched : GradientSum::PerExample;
   a.model.positions = parse_positions(a.positions, "--positions");
+  a.train.dtype = parse_compute_dtype(a.dtype, "--dtype");
+  if (given("--dtype") && a.train.dtype != ComputeDtype::F32 && !a.parallel.empty())
+    throw Error(Error::Kind::Value, "--dtype: --parallel data trains in f32 only, got --dtype " + a.dtype);
   if (a.resume.empty() && a.model.d_model % a.model.heads != 0)
     throw Error(Error::Kind::Value, "--heads: expected a divisor of --d-model " + std::to_string(a.model.d_model) +
                                         ", got " + std::to_string(a.model.heads));
 
   std::unique_ptr<Trainer> trainer;
   if (a.resume.empty()) {
+    if (a.train.dtype != ComputeDtype::F32 && a.model.positions == Positions::Rope)
+      throw Error(Error::Kind::Value, "--dtype: " + a.dtype + " is not available with --positions rope (the "
+                                      "grouped-query module has no 16-bit backward); use --dtype f32 or another "
+                                      "--positions");
     const std::shared_ptr<const Task> task = make_task(a.task, a.symbols, a.length);
     trainer = std::make_unique<Trainer>(task, a.model, a.train);
   } else {
@@ -217,6 +234,7 @@ std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
       if (given("--adam-eps")) o.eps = a.train.eps;
       if (given("--clip")) o.clip = a.train.clip;
       if (given("--seed")) o.seed = a.train.seed;
+      if (given("--dtype")) o.dtype = a.train.dtype;
       o.steps = given("--steps") ? a.train.steps : ck.options.steps;
       o.threads = a.train.threads;
       o.gradients = a.train.gradients;  // resume refuses a checkpoint summed the other way
@@ -277,7 +295,9 @@ void run_train(TrainArgs& a, const CLI::App& c) {
   const ModelConfig& m = trainer->model_config();
   const bool bar = a.progress == "bar" || (a.progress == "auto" && ::isatty(STDOUT_FILENO));
   const int64_t first = trainer->step();
-  Progress progress(bar, first, o.steps, a.log_interval);
+  if (const std::string note = compute_dtype_note(o.dtype); !note.empty() && ranks.rank == 0)
+    std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", to_string(o.dtype).c_str(), note.c_str());
+  Progress progress(bar, first, o.steps, a.log_interval, o.dtype == ComputeDtype::F16);
   StepStats first_stats, last_stats;
   const bool quiet = a.progress == "none" || ranks.rank != 0;
   const auto checkpoint = [&] {
@@ -311,6 +331,9 @@ void run_train(TrainArgs& a, const CLI::App& c) {
     std::printf("; loss %.4f -> %.4f, accuracy %.1f%% -> %.1f%%, %s tokens/s", first_stats.loss, last_stats.loss,
                 100.0 * first_stats.accuracy, 100.0 * last_stats.accuracy,
                 rate(seconds > 0 ? double(progress.tokens()) / seconds : 0.0).c_str());
+  if (o.dtype != ComputeDtype::F32) std::printf("; dtype %s", to_string(o.dtype).c_str());
+  if (o.dtype == ComputeDtype::F16)
+    std::printf(", %lld steps skipped (loss scaling)", static_cast<long long>(progress.skipped()));
   if (!a.checkpoint_out.empty()) std::printf("; checkpoint %s", a.checkpoint_out.c_str());
   if (!a.parallel.empty()) std::printf("; %d ranks", ranks.size);
   std::printf("\n");
@@ -383,6 +406,12 @@ Runner add_train_command(CLI::App& app) {
                 "--parallel data ...` without mpirun (not those of train without --parallel, which sums the "
                 "batch at once). Rank 0 prints and writes the files. Needs a build with MPI")
       ->transform(one_of({"data"}));
+  c->add_option("--dtype", a->dtype,
+                "Compute type of the forward and backward: f32 (default), bf16 or f16 (mixed precision, as PyTorch's "
+                "autocast: the linear maps and the attention in 16 bits, layer norms, softmax, the loss and AdamW "
+                "in float32; the weights and AdamW's moments stay float32; f16 scales the loss dynamically, "
+                "docs/precision.md). Not with --positions rope or --parallel data")
+      ->transform(one_of({"f32", "bf16", "f16"}));
   c->add_option("--progress", a->progress, "auto (a bar on a terminal, else lines), bar, lines or none")
       ->transform(one_of({"auto", "bar", "lines", "none"}));
   return [a, c] { run_train(*a, *c); };

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "multihead/narrow.hpp"
 #include "multihead/tensor.hpp"
 
 namespace multihead {
@@ -129,6 +130,20 @@ struct TrainOptions {
   uint64_t seed = 0;            // initialisation, data and dropout
   int threads = 0;              // our loops; 0 = OpenMP's default
   GradientSum gradients = GradientSum::Batched;
+  // Mixed precision (docs/precision.md, "Training"): the type the forward
+  // and backward compute in. F32: everything float32. BF16 / F16: as
+  // PyTorch's CPU autocast, every linear map (the attention's projections,
+  // the feed-forward layers, the read-out) and the attention itself take
+  // their inputs and weights rounded to the 16-bit type, sum in float32 and
+  // round their outputs, and the backward rounds the gradients those layers
+  // take and give; the embedding, layer norms, residual adds, softmax, the
+  // loss and AdamW stay float32. Master weights and AdamW's moments are
+  // float32 either way (what the checkpoint holds). F16 adds dynamic loss
+  // scaling (src/train/loss_scale.hpp: 2^16 at first, halved and the step
+  // skipped on an inf/NaN gradient, doubled after 2000 clean steps).
+  // Not with Positions::Rope (the grouped-query module has no 16-bit form)
+  // or GradientSum::PerExample.
+  ComputeDtype dtype = ComputeDtype::F32;
   void validate() const;
 };
 
@@ -148,6 +163,11 @@ struct StepStats {
   double grad_norm = 0;      // global gradient norm before clipping
   double lr = 0;             // the learning rate used
   int64_t tokens = 0;        // counted positions
+  // F16 (dynamic loss scaling): the scale this step's backward ran at, and
+  // whether its gradient overflowed, so the update was skipped (the
+  // parameters and moments are unchanged; the step still counts).
+  double loss_scale = 1;
+  bool skipped = false;
 };
 
 // The loss and gradients of one batch, without an update (what
@@ -182,7 +202,8 @@ struct ExampleFold {
 
 class TrainerImpl;
 
-// A model, its AdamW state and the run's settings. float32.
+// A model, its AdamW state and the run's settings. float32 parameters and
+// moments; the passes compute in options.dtype.
 class Trainer {
  public:
   // A fresh run: parameters initialised from options.seed.

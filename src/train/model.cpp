@@ -8,13 +8,17 @@
 // then z = norm_f(x_layers), logits = z·W_rᵀ + b_r. The embedding adds
 // sinusoidal positions with Positions::Sinusoidal only; ALiBi is the
 // attention module's option; RoPE runs the grouped-query module instead
-// (multihead/train.hpp, Positions).
+// (multihead/train.hpp, Positions). At a 16-bit compute type
+// (PassOptions::compute) the linear maps and the attention run as
+// train/mixed_precision.hpp says, everything else as here.
 #include "train/model.hpp"
 
 #include <random>
+#include <type_traits>
 
 #include "multihead/error.hpp"
 #include "multihead/positions.hpp"
+#include "train/mixed_precision.hpp"
 #include "train/seeds.hpp"
 
 namespace multihead::train {
@@ -49,6 +53,7 @@ struct BlockSaved {
   Tensor<T> a, mean1, rstd1;       // norm1(x) as (B, L, E), its row statistics (N)
   ForwardContext<T> attn;          // the attention module's own
   GroupedQueryForwardContext<T> rope_attn;  // with RoPE
+  std::unique_ptr<NarrowBlockAttention> narrow_attn;  // at a 16-bit compute type
   Tensor<T> h;                     // (N, E) x + attention
   Tensor<T> c, mean2, rstd2;       // norm2(h), when ff
   Tensor<T> f1, r;                 // (N, F) pre- and post-ReLU, when ff
@@ -212,6 +217,18 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
                                           std::to_string(batch.tokens[n]) + " / " +
                                           std::to_string(batch.targets[n]) + ", expected ids in [0, " +
                                           std::to_string(V) + ")");
+  const ComputeDtype dt = o.compute;
+  if (dt != ComputeDtype::F32) {
+    if (!std::is_same_v<T, float>)
+      throw Error(Error::Kind::Value, "compute dtype: " + to_string(dt) + " needs a float32 model, got float64");
+    if (c.positions == Positions::Rope)
+      throw Error(Error::Kind::Value, "compute dtype: " + to_string(dt) +
+                                          " is not available with RoPE positions (the grouped-query module has no "
+                                          "16-bit backward), got positions rope");
+    if (o.inspect)
+      throw Error(Error::Kind::Value, "inspect: needs compute dtype f32 (the 16-bit attention returns no weights), "
+                                      "got " + to_string(dt));
+  }
   const int32_t* tokens = batch.tokens.data();
   const int th = o.threads;
   const auto& P = params_;
@@ -248,10 +265,21 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
       fo.attention.is_causal = c.causal;
       fo.attention.num_threads = th;
       fo.attention.dropout_seed = dropout_seed(o.seed, o.step, i, o.example);
-      // Self-attention: one tensor as query, key and value.
-      ForwardResult<T> r = attn_[static_cast<std::size_t>(i)]->forward(s.a, s.a, s.a, fo, s.attn);
-      if (o.inspect) inspected.push_back(std::move(*r.attn_weights));
-      for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + r.output[k];
+      if constexpr (std::is_same_v<T, float>) {
+        if (dt != ComputeDtype::F32) {
+          // The block's module at the 16-bit type, its parameters rounded
+          // from this pass's master weights (mixed_precision.hpp).
+          s.narrow_attn = make_narrow_block_attention(dt, *attn_[static_cast<std::size_t>(i)]);
+          const Tensor<float> out = s.narrow_attn->forward(s.a, fo);
+          for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + out[k];
+        }
+      }
+      if (!s.narrow_attn) {
+        // Self-attention: one tensor as query, key and value.
+        ForwardResult<T> r = attn_[static_cast<std::size_t>(i)]->forward(s.a, s.a, s.a, fo, s.attn);
+        if (o.inspect) inspected.push_back(std::move(*r.attn_weights));
+        for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + r.output[k];
+      }
     }
     if (F == 0) {
       x = s.h;
@@ -264,20 +292,19 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
                       s.mean2.data(), s.rstd2.data());
     s.f1 = Tensor<T>({N, F});
     s.r = Tensor<T>({N, F});
-    detail::linear_forward<T>({N, s.c.data(), E}, detail::LinearWeight<T>::stored(at(P, layer(i, "ff.0.weight")), F, E), at(P, layer(i, "ff.0.bias")), s.f1.data(),
-                              F, {false, th});
+    linear_forward_at<T>(dt, N, s.c.data(), at(P, layer(i, "ff.0.weight")), F, E, at(P, layer(i, "ff.0.bias")),
+                         s.f1.data(), th);
     relu_forward(s.f1.data(), N * F, s.r.data());
     x = Tensor<T>({N, E});
-    detail::linear_forward<T>({N, s.r.data(), F}, detail::LinearWeight<T>::stored(at(P, layer(i, "ff.2.weight")), E, F), at(P, layer(i, "ff.2.bias")), x.data(),
-                              E, {false, th});
+    linear_forward_at<T>(dt, N, s.r.data(), at(P, layer(i, "ff.2.weight")), E, F, at(P, layer(i, "ff.2.bias")),
+                         x.data(), th);
     for (int64_t k = 0; k < N * E; ++k) x[k] += s.h[k];
   }
   Tensor<T> z({N, E}), mean_f({N}), rstd_f({N});
   layernorm_forward(x.data(), N, E, at(P, "norm_f.weight"), at(P, "norm_f.bias"), z.data(), mean_f.data(),
                     rstd_f.data());
   Tensor<T> logits({N, V}), probs({N, V});
-  detail::linear_forward<T>({N, z.data(), E}, detail::LinearWeight<T>::stored(at(P, "readout.weight"), V, E), at(P, "readout.bias"), logits.data(),
-                              V, {false, th});
+  linear_forward_at<T>(dt, N, z.data(), at(P, "readout.weight"), V, E, at(P, "readout.bias"), logits.data(), th);
   PassResult<T> result;
   result.loss = cross_entropy_forward(logits.data(), batch.targets.data(), batch.mask.data(), N, V, probs.data());
   if (o.inspect) {
@@ -293,9 +320,13 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   Tensor<T> d_logits({N, V}, T(0));
   cross_entropy_backward(probs.data(), batch.targets.data(), batch.mask.data(), N, V,
                          o.loss_count > 0 ? o.loss_count : result.loss.count, d_logits.data());
+  // forward: the backward starts from scale · loss (loss scaling; a power
+  // of two, so exact in T while nothing overflows)
+  if (o.loss_scale != 1)
+    for (int64_t k = 0; k < N * V; ++k) d_logits[k] *= T(o.loss_scale);
   Tensor<T> d_z({N, E}, T(0));
-  detail::linear_backward<T>({N, z.data(), E}, detail::LinearWeight<T>::stored(at(P, "readout.weight"), V, E), d_logits.data(), V,
-                               {d_z.data(), E, at(G, "readout.weight"), at(G, "readout.bias")}, {true, th});
+  linear_backward_at<T>(dt, N, z.data(), at(P, "readout.weight"), V, E, d_logits.data(), d_z.data(),
+                        at(G, "readout.weight"), at(G, "readout.bias"), th);
   Tensor<T> d_x({N, E}, T(0));
   layernorm_backward(d_z.data(), x.data(), mean_f.data(), rstd_f.data(), at(P, "norm_f.weight"), N, E, d_x.data(),
                      at(G, "norm_f.weight"), at(G, "norm_f.bias"));
@@ -305,11 +336,11 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
     Tensor<T> d_h = d_x;
     if (F > 0) {
       Tensor<T> d_r({N, F}, T(0)), d_f1({N, F}, T(0)), d_c({N, E}, T(0));
-      detail::linear_backward<T>({N, s.r.data(), F}, detail::LinearWeight<T>::stored(at(P, layer(i, "ff.2.weight")), E, F), d_x.data(), E,
-                               {d_r.data(), F, at(G, layer(i, "ff.2.weight")), at(G, layer(i, "ff.2.bias"))}, {true, th});
+      linear_backward_at<T>(dt, N, s.r.data(), at(P, layer(i, "ff.2.weight")), E, F, d_x.data(), d_r.data(),
+                            at(G, layer(i, "ff.2.weight")), at(G, layer(i, "ff.2.bias")), th);
       relu_backward(d_r.data(), s.f1.data(), N * F, d_f1.data());
-      detail::linear_backward<T>({N, s.c.data(), E}, detail::LinearWeight<T>::stored(at(P, layer(i, "ff.0.weight")), F, E), d_f1.data(), F,
-                               {d_c.data(), E, at(G, layer(i, "ff.0.weight")), at(G, layer(i, "ff.0.bias"))}, {true, th});
+      linear_backward_at<T>(dt, N, s.c.data(), at(P, layer(i, "ff.0.weight")), F, E, d_f1.data(), d_c.data(),
+                            at(G, layer(i, "ff.0.weight")), at(G, layer(i, "ff.0.bias")), th);
       layernorm_backward(d_c.data(), s.h.data(), s.mean2.data(), s.rstd2.data(), at(P, layer(i, "norm2.weight")), N,
                          E, d_h.data(), at(G, layer(i, "norm2.weight")), at(G, layer(i, "norm2.bias")));
     }
@@ -321,6 +352,12 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
           rope_attn_[static_cast<std::size_t>(i)]->backward(s.rope_attn, d_h.reshaped({B, L, E}));
       for (int64_t k = 0; k < N * E; ++k) d_a[k] = g.x[k];
       for (const auto& [name, t] : g.parameters) G[block_prefix(i) + name] = t;
+    } else if (s.narrow_attn) {
+      if constexpr (std::is_same_v<T, float>) {  // (set for T = float only)
+        NarrowBlockAttention::Gradients g = s.narrow_attn->backward(d_h.reshaped({B, L, E}));
+        d_a = std::move(g.d_a);
+        for (auto& [name, t] : g.parameters) G[block_prefix(i) + name] = std::move(t);
+      }
     } else {
       const MultiheadAttentionGradients<T> g =
           attn_[static_cast<std::size_t>(i)]->backward(s.attn, d_h.reshaped({B, L, E}));

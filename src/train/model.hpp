@@ -37,6 +37,13 @@ struct PassOptions {
   //    its dropout masks are that example's (seeds.hpp), whatever else runs.
   int64_t loss_count = 0;
   int64_t example = -1;
+  // The compute type (TrainOptions::dtype; train/mixed_precision.hpp says
+  // where it rounds). BF16 / F16 need T = float, sinusoidal/none/ALiBi
+  // positions (not RoPE) and no inspect.
+  ComputeDtype compute = ComputeDtype::F32;
+  // The loss gradient is multiplied by this (F16's loss scaling,
+  // train/loss_scale.hpp); the gradients returned are then scaled by it.
+  double loss_scale = 1;
 };
 
 // The loss, and the gradients under the parameter names.

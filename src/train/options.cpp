@@ -49,6 +49,8 @@ void TrainOptions::validate() const {
   if (!(eps > 0.0 && std::isfinite(eps))) bad("eps", "a finite number > 0", num(eps));
   if (!(clip >= 0.0 && std::isfinite(clip))) bad("clip", "a finite number >= 0 (0 = off)", num(clip));
   if (threads < 0) bad("threads", "an integer >= 0", std::to_string(threads));
+  if (dtype != ComputeDtype::F32 && gradients == GradientSum::PerExample)
+    bad("dtype", "f32 with per-example gradients (data parallelism runs in float32 only)", to_string(dtype));
 }
 
 std::string to_string(Schedule schedule) { return schedule == Schedule::Constant ? "constant" : "cosine"; }

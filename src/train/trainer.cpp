@@ -8,12 +8,16 @@
 //    step reads is stored exactly;
 //  - __metadata__: "format" = kCheckpointFormat (train/checkpoint_metadata.hpp), the model configuration, the task,
 //    seed, steps done ("step") and every optimisation setting, doubles
-//    written with 17 significant digits (exact round trip); and
+//    written with 17 significant digits (exact round trip); a 16-bit run
+//    also "compute_dtype" (bf16, f16: the parameters stay the float32
+//    master weights) and, f16, the loss scaler's state "loss_scale" and
+//    "loss_scale_clean_steps"; and
 //    "blocks.i.attn.num_heads" / "batch_first" / "add_zero_attn" for the
 //    weights loader.
 // Nothing else evolves during a run (batches and dropout masks are hashes
 // of seed and step: src/train/seeds.hpp), so a run resumed from it computes
 // what the uninterrupted run computes, bit for bit.
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -22,6 +26,7 @@
 #include "multihead/train.hpp"
 #include "train/adamw.hpp"
 #include "train/checkpoint_metadata.hpp"
+#include "train/loss_scale.hpp"
 #include "train/model.hpp"
 
 namespace multihead {
@@ -34,7 +39,7 @@ constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
 constexpr const char* kPerExample = "per_example";  // metadata "gradients" of a PerExample run
 
 std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOptions& o, const std::string& task,
-                                            int64_t step) {
+                                            int64_t step, const train::LossScaler& scaler = {}) {
   std::map<std::string, std::string> out = {{"format", kCheckpointFormat},
           {"task", task},
           {"seed", std::to_string(o.seed)},
@@ -52,6 +57,12 @@ std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOpt
   // Only a per-example run writes its gradient sum, so a batched run's
   // checkpoint keeps its bytes (the shipped model's, tests/test_lesson_model.cpp).
   if (o.gradients == GradientSum::PerExample) out["gradients"] = kPerExample;
+  // Likewise the compute type, only when it is not float32.
+  if (o.dtype != ComputeDtype::F32) out["compute_dtype"] = to_string(o.dtype);
+  if (scaler.enabled()) {
+    out["loss_scale"] = to_exact_string(scaler.scale());
+    out["loss_scale_clean_steps"] = std::to_string(scaler.clean_steps());
+  }
   train::write_model_config(m, out);
   // Each attention module's settings under its prefix, as the weights
   // loader reads them (src/weights/weights.cpp): `multihead forward
@@ -96,6 +107,13 @@ CheckpointInfo info_of(const SafetensorsFile& f, const std::string& path) {
              quote_input(r.text("gradients")));
     c.options.gradients = GradientSum::PerExample;
   }
+  if (f.metadata.count("compute_dtype") != 0) {
+    try {
+      c.options.dtype = parse_compute_dtype(r.text("compute_dtype"), "'compute_dtype'");
+    } catch (const Error& e) {
+      r.fail(e.what());
+    }
+  }
   try {
     c.model.validate();
     c.options.validate();
@@ -114,6 +132,8 @@ std::string first_difference(const CheckpointInfo& ck, const std::string& task, 
     return want == got ? std::string() : field + " is " + want + " in the checkpoint, got " + got;
   };
   const auto mine = metadata(m, o, task, ck.step), theirs = metadata(ck.model, ck.options, ck.task, ck.step);
+  if (o.dtype != ck.options.dtype)
+    return "dtype is " + to_string(ck.options.dtype) + " in the checkpoint, got " + to_string(o.dtype);
   if (o.gradients != ck.options.gradients)
     return std::string("gradients are summed ") +
            (ck.options.gradients == GradientSum::PerExample ? "per example (--parallel data)" : "over the batch at once") +
@@ -137,6 +157,7 @@ class TrainerImpl {
   std::unique_ptr<train::Model<float>> model;
   std::map<std::string, train::AdamWMoments<float>> moments;
   int64_t step = 0;
+  train::LossScaler scaler;  // enabled for F16 only
 
   TrainerImpl(std::shared_ptr<const Task> t, const ModelConfig& m, const TrainOptions& o)
       : task(std::move(t)), model_config(m), options(o) {
@@ -152,6 +173,10 @@ class TrainerImpl {
     if (task->causal()) model_config.causal = true;
     model_config.validate();
     options.validate();
+    if (options.dtype != ComputeDtype::F32 && model_config.positions == Positions::Rope)
+      throw Error(Error::Kind::Value, "dtype: expected f32 with positions rope (the grouped-query module has no "
+                                      "16-bit backward), got " + to_string(options.dtype));
+    scaler = train::LossScaler(options.dtype == ComputeDtype::F16);
   }
 
   train::PassOptions pass(bool training) const {
@@ -160,6 +185,8 @@ class TrainerImpl {
     p.seed = options.seed;
     p.step = step;
     p.threads = options.threads;
+    p.compute = options.dtype;
+    p.loss_scale = scaler.scale();
     return p;
   }
 
@@ -266,8 +293,20 @@ StepStats update(TrainerImpl& t, std::map<std::string, Tensor<float>>& gradients
   s.loss = loss;
   s.tokens = count;
   s.accuracy = ratio(correct, count);
-  s.grad_norm = train::clip_gradients(gradients, t.options.clip);
   s.lr = learning_rate(t.options, t.step);
+  if (t.scaler.enabled()) {
+    // The gradients came from scale · loss: unscale, and skip the update
+    // when one of them overflowed (loss_scale.hpp).
+    s.loss_scale = t.scaler.scale();
+    const bool finite = train::unscale_gradients(gradients, s.loss_scale);
+    s.skipped = !t.scaler.update(finite);
+    if (s.skipped) {
+      s.grad_norm = std::numeric_limits<double>::infinity();
+      t.step += 1;
+      return s;
+    }
+  }
+  s.grad_norm = train::clip_gradients(gradients, t.options.clip);
   train::AdamWSettings a{s.lr, t.options.beta1, t.options.beta2, t.options.eps, t.options.weight_decay};
   const int64_t steps_done = t.step + 1;  // AdamW's t, this step included
   t.model->update_parameters([&](const std::string& name, Tensor<float>& p) {
@@ -345,6 +384,7 @@ GradientDump Trainer::gradients() const {
     return d;
   }
   train::PassResult<float> r = t.model->run(t.batch(), t.pass(true), true);
+  if (t.scaler.enabled()) train::unscale_gradients(r.gradients, t.scaler.scale());
   d.loss = r.loss.loss;
   d.accuracy = r.loss.count > 0 ? double(r.loss.correct) / double(r.loss.count) : 0.0;
   d.gradients = std::move(r.gradients);
@@ -358,7 +398,7 @@ std::string Trainer::serialize_checkpoint() const {
     tensors[kExpAvg + name] = m.m;
     tensors[kExpAvgSq + name] = m.v;
   }
-  return serialize_safetensors(tensors, metadata(t.model_config, t.options, t.task->name(), t.step));
+  return serialize_safetensors(tensors, metadata(t.model_config, t.options, t.task->name(), t.step, t.scaler));
 }
 
 void Trainer::save_checkpoint(const std::string& path) const { write_file_atomic(path, serialize_checkpoint()); }
@@ -396,6 +436,19 @@ Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> tas
                                             to_string(t.dtype) + ")");
   impl->model = std::make_unique<train::Model<float>>(impl->model_config, params);
   impl->step = ck.step;
+  if (impl->scaler.enabled()) {
+    // The scaler where the run left it (else the resumed steps would run
+    // at another scale and skip other steps).
+    const double scale = r.number("loss_scale");
+    const int64_t clean = r.integer("loss_scale_clean_steps");
+    int exponent = 0;
+    if (!(scale > 0 && std::isfinite(scale) && std::frexp(scale, &exponent) == 0.5))
+      r.fail("'loss_scale': expected a power of two, got " + to_exact_string(scale));
+    if (clean < 0 || clean >= train::LossScaler::kGrowthInterval)
+      r.fail("'loss_scale_clean_steps': expected 0 to " + std::to_string(train::LossScaler::kGrowthInterval - 1) +
+             ", got " + std::to_string(clean));
+    impl->scaler = train::LossScaler(true, scale, clean);
+  }
   return Trainer(std::move(impl));
 }
 
