@@ -287,4 +287,15 @@ inline std::map<std::string, uintptr_t>& last_call_addresses() {
   return addresses;
 }
 
+// Starts this thread's record anew with a call's query, key, value and output.
+template <class T, class U>
+void record_call(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value, const Tensor<U>& output) {
+  auto& a = last_call_addresses();
+  a.clear();
+  a["query"] = address(query);
+  a["key"] = address(key);
+  a["value"] = address(value);
+  a["output"] = address(output);
+}
+
 }  // namespace multihead::python

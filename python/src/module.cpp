@@ -218,12 +218,7 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
       py::gil_scoped_release nogil;
       out = m->forward(q.tensor, k.tensor, v.tensor, fo);
     }
-    auto& a = last_call_addresses();
-    a.clear();
-    a["query"] = address(q.tensor);
-    a["key"] = address(k.tensor);
-    a["value"] = address(v.tensor);
-    a["output"] = address(out);
+    record_call(q.tensor, k.tensor, v.tensor, out);
     return py::make_tuple(narrow_to_numpy(std::move(out), q.kind), py::none());
   }
 
@@ -244,14 +239,10 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
       r = textbook ? m->forward_textbook(q.tensor, k.tensor, v.tensor, fo)
                    : m->forward(q.tensor, k.tensor, v.tensor, fo);
     }
+    record_call(q.tensor, k.tensor, v.tensor, r.output);
     auto& a = last_call_addresses();
-    a.clear();
-    a["query"] = address(q.tensor);
-    a["key"] = address(k.tensor);
-    a["value"] = address(v.tensor);
     if (kpm.mask) a["key_padding_mask"] = kpm.mask->is_bool() ? address(kpm.mask->bool_values()) : address(kpm.mask->float_values());
     if (am.mask) a["attn_mask"] = am.mask->is_bool() ? address(am.mask->bool_values()) : address(am.mask->float_values());
-    a["output"] = address(r.output);
     py::object weights = py::none();
     if (r.attn_weights) weights = to_numpy(std::move(*r.attn_weights));
     return py::make_tuple(to_numpy(std::move(r.output)), weights);
@@ -352,12 +343,7 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
     out = scaled_dot_product_attention<T>(q.tensor, k.tensor, v.tensor, am.get(), ao,
                                           o.need_weights ? &weights : nullptr, context ? &lse : nullptr);
   }
-  auto& a = last_call_addresses();
-  a.clear();
-  a["query"] = address(q.tensor);
-  a["key"] = address(k.tensor);
-  a["value"] = address(v.tensor);
-  a["output"] = address(out);
+  record_call(q.tensor, k.tensor, v.tensor, out);
   if (context) {
     py::array out_array = to_numpy(std::move(out));
     auto saved = std::make_unique<SdpaSaved<T>>();
@@ -397,12 +383,7 @@ py::object sdpa_narrow(const py::object& query, const py::object& key, const py:
     py::gil_scoped_release nogil;
     out = scaled_dot_product_attention(q.tensor, k.tensor, v.tensor, am.get(), ao);
   }
-  auto& a = last_call_addresses();
-  a.clear();
-  a["query"] = address(q.tensor);
-  a["key"] = address(k.tensor);
-  a["value"] = address(v.tensor);
-  a["output"] = address(out);
+  record_call(q.tensor, k.tensor, v.tensor, out);
   return narrow_to_numpy(std::move(out), q.kind);
 }
 
