@@ -178,12 +178,30 @@ SdpaGradients<T> scaled_dot_product_attention_backward(const Tensor<T>& query, c
 // each output element is rounded once to nearest even (docs/precision.md:
 // the error bound). Runs the flash kernel: options.kernel Auto or Flash;
 // no attention weights. Every other option as for float.
+// If lse is not null it receives each query row's log-sum-exp, (..., L),
+// in float32 (never rounded: the backward below reads it).
 Tensor<bfloat16> scaled_dot_product_attention(const Tensor<bfloat16>& query, const Tensor<bfloat16>& key,
                                               const Tensor<bfloat16>& value, const Mask<float>* attn_mask = nullptr,
-                                              const AttentionOptions& options = {});
+                                              const AttentionOptions& options = {}, Tensor<float>* lse = nullptr);
 Tensor<float16> scaled_dot_product_attention(const Tensor<float16>& query, const Tensor<float16>& key,
                                              const Tensor<float16>& value, const Mask<float>* attn_mask = nullptr,
-                                             const AttentionOptions& options = {});
+                                             const AttentionOptions& options = {}, Tensor<float>* lse = nullptr);
+
+// The 16-bit backward: the forward's inputs, mask and options, the
+// (rounded) output and the float32 lse it returned, and d_output. Q, K, V,
+// the output and d_output are widened to float32 (exact) in one buffer each,
+// the float32 flash backward runs on them, and d_query, d_key, d_value are
+// rounded once to nearest even (docs/precision.md: where, the bound, and
+// what the float32 buffers cost). Throws multihead::Error naming a tensor
+// of the wrong shape.
+SdpaGradients<bfloat16> scaled_dot_product_attention_backward(
+    const Tensor<bfloat16>& query, const Tensor<bfloat16>& key, const Tensor<bfloat16>& value,
+    const Mask<float>* attn_mask, const AttentionOptions& options, const Tensor<bfloat16>& output,
+    const Tensor<float>& lse, const Tensor<bfloat16>& d_output);
+SdpaGradients<float16> scaled_dot_product_attention_backward(
+    const Tensor<float16>& query, const Tensor<float16>& key, const Tensor<float16>& value,
+    const Mask<float>* attn_mask, const AttentionOptions& options, const Tensor<float16>& output,
+    const Tensor<float>& lse, const Tensor<float16>& d_output);
 
 // ALiBi's head slopes m_1 … m_H (Press et al. 2022). For H a power of two,
 // m_h = 2^(−8h/H), h = 1..H. Otherwise, as the authors' code

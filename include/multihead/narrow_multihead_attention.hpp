@@ -16,12 +16,24 @@
 //
 // Same configuration, parameter names and shapes, forward arguments and
 // shape rules as BasicMultiheadAttention (multihead/multihead_attention.hpp);
-// masks stay float (bool or additive). Forward only (no backward yet), and
-// no attention weights: options.need_weights must be false, and the kernel
-// Auto or Flash.
+// masks stay float (bool or additive). No attention weights:
+// options.need_weights must be false, and the kernel Auto or Flash.
+//
+// Training (the backward, src/attention/narrow_multihead_attention_backward.cpp),
+// as BasicMultiheadAttention's:
+//   NarrowForwardContext<bfloat16> ctx;
+//   Tensor<bfloat16> y = mha.forward(q, k, v, options, ctx);
+//   MultiheadAttentionGradients<bfloat16> g = mha.backward(ctx, d_y);
+// Each gradient is computed with float32 products and sums from the 16-bit
+// values the forward saved and rounded once to E, at the points PyTorch's
+// bf16 module's autograd rounds (docs/precision.md, "The backward").
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "multihead/multihead_attention.hpp"
@@ -29,6 +41,47 @@
 #include "multihead/tensor.hpp"
 
 namespace multihead {
+
+namespace detail {
+template <class E>
+struct NarrowSavedForward;
+}
+
+template <class E>
+class NarrowMultiheadAttention;
+
+// What a 16-bit training forward keeps for the backward pass, as
+// ForwardContext<float> does: the inputs' shapes and the forward's plan;
+// copies of the inputs (16-bit); the projected Q, K, V as the kernel read
+// them (16-bit, with the bias_k and zero-attention rows); the merged heads
+// before out_projection (16-bit); each row's log-sum-exp (float32,
+// (B·H, L)); the masks as the kernel read them (float32, a copy); the
+// options; and which parameters it was filled with. Opaque, move-only;
+// a later forward overwrites it.
+template <class E>
+class NarrowForwardContext {
+ public:
+  NarrowForwardContext();
+  ~NarrowForwardContext();
+  NarrowForwardContext(NarrowForwardContext&&) noexcept;
+  NarrowForwardContext& operator=(NarrowForwardContext&&) noexcept;
+  NarrowForwardContext(const NarrowForwardContext&) = delete;
+  NarrowForwardContext& operator=(const NarrowForwardContext&) = delete;
+
+  // True until a training forward has filled it (and after clear()).
+  bool empty() const;
+  // Bytes of the buffers it holds.
+  std::size_t bytes() const;
+  // Frees every buffer; the context is empty again.
+  void clear();
+
+ private:
+  friend class NarrowMultiheadAttention<E>;
+  std::unique_ptr<detail::NarrowSavedForward<E>> saved_;
+};
+
+extern template class NarrowForwardContext<bfloat16>;
+extern template class NarrowForwardContext<float16>;
 
 template <class E>
 class NarrowMultiheadAttention {
@@ -49,10 +102,37 @@ class NarrowMultiheadAttention {
   // The fused forward (above). Thread-safe (no state is written).
   Tensor<E> forward(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value,
                     const ForwardOptions<float>& options) const;
+  // Training: the same forward (bit-identical output), also filling
+  // `save_for_backward` with what backward() needs. options.training
+  // selects dropout at config().dropout with options.attention.dropout_seed;
+  // the backward regenerates the same keep decisions from that seed.
+  Tensor<E> forward(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value,
+                    const ForwardOptions<float>& options, NarrowForwardContext<E>& save_for_backward) const;
+  // The backward pass of that forward: given d_output = dℓ/d(output), of the
+  // output's shape, the gradients of the inputs and of every parameter under
+  // its state_dict name, each in E (float32 accumulation, rounded once).
+  // Throws multihead::Error, naming the argument, if `saved` is empty, comes
+  // from another module or predates update_parameters(), or if d_output has
+  // the wrong shape. Thread-safe (no state is written).
+  MultiheadAttentionGradients<E> backward(const NarrowForwardContext<E>& saved, const Tensor<E>& d_output) const;
+
+  // Calls update(name, tensor) for every parameter under its state_dict name
+  // (in state_dict()'s order), e.g. writing the rounded master weights of a
+  // mixed-precision step, then checks every shape; an update that throws or
+  // reshapes a parameter (refused, naming it) leaves the module as it was.
+  // Not thread-safe against concurrent forward/backward calls. Contexts
+  // filled before the update are refused by backward().
+  void update_parameters(const std::function<void(const std::string& name, Tensor<E>& parameter)>& update);
 
  private:
+  Tensor<E> run_forward(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value,
+                        const ForwardOptions<float>& options, NarrowForwardContext<E>* save) const;
   MultiheadAttentionConfig config_;
   MultiheadAttentionParameters<E> params_;
+  // A process-unique token for this set of parameter values (as
+  // BasicMultiheadAttention's): drawn by the constructors and by
+  // update_parameters(); a context records it.
+  uint64_t parameters_token_ = 0;
 };
 
 extern template class NarrowMultiheadAttention<bfloat16>;

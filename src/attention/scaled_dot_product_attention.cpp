@@ -14,6 +14,7 @@
 #include "kernels/kernel.hpp"
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
+#include "multihead/narrow_multihead_attention.hpp"
 
 namespace multihead {
 
@@ -107,15 +108,37 @@ AttentionArgs<T> sdpa_args(const Tensor<E>& query, const Tensor<E>& key, const T
 // The 16-bit forward: E storage, float arithmetic (the flash kernel widens).
 template <class E>
 Tensor<E> sdpa_narrow(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value,
-                      const Mask<float>* attn_mask, const AttentionOptions& options) {
+                      const Mask<float>* attn_mask, const AttentionOptions& options, Tensor<float>* lse) {
   const SdpaDims d = check_dims(query, key, value);
   Tensor<float> additive;
   std::vector<float> slopes;
   AttentionArgs<float> args = sdpa_args<float, E>(query, key, value, attn_mask, options, d, additive, slopes);
   Tensor<E> out(with_tail(d.lead, d.L, d.Dv));
+  Shape lse_shape = d.lead;
+  lse_shape.push_back(d.L);
+  if (lse) *lse = Tensor<float>(lse_shape);
   args.narrow = {compute_dtype_of<E>(), query.data(), key.data(), value.data(), out.data()};
+  args.lse = lse ? lse->data() : nullptr;
   attention_forward(args, options.kernel);
   return out;
+}
+
+// The 16-bit backward: the float32 backward on exact float32 copies of the
+// 16-bit operands, each gradient rounded once (attention.hpp).
+template <class E>
+SdpaGradients<E> sdpa_narrow_backward(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value,
+                                      const Mask<float>* attn_mask, const AttentionOptions& options,
+                                      const Tensor<E>& output, const Tensor<float>& lse, const Tensor<E>& d_output) {
+  if (options.kernel != AttentionKernel::Auto && options.kernel != AttentionKernel::Flash)
+    throw Error(Error::Kind::Value, "kernel: the " + to_string(compute_dtype_of<E>()) +
+                                        " backward follows the flash forward (Auto or Flash), got " +
+                                        to_string(options.kernel));
+  AttentionOptions flash = options;
+  flash.kernel = AttentionKernel::Flash;  // the kernel the 16-bit forward ran
+  const SdpaGradients<float> g = scaled_dot_product_attention_backward<float>(
+      widen<float>(query), widen<float>(key), widen<float>(value), attn_mask, flash, widen<float>(output), lse,
+      widen<float>(d_output));
+  return {round_to<E>(g.query), round_to<E>(g.key), round_to<E>(g.value)};
 }
 
 }  // namespace
@@ -144,14 +167,28 @@ Tensor<T> scaled_dot_product_attention(const Tensor<T>& query, const Tensor<T>& 
 
 Tensor<bfloat16> scaled_dot_product_attention(const Tensor<bfloat16>& query, const Tensor<bfloat16>& key,
                                               const Tensor<bfloat16>& value, const Mask<float>* attn_mask,
-                                              const AttentionOptions& options) {
-  return detail::sdpa_narrow(query, key, value, attn_mask, options);
+                                              const AttentionOptions& options, Tensor<float>* lse) {
+  return detail::sdpa_narrow(query, key, value, attn_mask, options, lse);
 }
 
 Tensor<float16> scaled_dot_product_attention(const Tensor<float16>& query, const Tensor<float16>& key,
                                              const Tensor<float16>& value, const Mask<float>* attn_mask,
-                                             const AttentionOptions& options) {
-  return detail::sdpa_narrow(query, key, value, attn_mask, options);
+                                             const AttentionOptions& options, Tensor<float>* lse) {
+  return detail::sdpa_narrow(query, key, value, attn_mask, options, lse);
+}
+
+SdpaGradients<bfloat16> scaled_dot_product_attention_backward(
+    const Tensor<bfloat16>& query, const Tensor<bfloat16>& key, const Tensor<bfloat16>& value,
+    const Mask<float>* attn_mask, const AttentionOptions& options, const Tensor<bfloat16>& output,
+    const Tensor<float>& lse, const Tensor<bfloat16>& d_output) {
+  return detail::sdpa_narrow_backward(query, key, value, attn_mask, options, output, lse, d_output);
+}
+
+SdpaGradients<float16> scaled_dot_product_attention_backward(
+    const Tensor<float16>& query, const Tensor<float16>& key, const Tensor<float16>& value,
+    const Mask<float>* attn_mask, const AttentionOptions& options, const Tensor<float16>& output,
+    const Tensor<float>& lse, const Tensor<float16>& d_output) {
+  return detail::sdpa_narrow_backward(query, key, value, attn_mask, options, output, lse, d_output);
 }
 
 template <class T>

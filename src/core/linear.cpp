@@ -83,7 +83,63 @@ void narrow_linear_forward(const LinearRows<E>& x, const LinearWeight<E>& w, con
                  });
 }
 
+// Rounds a (rows × cols) float32 buffer, rows `ld` apart in `out`, once
+// per element, rows split across threads (one writer per element).
+template <class E>
+void round_rows(int64_t rows, int64_t cols, const float* acc, E* out, int64_t ld, int threads) {
+  constexpr int64_t kRows = 16;  // rows per work item
+  parallel_items((rows + kRows - 1) / kRows, requested_threads(threads), /*item_cost=*/kRows * cols,
+                 [&](int64_t item) {
+                   for (int64_t r = item * kRows; r < std::min(rows, (item + 1) * kRows); ++r)
+                     for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = narrow_from_float<E>(acc[r * cols + c]);
+                 });
+}
+
+template <class E>
+void narrow_linear_backward(const LinearRows<E>& x, const LinearWeight<E>& w, const E* d_y, int64_t ld_dy,
+                            const LinearGradients<E>& g, const LinearOptions& o) {
+  if (o.accumulate)
+    throw Error(Error::Kind::Value, "linear_backward: accumulate=true is not supported with 16-bit gradients");
+  const int64_t rows = x.rows, in = w.in, out = w.out, ldx = x.ldx > 0 ? x.ldx : in;
+  if (ld_dy <= 0) ld_dy = out;
+  // One float32 buffer, reused for each gradient in turn: the largest.
+  const int64_t n = std::max({g.d_x ? rows * in : 0, g.d_W ? out * in : 0, g.d_b ? out : int64_t{0}});
+  if (n == 0) return;
+  const std::unique_ptr<float[]> acc(new float[static_cast<std::size_t>(n)]);
+  // forward: y = round(x · Wᵀ + b)
+  //   =>  d_x = round(d_y · W)      (rows × out · out × in)
+  // (a product over K = 0 terms writes zeros: gemm's beta = 0)
+  if (g.d_x != nullptr) {
+    gemm_blocked(Trans::No, w.transposed ? Trans::Yes : Trans::No, rows, in, out, d_y, ld_dy, w.data, w.ld, 0.0f,
+                 acc.get(), in, o.threads);
+    round_rows(rows, in, acc.get(), g.d_x, g.ld_dx > 0 ? g.ld_dx : in, o.threads);
+  }
+  //   =>  d_W = round(d_yᵀ · x)     (out × rows · rows × in)
+  if (g.d_W != nullptr) {
+    gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, ldx, 0.0f, acc.get(), in, o.threads);
+    round_rows(out, in, acc.get(), g.d_W, in, o.threads);
+  }
+  //   =>  d_b = round(Σ_rows d_y), summed in float32, rows in order
+  if (g.d_b != nullptr) {
+    std::fill_n(acc.get(), out, 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < out; ++c) acc[static_cast<std::size_t>(c)] += to_float(d_y[r * ld_dy + c]);
+    round_rows(1, out, acc.get(), g.d_b, out, o.threads);
+  }
+}
+
 }  // namespace
+
+template <>
+void linear_backward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* d_y,
+                               int64_t ld_dy, const LinearGradients<bfloat16>& g, const LinearOptions& o) {
+  narrow_linear_backward(x, w, d_y, ld_dy, g, o);
+}
+template <>
+void linear_backward<float16>(const LinearRows<float16>& x, const LinearWeight<float16>& w, const float16* d_y,
+                              int64_t ld_dy, const LinearGradients<float16>& g, const LinearOptions& o) {
+  narrow_linear_backward(x, w, d_y, ld_dy, g, o);
+}
 
 template <>
 void linear_forward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* b,

@@ -90,6 +90,17 @@ template <class T>
 void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* d_y, int64_t ld_dy,
                      const LinearGradients<T>& g, const LinearOptions& options = {});
 
+// The 16-bit backward (bfloat16, float16): each of d_x = d_y · W,
+// d_W = d_yᵀ · x through the 16-bit gemm (exact products, float32 sums) and
+// d_b = Σ_rows d_y in float32, then rounded once to nearest even.
+// accumulate is refused (no float32 sum is kept to add to).
+template <>
+void linear_backward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* d_y,
+                               int64_t ld_dy, const LinearGradients<bfloat16>& g, const LinearOptions& options);
+template <>
+void linear_backward<float16>(const LinearRows<float16>& x, const LinearWeight<float16>& w, const float16* d_y,
+                              int64_t ld_dy, const LinearGradients<float16>& g, const LinearOptions& options);
+
 // out[c] (+)= Σ_r x[r·ld + c], r in order: a bias's gradient, the sum over
 // the rows it was added to. Threads split the columns, so the bits do not
 // depend on the thread count.

@@ -1,0 +1,227 @@
+// src/attention/narrow_multihead_attention_backward.cpp: the backward pass
+// of the 16-bit module's forward (narrow_multihead_attention.cpp), its steps
+// in reverse, each gradient rounded once to E where PyTorch's bf16 module's
+// autograd rounds it (each op's result is a bf16 tensor there):
+//
+//   4. out_projection backward   d_concat = round(d_output · W_O),
+//                                d_W_O = round(d_outputᵀ · concat), d_b_O = round(Σ d_output)
+//   3. attention backward        Q, K, V, the merged heads O and d_concat
+//                                widened to float32 (exact), the float32
+//                                kernel backward (the forward's kernel, flash),
+//                                d_Q, d_K, d_V in float32
+//   2. split_heads backward      d_bias_k = round(Σ_b d_K[b, S]) (and d_bias_v)
+//                                in float32; d_Q, d_K, d_V rounded to E
+//   1. in_projection backward    d_query = round(d_Q · W_q), d_W_q = round(d_Qᵀ · query),
+//                                d_b_q = round(Σ d_Q); K and V likewise
+//
+// The products of 4 and 1 run core/linear's 16-bit backward (the 16-bit
+// gemm: exact products, float32 sums; oneDNN's bf16 matmul for bf16). Step 3
+// keeps five float32 copies of (tokens, E) or (B·S', E) buffers and three
+// float32 gradients of the same sizes for the call: the float32 kernel
+// reads nothing narrower (docs/precision.md states the cost).
+//
+// Legend: B batch, L query length, S key length, S' = S (+1 bias_k)
+// (+1 zero attention), E embed_dim, H heads, D head width, Ek kdim, Ev vdim.
+#include <algorithm>
+#include <string>
+
+#include "attention/narrow_saved_forward.hpp"
+#include "core/check.hpp"
+#include "core/linear.hpp"
+#include "core/parallel.hpp"
+#include "kernels/kernel.hpp"
+#include "multihead/error.hpp"
+
+namespace multihead {
+
+template <class E>
+NarrowForwardContext<E>::NarrowForwardContext() = default;
+template <class E>
+NarrowForwardContext<E>::~NarrowForwardContext() = default;
+template <class E>
+NarrowForwardContext<E>::NarrowForwardContext(NarrowForwardContext&&) noexcept = default;
+template <class E>
+NarrowForwardContext<E>& NarrowForwardContext<E>::operator=(NarrowForwardContext&&) noexcept = default;
+
+template <class E>
+bool NarrowForwardContext<E>::empty() const {
+  return saved_ == nullptr || !saved_->filled;
+}
+
+template <class E>
+std::size_t NarrowForwardContext<E>::bytes() const {
+  if (!saved_) return 0;
+  const detail::NarrowSavedForward<E>& s = *saved_;
+  const std::size_t narrow = static_cast<std::size_t>(s.query.numel() + s.key.numel() + s.value.numel()) +
+                             s.q.size() + s.k.size() + s.v.size() + s.k_ext.size() + s.v_ext.size() + s.concat.size();
+  const std::size_t wide = s.lse.size() + static_cast<std::size_t>(s.masks.attn_mask.numel() + s.masks.key_padding.numel()) +
+                           s.masks.alibi_slopes.size();
+  return narrow * sizeof(E) + wide * sizeof(float);
+}
+
+template <class E>
+void NarrowForwardContext<E>::clear() {
+  saved_.reset();
+}
+
+template class NarrowForwardContext<bfloat16>;
+template class NarrowForwardContext<float16>;
+
+namespace detail {
+namespace {
+
+constexpr int64_t kConvertBlock = 4096;  // elements per work item of the conversions below
+
+// float32 copy of n 16-bit values (exact), blocks split across threads.
+template <class E>
+Storage<float> widened(const E* src, std::size_t n, int threads) {
+  Storage<float> out(n);
+  const int64_t count = static_cast<int64_t>(n);
+  parallel_items((count + kConvertBlock - 1) / kConvertBlock, requested_threads(threads), kConvertBlock,
+                 [&](int64_t blk) {
+                   for (int64_t i = blk * kConvertBlock; i < std::min(count, (blk + 1) * kConvertBlock); ++i)
+                     out[static_cast<std::size_t>(i)] = to_float(src[i]);
+                 });
+  return out;
+}
+
+// n float32 values rounded once each to E, into dst.
+template <class E>
+void round_into(const float* src, std::size_t n, E* dst, int threads) {
+  const int64_t count = static_cast<int64_t>(n);
+  parallel_items((count + kConvertBlock - 1) / kConvertBlock, requested_threads(threads), kConvertBlock,
+                 [&](int64_t blk) {
+                   for (int64_t i = blk * kConvertBlock; i < std::min(count, (blk + 1) * kConvertBlock); ++i)
+                     dst[i] = narrow_from_float<E>(src[i]);
+                 });
+}
+
+// The gradient of parameter `name` in g's map at its shape, as a view
+// (MultiheadAttentionParameters<E> under the members' own names).
+template <class E>
+MultiheadAttentionParameters<E> shape_gradients(const MultiheadAttentionConfig& c, MultiheadAttentionGradients<E>& g) {
+  MultiheadAttentionParameters<E> d;
+  for_each_parameter(c, d, [&](const ParameterInfo& info, Tensor<E>& t) {
+    if (!info.present) return;
+    Tensor<E>& slot = g.parameters[info.name];
+    slot = Tensor<E>(info.shape);
+    t = Tensor<E>::view(info.shape, slot.data());
+  });
+  return d;
+}
+
+}  // namespace
+}  // namespace detail
+
+template <class E>
+MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const NarrowForwardContext<E>& saved,
+                                                                    const Tensor<E>& d_output) const {
+  using namespace detail;
+  if (saved.empty())
+    throw Error(Error::Kind::Value,
+                "saved: empty NarrowForwardContext; fill it with forward(query, key, value, options, context) first");
+  const NarrowSavedForward<E>& s = *saved.saved_;
+  if (s.parameters_token != parameters_token_)
+    throw Error(Error::Kind::Value,
+                "saved: this NarrowForwardContext was filled by another module or before update_parameters(); "
+                "run the forward again");
+  const ForwardPlan& p = s.plan;
+  expect_shape("d_output", d_output.shape(), output_shape(p, s.query_shape));
+  if (s.options.attention.check_finite) check_finite("d_output", d_output);
+  MultiheadAttentionGradients<E> g;
+  MultiheadAttentionParameters<E> d = shape_gradients(config_, g);  // views of g.parameters, zeros
+  g.query = Tensor<E>(s.query.shape());
+  g.key = Tensor<E>(s.key.shape());
+  g.value = Tensor<E>(s.value.shape());
+  if (p.B == 0 || p.L == 0) return g;  // the forward did no work: every gradient is 0
+  const int threads = s.options.attention.num_threads;
+  const int64_t E_ = p.E, q_tokens = p.B * p.L, kv_tokens = p.B * p.S;
+  const LinearOptions lo{false, threads};
+
+  // 4. In the forward pass this was (out_projection):
+  //   linear_forward({B·L, attn, E}, W_O, b_O, output)   output = round(concat · W_Oᵀ + b_O)
+  Storage<E> d_concat(static_cast<std::size_t>(q_tokens * E_));
+  linear_backward<E>({q_tokens, s.concat.data(), E_}, LinearWeight<E>::stored(params_.out_proj_weight.data(), E_, E_),
+                     d_output.data(), E_,
+                     {d_concat.data(), E_, d.out_proj_weight.data(), config_.bias ? d.out_proj_bias.data() : nullptr},
+                     lo);
+
+  // 3. In the forward pass this was (attention, the flash kernel on the
+  // 16-bit operands):
+  //   args = narrow_attention_args(config, plan, options, masks); args.narrow = {Q, K', V', concat}
+  // The same arguments on float32 copies; the backward of the kernel the
+  // forward ran (a 16-bit forward runs flash only).
+  const Storage<float> qf = widened(s.q.data(), s.q.size(), threads);
+  const Storage<float> kf = widened(s.k_heads(), s.k_heads_size(), threads);
+  const Storage<float> vf = widened(s.v_heads(), s.k_heads_size(), threads);
+  Storage<float> of = widened(s.concat.data(), s.concat.size(), threads);
+  const Storage<float> dof = widened(d_concat.data(), d_concat.size(), threads);
+  Storage<float> dqf(qf.size()), dkf(kf.size()), dvf(vf.size());
+  AttentionBackwardArgs<float> b;
+  b.forward = narrow_attention_args(config_, p, s.options, s.masks);
+  b.forward.q = qf.data();
+  b.forward.k = kf.data();
+  b.forward.v = vf.data();
+  b.forward.out = of.data();  // read only: delta_i = <d_out_i, out_i>
+  b.lse = s.lse.data();
+  b.d_out = dof.data();
+  b.d_q = dqf.data();
+  b.d_k = dkf.data();
+  b.d_v = dvf.data();
+  run_attention_backward(b, AttentionKernel::Flash);
+
+  // 2. In the forward pass this was (split_heads): views of the projections
+  // (a reshape), or (B, S', E) copies of K and V with bias_k (and the zero
+  // row) appended. d_Q, d_K, d_V rounded to E in the projections' rows;
+  // the bias_k row's gradient, summed over the batch in float32, is
+  // d_bias_k (the zero row's is dropped: a constant).
+  Storage<E> d_q(qf.size()), d_k(static_cast<std::size_t>(kv_tokens * E_)), d_v(d_k.size());
+  round_into(dqf.data(), dqf.size(), d_q.data(), threads);
+  if (p.S_total == p.S) {
+    round_into(dkf.data(), dkf.size(), d_k.data(), threads);
+    round_into(dvf.data(), dvf.size(), d_v.data(), threads);
+  } else {
+    for (int64_t bb = 0; bb < p.B; ++bb)
+      for (int64_t j = 0; j < p.S; ++j) {
+        const int64_t src = (bb * p.S_total + j) * E_, dst = (bb * p.kv_batch_stride + j * p.kv_seq_stride) * E_;
+        round_into(dkf.data() + src, static_cast<std::size_t>(E_), d_k.data() + dst, 1);
+        round_into(dvf.data() + src, static_cast<std::size_t>(E_), d_v.data() + dst, 1);
+      }
+    if (p.bias_kv_col >= 0) {
+      for (auto [from, to] : {std::pair{dkf.data(), d.bias_k.data()}, std::pair{dvf.data(), d.bias_v.data()}})
+        for (int64_t e = 0; e < E_; ++e) {
+          float sum = 0.0f;
+          for (int64_t bb = 0; bb < p.B; ++bb) sum += from[(bb * p.S_total + p.bias_kv_col) * E_ + e];
+          to[e] = narrow_from_float<E>(sum);
+        }
+    }
+  }
+
+  // 1. In the forward pass this was (in_projection):
+  //   linear_forward({tokens, query, E}, W_q, b_q, Q)   Q = round(query · W_qᵀ + b_q), K, V likewise
+  // Each argument gets its own d_input (self-attention: the caller sums them).
+  const bool packed = config_.same_embed_dim();
+  const E* W_q = packed ? params_.in_proj_weight.data() : params_.q_proj_weight.data();
+  const E* W_k = packed ? W_q + E_ * E_ : params_.k_proj_weight.data();
+  const E* W_v = packed ? W_q + 2 * E_ * E_ : params_.v_proj_weight.data();
+  E* d_W_q = packed ? d.in_proj_weight.data() : d.q_proj_weight.data();
+  E* d_W_k = packed ? d_W_q + E_ * E_ : d.k_proj_weight.data();
+  E* d_W_v = packed ? d_W_q + 2 * E_ * E_ : d.v_proj_weight.data();
+  E* d_b = config_.bias ? d.in_proj_bias.data() : nullptr;
+  const auto part = [&](int64_t rows, int64_t in, const Tensor<E>& x, const E* W, const E* d_y, Tensor<E>& d_x,
+                        E* d_W, E* d_bias) {
+    linear_backward<E>({rows, x.data(), in}, LinearWeight<E>::stored(W, E_, in), d_y, E_, {d_x.data(), in, d_W, d_bias},
+                       lo);
+  };
+  part(q_tokens, E_, s.query, W_q, d_q.data(), g.query, d_W_q, d_b);
+  part(kv_tokens, p.Ek, s.key, W_k, d_k.data(), g.key, d_W_k, d_b ? d_b + E_ : nullptr);
+  part(kv_tokens, p.Ev, s.value, W_v, d_v.data(), g.value, d_W_v, d_b ? d_b + 2 * E_ : nullptr);
+  return g;
+}
+
+template MultiheadAttentionGradients<bfloat16> NarrowMultiheadAttention<bfloat16>::backward(
+    const NarrowForwardContext<bfloat16>&, const Tensor<bfloat16>&) const;
+template MultiheadAttentionGradients<float16> NarrowMultiheadAttention<float16>::backward(
+    const NarrowForwardContext<float16>&, const Tensor<float16>&) const;
+
+}  // namespace multihead

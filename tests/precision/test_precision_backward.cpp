@@ -1,0 +1,665 @@
+// tests/precision/test_precision_backward.cpp: the bf16 and f16 backwards
+// (NarrowMultiheadAttention<E>::backward after forward with a context, the
+// 16-bit scaled_dot_product_attention_backward) against float64, on 240
+// configurations drawn from the forward's table (precision_cases.hpp) plus
+// the backward's own variants (causal aligned bottom-right, dropout), each
+// gradient element checked against a bound derived from the unit roundoff
+// and the reduction lengths (backward_bound below; docs/precision.md, "The
+// backward").
+//
+// The float64 reference is BasicMultiheadAttention<double>'s forward and
+// backward on the same 16-bit numbers widened (its backward is checked
+// against central differences and PyTorch's autograd elsewhere:
+// tests/test_mha_backward.cpp, python/tests/test_gradients.py). It shares
+// the call's planning (shapes, masks) with the 16-bit module, not its
+// arithmetic (the materialized float64 kernel's backward and float64
+// products, against the float32 flash backward and the 16-bit gemm). The
+// bound's own float64 gradients, computed here from the forward trace in
+// plain loops, must agree with that reference (BoundsOwnGradientsAgree),
+// which checks the planning too, dropout's keep decisions included.
+//
+// PrecisionTorchBackward.* compare with PyTorch 1.13's bf16 module's
+// autograd on the same cases (tests/precision/torch_bf16.py runs them).
+#include "precision/precision_cases.hpp"
+
+#include <map>
+
+namespace multihead {
+namespace {
+
+using namespace precision;
+using oracle::Array;
+using oracle::MaskKind;
+
+// ---- the backward cases -----------------------------------------------------
+
+struct BackwardCase {
+  Case base;
+  bool bottom_right = false;  // with base.causal
+  double dropout = 0.0;
+  std::string name() const {
+    std::string n = base.name();
+    if (base.causal) n += bottom_right ? "_bottomright" : "_topleft";
+    if (dropout > 0) n += "_dropout" + std::to_string(static_cast<int>(dropout * 100));
+    return n;
+  }
+};
+
+// Case i: the forward's case i, then the backward's variants from a
+// generator of its own (so the forward's cases stay as they were).
+BackwardCase backward_case_at(int i) {
+  std::mt19937 rng(static_cast<unsigned>(7000 + i));
+  BackwardCase c;
+  c.base = case_at(i);
+  c.bottom_right = c.base.causal && rng() % 2 == 0;
+  const unsigned d = rng() % 5;
+  c.dropout = d == 0 ? 0.2 : d == 1 ? 0.5 : 0.0;
+  return c;
+}
+
+// Output (caller's layout) of a problem: the query's shape, width E.
+std::vector<int64_t> output_shape(const Problem& p) {
+  std::vector<int64_t> s = p.call.query.shape;
+  s.back() = p.config.E;
+  return s;
+}
+
+struct BackwardProblem {
+  Problem p;
+  Array<double> d_output;  // 16-bit numbers, the caller's layout
+};
+
+template <class E>
+BackwardProblem make_backward_problem(const BackwardCase& c) {
+  BackwardProblem b{make_problem<E>(c.base), {}};
+  b.p.bottom_right = c.bottom_right;
+  b.p.dropout = c.dropout;
+  b.p.dropout_seed = 0x5eed + static_cast<uint64_t>(c.base.shape.E);
+  std::mt19937_64 rng(777);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  b.d_output = Array<double>(output_shape(b.p));
+  for (double& x : b.d_output.v) x = static_cast<double>(to_float(narrow_from_float<E>(static_cast<float>(normal(rng)))));
+  return b;
+}
+
+// Every gradient by name: "query", "key", "value" and the state_dict names.
+using Gradients = std::map<std::string, std::vector<double>>;
+
+template <class T>
+std::vector<double> values_of(const Tensor<T>& t) {
+  std::vector<double> r(static_cast<std::size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if constexpr (std::is_same_v<T, double>) r[static_cast<std::size_t>(i)] = t[i];
+    else r[static_cast<std::size_t>(i)] = to_float(t[i]);
+  }
+  return r;
+}
+
+template <class T>
+Gradients gradients_of(const MultiheadAttentionGradients<T>& g) {
+  Gradients r{{"query", values_of(g.query)}, {"key", values_of(g.key)}, {"value", values_of(g.value)}};
+  for (const auto& [name, t] : g.parameters) r[name] = values_of(t);
+  return r;
+}
+
+// The float64 reference: the double module on the same numbers.
+Gradients reference_gradients(const BackwardProblem& b) {
+  const BasicMultiheadAttention<double> mha(config_of(b.p), parameters_of<double>(b.p));
+  const CallOptions<double> o(b.p);
+  ForwardContext<double> ctx;
+  mha.forward(tensor_of<double>(b.p.call.query), tensor_of<double>(b.p.call.key), tensor_of<double>(b.p.call.value),
+              o.options, ctx);
+  return gradients_of(mha.backward(ctx, tensor_of<double>(b.d_output)));
+}
+
+// Dropout's keep factors k_ij (0 or 1/(1 − p)), [(b·H + h)·L + i][S']: the
+// double module's per-head weights with dropout over those without.
+std::vector<double> keep_factors(const BackwardProblem& b) {
+  const BasicMultiheadAttention<double> mha(config_of(b.p), parameters_of<double>(b.p));
+  CallOptions<double> o(b.p);
+  o.options.need_weights = true;
+  o.options.average_attn_weights = false;
+  const Tensor<double> q = tensor_of<double>(b.p.call.query), k = tensor_of<double>(b.p.call.key),
+                       v = tensor_of<double>(b.p.call.value);
+  const std::vector<double> dropped = values_of(*mha.forward(q, k, v, o.options).attn_weights);
+  o.options.training = false;
+  const std::vector<double> plain = values_of(*mha.forward(q, k, v, o.options).attn_weights);
+  std::vector<double> keep(plain.size(), 1.0);
+  const double kept = 1.0 / (1.0 - b.p.dropout);
+  for (std::size_t i = 0; i < plain.size(); ++i) keep[i] = dropped[i] != 0 || plain[i] == 0 ? kept : 0.0;
+  return keep;
+}
+
+template <class E>
+Gradients library_gradients(const BackwardProblem& b) {
+  const NarrowMultiheadAttention<E> mha(config_of(b.p), parameters_of<E>(b.p));
+  const CallOptions<float> o(b.p);
+  NarrowForwardContext<E> ctx;
+  mha.forward(tensor_of<E>(b.p.call.query), tensor_of<E>(b.p.call.key), tensor_of<E>(b.p.call.value), o.options, ctx);
+  return gradients_of(mha.backward(ctx, tensor_of<E>(b.d_output)));
+}
+
+// ---- the bound --------------------------------------------------------------
+//
+// Per gradient element, from the steps of
+// src/attention/narrow_multihead_attention_backward.cpp, evaluated on the
+// float64 intermediates; every operand carries the bound of its error
+// (the forward's: forward_trace; d_output: exact). u the 16-bit unit
+// roundoff, γ_n as in the forward. A value rounded to 16 bits adds
+// u·(|x| + e_x); a float32 sum of n products of operands with errors adds
+// the propagated errors (|a| e_b + e_a |b| + e_a e_b per product) and
+// γ_n·Σ|a b|.
+//   4. d_C = round(d_Y W_O):         e_dC = γ_E |d_Y||W_O| + u|d_C|
+//      d_W_O = round(d_Yᵀ Ô):        Σ_t |d_Y| e_O + γ_T Σ_t |d_Y||O| + u(…), T = B·L
+//      d_b_O = round(Σ_t d_Y):       γ_T Σ_t |d_Y| + u(…)
+//   3. per slice, row i, key j (the float32 flash backward, on the widened
+//      16-bit Q̂, K̂, V̂, Ô, d̂C):
+//      dp'_ij = <dC_i, V_j>            products and γ_D
+//      dp_ij  = k_ij dp'_ij
+//      δ_i    = <dC_i, Ô_i>            products and γ_D
+//      ds_ij  = p_ij (dp_ij − δ_i):    ε_i p_ij |dp_ij − δ_i| + p_ij (1 + ε_i)(e_dp + e_δ)
+//                                      + γ_3 p_ij (1 + ε_i)(|dp| + |δ| + e_dp + e_δ)
+//      dQ_i   = scale Σ_j ds_ij K_j     products and γ_{S'+1}
+//      dK_j   = scale Σ_i ds_ij Q_i     products and γ_{L+1}
+//      dV_j   = Σ_i k_ij p_ij dC_i:     Σ_i k_ij p_ij (ε_i |dC_i| + (1 + ε_i) e_dC,i) + γ_{L+1} Σ_i k_ij p_ij |dC_i|
+//      (ε_i: the bound on p̂'s relative error, SliceTrace)
+//   2. dQ, dK, dV rounded: + u(|x| + e); d_bias_k = round(Σ_b dK_(b, S)) in
+//      float32: Σ_b e + γ_B Σ_b |dK| + u(…)
+//   1. d_x = round(dŶ W):            Σ e_dY |W| + γ_in… : γ_E Σ (|dY| + e)|W| + u(…)
+//      d_W = round(dŶᵀ x):           Σ_t e_dY |x| + γ_T Σ_t (|dY| + e)|x| + u(…)
+//      d_b = round(Σ_t dŶ):          Σ_t e_dY + γ_T Σ_t (|dY| + e) + u(…)
+// The bound is 1.05 times this (the neglected terms are products of two
+// relative errors, each below 2^-8·(D + 2), as in the forward).
+
+// Value and bound of a float32 sum of products a_r·b_r (r < n terms),
+// operands with errors.
+struct Sum {
+  double value = 0, error = 0, sizes = 0;
+  int64_t n = 0;
+  void add(double a, double ea, double b, double eb) {
+    value += a * b;
+    error += std::abs(a) * eb + ea * std::abs(b) + ea * eb;
+    sizes += std::abs(a * b);
+    ++n;
+  }
+  // The float32 result's bound (before any 16-bit rounding), `extra`
+  // operations beyond the n − 1 additions (a scale, a bias).
+  double bound(int64_t extra = 0) const { return error + gamma32(static_cast<double>(n + extra)) * (sizes + error); }
+};
+
+// Rounding to 16 bits: |round(x) − x| <= u|x| + η, η half the smallest
+// subnormal (2^-25 for f16, whose subnormals start below 6.1e-5, where
+// small gradients fall; 2^-134 for bf16).
+struct Rounding {
+  double u, eta;
+};
+template <class E>
+Rounding rounding_of() {
+  const bool f16 = compute_dtype_of<E>() == ComputeDtype::F16;
+  return {unit_roundoff(compute_dtype_of<E>()), std::ldexp(1.0, f16 ? -25 : -134)};
+}
+
+// The bound of round(x̂) against x, x̂ within e of x.
+double rounded(const Rounding& r, double x, double e) { return e + r.u * (std::abs(x) + e) + r.eta; }
+
+// One slice's backward, traced (before the 16-bit rounding): given the
+// slice's forward trace and d_out [L][D] with its bounds.
+struct SliceGradients {
+  std::vector<double> dq, edq, dk, edk, dv, edv;
+};
+
+SliceGradients trace_slice_backward(const SliceTrace& t, const std::vector<double>& dout,
+                                    const std::vector<double>& edout) {
+  const int64_t L = t.L, St = t.St, D = t.D;
+  const auto at = [&](int64_t i, int64_t j) { return static_cast<std::size_t>(i * St + j); };
+  const auto rd = [&](int64_t i, int64_t d) { return static_cast<std::size_t>(i * D + d); };
+  std::vector<double> ds(static_cast<std::size_t>(L * St)), eds(ds.size());
+  for (int64_t i = 0; i < L; ++i) {
+    Sum delta;
+    for (int64_t d = 0; d < D; ++d) delta.add(dout[rd(i, d)], edout[rd(i, d)], t.o[rd(i, d)], t.eo[rd(i, d)]);
+    const double e_delta = delta.bound(), eps = t.eps[static_cast<std::size_t>(i)];
+    for (int64_t j = 0; j < St; ++j) {
+      const double p = t.p[at(i, j)], k = t.keep[at(i, j)];
+      if (p == 0) continue;
+      Sum dpp;
+      for (int64_t d = 0; d < D; ++d) dpp.add(dout[rd(i, d)], edout[rd(i, d)], t.v[rd(j, d)], t.ev[rd(j, d)]);
+      const double dp = k * dpp.value, e_dp = k * dpp.bound(1);
+      ds[at(i, j)] = p * (dp - delta.value);
+      eds[at(i, j)] = eps * p * std::abs(dp - delta.value) + p * (1 + eps) * (e_dp + e_delta) +
+                      gamma32(3) * p * (1 + eps) * (std::abs(dp) + std::abs(delta.value) + e_dp + e_delta);
+    }
+  }
+  SliceGradients g;
+  for (auto* v : {&g.dq, &g.edq}) v->assign(static_cast<std::size_t>(L * D), 0.0);
+  for (auto* v : {&g.dk, &g.edk, &g.dv, &g.edv}) v->assign(static_cast<std::size_t>(St * D), 0.0);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t d = 0; d < D; ++d) {
+      Sum s;
+      for (int64_t j = 0; j < St; ++j) s.add(ds[at(i, j)], eds[at(i, j)], t.k[rd(j, d)], t.ek[rd(j, d)]);
+      g.dq[rd(i, d)] = t.scale * s.value;
+      g.edq[rd(i, d)] = t.scale * s.bound(1);
+    }
+  for (int64_t j = 0; j < St; ++j)
+    for (int64_t d = 0; d < D; ++d) {
+      Sum sk, sv;
+      for (int64_t i = 0; i < L; ++i) {
+        sk.add(ds[at(i, j)], eds[at(i, j)], t.q[rd(i, d)], t.eq[rd(i, d)]);
+        const double pk = t.keep[at(i, j)] * t.p[at(i, j)];
+        sv.add(pk, pk * t.eps[static_cast<std::size_t>(i)], dout[rd(i, d)], edout[rd(i, d)]);
+      }
+      g.dk[rd(j, d)] = t.scale * sk.value;
+      g.edk[rd(j, d)] = t.scale * sk.bound(1);
+      g.dv[rd(j, d)] = sv.value;
+      g.edv[rd(j, d)] = sv.bound(1);
+    }
+  return g;
+}
+
+// The bound's own float64 gradients and their bounds, by name, in the
+// layouts the library returns.
+struct TracedGradients {
+  Gradients value, bound;
+};
+
+template <class E>
+TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t) {
+  const Problem& p = bp.p;
+  const Rounding r = rounding_of<E>();
+  const oracle::Config& c = p.config;
+  const int64_t L = t.L, B = t.B, S = t.S, St = t.St, E_ = t.E, H = t.H, D = t.D;
+  const Array<double> dY = seq_first(bp.d_output, c.batch_first);  // (L, B, E)
+  const auto lbe = [&](int64_t l, int64_t b, int64_t e) { return static_cast<std::size_t>((l * B + b) * E_ + e); };
+  TracedGradients out;
+  const auto put = [&](const std::string& name, std::size_t n) {
+    out.value[name].assign(n, 0.0);
+    out.bound[name].assign(n, 0.0);
+  };
+  const auto set = [&](const std::string& name, std::size_t at, double value, double bound) {
+    out.value[name][at] = value;
+    out.bound[name][at] = 1.05 * bound;
+  };
+  // 4. out_projection.
+  const Array<double>& Wo = p.params.out_proj_weight;
+  Traced dC{Array<double>({L, B, E_}), Array<double>({L, B, E_})};
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t k = 0; k < E_; ++k) {
+        Sum s;
+        for (int64_t e = 0; e < E_; ++e) s.add(dY.v[lbe(l, b, e)], 0, Wo.v[static_cast<std::size_t>(e * E_ + k)], 0);
+        dC.value.v[lbe(l, b, k)] = s.value;
+        dC.error.v[lbe(l, b, k)] = rounded(r, s.value, s.bound());
+      }
+  put("out_proj.weight", static_cast<std::size_t>(E_ * E_));
+  for (int64_t e = 0; e < E_; ++e)
+    for (int64_t k = 0; k < E_; ++k) {
+      Sum s;
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t b = 0; b < B; ++b) s.add(dY.v[lbe(l, b, e)], 0, t.O.value.v[lbe(l, b, k)], t.O.error.v[lbe(l, b, k)]);
+      set("out_proj.weight", static_cast<std::size_t>(e * E_ + k), s.value, rounded(r, s.value, s.bound()));
+    }
+  if (c.bias) {
+    put("out_proj.bias", static_cast<std::size_t>(E_));
+    for (int64_t e = 0; e < E_; ++e) {
+      Sum s;
+      for (int64_t l = 0; l < L; ++l)
+        for (int64_t b = 0; b < B; ++b) s.add(dY.v[lbe(l, b, e)], 0, 1, 0);
+      set("out_proj.bias", static_cast<std::size_t>(e), s.value, rounded(r, s.value, s.bound()));
+    }
+  }
+  // 3, 2. attention per slice, then the rounding (and bias_k's sum) into
+  // (len, B, E) gradients of Q, K, V.
+  Traced dQ{Array<double>({L, B, E_}), Array<double>({L, B, E_})};
+  Traced dK{Array<double>({S, B, E_}), Array<double>({S, B, E_})}, dV = dK;
+  std::vector<Sum> d_bias_k(static_cast<std::size_t>(E_)), d_bias_v(d_bias_k.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const SliceTrace& s = t.slices[static_cast<std::size_t>(b * H + h)];
+      std::vector<double> dout(static_cast<std::size_t>(L * D)), edout(dout.size());
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t d = 0; d < D; ++d) {
+          dout[static_cast<std::size_t>(i * D + d)] = dC.value.v[lbe(i, b, h * D + d)];
+          edout[static_cast<std::size_t>(i * D + d)] = dC.error.v[lbe(i, b, h * D + d)];
+        }
+      const SliceGradients g = trace_slice_backward(s, dout, edout);
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t d = 0; d < D; ++d) {
+          const std::size_t from = static_cast<std::size_t>(i * D + d);
+          dQ.value.v[lbe(i, b, h * D + d)] = g.dq[from];
+          dQ.error.v[lbe(i, b, h * D + d)] = rounded(r, g.dq[from], g.edq[from]);
+        }
+      for (int64_t j = 0; j < St; ++j)
+        for (int64_t d = 0; d < D; ++d) {
+          const std::size_t from = static_cast<std::size_t>(j * D + d);
+          if (j < S) {
+            const std::size_t to = static_cast<std::size_t>((j * B + b) * E_ + h * D + d);
+            dK.value.v[to] = g.dk[from];
+            dK.error.v[to] = rounded(r, g.dk[from], g.edk[from]);
+            dV.value.v[to] = g.dv[from];
+            dV.error.v[to] = rounded(r, g.dv[from], g.edv[from]);
+          } else if (c.add_bias_kv && j == S) {  // Σ_b of the float32 gradients, then one rounding
+            d_bias_k[static_cast<std::size_t>(h * D + d)].add(g.dk[from], g.edk[from], 1, 0);
+            d_bias_v[static_cast<std::size_t>(h * D + d)].add(g.dv[from], g.edv[from], 1, 0);
+          }
+        }
+    }
+  if (c.add_bias_kv) {
+    put("bias_k", static_cast<std::size_t>(E_));
+    put("bias_v", static_cast<std::size_t>(E_));
+    for (int64_t e = 0; e < E_; ++e) {
+      const Sum& k = d_bias_k[static_cast<std::size_t>(e)];
+      const Sum& v = d_bias_v[static_cast<std::size_t>(e)];
+      set("bias_k", static_cast<std::size_t>(e), k.value, rounded(r, k.value, k.bound()));
+      set("bias_v", static_cast<std::size_t>(e), v.value, rounded(r, v.value, v.bound()));
+    }
+  }
+  // 1. in_projection: d_x, d_W (a block of rows of in_proj_weight when
+  // packed), d_b (a third of in_proj_bias).
+  const bool packed = t.Ek == E_ && t.Ev == E_;
+  if (packed) put("in_proj_weight", static_cast<std::size_t>(3 * E_ * E_));
+  if (c.bias) put("in_proj_bias", static_cast<std::size_t>(3 * E_));
+  const auto part = [&](const char* input, const char* weight, int64_t block, const Array<double>& x, int64_t len,
+                        const Traced& dy, const Array<double>& W_sep) {
+    const int64_t in = x.size(2);
+    const Array<double>& W = packed ? p.params.in_proj_weight : W_sep;
+    const int64_t r0 = packed ? block * E_ : 0;
+    const std::string wname = packed ? "in_proj_weight" : weight;
+    if (!packed) put(wname, static_cast<std::size_t>(E_ * in));
+    put(input, static_cast<std::size_t>(len * B * in));
+    const auto row = [&](int64_t l, int64_t b) { return static_cast<std::size_t>((l * B + b)); };
+    for (int64_t l = 0; l < len; ++l)
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t col = 0; col < in; ++col) {
+          Sum s;
+          for (int64_t e = 0; e < E_; ++e)
+            s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
+                  dy.error.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
+                  W.v[static_cast<std::size_t>((r0 + e) * in + col)], 0);
+          set(input, t.caller(l, b, col, len, in), s.value, rounded(r, s.value, s.bound()));
+        }
+    for (int64_t e = 0; e < E_; ++e) {
+      for (int64_t col = 0; col < in; ++col) {
+        Sum s;
+        for (int64_t l = 0; l < len; ++l)
+          for (int64_t b = 0; b < B; ++b)
+            s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
+                  dy.error.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
+                  x.v[row(l, b) * static_cast<std::size_t>(in) + static_cast<std::size_t>(col)], 0);
+        set(wname, static_cast<std::size_t>((r0 + e) * in + col), s.value, rounded(r, s.value, s.bound()));
+      }
+      if (c.bias) {
+        Sum s;
+        for (int64_t l = 0; l < len; ++l)
+          for (int64_t b = 0; b < B; ++b)
+            s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
+                  dy.error.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)], 1, 0);
+        set("in_proj_bias", static_cast<std::size_t>(block * E_ + e), s.value, rounded(r, s.value, s.bound()));
+      }
+    }
+  };
+  part("query", "q_proj_weight", 0, t.xq, L, dQ, p.params.q_proj_weight);
+  part("key", "k_proj_weight", 1, t.xk, S, dK, p.params.k_proj_weight);
+  part("value", "v_proj_weight", 2, t.xv, S, dV, p.params.v_proj_weight);
+  return out;
+}
+
+// The backward's trace: the forward's, with dropout's keep factors.
+template <class E>
+TracedGradients trace_backward(const BackwardProblem& b) {
+  const std::vector<double> keep = b.p.dropout > 0 ? keep_factors(b) : std::vector<double>();
+  const ForwardTrace t = forward_trace<E>(b.p, b.p.dropout > 0 ? &keep : nullptr);
+  return backward_bound<E>(b, t);
+}
+
+// ---- the tests --------------------------------------------------------------
+
+class PrecisionBackward : public ::testing::TestWithParam<int> {};
+
+// Every gradient of the library within its bound of the float64 reference.
+template <class E>
+void check_backward_case(int i) {
+  const BackwardCase c = backward_case_at(i);
+  const BackwardProblem b = make_backward_problem<E>(c);
+  const Gradients want = reference_gradients(b), got = library_gradients<E>(b);
+  const TracedGradients traced = trace_backward<E>(b);
+  ASSERT_EQ(got.size(), want.size()) << c.name();
+  double worst = 0;
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name) && traced.bound.count(name)) << c.name() << ": " << name << " missing";
+    const Verdict v = compare(got.at(name), w, traced.bound.at(name));
+    worst = std::max(worst, v.worst);
+    EXPECT_TRUE(v.ok) << c.name() << " " << to_string(compute_dtype_of<E>()) << " d_" << name << ": " << v.message;
+  }
+  ::testing::Test::RecordProperty("worst", std::to_string(worst));
+}
+
+TEST_P(PrecisionBackward, BF16) { check_backward_case<bfloat16>(GetParam()); }
+TEST_P(PrecisionBackward, F16) { check_backward_case<float16>(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, PrecisionBackward, ::testing::Range(0, kCaseCount),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "case" + std::to_string(info.param) + "_" + backward_case_at(info.param).name();
+                         });
+
+// The bound's own float64 gradients (plain loops over the trace) agree with
+// the float64 module's: the bound is computed about the right values, on
+// every fifth case (dropout and bottom-right among them).
+TEST(PrecisionBackwardChecker, BoundsOwnGradientsAgree) {
+  int dropout = 0, bottom_right = 0;
+  for (int i = 0; i < kCaseCount; i += 5) {
+    const BackwardCase c = backward_case_at(i);
+    dropout += c.dropout > 0;
+    bottom_right += c.bottom_right;
+    const BackwardProblem b = make_backward_problem<bfloat16>(c);
+    const Gradients want = reference_gradients(b);
+    const TracedGradients traced = trace_backward<bfloat16>(b);
+    for (const auto& [name, w] : want) {
+      double scale = 0;
+      for (double x : w) scale = std::max(scale, std::abs(x));
+      const std::vector<double>& mine = traced.value.at(name);
+      for (std::size_t k = 0; k < w.size(); ++k)
+        ASSERT_NEAR(mine[k], w[k], 1e-9 * std::max(scale, 1.0)) << c.name() << " d_" << name << "[" << k << "]";
+    }
+  }
+  EXPECT_GT(dropout, 0);
+  EXPECT_GT(bottom_right, 0);
+}
+
+// The checker fails on a gradient one bound away from the reference's.
+TEST(PrecisionBackwardChecker, FailsWhenOneElementMovesByTheBound) {
+  const BackwardProblem b = make_backward_problem<bfloat16>(backward_case_at(3));
+  const Gradients want = reference_gradients(b);
+  Gradients got = library_gradients<bfloat16>(b);
+  const TracedGradients traced = trace_backward<bfloat16>(b);
+  for (const char* name : {"query", "in_proj_weight", "out_proj.weight"}) {
+    std::vector<double>& g = got.at(name);
+    const std::vector<double>& w = want.at(name);
+    const std::vector<double>& bound = traced.bound.at(name);
+    ASSERT_TRUE(compare(g, w, bound).ok) << name;
+    const std::size_t k = g.size() / 2;
+    const double saved = g[k];
+    g[k] = w[k] + 1.01 * bound[k];
+    EXPECT_FALSE(compare(g, w, bound).ok) << name;
+    g[k] = saved;
+  }
+}
+
+// Where the bound is tight enough to catch a slip: the out-projection's
+// gradients (one product from exact d_output) stay below a tenth of their
+// size, on every tenth case. The gradients behind the attention step chain
+// four worst-case bounds (d_concat, then ds through ε_i and Ô's bound, then
+// dQ/dK/dV, then the in-projection), each summing absolute values where the
+// actual errors partly cancel: their bounds run 20 to 300 times the
+// observed errors, up to the gradient's own size (docs/precision.md). The
+// tight check of those is PrecisionTorchBackward.Compare (RMS against
+// PyTorch's bf16 autograd).
+TEST(PrecisionBackwardChecker, OutProjectionBoundBelowGradientScale) {
+  for (int i = 0; i < kCaseCount; i += 10) {
+    const BackwardProblem b = make_backward_problem<bfloat16>(backward_case_at(i));
+    const TracedGradients traced = trace_backward<bfloat16>(b);
+    for (const char* name : {"out_proj.weight", "out_proj.bias"}) {
+      if (!traced.value.count(name)) continue;
+      const std::vector<double>& w = traced.value.at(name);
+      double scale = 0, widest = 0;
+      for (std::size_t k = 0; k < w.size(); ++k) {
+        scale = std::max(scale, std::abs(w[k]));
+        widest = std::max(widest, traced.bound.at(name)[k]);
+      }
+      EXPECT_LT(widest, 0.1 * scale) << backward_case_at(i).name() << " d_" << name;
+    }
+  }
+}
+
+// The 16-bit scaled_dot_product_attention_backward against float64's on
+// the same numbers, with the attention step's bound alone
+// (trace_slice_backward on exact Q, K, V and d_output; the output's own
+// bound from trace_slice_forward), then each gradient's rounding.
+template <class E>
+void check_sdpa_backward(int64_t N, int64_t L, int64_t S, int64_t D, bool causal, bool bottom_right) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](Shape shape) {
+    Tensor<E> t(shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t[i] = narrow_from_float<E>(static_cast<float>(normal(rng)));
+    return t;
+  };
+  const Tensor<E> q = fill({N, L, D}), k = fill({N, S, D}), v = fill({N, S, D}), d_out = fill({N, L, D});
+  AttentionOptions o;
+  o.is_causal = causal;
+  o.causal_alignment = bottom_right ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
+  Tensor<float> lse;
+  const Tensor<E> out = scaled_dot_product_attention(q, k, v, nullptr, o, &lse);
+  const SdpaGradients<E> got = scaled_dot_product_attention_backward(q, k, v, nullptr, o, out, lse, d_out);
+  Tensor<double> lse64;
+  const Tensor<double> q64 = widen<double>(q), k64 = widen<double>(k), v64 = widen<double>(v), do64 = widen<double>(d_out);
+  const Tensor<double> out64 = scaled_dot_product_attention<double>(q64, k64, v64, nullptr, o, nullptr, &lse64);
+  const SdpaGradients<double> want = scaled_dot_product_attention_backward<double>(q64, k64, v64, nullptr, o, out64, lse64, do64);
+  const double u = unit_roundoff(compute_dtype_of<E>());
+  const Rounding r = rounding_of<E>();
+  const std::string name = std::string(to_string(compute_dtype_of<E>())) + "_N" + std::to_string(N) + "_L" +
+                           std::to_string(L) + "_S" + std::to_string(S) + "_D" + std::to_string(D) +
+                           (causal ? (bottom_right ? "_causal_bottomright" : "_causal_topleft") : "");
+  const int64_t shift = bottom_right ? S - L : 0;
+  for (int64_t n = 0; n < N; ++n) {
+    SliceTrace t;
+    t.L = L;
+    t.St = S;
+    t.D = D;
+    t.scale = 1.0 / std::sqrt(static_cast<double>(D));
+    const auto rows = [&](const Tensor<double>& x, int64_t len) {
+      return std::vector<double>(x.data() + n * len * D, x.data() + (n + 1) * len * D);
+    };
+    t.q = rows(q64, L);
+    t.k = rows(k64, S);
+    t.v = rows(v64, S);
+    t.eq.assign(t.q.size(), 0.0);
+    t.ek.assign(t.k.size(), 0.0);
+    t.ev.assign(t.v.size(), 0.0);
+    t.mask.assign(static_cast<std::size_t>(L * S), 0.0);
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < S; ++j)
+        if (causal && j > i + shift) t.mask[static_cast<std::size_t>(i * S + j)] = -INFINITY;
+    t.keep.assign(t.mask.size(), 1.0);
+    trace_slice_forward(t, u);
+    const std::vector<double> dout = rows(do64, L);
+    const SliceGradients g = trace_slice_backward(t, dout, std::vector<double>(dout.size(), 0.0));
+    const auto check = [&](const char* what, const Tensor<E>& mine, const Tensor<double>& ref,
+                           const std::vector<double>& e, int64_t len) {
+      std::vector<double> bound(e.size()), ours(e.size()), theirs(e.size());
+      for (std::size_t x = 0; x < e.size(); ++x) {
+        ours[x] = to_float(mine[n * len * D + static_cast<int64_t>(x)]);
+        theirs[x] = ref[n * len * D + static_cast<int64_t>(x)];
+        bound[x] = 1.05 * rounded(r, theirs[x], e[x]);
+      }
+      const Verdict verdict = compare(ours, theirs, bound);
+      EXPECT_TRUE(verdict.ok) << name << " slice " << n << " d_" << what << ": " << verdict.message;
+    };
+    check("query", got.query, want.query, g.edq, L);
+    check("key", got.key, want.key, g.edk, S);
+    check("value", got.value, want.value, g.edv, S);
+  }
+}
+
+TEST(PrecisionSdpaBackward, BF16_N3_L70_S130_D16) { check_sdpa_backward<bfloat16>(3, 70, 130, 16, false, false); }
+TEST(PrecisionSdpaBackward, BF16_N2_L65_S65_D7_causal_topleft) { check_sdpa_backward<bfloat16>(2, 65, 65, 7, true, false); }
+TEST(PrecisionSdpaBackward, BF16_N2_L9_S40_D8_causal_bottomright) { check_sdpa_backward<bfloat16>(2, 9, 40, 8, true, true); }
+TEST(PrecisionSdpaBackward, F16_N3_L70_S130_D16) { check_sdpa_backward<float16>(3, 70, 130, 16, false, false); }
+TEST(PrecisionSdpaBackward, F16_N2_L1_S300_D64_causal_bottomright) { check_sdpa_backward<float16>(2, 1, 300, 64, true, true); }
+
+// ---- bad input: one clear line ----------------------------------------------
+
+// The message of what `f` throws (multihead::Error), "" if nothing.
+template <class F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (const multihead::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void expect_one_line(const std::string& message, const char* names) {
+  EXPECT_NE(message.find(names), std::string::npos) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+}
+
+TEST(PrecisionBackwardBadInput, ContextEmptyForeignStaleAndWrongDOutput) {
+  const BackwardProblem b = make_backward_problem<bfloat16>(backward_case_at(1));
+  NarrowMultiheadAttention<bfloat16> mha(config_of(b.p), parameters_of<bfloat16>(b.p));
+  const NarrowMultiheadAttention<bfloat16> other(config_of(b.p), parameters_of<bfloat16>(b.p));
+  const CallOptions<float> o(b.p);
+  const Tensor<bfloat16> q = tensor_of<bfloat16>(b.p.call.query), k = tensor_of<bfloat16>(b.p.call.key),
+                         v = tensor_of<bfloat16>(b.p.call.value), dy = tensor_of<bfloat16>(b.d_output);
+  NarrowForwardContext<bfloat16> ctx;
+  expect_one_line(thrown([&] { mha.backward(ctx, dy); }), "saved: empty NarrowForwardContext");
+  mha.forward(q, k, v, o.options, ctx);
+  EXPECT_FALSE(ctx.empty());
+  EXPECT_GT(ctx.bytes(), 0u);
+  expect_one_line(thrown([&] { other.backward(ctx, dy); }), "saved: this NarrowForwardContext was filled by another module");
+  const Tensor<bfloat16> wrong(Shape{dy.size(0), dy.size(1), dy.size(2) + 1});
+  expect_one_line(thrown([&] { mha.backward(ctx, wrong); }), "d_output");
+  EXPECT_EQ(thrown([&] { mha.backward(ctx, dy); }), "");
+  mha.update_parameters([](const std::string&, Tensor<bfloat16>&) {});
+  expect_one_line(thrown([&] { mha.backward(ctx, dy); }), "before update_parameters()");
+  // A reshaping update is refused, naming the parameter, and changes nothing.
+  const std::map<std::string, Tensor<bfloat16>> before = mha.state_dict();
+  expect_one_line(thrown([&] {
+                    mha.update_parameters([](const std::string& name, Tensor<bfloat16>& t) {
+                      if (name == "out_proj.weight") t = Tensor<bfloat16>(Shape{1});
+                    });
+                  }),
+                  "out_proj.weight");
+  EXPECT_EQ(mha.state_dict().at("out_proj.weight").shape(), before.at("out_proj.weight").shape());
+  ctx.clear();
+  EXPECT_TRUE(ctx.empty());
+}
+
+TEST(PrecisionBackwardBadInput, SdpaWrongShapesAndKernel) {
+  const Tensor<bfloat16> q(Shape{2, 3, 4}), k(Shape{2, 5, 4}), v(Shape{2, 5, 4});
+  Tensor<float> lse;
+  const Tensor<bfloat16> out = scaled_dot_product_attention(q, k, v, nullptr, {}, &lse);
+  expect_one_line(thrown([&] { scaled_dot_product_attention_backward(q, k, v, nullptr, {}, out, lse, Tensor<bfloat16>(Shape{2, 3, 5})); }),
+                  "d_output");
+  expect_one_line(thrown([&] { scaled_dot_product_attention_backward(q, k, v, nullptr, {}, out, Tensor<float>(Shape{2, 4}), out); }),
+                  "lse");
+  AttentionOptions reference;
+  reference.kernel = AttentionKernel::Reference;
+  expect_one_line(thrown([&] { scaled_dot_product_attention_backward(q, k, v, nullptr, reference, out, lse, out); }),
+                  "kernel");
+}
+
+// A training forward's output is the inference forward's, bit for bit.
+TEST(PrecisionBackward, TrainingForwardSameBits) {
+  const BackwardProblem b = make_backward_problem<float16>(backward_case_at(7));
+  const NarrowMultiheadAttention<float16> mha(config_of(b.p), parameters_of<float16>(b.p));
+  const CallOptions<float> o(b.p);
+  const Tensor<float16> q = tensor_of<float16>(b.p.call.query), k = tensor_of<float16>(b.p.call.key),
+                        v = tensor_of<float16>(b.p.call.value);
+  NarrowForwardContext<float16> ctx;
+  const Tensor<float16> trained = mha.forward(q, k, v, o.options, ctx), plain = mha.forward(q, k, v, o.options);
+  ASSERT_EQ(trained.numel(), plain.numel());
+  for (int64_t i = 0; i < plain.numel(); ++i) ASSERT_EQ(trained[i].bits, plain[i].bits) << i;
+}
+
+}  // namespace
+}  // namespace multihead
