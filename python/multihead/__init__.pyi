@@ -130,7 +130,7 @@ class ForwardContext:
     @property
     def empty(self) -> bool: ...
     @property
-    def dtype(self) -> np.dtype: ...
+    def dtype(self) -> Union[np.dtype, str]: ...  # "bfloat16" / "float16" (str) from a 16-bit module
 
 class GroupedQueryAttention:
     """Grouped-query attention (Llama's q/k/v/o_proj layout), in MultiheadAttention's dialect."""
@@ -409,7 +409,7 @@ class SdpaContext:
     """What scaled_dot_product_attention_with_context keeps for its backward."""
 
     @property
-    def dtype(self) -> np.dtype: ...
+    def dtype(self) -> Union[np.dtype, str]: ...  # "bfloat16" / "float16" (str) for dtype= 16 bits
 
 def alibi_slopes(heads: int) -> List[float]: ...
 def rotary_embedding(

@@ -24,10 +24,9 @@ tensors run the library's 16-bit path (MultiheadAttention(...).to(
 torch.bfloat16), scaled_dot_product_attention on bf16/f16 tensors): their
 memory goes to the library as its uint16 bits (a view, no copy), the output
 comes back in the same dtype, and the computation rounds where
-docs/precision.md says (as torch's own bf16 CPU module does). Forward only
-for now: a 16-bit call that needs a gradient raises ValueError (use
-torch.no_grad()), and so does need_weights=True (the 16-bit flash kernel
-returns no weights). What the library does
+docs/precision.md says (as torch's own bf16 CPU module does), forward and
+backward (the gradients in the same dtype). need_weights=True raises
+ValueError (the 16-bit flash kernel returns no weights). What the library does
 not do raises ValueError or TypeError naming the argument; nothing falls
 back to torch's own attention.
 
@@ -79,9 +78,6 @@ def _tensor(a, dtype):
     return torch.from_numpy(a)
 
 
-def _refuse_narrow_grad(dtype, what):
-    raise ValueError(f"{what}: the {_NARROW[dtype]} path computes the forward only (its backward is not "
-                     "bound yet); call it under torch.no_grad() or torch.inference_mode(), or train in float32")
 
 def _keyword_only(fn, drop=("context",)):
     """The keyword-only parameters of a bound call, read from its docstring's
@@ -256,7 +252,7 @@ class _LibraryFunction(torch.autograd.Function):
         # Outputs after the first (MHA's weights) stay "differentiable" so that
         # a loss reaching them gets an error from backward() rather than a
         # silently missing term.
-        return tuple(None if o is None else torch.from_numpy(o) for o in outputs)
+        return tuple(None if o is None else _tensor(o, call.dtype) for o in outputs)
 
     @staticmethod
     def backward(ctx, d_output, *d_rest):
@@ -272,19 +268,20 @@ class _LibraryFunction(torch.autograd.Function):
             if p._version != v:
                 raise ValueError(f"{name}: modified in place since the {call.what} forward (version {v}, now "
                                  f"{p._version}); run the backward before the optimizer step")
-        g = ctx.core.module.backward(ctx.saved, d_output.detach().numpy())
-        return (None, *(torch.from_numpy(g[n]) for n in call.input_names),
-                *(torch.from_numpy(g[n]) for n in call.names))
+        g = ctx.core.module.backward(ctx.saved, _numpy(d_output))
+        return (None, *(_tensor(g[n], d_output.dtype) for n in call.input_names),
+                *(_tensor(g[n], d_output.dtype) for n in call.names))
 
 
 class _Call:
     """One forward's non-tensor arguments, for _LibraryFunction."""
-    __slots__ = ("pool", "names", "input_names", "output_names", "what", "run", "training")
+    __slots__ = ("pool", "names", "input_names", "output_names", "what", "run", "training", "dtype")
 
-    def __init__(self, pool, what, input_names, output_names, training, run):
+    def __init__(self, pool, what, input_names, output_names, training, run, dtype=None):
         self.pool, self.names, self.what = pool, pool.names, what
         self.input_names, self.output_names = input_names, output_names
         self.training, self.run = training, run
+        self.dtype = dtype  # the outputs' torch dtype (the 16-bit ones come back as uint16 bits)
 
 
 def _dropout_options(options, training):
@@ -442,14 +439,12 @@ class MultiheadAttention(_LibraryModule):
         args = (kpm, bool(need_weights), am, bool(average_attn_weights), bool(is_causal))
         training = self.training and self.dropout > 0.0
         options = _dropout_options(options, training)
-        if dtype in _NARROW and _wants_grad((query, key, value, *params)):
-            _refuse_narrow_grad(dtype, "MultiheadAttention")
         if _wants_grad((query, key, value, *params)):
             def run(module, inputs):
                 out, weights, saved = module.forward_with_context(*_arrays(*inputs), *args, **options)
                 return (out, weights), saved
             call = _Call(pool, "MultiheadAttention", ("query", "key", "value"),
-                         ("attn_output", "attn_output_weights"), training, run)
+                         ("attn_output", "attn_output_weights"), training, run, dtype)
             return _LibraryFunction.apply(call, query, key, value, *params)
         # No gradient wanted: the library's plain forward (no context kept).
         core = pool.get(pool.names, [p.detach() for p in params])
@@ -602,20 +597,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     options = _dropout_options(options, dropout_p > 0.0)
     args = (mask, float(dropout_p), bool(is_causal), scale)
     if dtype in _NARROW:
-        if _wants_grad((query, key, value)):
-            _refuse_narrow_grad(dtype, "scaled_dot_product_attention")
-        return _tensor(_multihead.scaled_dot_product_attention(*_arrays(query, key, value), *args, **options,
-                                                              dtype=_NARROW[dtype]), dtype)
+        options["dtype"] = _NARROW[dtype]
     if _wants_grad((query, key, value)):
         def run(module, inputs):
             out, weights, saved = _multihead.scaled_dot_product_attention_with_context(*_arrays(*inputs), *args,
                                                                                       **options)
             return (out, weights), saved
         call = _Call(_SDPA, "scaled_dot_product_attention", ("query", "key", "value"), ("output", "weights"),
-                     False, run)
+                     False, run, dtype)
         out, weights = _LibraryFunction.apply(call, query, key, value)
         return (out, weights) if options.get("need_weights", False) else out
     r = _multihead.scaled_dot_product_attention(*_arrays(query, key, value), *args, **options)
     if isinstance(r, tuple):
         return tuple(torch.from_numpy(a) for a in r)
-    return torch.from_numpy(r)
+    return _tensor(r, dtype)

@@ -56,6 +56,18 @@ class PyForwardContext {
   Precision dtype = Precision::F32;
   std::unique_ptr<ForwardContext<float>> f32;
   std::unique_ptr<ForwardContext<double>> f64;
+  std::unique_ptr<NarrowForwardContext<bfloat16>> bf16;  // a 16-bit module's
+  std::unique_ptr<NarrowForwardContext<float16>> f16;
+
+  template <class E>
+  NarrowForwardContext<E>& narrow() {
+    auto& slot = [&]() -> auto& {
+      if constexpr (std::is_same_v<E, bfloat16>) return bf16;
+      else return f16;
+    }();
+    if (!slot) slot = std::make_unique<NarrowForwardContext<E>>();
+    return *slot;
+  }
 
   template <class T>
   ForwardContext<T>& get() {
@@ -67,8 +79,18 @@ class PyForwardContext {
       return *f32;
     }
   }
-  bool empty() const { return dtype == Precision::F64 ? (!f64 || f64->empty()) : (!f32 || f32->empty()); }
-  std::size_t nbytes() const { return (f32 ? f32->bytes() : 0) + (f64 ? f64->bytes() : 0); }
+  bool empty() const {
+    switch (dtype) {
+      case Precision::F64: return !f64 || f64->empty();
+      case Precision::BF16: return !bf16 || bf16->empty();
+      case Precision::F16: return !f16 || f16->empty();
+      default: return !f32 || f32->empty();
+    }
+  }
+  std::size_t nbytes() const {
+    return (f32 ? f32->bytes() : 0) + (f64 ? f64->bytes() : 0) + (bf16 ? bf16->bytes() : 0) +
+           (f16 ? f16->bytes() : 0);
+  }
 };
 
 struct MhaTraits {
@@ -145,12 +167,16 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
   // reusing its buffers.
   py::tuple forward_with_context(const py::object& query, const py::object& key, const py::object& value,
                                  const ModuleCall& o, const py::object& context) {
-    refuse_narrow_training("forward_with_context");
     py::object ctx = context.is_none() ? py::cast(PyForwardContext()) : context;
     if (!py::isinstance<PyForwardContext>(ctx))
       throw py::type_error("context: expected a multihead.ForwardContext or None, got " +
                            py::str(py::type::of(ctx)).cast<std::string>());
     PyForwardContext& c = ctx.cast<PyForwardContext&>();
+    if (is_narrow(dtype_)) {
+      py::tuple r = dtype_ == Precision::BF16 ? run_narrow<bfloat16>(query, key, value, o, "fused", &c)
+                                              : run_narrow<float16>(query, key, value, o, "fused", &c);
+      return py::make_tuple(r[0], r[1], ctx);
+    }
     const py::array q = as_numpy(query);
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;
@@ -162,9 +188,13 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
   // dℓ/d(inputs, parameters) from a context of this module's current
   // parameters: {"query", "key", "value", state_dict names...}.
   py::dict backward(PyForwardContext& context, const py::object& d_output) {
-    refuse_narrow_training("backward");
     if (context.empty())
       throw Error(Error::Kind::Value, "context: empty ForwardContext; get one from forward_with_context()");
+    if (is_narrow(context.dtype) != is_narrow(dtype_) || (is_narrow(dtype_) && context.dtype != dtype_))
+      throw Error(Error::Kind::Value, std::string("context: filled by a ") + dtype_str(context.dtype) +
+                                          " forward, and this module is " + dtype_str(dtype_));
+    if (dtype_ == Precision::BF16) return run_narrow_backward<bfloat16>(context, d_output);
+    if (dtype_ == Precision::F16) return run_narrow_backward<float16>(context, d_output);
     return context.dtype == Precision::F64 ? run_backward<double>(context, d_output)
                                            : run_backward<float>(context, d_output);
   }
@@ -191,18 +221,12 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
     f16_.reset();
   }
 
-  void refuse_narrow_training(const char* what) const {
-    if (is_narrow(dtype_))
-      throw Error(Error::Kind::Value, std::string(what) + ": a " + dtype_str(dtype_) +
-                                          " MultiheadAttention computes its forward only (the 16-bit backward is "
-                                          "not bound yet); train a float32 module");
-  }
-
   // The 16-bit forward: (output, None), the output the kind of array the
-  // query is (uint16 bits, float16, or float32 widened).
+  // query is (uint16 bits, float16, or float32 widened); with a context, the
+  // training forward filling it.
   template <class E>
   py::tuple run_narrow(const py::object& query, const py::object& key, const py::object& value, const ModuleCall& o,
-                       const std::string& form) {
+                       const std::string& form, PyForwardContext* context = nullptr) {
     if (form != "fused")
       throw Error(Error::Kind::Value, std::string("form: a ") + dtype_str(dtype_) +
                                           " module runs the fused forward only, got " + quote_input(form));
@@ -213,13 +237,40 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
     const HeldMask<float> am = mask_arg<float>(o.attn_mask, "attn_mask");
     const ForwardOptions<float> fo = forward_options<float>(o, training, kpm.get(), am.get());
     const std::shared_ptr<const NarrowMultiheadAttention<E>> m = narrow_module<E>();
+    NarrowForwardContext<E>* ctx = context ? &context->narrow<E>() : nullptr;
+    if (context) context->dtype = precision_of_narrow<E>();
     Tensor<E> out;
     {
       py::gil_scoped_release nogil;
-      out = m->forward(q.tensor, k.tensor, v.tensor, fo);
+      out = ctx ? m->forward(q.tensor, k.tensor, v.tensor, fo, *ctx) : m->forward(q.tensor, k.tensor, v.tensor, fo);
     }
     record_call(q.tensor, k.tensor, v.tensor, out);
     return py::make_tuple(narrow_to_numpy(std::move(out), q.kind), py::none());
+  }
+
+  // The 16-bit backward: every gradient in E, as the kind of array d_output
+  // is (uint16 bits, float16, or float32 widened).
+  template <class E>
+  py::dict run_narrow_backward(PyForwardContext& c, const py::object& d_output) {
+    HeldNarrow<E> d = narrow_tensor<E>(d_output, "d_output");
+    const std::shared_ptr<const NarrowMultiheadAttention<E>> m = narrow_module<E>();
+    MultiheadAttentionGradients<E> g;
+    try {
+      py::gil_scoped_release nogil;
+      g = m->backward(c.narrow<E>(), d.tensor);
+    } catch (const Error& e) {
+      // The library calls the context `saved`; here it is the argument `context`.
+      const std::string msg = e.what();
+      if (msg.rfind("saved", 0) != 0) throw;
+      throw Error(e.kind(), "context" + msg.substr(5));
+    }
+    py::dict out;
+    out["query"] = narrow_to_numpy(std::move(g.query), d.kind);
+    out["key"] = narrow_to_numpy(std::move(g.key), d.kind);
+    out["value"] = narrow_to_numpy(std::move(g.value), d.kind);
+    for (const std::string& n : expected_names(config_))
+      out[py::str(n)] = narrow_to_numpy(std::move(g.parameters.at(n)), d.kind);
+    return out;
   }
 
   template <class T>
@@ -311,18 +362,38 @@ struct SdpaSaved {
   Tensor<T> lse;
 };
 
+// The same for the 16-bit forward: the inputs (16-bit, held), the rounded
+// output, the float32 mask and the float32 log-sum-exp.
+template <class E>
+struct NarrowSdpaSaved {
+  HeldNarrow<E> q, k, v;
+  Tensor<E> out;
+  HeldMask<float> mask;
+  Tensor<float> lse;
+};
+
 class PySdpaContext {
  public:
   Precision dtype = Precision::F32;
   AttentionOptions options;
   std::unique_ptr<SdpaSaved<float>> f32;
   std::unique_ptr<SdpaSaved<double>> f64;
+  std::unique_ptr<NarrowSdpaSaved<bfloat16>> bf16;
+  std::unique_ptr<NarrowSdpaSaved<float16>> f16;
   template <class T>
-  std::unique_ptr<SdpaSaved<T>>& get() {
+  auto& get() {
     if constexpr (std::is_same_v<T, double>) return f64;
+    else if constexpr (std::is_same_v<T, bfloat16>) return bf16;
+    else if constexpr (std::is_same_v<T, float16>) return f16;
     else return f32;
   }
-  bool empty() const { return !f32 && !f64; }
+  void reset() {
+    f32.reset();
+    f64.reset();
+    bf16.reset();
+    f16.reset();
+  }
+  bool empty() const { return !f32 && !f64 && !bf16 && !f16; }
 };
 
 template <class T>
@@ -354,8 +425,7 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
     saved->lse = std::move(lse);
     context->options = ao;
     context->dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
-    context->f32.reset();
-    context->f64.reset();
+    context->reset();
     // The mask as the kernel read it: the caller's array (viewed) or the
     // inverted copy of a boolean one.
     saved->mask = std::move(am);
@@ -368,7 +438,8 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
 
 // The 16-bit scaled_dot_product_attention: the output the query's kind.
 template <class E>
-py::object sdpa_narrow(const py::object& query, const py::object& key, const py::object& value, const SdpaCall& o) {
+py::object sdpa_narrow(const py::object& query, const py::object& key, const py::object& value, const SdpaCall& o,
+                       PySdpaContext* context) {
   if (o.need_weights)
     throw Error(Error::Kind::Value, std::string("need_weights: a ") + dtype_str(precision_of_narrow<E>()) +
                                         " scaled_dot_product_attention runs the flash kernel, which returns no "
@@ -379,12 +450,41 @@ py::object sdpa_narrow(const py::object& query, const py::object& key, const py:
   const HeldMask<float> am = mask_arg<float>(o.attn_mask, "attn_mask", /*invert=*/true);
   const AttentionOptions ao = attention_options(o);
   Tensor<E> out;
+  Tensor<float> lse;
   {
     py::gil_scoped_release nogil;
-    out = scaled_dot_product_attention(q.tensor, k.tensor, v.tensor, am.get(), ao);
+    out = scaled_dot_product_attention(q.tensor, k.tensor, v.tensor, am.get(), ao, context ? &lse : nullptr);
   }
   record_call(q.tensor, k.tensor, v.tensor, out);
-  return narrow_to_numpy(std::move(out), q.kind);
+  if (!context) return narrow_to_numpy(std::move(out), q.kind);
+  const NarrowKind kind = q.kind;
+  auto saved = std::make_unique<NarrowSdpaSaved<E>>();
+  saved->out = Tensor<E>(out);  // the backward's copy (the returned array owns the other)
+  saved->q = std::move(q);
+  saved->k = std::move(k);
+  saved->v = std::move(v);
+  saved->mask = std::move(am);
+  saved->lse = std::move(lse);
+  context->options = ao;
+  context->reset();
+  context->dtype = precision_of_narrow<E>();
+  context->get<E>() = std::move(saved);
+  return py::make_tuple(narrow_to_numpy(std::move(out), kind), py::none());
+}
+
+// Its backward: d_query, d_key, d_value in E, as the kind of array d_output is.
+template <class E>
+py::tuple sdpa_narrow_backward(PySdpaContext& c, const py::object& d_output) {
+  HeldNarrow<E> d = narrow_tensor<E>(d_output, "d_output");
+  const NarrowSdpaSaved<E>& s = *c.get<E>();
+  SdpaGradients<E> g;
+  {
+    py::gil_scoped_release nogil;
+    g = scaled_dot_product_attention_backward(s.q.tensor, s.k.tensor, s.v.tensor, s.mask.get(), c.options, s.out,
+                                              s.lse, d.tensor);
+  }
+  return py::make_tuple(narrow_to_numpy(std::move(g.query), d.kind), narrow_to_numpy(std::move(g.key), d.kind),
+                        narrow_to_numpy(std::move(g.value), d.kind));
 }
 
 // scaled_dot_product_attention(_with_context)'s dispatch on dtype= (None:
@@ -393,12 +493,8 @@ py::object sdpa_call(const py::object& query, const py::object& key, const py::o
                      PySdpaContext* context) {
   const Precision named = c.dtype.is_none() ? Precision::F32 : parse_dtype(c.dtype, /*narrow=*/true);
   if (is_narrow(named)) {
-    if (context)
-      throw Error(Error::Kind::Value, std::string("dtype: scaled_dot_product_attention_with_context computes in "
-                                                  "float32 or float64 (the 16-bit backward is not bound yet), got ") +
-                                          dtype_str(named));
-    if (named == Precision::BF16) return sdpa_narrow<bfloat16>(query, key, value, c);
-    return sdpa_narrow<float16>(query, key, value, c);
+    if (named == Precision::BF16) return sdpa_narrow<bfloat16>(query, key, value, c, context);
+    return sdpa_narrow<float16>(query, key, value, c, context);
   }
   const py::array q = as_numpy(query);
   const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
@@ -634,8 +730,9 @@ Keyword-only (not in PyTorch):
         The output is the query's kind: uint16 bits, float16, or float32
         (widened, exact). state_dict() returns uint16 bits;
         load_state_dict() and update_parameters() take uint16 bits, float16
-        (float16 module) or float32 (rounded); float64 is refused. Forward
-        only (forward_with_context/backward refuse it), need_weights=False.
+        (float16 module) or float32 (rounded); float64 is refused.
+        forward_with_context/backward too: the gradients in the 16-bit type,
+        as the kind of array d_output is. need_weights=False.
 
 Unlike a torch module, a new MultiheadAttention is in eval mode
 (training=False): dropout is random, so it must be asked for.
@@ -954,7 +1051,12 @@ PYBIND11_MODULE(_multihead, m) {
         if (c.empty())
           throw Error(Error::Kind::Value, "context: empty SdpaContext; get one from "
                                           "scaled_dot_product_attention_with_context()");
-        return c.dtype == Precision::F64 ? sdpa_backward<double>(c, d_output) : sdpa_backward<float>(c, d_output);
+        switch (c.dtype) {
+          case Precision::F64: return sdpa_backward<double>(c, d_output);
+          case Precision::BF16: return sdpa_narrow_backward<bfloat16>(c, d_output);
+          case Precision::F16: return sdpa_narrow_backward<float16>(c, d_output);
+          default: return sdpa_backward<float>(c, d_output);
+        }
       },
       "context"_a, "d_output"_a,
       "scaled_dot_product_attention_backward(context, d_output) -> (d_query, d_key, d_value)\n\n"
@@ -966,8 +1068,9 @@ PYBIND11_MODULE(_multihead, m) {
                             "What scaled_dot_product_attention_with_context keeps for\n"
                             "scaled_dot_product_attention_backward: the inputs and output (held, not copied),\n"
                             "the mask, each row's log-sum-exp and the options.")
-      .def_property_readonly("dtype", [](const PySdpaContext& c) {
-        return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
+      .def_property_readonly("dtype", [](const PySdpaContext& c) -> py::object {
+        if (is_narrow(c.dtype)) return py::str(dtype_str(c.dtype));
+        return py::dtype(dtype_str(c.dtype));
       });
 
   py::class_<PyForwardContext>(m, "ForwardContext",
@@ -977,8 +1080,9 @@ PYBIND11_MODULE(_multihead, m) {
                                "Pass it back as context= to reuse its buffers.")
       .def_property_readonly("nbytes", &PyForwardContext::nbytes, "Bytes of the buffers it holds.")
       .def_property_readonly("empty", &PyForwardContext::empty, "True until a forward has filled it.")
-      .def_property_readonly("dtype", [](const PyForwardContext& c) {
-        return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
+      .def_property_readonly("dtype", [](const PyForwardContext& c) -> py::object {
+        if (is_narrow(c.dtype)) return py::str(dtype_str(c.dtype));
+        return py::dtype(dtype_str(c.dtype));
       });
 
   bind_grouped_query_attention(m);

@@ -109,7 +109,7 @@
     "'float64', or 'bfloat16' / 'float16' (also 'bf16', 'f16'): query, key and value stored in that "    \
     "type, each a uint16 array of its bits, a float16 array (float16 only) or a float32 array (rounded " \
     "to nearest even); the output is the query's kind (uint16 bits, float16, or float32 widened). "      \
-    "16-bit: no weights, no _with_context (docs/precision.md).")
+    "16-bit: no weights; the backward's gradients are the kind of array d_output is (docs/precision.md).")
 
 // Keyword-only: GroupedQueryAttention's forwards only (after the KERNEL and
 // SCORE rows). `heads` is the module's query-head count.

@@ -283,6 +283,92 @@ def test_parameters_stay_in_the_narrow_type(dtype):
             assert np.array_equal(v.astype(np.float64), widen(sd[k], dtype)), k
 
 
+# ---- the backward ------------------------------------------------------------------------
+def rms(e):
+    return math.sqrt(float(np.mean(np.asarray(e, np.float64) ** 2)))
+
+
+def torch_grads(sd, dtype, q, k, v, d, tdtype, H):
+    """Gradients of <d, MHA(q, k, v)> by torch autograd in tdtype (float64: the
+    reference), the parameters sd (bits of `dtype`)."""
+    E = q.shape[-1]
+    m = torch.nn.MultiheadAttention(E, H).to(tdtype)
+    m.load_state_dict({n: torch.from_numpy(widen(a, dtype)).to(tdtype) for n, a in sd.items()})
+    ts = [torch.from_numpy(t).to(tdtype).requires_grad_() for t in (q, k, v)]
+    out, _ = m(*ts, need_weights=False)
+    out.backward(torch.from_numpy(d).to(tdtype))
+    g = {"query": ts[0].grad, "key": ts[1].grad, "value": ts[2].grad}
+    g.update({n: p.grad for n, p in m.named_parameters()})
+    return {n: t.double().numpy() for n, t in g.items()}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", MHA_CASES[:4], ids=lambda c: "E%d-H%d-L%d-N%d" % c[:4])
+def test_mha_backward_against_float64_and_torch_bf16(dtype, case):
+    """Every gradient against float64 autograd on the same 16-bit numbers:
+    our RMS error at most 1.5x torch 1.13's bf16 module's (issue 19's bar;
+    for float16, 1.5x torch's bf16 error scaled by u_f16 / u_bf16 = 1/8, as
+    torch 1.13 has no float16 matmul on CPUs). The library's own test
+    (tests/precision/test_precision_backward.cpp) checks the derived bound
+    per element; this one checks what reaches Python."""
+    E, H, L, N, causal, seed = case
+    m, x = module_and_input(dtype, E, H, L, N, seed)
+    rng = np.random.default_rng(seed + 100)
+    q, k, v, d = (rounded(t, dtype).astype(np.float32) for t in
+                  (x, rng.standard_normal(x.shape), rng.standard_normal(x.shape), rng.standard_normal(x.shape)))
+    qb, kb, vb, db = (bits(t, dtype) for t in (q, k, v, d))
+    out, w, ctx = m.forward_with_context(qb, kb, vb, need_weights=False)
+    assert ctx.dtype == dtype and not ctx.empty and w is None
+    assert np.array_equal(out, m(qb, kb, vb, need_weights=False)[0])  # the training forward's bits
+    g = m.backward(ctx, db)
+    assert all(a.dtype == np.uint16 for a in g.values())
+    g32 = m.backward(ctx, d)  # float32 d_output: float32 gradients, the same values widened
+    assert all(a.dtype == np.float32 and np.array_equal(a, widen(g[n], dtype)) for n, a in g32.items())
+    sd = m.state_dict()
+    ref = torch_grads(sd, dtype, q, k, v, d, torch.float64, H)
+    tb = torch_grads(sd, dtype, q, k, v, d, torch.bfloat16, H) if dtype == "bfloat16" else None
+    if tb is None:  # torch's bf16 error on the bf16-rounded problem, the bar scaled to float16
+        mb, _ = module_and_input("bfloat16", E, H, L, N, seed)
+        qr, kr, vr, dr = (rounded(t, "bfloat16").astype(np.float32) for t in (q, k, v, d))
+        ref_b = torch_grads(mb.state_dict(), "bfloat16", qr, kr, vr, dr, torch.float64, H)
+        tb_b = torch_grads(mb.state_dict(), "bfloat16", qr, kr, vr, dr, torch.bfloat16, H)
+        bar = {n: 1.5 * rms(tb_b[n] - ref_b[n]) * U["float16"] / U["bfloat16"] for n in ref}
+    else:
+        bar = {n: 1.5 * rms(tb[n] - ref[n]) for n in ref}
+    for n in ref:
+        err = rms(widen(g[n], dtype) - ref[n])
+        assert err <= bar[n], (n, err, bar[n])
+    print(f"narrow backward {dtype} {case[:4]}: worst RMS error / bar "
+          f"{max(rms(widen(g[n], dtype) - ref[n]) / bar[n] for n in ref):.2f}")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape,causal", [((2, 3, 7, 16), False), ((1, 2, 33, 8), True)])
+def test_sdpa_backward_against_float64_and_torch_bf16(dtype, shape, causal):
+    """d_query, d_key, d_value against float64 autograd of softmax(q k^T s) v on
+    the same numbers; RMS error at most 1.5x torch's bf16 autograd of the same
+    composed ops (1.13 has no fused SDPA), scaled by u_f16 / u_bf16 for float16."""
+    rng = np.random.default_rng(sum(shape) + 1)
+    q, k, v, d = (rounded(rng.standard_normal(shape), "bfloat16").astype(np.float32) for _ in range(4))
+    out, w, ctx = multihead.scaled_dot_product_attention_with_context(
+        bits(q, dtype), bits(k, dtype), bits(v, dtype), is_causal=causal, dtype=dtype)
+    assert ctx.dtype == dtype and w is None and out.dtype == np.uint16
+    g = multihead.scaled_dot_product_attention_backward(ctx, bits(d, dtype))
+
+    def composed(tdtype):
+        ts = [torch.from_numpy(t).to(tdtype).requires_grad_() for t in (q, k, v)]
+        s = ts[0] @ ts[1].transpose(-1, -2) / math.sqrt(shape[-1])
+        if causal:
+            s = s.masked_fill(torch.ones(shape[-2], shape[-2], dtype=torch.bool).triu(1), -math.inf)
+        (torch.softmax(s, -1) @ ts[2]).backward(torch.from_numpy(d).to(tdtype))
+        return [t.grad.double().numpy() for t in ts]
+    ref, tb = composed(torch.float64), composed(torch.bfloat16)
+    scale = 1.0 if dtype == "bfloat16" else U["float16"] / U["bfloat16"]
+    for name, a, r, t in zip(("d_query", "d_key", "d_value"), g, ref, tb):
+        assert a.dtype == np.uint16
+        assert rms(widen(a, dtype) - r) <= 1.5 * scale * rms(t - r), name
+
+
 # ---- hostile input ---------------------------------------------------------------------
 X = np.random.default_rng(0).standard_normal((3, 2, 8)).astype(np.float32)
 XB = bits(X, "bfloat16")
@@ -290,6 +376,18 @@ XB = bits(X, "bfloat16")
 
 def bf16():
     return multihead.MultiheadAttention(8, 2, dtype="bfloat16")
+
+
+def fresh_context_backward(d_output):
+    m = bf16()
+    return m.backward(m.forward_with_context(XB, XB, XB, need_weights=False)[2], d_output)
+
+
+def stale_context_backward():
+    m = bf16()
+    ctx = m.forward_with_context(XB, XB, XB, need_weights=False)[2]
+    m.load_state_dict(m.state_dict())  # new parameters (the same values): earlier contexts are refused
+    return m.backward(ctx, XB)
 
 
 SDPA = multihead.scaled_dot_product_attention
@@ -309,10 +407,16 @@ HOSTILE = [
     ("need-weights", lambda: bf16()(XB, XB, XB), ValueError, ["need_weights", "false"]),
     ("sdpa-need-weights", lambda: SDPA(XB, XB, XB, dtype="bfloat16", need_weights=True), ValueError, ["need_weights"]),
     ("textbook", lambda: bf16()(XB, XB, XB, need_weights=False, form="textbook"), ValueError, ["form", "textbook"]),
-    ("with-context", lambda: bf16().forward_with_context(XB, XB, XB, need_weights=False), ValueError,
-     ["forward_with_context", "bfloat16"]),
-    ("sdpa-with-context", lambda: multihead.scaled_dot_product_attention_with_context(XB, XB, XB, dtype="bfloat16"),
-     ValueError, ["dtype", "bfloat16"]),
+    ("context-of-a-float-module", lambda: bf16().backward(
+        multihead.MultiheadAttention(8, 2).forward_with_context(X, X, X)[2], XB), ValueError,
+     ["context", "float32", "bfloat16"]),
+    ("context-stale", lambda: stale_context_backward(), ValueError, ["context:", "update_parameters"]),
+    ("d_output-float64", lambda: fresh_context_backward(X.astype(np.float64)), ValueError,
+     ["d_output", "got float64"]),
+    ("d_output-shape", lambda: fresh_context_backward(XB[:2]), ValueError, ["d_output"]),
+    ("sdpa-d_output-float64", lambda: multihead.scaled_dot_product_attention_backward(
+        multihead.scaled_dot_product_attention_with_context(XB, XB, XB, dtype="bfloat16")[2], X.astype(np.float64)),
+     ValueError, ["d_output", "got float64"]),
     ("share", lambda: bf16().share_parameters(bf16().state_dict()), ValueError, ["share_parameters", "bfloat16"]),
     ("state-float64", lambda: bf16().load_state_dict({k: v.astype(np.float64) for k, v in
                                                       multihead.MultiheadAttention(8, 2).state_dict().items()}),
