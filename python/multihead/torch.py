@@ -345,8 +345,8 @@ class _LibraryModule(nn.Module):
 
 class MultiheadAttention(_LibraryModule):
     r"""nn.MultiheadAttention on the library (CPU; float32 or float64, and
-    forward-only bfloat16 / float16: .to(torch.bfloat16) runs the library's
-    16-bit module, docs/precision.md).
+    bfloat16 / float16: .to(torch.bfloat16) runs the library's 16-bit module,
+    forward and backward, docs/precision.md; need_weights=False there).
 
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
     add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None,

@@ -104,6 +104,21 @@ class DocBuilder {
   std::string line_, entries_, names_;
 };
 
+// Runs a library backward (fn) with the GIL released. The library names a
+// backward's context argument `saved`; the bindings' argument is `context`,
+// so a message about it says so.
+template <class Fn>
+auto backward_naming_context(Fn&& fn) {
+  try {
+    py::gil_scoped_release nogil;
+    return fn();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (msg.rfind("saved", 0) != 0) throw;
+    throw Error(e.kind(), "context" + msg.substr(5));
+  }
+}
+
 // The parts of the module defined in their own files (called from
 // module.cpp's PYBIND11_MODULE).
 void bind_grouped_query_attention(py::module_& m);

@@ -307,16 +307,7 @@ class PyGroupedQueryAttention : public ModuleParameters<GqaTraits> {
   py::dict run_backward(PyGqaContext& c, const py::object& d_output) {
     HeldTensor<T> d = float_tensor<T>(d_output, "d_output");
     const std::shared_ptr<const GroupedQueryAttention<T>> m = module<T>();
-    GroupedQueryAttentionGradients<T> g;
-    try {
-      py::gil_scoped_release nogil;
-      g = m->backward(c.get<T>(), d.tensor);
-    } catch (const Error& e) {
-      // The library calls the context `saved`; here it is the argument `context`.
-      const std::string msg = e.what();
-      if (msg.rfind("saved", 0) != 0) throw;
-      throw Error(e.kind(), "context" + msg.substr(5));
-    }
+    GroupedQueryAttentionGradients<T> g = backward_naming_context([&] { return m->backward(c.get<T>(), d.tensor); });
     py::dict out;
     out["x"] = to_numpy(std::move(g.x));
     for (const std::string& n : expected_names(config_)) out[py::str(n)] = to_numpy(std::move(g.parameters.at(n)));

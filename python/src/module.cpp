@@ -254,16 +254,7 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
   py::dict run_narrow_backward(PyForwardContext& c, const py::object& d_output) {
     HeldNarrow<E> d = narrow_tensor<E>(d_output, "d_output");
     const std::shared_ptr<const NarrowMultiheadAttention<E>> m = narrow_module<E>();
-    MultiheadAttentionGradients<E> g;
-    try {
-      py::gil_scoped_release nogil;
-      g = m->backward(c.narrow<E>(), d.tensor);
-    } catch (const Error& e) {
-      // The library calls the context `saved`; here it is the argument `context`.
-      const std::string msg = e.what();
-      if (msg.rfind("saved", 0) != 0) throw;
-      throw Error(e.kind(), "context" + msg.substr(5));
-    }
+    MultiheadAttentionGradients<E> g = backward_naming_context([&] { return m->backward(c.narrow<E>(), d.tensor); });
     py::dict out;
     out["query"] = narrow_to_numpy(std::move(g.query), d.kind);
     out["key"] = narrow_to_numpy(std::move(g.key), d.kind);
