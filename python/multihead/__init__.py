@@ -27,7 +27,10 @@ The C++ library `multihead` through pybind11 (the extension `_multihead`):
   (multihead/runtime.hpp).
 
 C-contiguous float32/float64 arrays are read in place; other layouts and
-dtypes are converted once. Errors are ValueError (shapes, values: the
+dtypes are converted once. dtype="bfloat16" / "float16" (MultiheadAttention,
+load_weights, scaled_dot_product_attention): 16-bit storage and compute, the
+inputs uint16 bits (read in place), float32 (rounded to nearest even) or
+float16 (float16 only); the output is the query's kind (docs/precision.md). Errors are ValueError (shapes, values: the
 library's message names the tensor) or TypeError (dtypes).
 """
 from ._multihead import (  # noqa: F401

@@ -8,6 +8,9 @@ import numpy.typing as npt
 __version__: str
 
 ArrayLike = npt.ArrayLike
+# numpy.float32 / float64 (or their names); where a call takes them, also
+# "bfloat16" / "float16" ("bf16", "f16"): the 16-bit computations, whose
+# arrays are uint16 bits, float16 (float16 only) or float32 (rounded).
 DTypeLike = Union[None, str, type, np.dtype]
 MaskedRows = Literal["zeros", "nan"]
 Kernel = Literal["auto", "reference", "materialized", "flash"]
@@ -117,7 +120,7 @@ class MultiheadAttention:
     @property
     def bias(self) -> bool: ...
     @property
-    def dtype(self) -> np.dtype: ...
+    def dtype(self) -> Union[np.dtype, str]: ...  # "bfloat16" / "float16" (str) for a 16-bit module
 
 class ForwardContext:
     """What forward_with_context keeps for backward (no L x S weights)."""
@@ -127,7 +130,7 @@ class ForwardContext:
     @property
     def empty(self) -> bool: ...
     @property
-    def dtype(self) -> np.dtype: ...
+    def dtype(self) -> Union[np.dtype, str]: ...  # "bfloat16" / "float16" (str) from a 16-bit module
 
 class GroupedQueryAttention:
     """Grouped-query attention (Llama's q/k/v/o_proj layout), in MultiheadAttention's dialect."""
@@ -353,6 +356,7 @@ def scaled_dot_product_attention(
     softcap: Optional[float] = None,
     need_weights: Literal[False] = False,
     alibi_slopes: Sequence[float] = [],
+    dtype: DTypeLike = None,
 ) -> np.ndarray: ...
 @overload
 def scaled_dot_product_attention(
@@ -374,6 +378,7 @@ def scaled_dot_product_attention(
     softcap: Optional[float] = None,
     need_weights: Literal[True],
     alibi_slopes: Sequence[float] = [],
+    dtype: DTypeLike = None,
 ) -> Tuple[np.ndarray, np.ndarray]: ...
 def scaled_dot_product_attention_with_context(
     query: ArrayLike,
@@ -394,6 +399,7 @@ def scaled_dot_product_attention_with_context(
     softcap: Optional[float] = None,
     need_weights: bool = False,
     alibi_slopes: Sequence[float] = [],
+    dtype: DTypeLike = None,
 ) -> Tuple[np.ndarray, Optional[np.ndarray], "SdpaContext"]: ...
 def scaled_dot_product_attention_backward(
     context: "SdpaContext", d_output: ArrayLike
@@ -403,7 +409,7 @@ class SdpaContext:
     """What scaled_dot_product_attention_with_context keeps for its backward."""
 
     @property
-    def dtype(self) -> np.dtype: ...
+    def dtype(self) -> Union[np.dtype, str]: ...  # "bfloat16" / "float16" (str) for dtype= 16 bits
 
 def alibi_slopes(heads: int) -> List[float]: ...
 def rotary_embedding(

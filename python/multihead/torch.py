@@ -17,9 +17,16 @@
 - GroupedQueryAttention: the library's grouped-query module, when the
   extension binds it.
 
-CPU tensors of float32 or float64 only; contiguous inputs are read in place
+CPU tensors of float32 or float64; contiguous inputs are read in place
 (tensor.numpy() shares their memory) and results are NumPy arrays the
-library wrote, wrapped by torch.from_numpy (no copy). What the library does
+library wrote, wrapped by torch.from_numpy (no copy). bfloat16 and float16
+tensors run the library's 16-bit path (MultiheadAttention(...).to(
+torch.bfloat16), scaled_dot_product_attention on bf16/f16 tensors): their
+memory goes to the library as its uint16 bits (a view, no copy), the output
+comes back in the same dtype, and the computation rounds where
+docs/precision.md says (as torch's own bf16 CPU module does), forward and
+backward (the gradients in the same dtype). need_weights=True raises
+ValueError (the 16-bit flash kernel returns no weights). What the library does
 not do raises ValueError or TypeError naming the argument; nothing falls
 back to torch's own attention.
 
@@ -47,6 +54,30 @@ from . import _multihead
 __all__ = ["MultiheadAttention", "replace_attention", "scaled_dot_product_attention", "GroupedQueryAttention"]
 
 _DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+# The 16-bit dtypes, under the library's names (dtype='bfloat16' / 'float16').
+_NARROW = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def _library_dtype(dtype):
+    return _DTYPES[dtype] if dtype in _DTYPES else _NARROW[dtype]
+
+
+def _numpy(t):
+    """A CPU tensor's memory as a NumPy array (no copy): bfloat16 / float16
+    as their uint16 bits (the library's 16-bit convention), others as they are."""
+    t = t.detach()
+    if t.dtype in _NARROW:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def _tensor(a, dtype):
+    """A library result as a tensor of `dtype` over the same memory (16-bit: its uint16 bits)."""
+    if dtype in _NARROW:
+        return torch.from_numpy(a.view(np.int16)).view(dtype)
+    return torch.from_numpy(a)
+
+
 
 def _keyword_only(fn, drop=("context",)):
     """The keyword-only parameters of a bound call, read from its docstring's
@@ -60,11 +91,12 @@ def _keyword_only(fn, drop=("context",)):
 # The library's keyword-only options each forward passes through.
 _CORE_OPTIONS = _keyword_only(_multihead.MultiheadAttention.forward_with_context)
 _GQA_OPTIONS = _keyword_only(_multihead.GroupedQueryAttention.forward_with_context)
-_SDPA_OPTIONS = _keyword_only(_multihead.scaled_dot_product_attention)
+# (dtype: the tensors' own.)
+_SDPA_OPTIONS = _keyword_only(_multihead.scaled_dot_product_attention, drop=("context", "dtype"))
 
 
 def _check_tensor(t, name, dtype=None):
-    """A CPU float32/float64 strided tensor (of `dtype` when given)."""
+    """A CPU float32/float64/bfloat16/float16 strided tensor (of `dtype` when given)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -72,14 +104,18 @@ def _check_tensor(t, name, dtype=None):
     if t.is_nested or t.layout != torch.strided:
         raise ValueError(f"{name}: expected a strided (dense) tensor, got layout {t.layout}"
                          + (" (nested)" if t.is_nested else ""))
-    if t.dtype not in _DTYPES:
-        raise TypeError(f"{name}: expected torch.float32 or torch.float64, got {t.dtype}")
+    if t.dtype not in _DTYPES and t.dtype not in _NARROW:
+        raise TypeError(f"{name}: expected torch.float32, torch.float64, torch.bfloat16 or torch.float16, "
+                        f"got {t.dtype}")
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name}: expected {dtype} (the module's parameters' dtype), got {t.dtype}")
 
 
 def _mask_array(mask, name, dtype):
-    """A mask as the NumPy array the library reads: bool/uint8 in place, float in `dtype`."""
+    """A mask as the NumPy array the library reads: bool/uint8 in place, float
+    in `dtype` (float32 for a 16-bit computation: its masks stay float32)."""
+    if dtype in _NARROW:
+        dtype = torch.float32
     if mask is None:
         return None
     if not isinstance(mask, torch.Tensor):
@@ -99,9 +135,9 @@ def _mask_array(mask, name, dtype):
 def _arrays(query, key, value):
     """query, key, value as NumPy views of their memory, the same object where
     the tensors are (self-attention: the library takes its packed path)."""
-    q = query.detach().numpy()
-    k = q if key is query else key.detach().numpy()
-    v = q if value is query else k if value is key else value.detach().numpy()
+    q = _numpy(query)
+    k = q if key is query else _numpy(key)
+    v = q if value is query else k if value is key else _numpy(value)
     return q, k, v
 
 
@@ -133,7 +169,7 @@ class _Core:
         return self.snapshot is not None and all(torch.equal(a, b) for a, b in zip(self.snapshot, params))
 
     def load(self, names, params):
-        self.module.load_state_dict({n: p.numpy() for n, p in zip(names, params)})
+        self.module.load_state_dict({n: _numpy(p) for n, p in zip(names, params)})
         self.snapshot = [p.clone() for p in params]
 
 
@@ -216,7 +252,7 @@ class _LibraryFunction(torch.autograd.Function):
         # Outputs after the first (MHA's weights) stay "differentiable" so that
         # a loss reaching them gets an error from backward() rather than a
         # silently missing term.
-        return tuple(None if o is None else torch.from_numpy(o) for o in outputs)
+        return tuple(None if o is None else _tensor(o, call.dtype) for o in outputs)
 
     @staticmethod
     def backward(ctx, d_output, *d_rest):
@@ -232,19 +268,20 @@ class _LibraryFunction(torch.autograd.Function):
             if p._version != v:
                 raise ValueError(f"{name}: modified in place since the {call.what} forward (version {v}, now "
                                  f"{p._version}); run the backward before the optimizer step")
-        g = ctx.core.module.backward(ctx.saved, d_output.detach().numpy())
-        return (None, *(torch.from_numpy(g[n]) for n in call.input_names),
-                *(torch.from_numpy(g[n]) for n in call.names))
+        g = ctx.core.module.backward(ctx.saved, _numpy(d_output))
+        return (None, *(_tensor(g[n], d_output.dtype) for n in call.input_names),
+                *(_tensor(g[n], d_output.dtype) for n in call.names))
 
 
 class _Call:
     """One forward's non-tensor arguments, for _LibraryFunction."""
-    __slots__ = ("pool", "names", "input_names", "output_names", "what", "run", "training")
+    __slots__ = ("pool", "names", "input_names", "output_names", "what", "run", "training", "dtype")
 
-    def __init__(self, pool, what, input_names, output_names, training, run):
+    def __init__(self, pool, what, input_names, output_names, training, run, dtype=None):
         self.pool, self.names, self.what = pool, pool.names, what
         self.input_names, self.output_names = input_names, output_names
         self.training, self.run = training, run
+        self.dtype = dtype  # the outputs' torch dtype (the 16-bit ones come back as uint16 bits)
 
 
 def _dropout_options(options, training):
@@ -281,12 +318,13 @@ class _LibraryModule(nn.Module):
         """(pool, parameters in the library's state_dict order), each checked a CPU tensor of `dtype`."""
         pool = self._pools.get(dtype)
         if pool is None:
-            module = self._library_module(_DTYPES[dtype])
+            module = self._library_module(_library_dtype(dtype))
             names = list(module.state_dict())
-            if self._shares:
+            # A 16-bit library module keeps its own copy (it cannot share).
+            if self._shares and dtype not in _NARROW:
                 pool = _SharedCore(module, names)
             else:
-                pool = _CorePool(lambda: self._library_module(_DTYPES[dtype]))
+                pool = _CorePool(lambda: self._library_module(_library_dtype(dtype)))
             pool.names = names
             self._pools[dtype] = pool
         sd = dict(self.named_parameters())
@@ -306,7 +344,9 @@ class _LibraryModule(nn.Module):
 
 
 class MultiheadAttention(_LibraryModule):
-    r"""nn.MultiheadAttention on the library (CPU, float32 or float64).
+    r"""nn.MultiheadAttention on the library (CPU; float32 or float64, and
+    bfloat16 / float16: .to(torch.bfloat16) runs the library's 16-bit module,
+    forward and backward, docs/precision.md; need_weights=False there).
 
     MultiheadAttention(embed_dim, num_heads, dropout=0.0, bias=True,
     add_bias_kv=False, add_zero_attn=False, kdim=None, vdim=None,
@@ -325,8 +365,9 @@ class MultiheadAttention(_LibraryModule):
         super().__init__()
         if device is not None and torch.device(device).type != "cpu":
             raise ValueError(f"device: expected the CPU (or None), got {device}")
-        if dtype is not None and dtype not in _DTYPES:
-            raise TypeError(f"dtype: expected torch.float32 or torch.float64 (or None), got {dtype}")
+        if dtype is not None and dtype not in _DTYPES and dtype not in _NARROW:
+            raise TypeError(f"dtype: expected torch.float32, torch.float64, torch.bfloat16 or torch.float16 "
+                            f"(or None), got {dtype}")
         # torch's own module draws the initial values (the same draws, in the
         # same order, from torch's generator); its Parameters become ours.
         self._adopt(nn.MultiheadAttention(embed_dim, num_heads, dropout=dropout, bias=bias,
@@ -403,13 +444,13 @@ class MultiheadAttention(_LibraryModule):
                 out, weights, saved = module.forward_with_context(*_arrays(*inputs), *args, **options)
                 return (out, weights), saved
             call = _Call(pool, "MultiheadAttention", ("query", "key", "value"),
-                         ("attn_output", "attn_output_weights"), training, run)
+                         ("attn_output", "attn_output_weights"), training, run, dtype)
             return _LibraryFunction.apply(call, query, key, value, *params)
         # No gradient wanted: the library's plain forward (no context kept).
         core = pool.get(pool.names, [p.detach() for p in params])
         core.module.train(training)
         out, weights = core.module.forward(*_arrays(query, key, value), *args, **options)
-        return torch.from_numpy(out), None if weights is None else torch.from_numpy(weights)
+        return _tensor(out, dtype), None if weights is None else torch.from_numpy(weights)
 
     def extra_repr(self):
         c = self._config()
@@ -555,16 +596,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     mask = _mask_array(attn_mask, "attn_mask", dtype)
     options = _dropout_options(options, dropout_p > 0.0)
     args = (mask, float(dropout_p), bool(is_causal), scale)
+    if dtype in _NARROW:
+        options["dtype"] = _NARROW[dtype]
     if _wants_grad((query, key, value)):
         def run(module, inputs):
             out, weights, saved = _multihead.scaled_dot_product_attention_with_context(*_arrays(*inputs), *args,
                                                                                       **options)
             return (out, weights), saved
         call = _Call(_SDPA, "scaled_dot_product_attention", ("query", "key", "value"), ("output", "weights"),
-                     False, run)
+                     False, run, dtype)
         out, weights = _LibraryFunction.apply(call, query, key, value)
         return (out, weights) if options.get("need_weights", False) else out
     r = _multihead.scaled_dot_product_attention(*_arrays(query, key, value), *args, **options)
     if isinstance(r, tuple):
         return tuple(torch.from_numpy(a) for a in r)
-    return torch.from_numpy(r)
+    return _tensor(r, dtype)

@@ -24,10 +24,13 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
+#include "multihead/narrow.hpp"
+#include "multihead/narrow_multihead_attention.hpp"
 #include "multihead/tensor.hpp"
 
 namespace multihead::python {
@@ -53,11 +56,36 @@ inline py::array as_numpy(const py::handle& obj) {
   return numpy_asarray()(obj).cast<py::array>();
 }
 
-// The dtype a call computes in, from its query: float64 stays float64, every
-// other float (float32, float16, longdouble) computes in float32.
-enum class Precision { F32, F64 };
+// The dtype a call computes in. From its query: float64 stays float64, every
+// other float (float32, float16, longdouble) computes in float32. BF16 and
+// F16 only where the dtype is named (a module's dtype=, or
+// scaled_dot_product_attention's dtype=): NumPy has no bfloat16.
+enum class Precision { F32, F64, BF16, F16 };
+
+inline bool is_narrow(Precision p) { return p == Precision::BF16 || p == Precision::F16; }
+
+// NumPy's names (bfloat16 is not one: ml_dtypes' spelling).
+inline const char* dtype_str(Precision p) {
+  switch (p) {
+    case Precision::F64: return "float64";
+    case Precision::BF16: return "bfloat16";
+    case Precision::F16: return "float16";
+    default: return "float32";
+  }
+}
+
+// A uint16 array passed where no 16-bit dtype is named: ValueError saying
+// how to name it (its bits could be either 16-bit type).
+inline void refuse_unnamed_bits(const py::array& a, const std::string& name) {
+  if (a.dtype().kind() == 'u' && a.dtype().itemsize() == 2)
+    throw Error(Error::Kind::Value, name + ": a uint16 array is read as 16-bit float bits only where the dtype is "
+                                           "named (a module made with dtype='bfloat16' or 'float16', or "
+                                           "scaled_dot_product_attention(..., dtype='bfloat16')); this call "
+                                           "computes in float32/float64 and expected a floating-point array, got uint16");
+}
 
 inline Precision precision_of(const py::array& query, const std::string& name) {
+  refuse_unnamed_bits(query, name);
   if (!is_float(query))
     throw py::type_error(name + ": expected a floating-point array (float32 or float64), got " +
                          dtype_name(query));
@@ -96,6 +124,7 @@ struct HeldTensor {
 template <class T>
 HeldTensor<T> float_tensor(const py::handle& obj, const std::string& name) {
   py::array a = as_numpy(obj);
+  refuse_unnamed_bits(a, name);
   if (!is_float(a))
     throw py::type_error(name + ": expected a floating-point array (float32 or float64), got " + dtype_name(a));
   py::array_t<T> c = c_contiguous<T>(a, name);
@@ -166,6 +195,83 @@ py::array to_numpy(Tensor<T>&& t) {
   return py::array_t<T>(shape, data, owner);
 }
 
+// ---- 16-bit arrays (bfloat16, float16) ----------------------------------------
+// NumPy has no bfloat16. A 16-bit input is one of (its "kind", which the
+// result keeps: the output of a call is the same kind as its query):
+//   Bits     a uint16 array holding the bits of E, read in place when
+//            C-contiguous (the 16-bit type named by the call's dtype);
+//   Half     a numpy.float16 array, for E = float16 only: IEEE binary16 is
+//            NumPy's float16, so its bytes are the bits, read in place;
+//   Float32  a float32 array, rounded to E on the way in (round_to, the one
+//            rule of multihead/narrow.hpp: nearest, ties to even; NaN stays
+//            NaN, beyond the largest finite value gives inf). Its result
+//            comes back widened to float32 (exact).
+// Anything else (float64, another integer type) is a ValueError naming the
+// argument: a float64 array would be rounded twice, and silently losing
+// 45 bits is not what dtype='bfloat16' should do.
+enum class NarrowKind { Bits, Half, Float32 };
+
+template <class E>
+constexpr Precision precision_of_narrow() {
+  return std::is_same_v<E, bfloat16> ? Precision::BF16 : Precision::F16;
+}
+
+template <class E>
+struct HeldNarrow {
+  py::array array;  // the memory `tensor` views (Bits, Half), or none (Float32: rounded into its own)
+  Tensor<E> tensor;
+  NarrowKind kind = NarrowKind::Bits;
+};
+
+template <class E>
+HeldNarrow<E> narrow_tensor(const py::handle& obj, const std::string& name) {
+  static_assert(sizeof(E) == sizeof(uint16_t) && alignof(E) == alignof(uint16_t));
+  const std::string type = dtype_str(precision_of_narrow<E>());
+  py::array a = as_numpy(obj);
+  const char kind = a.dtype().kind();
+  const auto itemsize = a.dtype().itemsize();
+  HeldNarrow<E> r;
+  if ((kind == 'u' && itemsize == 2) || (kind == 'f' && itemsize == 2 && std::is_same_v<E, float16>)) {
+    // The same two bytes either way; viewed as uint16 (a view, no copy).
+    py::array_t<uint16_t> c = c_contiguous<uint16_t>(kind == 'f' ? a.view("uint16") : a, name);
+    Shape shape(c.shape(), c.shape() + c.ndim());
+    r.tensor = Tensor<E>::view(std::move(shape), reinterpret_cast<E*>(const_cast<uint16_t*>(c.data())));
+    r.array = std::move(c);
+    r.kind = kind == 'f' ? NarrowKind::Half : NarrowKind::Bits;
+    return r;
+  }
+  if (kind == 'f' && itemsize == 4) {
+    HeldTensor<float> f = float_tensor<float>(a, name);
+    r.tensor = round_to<E>(f.tensor);
+    r.kind = NarrowKind::Float32;
+    return r;
+  }
+  throw Error(Error::Kind::Value, name + ": a " + type + " computation takes a uint16 array of " + type +
+                                      " bits" + (std::is_same_v<E, float16> ? ", a float16 array" : "") +
+                                      " or a float32 array (rounded to nearest even), got " + dtype_name(a));
+}
+
+// A second view of `h`'s memory (query passed again as key / value).
+template <class E>
+HeldNarrow<E> alias(const HeldNarrow<E>& h) {
+  return {h.array, Tensor<E>::view(h.tensor.shape(), const_cast<E*>(h.tensor.data())), h.kind};
+}
+
+// A 16-bit result as the given kind: Bits a uint16 array and Half a float16
+// array over the tensor's own memory (no copy), Float32 widened (exact).
+template <class E>
+py::array narrow_to_numpy(Tensor<E>&& t, NarrowKind kind) {
+  if (kind == NarrowKind::Float32) return to_numpy(widen<float>(t));
+  const py::dtype dt(kind == NarrowKind::Half ? "float16" : "uint16");
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+  if (t.numel() == 0) return py::array(dt, shape);
+  auto heap = std::make_unique<Tensor<E>>(std::move(t));
+  void* data = heap->data();
+  py::capsule owner(heap.get(), [](void* p) { delete static_cast<Tensor<E>*>(p); });
+  heap.release();  // the capsule owns it now
+  return py::array(dt, shape, data, owner);
+}
+
 // An array's data address, as the tests compare it with
 // arr.__array_interface__["data"][0].
 template <class T>
@@ -179,6 +285,17 @@ uintptr_t address(const Tensor<T>& t) {
 inline std::map<std::string, uintptr_t>& last_call_addresses() {
   thread_local std::map<std::string, uintptr_t> addresses;
   return addresses;
+}
+
+// Starts this thread's record anew with a call's query, key, value and output.
+template <class T, class U>
+void record_call(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value, const Tensor<U>& output) {
+  auto& a = last_call_addresses();
+  a.clear();
+  a["query"] = address(query);
+  a["key"] = address(key);
+  a["value"] = address(value);
+  a["output"] = address(output);
 }
 
 }  // namespace multihead::python

@@ -16,13 +16,37 @@ namespace multihead::python {
 
 namespace py = pybind11;
 
-// dtype=None | "float32" | "float64" | numpy.float32 | numpy.dtype(...).
-inline Precision parse_dtype(const py::object& dtype) {
+// dtype=None | "float32" | "float64" | numpy.float32 | numpy.dtype(...), and
+// where `narrow` names the call (MultiheadAttention, load_weights,
+// scaled_dot_product_attention) also "bfloat16" / "bf16" and "float16" /
+// "f16" / numpy.float16: the 16-bit computations. Elsewhere a 16-bit dtype
+// is a TypeError saying where they are.
+inline Precision parse_dtype(const py::object& dtype, bool narrow = false) {
   if (dtype.is_none()) return Precision::F32;
-  const py::dtype d = py::dtype::from_args(dtype);
-  if (d.kind() == 'f' && d.itemsize() == 4) return Precision::F32;
-  if (d.kind() == 'f' && d.itemsize() == 8) return Precision::F64;
-  throw py::type_error("dtype: expected float32 or float64, got " + py::str(py::handle(d)).cast<std::string>());
+  Precision p;
+  if (py::isinstance<py::str>(dtype) && (dtype.cast<std::string>() == "bfloat16" || dtype.cast<std::string>() == "bf16")) {
+    p = Precision::BF16;
+  } else if (py::isinstance<py::str>(dtype) && dtype.cast<std::string>() == "f16") {
+    p = Precision::F16;
+  } else {
+    py::dtype d;
+    try {
+      d = py::dtype::from_args(dtype);
+    } catch (py::error_already_set&) {
+      throw py::type_error(std::string("dtype: expected float32 or float64") +
+                           (narrow ? ", 'bfloat16' or 'float16'" : "") + ", got " + py::repr(dtype).cast<std::string>());
+    }
+    if (d.kind() == 'f' && d.itemsize() == 4) return Precision::F32;
+    if (d.kind() == 'f' && d.itemsize() == 8) return Precision::F64;
+    if (!(d.kind() == 'f' && d.itemsize() == 2))
+      throw py::type_error(std::string("dtype: expected float32 or float64") + (narrow ? ", 'bfloat16' or 'float16'" : "") +
+                           ", got " + py::str(py::handle(d)).cast<std::string>());
+    p = Precision::F16;
+  }
+  if (!narrow)
+    throw py::type_error(std::string("dtype: expected float32 or float64 here, got ") + dtype_str(p) +
+                         " (16-bit computations are MultiheadAttention's and scaled_dot_product_attention's)");
+  return p;
 }
 
 // A default as the Python object pybind11 makes of it.
@@ -79,6 +103,21 @@ class DocBuilder {
   }
   std::string line_, entries_, names_;
 };
+
+// Runs a library backward (fn) with the GIL released. The library names a
+// backward's context argument `saved`; the bindings' argument is `context`,
+// so a message about it says so.
+template <class Fn>
+auto backward_naming_context(Fn&& fn) {
+  try {
+    py::gil_scoped_release nogil;
+    return fn();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (msg.rfind("saved", 0) != 0) throw;
+    throw Error(e.kind(), "context" + msg.substr(5));
+  }
+}
 
 // The parts of the module defined in their own files (called from
 // module.cpp's PYBIND11_MODULE).

@@ -30,8 +30,6 @@ namespace {
 
 std::string type_name(const py::handle& obj) { return py::str(py::type::of(obj)).cast<std::string>(); }
 
-const char* dtype_str(Precision p) { return p == Precision::F64 ? "float64" : "float32"; }
-
 // One dtype's object of a float/double pair (a cache, a context).
 template <template <class> class C>
 struct PerDtype {
@@ -175,16 +173,29 @@ std::optional<RopeOptions> rope_option(const std::optional<std::string>& rope, d
   return r;
 }
 
-class PyGroupedQueryAttention {
+struct GqaTraits {
+  using Config = GroupedQueryAttentionConfig;
+  template <class T>
+  using Params = GroupedQueryAttentionParameters<T>;
+  template <class T>
+  using Module = GroupedQueryAttention<T>;
+  static constexpr const char* name = "GroupedQueryAttention";
+  static void validate(const Config& c, const Params<double>& p) {
+    c.validate();
+    GroupedQueryAttention<double>(c, p);  // checks every parameter's presence and shape
+  }
+};
+
+// The parameters' glue (state_dict, load_state_dict, update_parameters,
+// share_parameters, the computing modules) is ModuleParameters', as
+// MultiheadAttention's (parameters.hpp).
+class PyGroupedQueryAttention : public ModuleParameters<GqaTraits> {
  public:
   PyGroupedQueryAttention(const GroupedQueryAttentionConfig& config, GroupedQueryAttentionParameters<double> params,
                           double dropout, Precision dtype)
-      : config_(config), dropout_(dropout), dtype_(dtype), params_(std::move(params)) {
-    config_.validate();
+      : ModuleParameters(config, std::move(params), dtype), dropout_(dropout) {
     if (!(dropout_ >= 0.0 && dropout_ < 1.0))
       throw Error(Error::Kind::Value, "dropout: expected a probability in [0, 1), got " + std::to_string(dropout_));
-    if (dtype_ == Precision::F32) round_to_float(config_, params_);
-    GroupedQueryAttention<double>(config_, params_);  // checks every parameter's presence and shape
   }
 
   static PyGroupedQueryAttention create(int64_t embed_dim, int64_t num_heads, std::optional<int64_t> num_kv_heads,
@@ -214,9 +225,7 @@ class PyGroupedQueryAttention {
     return PyGroupedQueryAttention(c, std::move(params), dropout, p);
   }
 
-  const GroupedQueryAttentionConfig& config() const { return config_; }
   double dropout() const { return dropout_; }
-  Precision dtype() const { return dtype_; }
   bool training = false;
 
   py::object forward(const py::object& x, const GqaCall& o, const py::object& cache) {
@@ -252,81 +261,12 @@ class PyGroupedQueryAttention {
                                              : run_backward<float>(context, d_output);
   }
 
-  void update_parameters(const py::object& update) {
-    sync_shared();
-    take(updated_parameters(config_, params_, dtype_, update));
-  }
-  py::dict state_dict() {
-    if (!shared_.empty()) master_from_shared();
-    return state_dict_of(config_, params_, dtype_);
-  }
-  // As MultiheadAttention.share_parameters (module.cpp): the computing
-  // module of the module's dtype reads the arrays' memory at every call.
-  void share_parameters(const py::object& arrays) {
-    std::vector<py::array> held;
-    if (dtype_ == Precision::F64) {
-      auto p = shared_parameters<double, GroupedQueryAttentionParameters<double>>(config_, arrays, held);
-      f64_ = module_over<GroupedQueryAttention<double>>(config_, std::move(p), held);
-      f32_.reset();
-    } else {
-      auto p = shared_parameters<float, GroupedQueryAttentionParameters<float>>(config_, arrays, held);
-      f32_ = module_over<GroupedQueryAttention<float>>(config_, std::move(p), held);
-      f64_.reset();
-    }
-    shared_ = std::move(held);
-  }
-  bool shares_parameters() const { return !shared_.empty(); }
-  py::tuple load_state_dict(const py::object& state_dict, bool strict) {
-    sync_shared();
-    auto [p, keys] = loaded_parameters(config_, params_, dtype_, state_dict, strict, "GroupedQueryAttention");
-    take(std::move(p));
-    return keys;
-  }
-
   PyKVCache make_cache(int64_t batch, int64_t max_len, bool grow) {
     if (dtype_ == Precision::F64) return PyKVCache(module<double>()->make_cache(batch, max_len, grow));
     return PyKVCache(module<float>()->make_cache(batch, max_len, grow));
   }
 
  private:
-  // New parameters: checked (names, shapes) before the module takes them;
-  // the computing modules are rebuilt, with new parameter tokens, so
-  // earlier contexts are refused by backward().
-  void take(GroupedQueryAttentionParameters<double> p) {
-    GroupedQueryAttention<double>(config_, p);
-    params_ = std::move(p);
-    f32_.reset();
-    f64_.reset();
-  }
-
-  template <class T>
-  std::shared_ptr<const GroupedQueryAttention<T>> module() {
-    auto& slot = [&]() -> auto& {
-      if constexpr (std::is_same_v<T, double>) return f64_;
-      else return f32_;
-    }();
-    if (!slot) {
-      if (!shared_.empty()) master_from_shared();
-      slot = std::make_shared<const GroupedQueryAttention<T>>(
-          config_, cast_parameters_to<GroupedQueryAttentionParameters<T>>(config_, params_));
-    }
-    return slot;
-  }
-  // The master copy from the shared arrays' current values.
-  void master_from_shared() {
-    params_ = dtype_ == Precision::F64
-                  ? f64_->parameters()
-                  : cast_parameters_to<GroupedQueryAttentionParameters<double>>(config_, f32_->parameters());
-  }
-  // update_parameters and load_state_dict end the sharing.
-  void sync_shared() {
-    if (shared_.empty()) return;
-    master_from_shared();
-    shared_.clear();
-    f32_.reset();
-    f64_.reset();
-  }
-
   AttentionOptions options(const GqaCall& o) const { return gqa_options(o, config_.num_heads, training, dropout_); }
 
   template <class T>
@@ -367,29 +307,14 @@ class PyGroupedQueryAttention {
   py::dict run_backward(PyGqaContext& c, const py::object& d_output) {
     HeldTensor<T> d = float_tensor<T>(d_output, "d_output");
     const std::shared_ptr<const GroupedQueryAttention<T>> m = module<T>();
-    GroupedQueryAttentionGradients<T> g;
-    try {
-      py::gil_scoped_release nogil;
-      g = m->backward(c.get<T>(), d.tensor);
-    } catch (const Error& e) {
-      // The library calls the context `saved`; here it is the argument `context`.
-      const std::string msg = e.what();
-      if (msg.rfind("saved", 0) != 0) throw;
-      throw Error(e.kind(), "context" + msg.substr(5));
-    }
+    GroupedQueryAttentionGradients<T> g = backward_naming_context([&] { return m->backward(c.get<T>(), d.tensor); });
     py::dict out;
     out["x"] = to_numpy(std::move(g.x));
     for (const std::string& n : expected_names(config_)) out[py::str(n)] = to_numpy(std::move(g.parameters.at(n)));
     return out;
   }
 
-  GroupedQueryAttentionConfig config_;
   double dropout_;
-  Precision dtype_;
-  GroupedQueryAttentionParameters<double> params_;  // master copy, float32 values when dtype_ is F32
-  std::vector<py::array> shared_;                    // the arrays share_parameters() views, or empty
-  std::shared_ptr<const GroupedQueryAttention<float>> f32_;
-  std::shared_ptr<const GroupedQueryAttention<double>> f64_;
 };
 
 template <class T>

@@ -37,6 +37,7 @@
 #include "multihead/explain.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/narrow_multihead_attention.hpp"
 #include "multihead/runtime.hpp"
 #include "multihead/trained_model.hpp"
 #include "multihead/version.hpp"
@@ -55,6 +56,18 @@ class PyForwardContext {
   Precision dtype = Precision::F32;
   std::unique_ptr<ForwardContext<float>> f32;
   std::unique_ptr<ForwardContext<double>> f64;
+  std::unique_ptr<NarrowForwardContext<bfloat16>> bf16;  // a 16-bit module's
+  std::unique_ptr<NarrowForwardContext<float16>> f16;
+
+  template <class E>
+  NarrowForwardContext<E>& narrow() {
+    auto& slot = [&]() -> auto& {
+      if constexpr (std::is_same_v<E, bfloat16>) return bf16;
+      else return f16;
+    }();
+    if (!slot) slot = std::make_unique<NarrowForwardContext<E>>();
+    return *slot;
+  }
 
   template <class T>
   ForwardContext<T>& get() {
@@ -66,19 +79,43 @@ class PyForwardContext {
       return *f32;
     }
   }
-  bool empty() const { return dtype == Precision::F64 ? (!f64 || f64->empty()) : (!f32 || f32->empty()); }
-  std::size_t nbytes() const { return (f32 ? f32->bytes() : 0) + (f64 ? f64->bytes() : 0); }
+  bool empty() const {
+    switch (dtype) {
+      case Precision::F64: return !f64 || f64->empty();
+      case Precision::BF16: return !bf16 || bf16->empty();
+      case Precision::F16: return !f16 || f16->empty();
+      default: return !f32 || f32->empty();
+    }
+  }
+  std::size_t nbytes() const {
+    return (f32 ? f32->bytes() : 0) + (f64 ? f64->bytes() : 0) + (bf16 ? bf16->bytes() : 0) +
+           (f16 ? f16->bytes() : 0);
+  }
 };
 
-class PyMultiheadAttention {
+struct MhaTraits {
+  using Config = MultiheadAttentionConfig;
+  template <class T>
+  using Params = MultiheadAttentionParameters<T>;
+  template <class T>
+  using Module = BasicMultiheadAttention<T>;
+  static constexpr const char* name = "MultiheadAttention";
+  static void validate(const Config& c, const Params<double>& p) {
+    c.validate();
+    validate_parameters(c, p);  // names the parameter, expected and actual shape
+  }
+};
+
+// multihead.MultiheadAttention. A float32 module computes in float32, or in
+// float64 for a float64 query; a float64 module in float64. A 16-bit module
+// (dtype='bfloat16' or 'float16') computes in its type
+// (NarrowMultiheadAttention<E>: inputs, weights and output stored in E),
+// whatever kind of array holds the query (arrays.hpp's narrow_tensor).
+class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
  public:
   PyMultiheadAttention(const MultiheadAttentionConfig& config, MultiheadAttentionParameters<double> params,
                        Precision dtype)
-      : config_(config), dtype_(dtype), params_(std::move(params)) {
-    config_.validate();
-    if (dtype_ == Precision::F32) round_to_float(config_, params_);
-    validate_parameters(config_, params_);
-  }
+      : ModuleParameters(config, std::move(params), dtype) {}
 
   static PyMultiheadAttention create(int64_t embed_dim, int64_t num_heads, double dropout, bool bias,
                                      bool add_bias_kv, bool add_zero_attn, std::optional<int64_t> kdim,
@@ -98,18 +135,16 @@ class PyMultiheadAttention {
     c.vdim = vdim.value_or(0);
     c.batch_first = batch_first;
     c.validate();
-    const Precision p = parse_dtype(dtype);
+    const Precision p = parse_dtype(dtype, /*narrow=*/true);
     MultiheadAttentionParameters<double> params;
     {
       py::gil_scoped_release nogil;  // a large module takes a while to initialise
       params = BasicMultiheadAttention<double>(c, seed).parameters();
     }
+    // A 16-bit module: torch's initial values rounded, as .to(bfloat16) does.
     return PyMultiheadAttention(c, std::move(params), p);
   }
 
-  const MultiheadAttentionConfig& config() const { return config_; }
-  Precision dtype() const { return dtype_; }
-  const MultiheadAttentionParameters<double>& parameters() const { return params_; }
   bool training = false;
 
   // The arguments after (query, key, value) are the table's rows
@@ -118,6 +153,8 @@ class PyMultiheadAttention {
                     const std::string& form) {
     if (form != "fused" && form != "textbook")
       throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got " + quote_input(form));
+    if (dtype_ == Precision::BF16) return run_narrow<bfloat16>(query, key, value, o, form);
+    if (dtype_ == Precision::F16) return run_narrow<float16>(query, key, value, o, form);
     const py::array q = as_numpy(query);
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;
@@ -135,6 +172,11 @@ class PyMultiheadAttention {
       throw py::type_error("context: expected a multihead.ForwardContext or None, got " +
                            py::str(py::type::of(ctx)).cast<std::string>());
     PyForwardContext& c = ctx.cast<PyForwardContext&>();
+    if (is_narrow(dtype_)) {
+      py::tuple r = dtype_ == Precision::BF16 ? run_narrow<bfloat16>(query, key, value, o, "fused", &c)
+                                              : run_narrow<float16>(query, key, value, o, "fused", &c);
+      return py::make_tuple(r[0], r[1], ctx);
+    }
     const py::array q = as_numpy(query);
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;
@@ -148,88 +190,80 @@ class PyMultiheadAttention {
   py::dict backward(PyForwardContext& context, const py::object& d_output) {
     if (context.empty())
       throw Error(Error::Kind::Value, "context: empty ForwardContext; get one from forward_with_context()");
+    if (is_narrow(context.dtype) != is_narrow(dtype_) || (is_narrow(dtype_) && context.dtype != dtype_))
+      throw Error(Error::Kind::Value, std::string("context: filled by a ") + dtype_str(context.dtype) +
+                                          " forward, and this module is " + dtype_str(dtype_));
+    if (dtype_ == Precision::BF16) return run_narrow_backward<bfloat16>(context, d_output);
+    if (dtype_ == Precision::F16) return run_narrow_backward<float16>(context, d_output);
     return context.dtype == Precision::F64 ? run_backward<double>(context, d_output)
                                            : run_backward<float>(context, d_output);
   }
 
-  // update(name, array) for every parameter (state_dict's names and order),
-  // on a copy in the module's dtype; it either changes the array in place
-  // and returns None, or returns the new values. Then the module takes them
-  // all, as load_state_dict does (shapes checked, derived data rebuilt);
-  // earlier contexts are refused by backward() from then on.
-  void update_parameters(const py::object& update) {
-    sync_shared();
-    MultiheadAttentionParameters<double> p = updated_parameters(config_, params_, dtype_, update);
-    validate_parameters(config_, p);
-    params_ = std::move(p);
-    f32_.reset();
-    f64_.reset();
-  }
+  std::shared_ptr<const BasicMultiheadAttention<double>> module_f64() { return module<double>(); }
 
-  py::dict state_dict() {
-    if (!shared_.empty()) master_from_shared();
-    return state_dict_of(config_, params_, dtype_);
+  // The 16-bit computing module, built on first use from the master copy
+  // (whose values are E's: exact).
+  template <class E>
+  std::shared_ptr<const NarrowMultiheadAttention<E>> narrow_module() {
+    auto& slot = [&]() -> auto& {
+      if constexpr (std::is_same_v<E, bfloat16>) return bf16_;
+      else return f16_;
+    }();
+    if (!slot)
+      slot = std::make_shared<const NarrowMultiheadAttention<E>>(NarrowMultiheadAttention<E>::rounded(
+          config_, cast_parameters_to<MultiheadAttentionParameters<float>>(config_, master())));
+    return slot;
   }
-
-  // share_parameters(arrays): the computing module of the module's dtype
-  // reads its parameters from the arrays' memory at every call (no copy);
-  // their changes in place are seen by the next call. It multiplies by the
-  // weights as stored (FusedPaths::transposed_weights off: transposed
-  // copies could go stale). A backward uses the values the memory holds
-  // then (multihead.torch checks torch's version counters for that).
-  void share_parameters(const py::object& arrays) {
-    std::vector<py::array> held;
-    if (dtype_ == Precision::F64) {
-      auto p = shared_parameters<double, MultiheadAttentionParameters<double>>(config_, arrays, held);
-      f64_ = module_over<BasicMultiheadAttention<double>>(config_, std::move(p), held);
-    } else {
-      auto p = shared_parameters<float, MultiheadAttentionParameters<float>>(config_, arrays, held);
-      f32_ = module_over<BasicMultiheadAttention<float>>(config_, std::move(p), held);
-    }
-    shared_ = std::move(held);
-    // The other dtype's module (a float64 query to a float32 module) is
-    // built from the master copy, brought up to date first.
-    (dtype_ == Precision::F64 ? f32_.reset() : f64_.reset());
-  }
-  bool shares_parameters() const { return !shared_.empty(); }
-
-  // Returns (missing_keys, unexpected_keys), as torch's _IncompatibleKeys.
-  py::tuple load_state_dict(const py::object& state_dict, bool strict) {
-    sync_shared();
-    auto [p, keys] = loaded_parameters(config_, params_, dtype_, state_dict, strict, "MultiheadAttention");
-    validate_parameters(config_, p);  // names the parameter, expected and actual shape
-    params_ = std::move(p);
-    f32_.reset();
-    f64_.reset();
-    return keys;
-  }
-
-  std::shared_ptr<const BasicMultiheadAttention<double>> module_f64() {
-    if (!f64_) {
-      if (!shared_.empty()) master_from_shared();
-      f64_ = std::make_shared<const BasicMultiheadAttention<double>>(config_, params_);
-    }
-    return f64_;
-  }
-
-  // The computing module for T, built on first use from the double master
-  // parameters (exact for a float32 module, whose values are float32).
-  // Called with the GIL held, which serialises it.
-  template <class T>
-  std::shared_ptr<const BasicMultiheadAttention<T>> module() {
-    if constexpr (std::is_same_v<T, double>) {
-      return module_f64();
-    } else {
-      if (!f32_) {
-        if (!shared_.empty()) master_from_shared();
-        f32_ = std::make_shared<const BasicMultiheadAttention<float>>(config_, cast_parameters<float>(params_));
-      }
-      return f32_;
-    }
-  }
-
 
  private:
+  void modules_changed() override {
+    bf16_.reset();
+    f16_.reset();
+  }
+
+  // The 16-bit forward: (output, None), the output the kind of array the
+  // query is (uint16 bits, float16, or float32 widened); with a context, the
+  // training forward filling it.
+  template <class E>
+  py::tuple run_narrow(const py::object& query, const py::object& key, const py::object& value, const ModuleCall& o,
+                       const std::string& form, PyForwardContext* context = nullptr) {
+    if (form != "fused")
+      throw Error(Error::Kind::Value, std::string("form: a ") + dtype_str(dtype_) +
+                                          " module runs the fused forward only, got " + quote_input(form));
+    HeldNarrow<E> q = narrow_tensor<E>(query, "query");
+    HeldNarrow<E> k = key.is(query) ? alias(q) : narrow_tensor<E>(key, "key");
+    HeldNarrow<E> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : narrow_tensor<E>(value, "value");
+    const HeldMask<float> kpm = mask_arg<float>(o.key_padding_mask, "key_padding_mask");
+    const HeldMask<float> am = mask_arg<float>(o.attn_mask, "attn_mask");
+    const ForwardOptions<float> fo = forward_options<float>(o, training, kpm.get(), am.get());
+    const std::shared_ptr<const NarrowMultiheadAttention<E>> m = narrow_module<E>();
+    NarrowForwardContext<E>* ctx = context ? &context->narrow<E>() : nullptr;
+    if (context) context->dtype = precision_of_narrow<E>();
+    Tensor<E> out;
+    {
+      py::gil_scoped_release nogil;
+      out = ctx ? m->forward(q.tensor, k.tensor, v.tensor, fo, *ctx) : m->forward(q.tensor, k.tensor, v.tensor, fo);
+    }
+    record_call(q.tensor, k.tensor, v.tensor, out);
+    return py::make_tuple(narrow_to_numpy(std::move(out), q.kind), py::none());
+  }
+
+  // The 16-bit backward: every gradient in E, as the kind of array d_output
+  // is (uint16 bits, float16, or float32 widened).
+  template <class E>
+  py::dict run_narrow_backward(PyForwardContext& c, const py::object& d_output) {
+    HeldNarrow<E> d = narrow_tensor<E>(d_output, "d_output");
+    const std::shared_ptr<const NarrowMultiheadAttention<E>> m = narrow_module<E>();
+    MultiheadAttentionGradients<E> g = backward_naming_context([&] { return m->backward(c.narrow<E>(), d.tensor); });
+    py::dict out;
+    out["query"] = narrow_to_numpy(std::move(g.query), d.kind);
+    out["key"] = narrow_to_numpy(std::move(g.key), d.kind);
+    out["value"] = narrow_to_numpy(std::move(g.value), d.kind);
+    for (const std::string& n : expected_names(config_))
+      out[py::str(n)] = narrow_to_numpy(std::move(g.parameters.at(n)), d.kind);
+    return out;
+  }
+
   template <class T>
   py::tuple run(const py::array& query, const py::object& key, const py::object& value, const ModuleCall& o,
                 bool textbook) {
@@ -247,14 +281,10 @@ class PyMultiheadAttention {
       r = textbook ? m->forward_textbook(q.tensor, k.tensor, v.tensor, fo)
                    : m->forward(q.tensor, k.tensor, v.tensor, fo);
     }
+    record_call(q.tensor, k.tensor, v.tensor, r.output);
     auto& a = last_call_addresses();
-    a.clear();
-    a["query"] = address(q.tensor);
-    a["key"] = address(k.tensor);
-    a["value"] = address(v.tensor);
     if (kpm.mask) a["key_padding_mask"] = kpm.mask->is_bool() ? address(kpm.mask->bool_values()) : address(kpm.mask->float_values());
     if (am.mask) a["attn_mask"] = am.mask->is_bool() ? address(am.mask->bool_values()) : address(am.mask->float_values());
-    a["output"] = address(r.output);
     py::object weights = py::none();
     if (r.attn_weights) weights = to_numpy(std::move(*r.attn_weights));
     return py::make_tuple(to_numpy(std::move(r.output)), weights);
@@ -300,33 +330,16 @@ class PyMultiheadAttention {
     return out;
   }
 
-  // The master copy from the shared arrays' current values.
-  void master_from_shared() {
-    params_ = dtype_ == Precision::F64 ? f64_->parameters()
-                                       : cast_parameters<double>(f32_->parameters());
-  }
-  // update_parameters and load_state_dict end the sharing: the module takes
-  // its own copy again (of the shared values, then updated or loaded).
-  void sync_shared() {
-    if (shared_.empty()) return;
-    master_from_shared();
-    shared_.clear();
-    f32_.reset();
-    f64_.reset();
-  }
-  // The shared module of this dtype multiplies by the weights as stored.
+  // The shared module of this dtype multiplies by the weights as stored
+  // (FusedPaths::transposed_weights off: transposed copies could go stale).
   template <class T>
   ForwardOptions<T> for_module(ForwardOptions<T> fo) const {
-    if (!shared_.empty() && (dtype_ == Precision::F64) == std::is_same_v<T, double>) fo.paths.transposed_weights = false;
+    if (shares_parameters() && (dtype_ == Precision::F64) == std::is_same_v<T, double>) fo.paths.transposed_weights = false;
     return fo;
   }
 
-  MultiheadAttentionConfig config_;
-  Precision dtype_;
-  MultiheadAttentionParameters<double> params_;  // master copy, float32 values when dtype_ is F32
-  std::vector<py::array> shared_;                // the arrays share_parameters() views, or empty
-  std::shared_ptr<const BasicMultiheadAttention<float>> f32_;
-  std::shared_ptr<const BasicMultiheadAttention<double>> f64_;
+  std::shared_ptr<const NarrowMultiheadAttention<bfloat16>> bf16_;
+  std::shared_ptr<const NarrowMultiheadAttention<float16>> f16_;
 };
 
 // What scaled_dot_product_attention_with_context keeps for
@@ -340,18 +353,38 @@ struct SdpaSaved {
   Tensor<T> lse;
 };
 
+// The same for the 16-bit forward: the inputs (16-bit, held), the rounded
+// output, the float32 mask and the float32 log-sum-exp.
+template <class E>
+struct NarrowSdpaSaved {
+  HeldNarrow<E> q, k, v;
+  Tensor<E> out;
+  HeldMask<float> mask;
+  Tensor<float> lse;
+};
+
 class PySdpaContext {
  public:
   Precision dtype = Precision::F32;
   AttentionOptions options;
   std::unique_ptr<SdpaSaved<float>> f32;
   std::unique_ptr<SdpaSaved<double>> f64;
+  std::unique_ptr<NarrowSdpaSaved<bfloat16>> bf16;
+  std::unique_ptr<NarrowSdpaSaved<float16>> f16;
   template <class T>
-  std::unique_ptr<SdpaSaved<T>>& get() {
+  auto& get() {
     if constexpr (std::is_same_v<T, double>) return f64;
+    else if constexpr (std::is_same_v<T, bfloat16>) return bf16;
+    else if constexpr (std::is_same_v<T, float16>) return f16;
     else return f32;
   }
-  bool empty() const { return !f32 && !f64; }
+  void reset() {
+    f32.reset();
+    f64.reset();
+    bf16.reset();
+    f16.reset();
+  }
+  bool empty() const { return !f32 && !f64 && !bf16 && !f16; }
 };
 
 template <class T>
@@ -372,12 +405,7 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
     out = scaled_dot_product_attention<T>(q.tensor, k.tensor, v.tensor, am.get(), ao,
                                           o.need_weights ? &weights : nullptr, context ? &lse : nullptr);
   }
-  auto& a = last_call_addresses();
-  a.clear();
-  a["query"] = address(q.tensor);
-  a["key"] = address(k.tensor);
-  a["value"] = address(v.tensor);
-  a["output"] = address(out);
+  record_call(q.tensor, k.tensor, v.tensor, out);
   if (context) {
     py::array out_array = to_numpy(std::move(out));
     auto saved = std::make_unique<SdpaSaved<T>>();
@@ -388,8 +416,7 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
     saved->lse = std::move(lse);
     context->options = ao;
     context->dtype = std::is_same_v<T, double> ? Precision::F64 : Precision::F32;
-    context->f32.reset();
-    context->f64.reset();
+    context->reset();
     // The mask as the kernel read it: the caller's array (viewed) or the
     // inverted copy of a boolean one.
     saved->mask = std::move(am);
@@ -398,6 +425,73 @@ py::object sdpa(const py::array& query, const py::object& key, const py::object&
   }
   if (!o.need_weights) return to_numpy(std::move(out));
   return py::make_tuple(to_numpy(std::move(out)), to_numpy(std::move(weights)));
+}
+
+// The 16-bit scaled_dot_product_attention: the output the query's kind.
+template <class E>
+py::object sdpa_narrow(const py::object& query, const py::object& key, const py::object& value, const SdpaCall& o,
+                       PySdpaContext* context) {
+  if (o.need_weights)
+    throw Error(Error::Kind::Value, std::string("need_weights: a ") + dtype_str(precision_of_narrow<E>()) +
+                                        " scaled_dot_product_attention runs the flash kernel, which returns no "
+                                        "weights; expected False, got True");
+  HeldNarrow<E> q = narrow_tensor<E>(query, "query");
+  HeldNarrow<E> k = key.is(query) ? alias(q) : narrow_tensor<E>(key, "key");
+  HeldNarrow<E> v = value.is(query) ? alias(q) : value.is(key) ? alias(k) : narrow_tensor<E>(value, "value");
+  const HeldMask<float> am = mask_arg<float>(o.attn_mask, "attn_mask", /*invert=*/true);
+  const AttentionOptions ao = attention_options(o);
+  Tensor<E> out;
+  Tensor<float> lse;
+  {
+    py::gil_scoped_release nogil;
+    out = scaled_dot_product_attention(q.tensor, k.tensor, v.tensor, am.get(), ao, context ? &lse : nullptr);
+  }
+  record_call(q.tensor, k.tensor, v.tensor, out);
+  if (!context) return narrow_to_numpy(std::move(out), q.kind);
+  const NarrowKind kind = q.kind;
+  auto saved = std::make_unique<NarrowSdpaSaved<E>>();
+  saved->out = Tensor<E>(out);  // the backward's copy (the returned array owns the other)
+  saved->q = std::move(q);
+  saved->k = std::move(k);
+  saved->v = std::move(v);
+  saved->mask = std::move(am);
+  saved->lse = std::move(lse);
+  context->options = ao;
+  context->reset();
+  context->dtype = precision_of_narrow<E>();
+  context->get<E>() = std::move(saved);
+  return py::make_tuple(narrow_to_numpy(std::move(out), kind), py::none());
+}
+
+// Its backward: d_query, d_key, d_value in E, as the kind of array d_output is.
+template <class E>
+py::tuple sdpa_narrow_backward(PySdpaContext& c, const py::object& d_output) {
+  HeldNarrow<E> d = narrow_tensor<E>(d_output, "d_output");
+  const NarrowSdpaSaved<E>& s = *c.get<E>();
+  SdpaGradients<E> g;
+  {
+    py::gil_scoped_release nogil;
+    g = scaled_dot_product_attention_backward(s.q.tensor, s.k.tensor, s.v.tensor, s.mask.get(), c.options, s.out,
+                                              s.lse, d.tensor);
+  }
+  return py::make_tuple(narrow_to_numpy(std::move(g.query), d.kind), narrow_to_numpy(std::move(g.key), d.kind),
+                        narrow_to_numpy(std::move(g.value), d.kind));
+}
+
+// scaled_dot_product_attention(_with_context)'s dispatch on dtype= (None:
+// the query's).
+py::object sdpa_call(const py::object& query, const py::object& key, const py::object& value, const SdpaCall& c,
+                     PySdpaContext* context) {
+  const Precision named = c.dtype.is_none() ? Precision::F32 : parse_dtype(c.dtype, /*narrow=*/true);
+  if (is_narrow(named)) {
+    if (named == Precision::BF16) return sdpa_narrow<bfloat16>(query, key, value, c, context);
+    return sdpa_narrow<float16>(query, key, value, c, context);
+  }
+  const py::array q = as_numpy(query);
+  const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
+  const Precision p = c.dtype.is_none() ? precision_of(q, "query") : named;
+  if (p == Precision::F64) return sdpa<double>(q, k, v, c, context);
+  return sdpa<float>(q, k, v, c, context);
 }
 
 template <class T>
@@ -423,7 +517,7 @@ PyMultiheadAttention load(const std::string& path, const std::optional<std::stri
   lo.overrides.batch_first = batch_first;
   lo.overrides.add_zero_attn = add_zero_attn;
   lo.overrides.dropout = dropout;
-  const Precision p = parse_dtype(dtype);
+  const Precision p = parse_dtype(dtype, /*narrow=*/true);
   LoadedWeights w;
   {
     py::gil_scoped_release nogil;
@@ -482,6 +576,10 @@ std::string explain_report(const py::object& module, const py::object& input, co
                                         "self-attention)");
     if (text) throw Error(Error::Kind::Value, "text: applies to a TrainedModel of the lesson task, not a MultiheadAttention");
     PyMultiheadAttention& mha = module.cast<PyMultiheadAttention&>();
+    if (is_narrow(mha.dtype()))
+      throw Error(Error::Kind::Value, std::string("module: explain shows attention weights, which a ") +
+                                          dtype_str(mha.dtype()) + " MultiheadAttention does not return (its flash "
+                                          "kernel keeps none); explain a float32 module with its state_dict");
     const py::array x = as_numpy(input);
     const std::vector<std::string> labels = token_labels(tokens);
     r = precision_of(x, "input") == Precision::F64 ? module_report_of<double>(mha, x, batch, labels, source)
@@ -614,7 +712,18 @@ Keyword-only (not in PyTorch):
         distributions, drawn from another generator). Default: 0.
     dtype: numpy.float32 (default, as PyTorch) or numpy.float64: the dtype
         the parameters are kept in and state_dict() returns. forward()
-        computes in its query's dtype either way.
+        computes in its query's dtype either way. Or 'bfloat16' / 'float16'
+        (also 'bf16', 'f16', numpy.float16): the module torch's
+        .to(torch.bfloat16) makes. Parameters, inputs and output are stored
+        in that type and forward() computes in it (docs/precision.md), for
+        any query: a uint16 array of its bits, a float16 array (float16
+        only), or a float32 array, rounded to nearest even on the way in.
+        The output is the query's kind: uint16 bits, float16, or float32
+        (widened, exact). state_dict() returns uint16 bits;
+        load_state_dict() and update_parameters() take uint16 bits, float16
+        (float16 module) or float32 (rounded); float64 is refused.
+        forward_with_context/backward too: the gradients in the 16-bit type,
+        as the kind of array d_output is. need_weights=False.
 
 Unlike a torch module, a new MultiheadAttention is in eval mode
 (training=False): dropout is random, so it must be asked for.
@@ -635,7 +744,9 @@ const char* const kForwardTensorsDoc = R"doc(    query: Query embeddings of shap
         embed_dim. Any array-like: NumPy arrays, torch CPU tensors, anything
         with the buffer or array protocol. A C-contiguous float32 or float64
         array is read in place (no copy); anything else is converted once.
-        The computation runs in float64 for a float64 query, else in float32.
+        The computation runs in float64 for a float64 query, else in float32;
+        a 16-bit module computes in its type (see help(MultiheadAttention),
+        dtype), the output the query's kind.
     key: Key embeddings of shape (S, Ek) unbatched, (S, N, Ek) or (N, S, Ek)
         with batch_first, where S is the source sequence length and Ek kdim.
     value: Value embeddings of shape (S, Ev) unbatched, (S, N, Ev) or
@@ -847,9 +958,11 @@ PYBIND11_MODULE(_multihead, m) {
       .def_property_readonly("add_zero_attn", [](const PyMultiheadAttention& s) { return s.config().add_zero_attn; })
       .def_property_readonly("add_bias_kv", [](const PyMultiheadAttention& s) { return s.config().add_bias_kv; })
       .def_property_readonly("bias", [](const PyMultiheadAttention& s) { return s.config().bias; })
-      .def_property_readonly("dtype", [](const PyMultiheadAttention& s) {
-        return py::dtype(s.dtype() == Precision::F64 ? "float64" : "float32");
-      })
+      .def_property_readonly("dtype", [](const PyMultiheadAttention& s) -> py::object {
+        // NumPy has no bfloat16: the 16-bit modules' dtype is its name.
+        if (is_narrow(s.dtype())) return py::str(dtype_str(s.dtype()));
+        return py::dtype(dtype_str(s.dtype()));
+      }, "numpy.dtype('float32') or ('float64'); 'bfloat16' or 'float16' (a str) for a 16-bit module.")
       .def("__repr__", [](const PyMultiheadAttention& s) {
         const auto& c = s.config();
         auto b = [](bool x) { return x ? "True" : "False"; };
@@ -857,7 +970,7 @@ PYBIND11_MODULE(_multihead, m) {
                ", num_heads=" + std::to_string(c.num_heads) + ", dropout=" + py::repr(py::float_(c.dropout)).cast<std::string>() +
                ", bias=" + b(c.bias) + ", add_bias_kv=" + b(c.add_bias_kv) + ", add_zero_attn=" + b(c.add_zero_attn) +
                ", kdim=" + std::to_string(c.key_dim()) + ", vdim=" + std::to_string(c.value_dim()) +
-               ", batch_first=" + b(c.batch_first) + ", dtype=" + (s.dtype() == Precision::F64 ? "float64" : "float32") + ")";
+               ", batch_first=" + b(c.batch_first) + ", dtype=" + dtype_str(s.dtype()) + ")";
       });
 
   // The option-taking calls: their parameters, py::arg lists and docstrings
@@ -898,10 +1011,7 @@ PYBIND11_MODULE(_multihead, m) {
         [](const py::object& query, const py::object& key, const py::object& value MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_PARAM)) {
           SdpaCall c;
           MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_STORE)
-          const py::array q = as_numpy(query);
-          const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
-          if (precision_of(q, "query") == Precision::F64) return sdpa<double>(q, k, v, c);
-          return sdpa<float>(q, k, v, c);
+          return sdpa_call(query, key, value, c, nullptr);
         },
         sdpa_doc().c_str(), "query"_a, "key"_a, "value"_a MULTIHEAD_SDPA_POSITIONAL(MULTIHEAD_PY_ARG), py::kw_only()
             MULTIHEAD_ATTENTION_KEYWORDS(MULTIHEAD_PY_ARG) MULTIHEAD_SDPA_KEYWORDS(MULTIHEAD_PY_ARG));
@@ -913,12 +1023,8 @@ PYBIND11_MODULE(_multihead, m) {
         [](const py::object& query, const py::object& key, const py::object& value MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_PARAM)) {
           SdpaCall c;
           MULTIHEAD_SDPA_ROWS(MULTIHEAD_PY_STORE)
-          const py::array q = as_numpy(query);
-          const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
           py::object ctx = py::cast(PySdpaContext());
-          PySdpaContext& context = ctx.cast<PySdpaContext&>();
-          const py::tuple r = precision_of(q, "query") == Precision::F64 ? sdpa<double>(q, k, v, c, &context)
-                                                                          : sdpa<float>(q, k, v, c, &context);
+          const py::tuple r = sdpa_call(query, key, value, c, &ctx.cast<PySdpaContext&>()).cast<py::tuple>();
           return py::make_tuple(r[0], r[1], ctx);
         },
         sdpa_doc("scaled_dot_product_attention_with_context").c_str(), "query"_a, "key"_a,
@@ -936,7 +1042,12 @@ PYBIND11_MODULE(_multihead, m) {
         if (c.empty())
           throw Error(Error::Kind::Value, "context: empty SdpaContext; get one from "
                                           "scaled_dot_product_attention_with_context()");
-        return c.dtype == Precision::F64 ? sdpa_backward<double>(c, d_output) : sdpa_backward<float>(c, d_output);
+        switch (c.dtype) {
+          case Precision::F64: return sdpa_backward<double>(c, d_output);
+          case Precision::BF16: return sdpa_narrow_backward<bfloat16>(c, d_output);
+          case Precision::F16: return sdpa_narrow_backward<float16>(c, d_output);
+          default: return sdpa_backward<float>(c, d_output);
+        }
       },
       "context"_a, "d_output"_a,
       "scaled_dot_product_attention_backward(context, d_output) -> (d_query, d_key, d_value)\n\n"
@@ -948,8 +1059,9 @@ PYBIND11_MODULE(_multihead, m) {
                             "What scaled_dot_product_attention_with_context keeps for\n"
                             "scaled_dot_product_attention_backward: the inputs and output (held, not copied),\n"
                             "the mask, each row's log-sum-exp and the options.")
-      .def_property_readonly("dtype", [](const PySdpaContext& c) {
-        return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
+      .def_property_readonly("dtype", [](const PySdpaContext& c) -> py::object {
+        if (is_narrow(c.dtype)) return py::str(dtype_str(c.dtype));
+        return py::dtype(dtype_str(c.dtype));
       });
 
   py::class_<PyForwardContext>(m, "ForwardContext",
@@ -959,8 +1071,9 @@ PYBIND11_MODULE(_multihead, m) {
                                "Pass it back as context= to reuse its buffers.")
       .def_property_readonly("nbytes", &PyForwardContext::nbytes, "Bytes of the buffers it holds.")
       .def_property_readonly("empty", &PyForwardContext::empty, "True until a forward has filled it.")
-      .def_property_readonly("dtype", [](const PyForwardContext& c) {
-        return py::dtype(c.dtype == Precision::F64 ? "float64" : "float32");
+      .def_property_readonly("dtype", [](const PyForwardContext& c) -> py::object {
+        if (is_narrow(c.dtype)) return py::str(dtype_str(c.dtype));
+        return py::dtype(dtype_str(c.dtype));
       });
 
   bind_grouped_query_attention(m);
@@ -973,6 +1086,8 @@ PYBIND11_MODULE(_multihead, m) {
   m.def("load_weights", &load,
         "load_weights(path, prefix=None, *, num_heads=None, batch_first=None, add_zero_attn=None, dropout=None, dtype=None)\n\n"
         "A MultiheadAttention from a safetensors state_dict (PyTorch's names; F32, F64, F16 or BF16).\n"
+        "dtype as MultiheadAttention's: 'bfloat16' / 'float16' keep a BF16 / F16 file's values exactly\n"
+        "(other files are rounded to nearest even).\n"
         "The configuration the tensors cannot tell (num_heads, batch_first, add_zero_attn, dropout) comes\n"
         "from the file's __metadata__, which the keyword arguments override. With a prefix (e.g.\n"
         "'layers.0.self_attn.', the final '.' optional), only the tensors '<prefix><name>' are read, as\n"
@@ -983,13 +1098,21 @@ PYBIND11_MODULE(_multihead, m) {
   m.def(
       "save_weights",
       [](const std::string& path, PyMultiheadAttention& module) {
+        if (is_narrow(module.dtype())) {
+          const auto bf16 = module.dtype() == Precision::BF16 ? module.narrow_module<bfloat16>() : nullptr;
+          const auto f16 = module.dtype() == Precision::F16 ? module.narrow_module<float16>() : nullptr;
+          py::gil_scoped_release nogil;
+          write_file_atomic(path, bf16 ? serialize_weights(*bf16) : serialize_weights(*f16));
+          return;
+        }
         const auto mod = module.module_f64();
         py::gil_scoped_release nogil;
         save_weights(path, *mod);
       },
       "path"_a, "module"_a,
-      "save_weights(path, module)\n\nWrites the module's state_dict as F32 safetensors, with its configuration in\n"
-      "__metadata__ (what load_weights reads). Atomic: a failure leaves no partial file.");
+      "save_weights(path, module)\n\nWrites the module's state_dict as F32 safetensors (BF16 / F16 for a 16-bit module:\n"
+      "its parameters as they are), with its configuration in __metadata__ (what load_weights reads).\n"
+      "Atomic: a failure leaves no partial file.");
 
   m.def("explain", &explain_report, "module"_a, "input"_a = py::none(), py::kw_only(), "text"_a = py::none(),
         "tokens"_a = py::none(), "batch"_a = 0, "token"_a = py::none(), "format"_a = "html", "unicode"_a = false,

@@ -100,10 +100,16 @@
     "each row's log-sum-exp (docs/explain.md).")
 
 // Keyword-only, not in PyTorch: scaled_dot_product_attention only.
-#define MULTIHEAD_SDPA_KEYWORDS(X)                                                        \
-  X(bool, need_weights, false, , "Also return the weights, (..., L, S). Default: False.") \
-  X(std::vector<double>, alibi_slopes, {}, a.alibi_slopes = v,                            \
-    "ALiBi, one slope per slice (the product of the leading dimensions); empty (default) = none.")
+#define MULTIHEAD_SDPA_KEYWORDS(X)                                                                       \
+  X(bool, need_weights, false, , "Also return the weights, (..., L, S). Default: False.")                \
+  X(std::vector<double>, alibi_slopes, {}, a.alibi_slopes = v,                                           \
+    "ALiBi, one slope per slice (the product of the leading dimensions); empty (default) = none.")       \
+  X(py::object, dtype, py::none(), ,                                                                     \
+    "What the call computes in: None (default: float64 for a float64 query, else float32), 'float32', "  \
+    "'float64', or 'bfloat16' / 'float16' (also 'bf16', 'f16'): query, key and value stored in that "    \
+    "type, each a uint16 array of its bits, a float16 array (float16 only) or a float32 array (rounded " \
+    "to nearest even); the output is the query's kind (uint16 bits, float16, or float32 widened). "      \
+    "16-bit: no weights; the backward's gradients are the kind of array d_output is (docs/precision.md).")
 
 // Keyword-only: GroupedQueryAttention's forwards only (after the KERNEL and
 // SCORE rows). `heads` is the module's query-head count.

@@ -1,9 +1,11 @@
 // python/src/parameters.hpp: a module's parameters from Python, for any
 // module with a parameter table (for_each_parameter over its Config and
 // Parameters<double>: MultiheadAttention, GroupedQueryAttention). The
-// binding keeps a double master copy (float32 values for a float32 module);
-// these are state_dict(), load_state_dict() and update_parameters() on it,
-// written once for both modules.
+// binding keeps a double master copy (float32 values for a float32 module,
+// bfloat16 / float16 values for a 16-bit one: each exactly a double); these
+// are state_dict(), load_state_dict(), update_parameters() and
+// share_parameters() on it, and the computing modules built from it
+// (ModuleParameters), written once for both modules.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -13,6 +15,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -45,19 +48,49 @@ std::vector<std::string> expected_names(const Config& c) {
   return names;
 }
 
-// Rounds every parameter to float32 (a float32 module holds float32 values).
+// One master value rounded to what a module of `dtype` stores: float32, or
+// bfloat16 / float16 through float32 (as torch's .to(bfloat16) of a float64
+// tensor), by narrow.hpp's one rule.
+inline double stored_value(double x, Precision dtype) {
+  const float f = static_cast<float>(x);
+  switch (dtype) {
+    case Precision::F64: return x;
+    case Precision::BF16: return static_cast<double>(to_float(narrow_from_float<bfloat16>(f)));
+    case Precision::F16: return static_cast<double>(to_float(narrow_from_float<float16>(f)));
+    default: return static_cast<double>(f);
+  }
+}
+
+// Rounds every parameter to what a module of `dtype` stores.
 template <class Config, class Params>
-void round_to_float(const Config& c, Params& p) {
-  for_each_parameter(c, p, [](const ParameterInfo&, Tensor<double>& t) {
-    for (double& x : t.vec()) x = static_cast<double>(static_cast<float>(x));
+void round_to_storage(const Config& c, Params& p, Precision dtype) {
+  if (dtype == Precision::F64) return;
+  for_each_parameter(c, p, [dtype](const ParameterInfo&, Tensor<double>& t) {
+    for (double& x : t.vec()) x = stored_value(x, dtype);
   });
 }
 
-// A float array (any float dtype, any layout) copied to double: parameters
-// are kept, so they are always copied.
-inline Tensor<double> parameter_tensor(const py::handle& obj, const std::string& name) {
+// A parameter from Python, copied to double: parameters are kept, so they
+// are always copied. A float32/float64 module takes any float array; a
+// 16-bit module what its inputs take (arrays.hpp's narrow_tensor: uint16
+// bits, float16 for a float16 module, or float32 rounded).
+inline Tensor<double> parameter_tensor(const py::handle& obj, const std::string& name, Precision dtype) {
+  if (dtype == Precision::BF16) return widen<double>(narrow_tensor<bfloat16>(obj, name).tensor);
+  if (dtype == Precision::F16) return widen<double>(narrow_tensor<float16>(obj, name).tensor);
   HeldTensor<double> t = float_tensor<double>(obj, name);
   return Tensor<double>(t.tensor);  // a copy of the view
+}
+
+// A master parameter as the array the module hands out: float64, float32, or
+// for a 16-bit module its bits as uint16 (a numpy.float16 array is not
+// used even for float16, so that both 16-bit types read alike).
+inline py::array parameter_array(const Tensor<double>& t, Precision dtype) {
+  switch (dtype) {
+    case Precision::F64: return to_numpy(Tensor<double>(t));
+    case Precision::BF16: return narrow_to_numpy(round_to<bfloat16>(tensor_cast<float>(t)), NarrowKind::Bits);
+    case Precision::F16: return narrow_to_numpy(round_to<float16>(tensor_cast<float>(t)), NarrowKind::Bits);
+    default: return to_numpy(tensor_cast<float>(t));
+  }
 }
 
 // The master parameters as ToParams (float or double), for the computing
@@ -72,14 +105,12 @@ ToParams cast_parameters_to(const Config& c, const Params& p) {
   return out;
 }
 
-// state_dict(): copies under the table's names, in the module's dtype.
+// state_dict(): copies under the table's names, in the module's dtype
+// (parameter_array).
 template <class Config, class Params>
 py::dict state_dict_of(const Config& c, Params p, Precision dtype) {
   py::dict d;
-  for (auto& [n, slot] : present_parameters(c, p)) {
-    if (dtype == Precision::F64) d[py::str(n)] = to_numpy(std::move(*slot));
-    else d[py::str(n)] = to_numpy(tensor_cast<float>(*slot));
-  }
+  for (auto& [n, slot] : present_parameters(c, p)) d[py::str(n)] = parameter_array(*slot, dtype);
   return d;
 }
 
@@ -95,11 +126,11 @@ Params updated_parameters(const Config& c, const Params& current, Precision dtyp
   Params p = current;
   for (auto& [n, slot] : present_parameters(c, p)) {
     Tensor<double>& t = *slot;
-    py::array a = dtype == Precision::F64 ? to_numpy(Tensor<double>(t)) : to_numpy(tensor_cast<float>(t));
+    py::array a = parameter_array(t, dtype);
     const py::object r = update(py::str(n), a);
-    t = parameter_tensor(r.is_none() ? py::object(a) : r, n);
+    t = parameter_tensor(r.is_none() ? py::object(a) : r, n, dtype);
   }
-  if (dtype == Precision::F32) round_to_float(c, p);
+  round_to_storage(c, p, dtype);
   return p;
 }
 
@@ -127,7 +158,7 @@ std::pair<Params, py::tuple> loaded_parameters(const Config& c, const Params& cu
       continue;
     }
     seen.insert(name);
-    *slot->second = parameter_tensor(kv[1], name);
+    *slot->second = parameter_tensor(kv[1], name, dtype);
   }
   for (const auto& [n, slot] : rows)
     if (!seen.count(n)) missing.push_back(n);
@@ -143,7 +174,7 @@ std::pair<Params, py::tuple> loaded_parameters(const Config& c, const Params& cu
     list("Unexpected", unexpected);
     throw Error(Error::Kind::Missing, msg);
   }
-  if (dtype == Precision::F32) round_to_float(c, p);
+  round_to_storage(c, p, dtype);
   return {std::move(p), py::make_tuple(missing, unexpected)};
 }
 
@@ -199,5 +230,136 @@ std::shared_ptr<const Module> module_over(const Config& c, Params p, std::vector
   auto owner = std::make_shared<std::vector<py::array>>(std::move(held));
   return std::shared_ptr<const Module>(new Module(c, std::move(p)), [owner](const Module* m) { delete m; });
 }
+
+// What a module binding keeps of its parameters, written once for
+// MultiheadAttention and GroupedQueryAttention: the configuration, the
+// dtype, the double master copy, the arrays share_parameters() views, and
+// the float32 / float64 computing modules built from the master copy on
+// first use. Traits gives the module's types and its check:
+//   using Config = ...;  template <class T> using Params = ...;
+//   template <class T> using Module = ...;  static constexpr const char* name;
+//   static void validate(const Config&, const Params<double>&);  // throws naming the parameter
+// A derived class with more computing modules (the 16-bit ones) drops them
+// in modules_changed(), called whenever the master copy changes.
+template <class Traits>
+class ModuleParameters {
+ public:
+  using Config = typename Traits::Config;
+  template <class T>
+  using Params = typename Traits::template Params<T>;
+  template <class T>
+  using Module = typename Traits::template Module<T>;
+
+  ModuleParameters(const Config& config, Params<double> params, Precision dtype)
+      : config_(config), dtype_(dtype), params_(std::move(params)) {
+    round_to_storage(config_, params_, dtype_);
+    Traits::validate(config_, params_);
+  }
+  virtual ~ModuleParameters() = default;
+  ModuleParameters(ModuleParameters&&) noexcept = default;
+  ModuleParameters& operator=(ModuleParameters&&) noexcept = default;
+
+  const Config& config() const { return config_; }
+  Precision dtype() const { return dtype_; }
+
+  // update(name, array) for every parameter (state_dict's names and order),
+  // on a copy in the module's dtype; then the module takes them all, as
+  // load_state_dict does (shapes checked; the computing modules rebuilt, so
+  // earlier contexts are refused by backward()).
+  void update_parameters(const py::object& update) {
+    sync_shared();
+    take(updated_parameters(config_, params_, dtype_, update));
+  }
+  py::dict state_dict() {
+    if (!shared_.empty()) master_from_shared();
+    return state_dict_of(config_, params_, dtype_);
+  }
+  // Returns (missing_keys, unexpected_keys), as torch's _IncompatibleKeys.
+  py::tuple load_state_dict(const py::object& state_dict, bool strict) {
+    sync_shared();
+    auto [p, keys] = loaded_parameters(config_, params_, dtype_, state_dict, strict, Traits::name);
+    take(std::move(p));
+    return keys;
+  }
+
+  // share_parameters(arrays): the computing module of the module's dtype
+  // reads its parameters from the arrays' memory at every call (no copy);
+  // their changes in place are seen by the next call. The other dtype's
+  // module (a float64 input to a float32 module) is built from the master
+  // copy, brought up to date first. update_parameters and load_state_dict
+  // end the sharing.
+  void share_parameters(const py::object& arrays) {
+    if (is_narrow(dtype_))
+      throw Error(Error::Kind::Value, std::string("share_parameters: a ") + dtype_str(dtype_) + " " + Traits::name +
+                                          " keeps its own parameters (load_state_dict, update_parameters); "
+                                          "sharing is for float32/float64 modules");
+    std::vector<py::array> held;
+    if (dtype_ == Precision::F64) {
+      auto p = shared_parameters<double, Params<double>>(config_, arrays, held);
+      f64_ = module_over<Module<double>>(config_, std::move(p), held);
+      f32_.reset();
+    } else {
+      auto p = shared_parameters<float, Params<float>>(config_, arrays, held);
+      f32_ = module_over<Module<float>>(config_, std::move(p), held);
+      f64_.reset();
+    }
+    shared_ = std::move(held);
+  }
+  bool shares_parameters() const { return !shared_.empty(); }
+
+  // The computing module for T, built on first use from the double master
+  // parameters (exact for a float32 module, whose values are float32).
+  // Called with the GIL held, which serialises it.
+  template <class T>
+  std::shared_ptr<const Module<T>> module() {
+    auto& slot = [&]() -> auto& {
+      if constexpr (std::is_same_v<T, double>) return f64_;
+      else return f32_;
+    }();
+    if (!slot) {
+      if (!shared_.empty()) master_from_shared();
+      slot = std::make_shared<const Module<T>>(config_, cast_parameters_to<Params<T>>(config_, params_));
+    }
+    return slot;
+  }
+
+ protected:
+  // The master copy (its values those of the module's dtype).
+  const Params<double>& master() {
+    if (!shared_.empty()) master_from_shared();
+    return params_;
+  }
+  virtual void modules_changed() {}
+
+  Config config_;
+  Precision dtype_;
+
+ private:
+  // New parameters: checked (names, shapes) before the module takes them.
+  void take(Params<double> p) {
+    Traits::validate(config_, p);
+    params_ = std::move(p);
+    f32_.reset();
+    f64_.reset();
+    modules_changed();
+  }
+  // The master copy from the shared arrays' current values.
+  void master_from_shared() {
+    params_ = dtype_ == Precision::F64 ? f64_->parameters()
+                                       : cast_parameters_to<Params<double>>(config_, f32_->parameters());
+  }
+  void sync_shared() {
+    if (shared_.empty()) return;
+    master_from_shared();
+    shared_.clear();
+    f32_.reset();
+    f64_.reset();
+  }
+
+  Params<double> params_;          // master copy
+  std::vector<py::array> shared_;  // the arrays share_parameters() views, or empty
+  std::shared_ptr<const Module<float>> f32_;
+  std::shared_ptr<const Module<double>> f64_;
+};
 
 }  // namespace multihead::python

@@ -23,6 +23,21 @@ def test_readme_example_runs_and_matches_pytorch():
     exec(compile(blocks[1], "README.md (Python: PyTorch)", "exec"), ns)
 
 
+def test_readme_bfloat16_example_runs():
+    """The section's bfloat16 block, after the first one (its x and mha)."""
+    import numpy as np
+    import torch
+    blocks = python_blocks()
+    narrow = [b for b in blocks if 'dtype="bfloat16"' in b]
+    assert len(narrow) == 1, "expected one bfloat16 example in README's Python section"
+    ns = {}
+    exec(compile(blocks[0], "README.md (Python: multihead)", "exec"), ns)
+    exec(compile(narrow[0], "README.md (Python: bfloat16)", "exec"), ns)
+    assert ns["out32"].dtype == np.float32 and ns["out_bits"].dtype == np.uint16
+    widened = torch.from_numpy(ns["out_bits"].view(np.int16)).view(torch.bfloat16).float().numpy()
+    assert np.array_equal(widened, ns["out32"])
+
+
 def test_readme_rest_of_the_library_examples_run():
     """The python blocks of the section's "The rest of the library" part (up
     to "**Speed.**"), in one namespace."""
