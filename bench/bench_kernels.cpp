@@ -14,16 +14,33 @@
 //                                          or from head-major copies (views = 0).
 //                                          Why the fused form copies for S >= 2048
 //                                          (src/attention/multihead_attention_forward.cpp).
+//   DecodeCompressed/dtype/kv_heads/S/threads
+//                                          one decode step's attention alone
+//                                          (src/kernels/decode_compressed.cpp) over a
+//                                          cache of S positions, H = 32, D = 128,
+//                                          dtype 0..3 = f32, bf16, f16, int8: GB/s
+//                                          of cache read (bytes per position as
+//                                          KVCache::row_bytes counts them); read_GBs
+//                                          a plain read of the same bytes right after
+//                                          each call, of_read the kernel's share of it
+//                                          (bench/bench_decode.py's rows add the
+//                                          projections' weights).
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 #include <omp.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/gemm.hpp"
 #include "kernels/kernel.hpp"
+#include "simd/decode_compressed.hpp"
+#include "simd/narrow_types.hpp"
 #include "simd/targets.hpp"
 
 namespace {
@@ -148,6 +165,117 @@ void BM_FlashLayout(benchmark::State& state) {
   report(state, 4.0 * static_cast<double>(H * L) * static_cast<double>(L * D));
 }
 
+// The cache is filled with random values in its own type (no float32 copy);
+// Hkv·S·D elements per K and V, 16 GiB at most (S <= 2^20 is the caller's).
+void BM_DecodeCompressed(benchmark::State& state) {
+  using multihead::KVCacheDType;
+  namespace d = multihead::detail;
+  constexpr KVCacheDType kDtypes[] = {KVCacheDType::Native, KVCacheDType::BFloat16, KVCacheDType::Float16,
+                                      KVCacheDType::Int8};
+  const KVCacheDType dtype = kDtypes[state.range(0)];
+  const int64_t Hkv = state.range(1), S = state.range(2), H = 32, D = 128, blocks = d::int8_blocks(D);
+  const int threads = static_cast<int>(state.range(3));
+  const auto n = static_cast<size_t>(Hkv * S * D);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal;
+  std::vector<float> f32_k, f32_v, k_scales, v_scales, q(static_cast<size_t>(H * D)), out(q.size());
+  std::vector<uint16_t> bits_k, bits_v;
+  std::vector<int8_t> i8_k, i8_v;
+  for (float& e : q) e = normal(rng);
+  d::CompressedKV kv;
+  kv.dtype = dtype;
+  kv.capacity = S;
+  switch (dtype) {
+    case KVCacheDType::Native:
+      f32_k.resize(n);
+      f32_v.resize(n);
+      for (size_t i = 0; i < n; ++i) f32_k[i] = normal(rng), f32_v[i] = normal(rng);
+      kv.k = f32_k.data();
+      kv.v = f32_v.data();
+      break;
+    case KVCacheDType::BFloat16:
+    case KVCacheDType::Float16: {
+      const bool bf = dtype == KVCacheDType::BFloat16;
+      bits_k.resize(n);
+      bits_v.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        const float a = normal(rng), b = normal(rng);
+        bits_k[i] = bf ? d::float_to_bfloat16_bits(a) : d::float_to_float16_bits(a);
+        bits_v[i] = bf ? d::float_to_bfloat16_bits(b) : d::float_to_float16_bits(b);
+      }
+      kv.k = bits_k.data();
+      kv.v = bits_v.data();
+      break;
+    }
+    case KVCacheDType::Int8: {
+      i8_k.resize(n);
+      i8_v.resize(n);
+      std::uniform_int_distribution<int> q8(-127, 127);
+      for (size_t i = 0; i < n; ++i) i8_k[i] = static_cast<int8_t>(q8(rng)), i8_v[i] = static_cast<int8_t>(q8(rng));
+      k_scales.assign(static_cast<size_t>(Hkv * S * blocks), 1.0f / 127);
+      v_scales.assign(k_scales.size(), 1.0f / 127);
+      kv.k = i8_k.data();
+      kv.v = i8_v.data();
+      kv.k_scales = k_scales.data();
+      kv.v_scales = v_scales.data();
+      break;
+    }
+  }
+  AttentionArgs<float> a;
+  a.slices = a.heads = H;
+  a.kv_heads = Hkv;
+  a.q_len = 1;
+  a.kv_len = S;
+  a.head_dim = a.value_dim = D;
+  a.q = q.data();
+  a.out = out.data();
+  a.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  a.num_threads = threads;
+  const int64_t row_bytes = dtype == KVCacheDType::Native ? 4 * D
+                            : dtype == KVCacheDType::Int8 ? D + 4 * blocks
+                                                          : 2 * D;
+  // The same bytes read plainly (K, V and the int8 scales, each thread its share),
+  // right after each kernel call: the bandwidth the kernel could reach at
+  // that moment, so that of_read holds on a busy machine too. Between the two, a
+  // pass over a buffer of 64 MiB (twice this host's L3 or more is the point)
+  // evicts what the previous pass left in the cache.
+  const size_t elem = dtype == KVCacheDType::Native ? 4 : dtype == KVCacheDType::Int8 ? 1 : 2;
+  std::vector<std::pair<const void*, size_t>> parts = {{kv.k, n * elem}, {kv.v, n * elem}};
+  if (dtype == KVCacheDType::Int8) {
+    parts.emplace_back(kv.k_scales, k_scales.size() * sizeof(float));
+    parts.emplace_back(kv.v_scales, v_scales.size() * sizeof(float));
+  }
+  std::vector<uint64_t> evict((64u << 20) / sizeof(uint64_t), 1);
+  const auto read_all = [threads](const void* p, size_t bytes) {
+    const auto* w = static_cast<const uint64_t*>(p);
+    const auto words = static_cast<int64_t>(bytes / sizeof(uint64_t));
+    uint64_t sum = 0;
+#pragma omp parallel for num_threads(threads) reduction(+ : sum) schedule(static)
+    for (int64_t i = 0; i < words; ++i) sum += w[i];
+    return sum;
+  };
+  d::attention_forward_compressed(a, kv);  // warm-up: threads
+  double kernel_s = 0, read_s = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(read_all(evict.data(), evict.size() * sizeof(uint64_t)));
+    const auto t0 = std::chrono::steady_clock::now();
+    d::attention_forward_compressed(a, kv);
+    benchmark::DoNotOptimize(out.data());
+    const auto t1 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(read_all(evict.data(), evict.size() * sizeof(uint64_t)));
+    const auto t2 = std::chrono::steady_clock::now();
+    for (const auto& [p, bytes] : parts) benchmark::DoNotOptimize(read_all(p, bytes));
+    const auto t3 = std::chrono::steady_clock::now();
+    kernel_s += std::chrono::duration<double>(t1 - t0).count();
+    read_s += std::chrono::duration<double>(t3 - t2).count();
+    state.SetIterationTime(std::chrono::duration<double>(t1 - t0).count());
+  }
+  const double bytes = 2.0 * static_cast<double>(Hkv * S * row_bytes);
+  state.counters["GBs"] = benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["read_GBs"] = bytes * static_cast<double>(state.iterations()) / read_s * 1e-9;
+  state.counters["of_read"] = read_s / kernel_s;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,6 +304,12 @@ int main(int argc, char** argv) {
   f->ArgNames({"L", "views", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
   for (int64_t L : {2048, 4096, 8192}) {
     for (int64_t views : {1, 0}) f->Args({L, views, 2});
+  }
+  auto* dc = benchmark::RegisterBenchmark("DecodeCompressed", BM_DecodeCompressed);
+  dc->ArgNames({"dtype", "kv_heads", "S", "threads"})->Unit(benchmark::kMillisecond)->UseManualTime();
+  for (int64_t dtype : {0, 1, 2, 3}) {
+    for (int64_t kv_heads : {32, 8, 1})
+      for (int64_t threads : {1, 2}) dc->Args({dtype, kv_heads, 16384, threads});
   }
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -108,11 +108,14 @@ def flops(B, L, E):
     return 8.0 * B * L * E * E + 4.0 * B * L * L * E
 
 
-def ours(cli, shape, threads, repeat, warmup):
+def ours(cli, shape, threads, repeat, warmup, dtype="f32"):
+    """(median ms, peak RSS MiB, first output line) of `multihead bench`; dtype
+    bf16 / f16 adds --dtype (a float32 run leaves it out, so that builds from
+    before the flag still run)."""
     B, L, E, H, causal = shape
     cmd = [cli, "bench", "--batch", str(B), "--seq-len", str(L), "--embed-dim", str(E),
            "--num-heads", str(H), "--threads", str(threads), "--repeat", str(repeat),
-           "--warmup", str(warmup)] + (["--causal"] if causal else [])
+           "--warmup", str(warmup)] + (["--causal"] if causal else []) + (["--dtype", dtype] if dtype != "f32" else [])
     out, rss, _ = run_child(cmd)
     return field(out, "median_ms"), rss, out.strip().splitlines()[0]
 

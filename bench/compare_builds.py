@@ -11,9 +11,10 @@ run and on one machine, every measurement in its own subprocess:
     after a context of --context tokens) at 32, 8 and 1 K/V heads;
   * the FMA peak (bench/fma_peak.cpp, from whichever build has it) at the start and
     at the end, so the report shows the ceiling of this run.
-The host is shared and noisy, so the builds alternate round by round (before
-then after in even rounds, after then before in odd ones, so that neither
-always runs on a warmer or a busier machine) and each row reports the median
+The host is shared and noisy, so the builds alternate round by round
+(bench_common.alternated: before then after in even rounds, after then
+before in odd ones, so that neither always runs on a warmer or a busier
+machine) and each row reports the median
 of --rounds rounds, each round itself a median of --repeat calls (at least;
 short calls are repeated to about 1 s, as bench_vs_pytorch.py does; a
 decoding round is the median of 32 steps). The ratio is
@@ -31,7 +32,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import field, run_child  # noqa: E402
+from bench_common import alternated, field, run_child  # noqa: E402
 import bench_decode  # noqa: E402
 import bench_train_vs_pytorch as train_bench  # noqa: E402
 import bench_vs_pytorch as forward_bench  # noqa: E402
@@ -108,12 +109,13 @@ def main():
     print("| measurement | before ms | after ms | before / after | after min..max of rounds |")
     print("|---|---:|---:|---:|---|")
     for kind, shape, measure in rows:
-        times = {"before": [], "after": []}
-        for r in range(args.rounds):
-            order = ("before", "after") if r % 2 == 0 else ("after", "before")
-            for side in order:
-                build = args.before if side == "before" else args.after
-                times[side].append(measure(build, shape, args.threads, args.repeat))
+        times = alternated(["before", "after"], args.rounds,
+                           lambda side: measure(args.before if side == "before" else args.after, shape,
+                                                args.threads, args.repeat))
+        for side_times in times.values():
+            for t in side_times:
+                if isinstance(t, Exception):
+                    raise t
         b, a = statistics.median(times["before"]), statistics.median(times["after"])
         print(f"| {label(kind, shape)} | {b:.3f} | {a:.3f} | {b / a:.3f} | "
               f"{min(times['after']):.3f}..{max(times['after']):.3f} |", flush=True)
