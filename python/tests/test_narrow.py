@@ -93,11 +93,29 @@ def test_rounding_is_torchs_bit_for_bit(dtype):
     same_bits(m2.state_dict()["out_proj.bias"], ref, dtype)
     # Through a forward input: one key, so the output is round(value) exactly
     # (p = 1), except that the float32 sum 1*(-0) + 0 is +0.
+    # bf16 through the float way: the pair way (vdpbf16ps) flushes subnormal
+    # operands to zero, checked below.
     z = np.zeros((n, 1, 1), np.uint16)
-    out = multihead.scaled_dot_product_attention(z, z, f.reshape(n, 1, 1), dtype=dtype).reshape(n)
+    multihead.bf16_dot_force("fma")
+    try:
+        out = multihead.scaled_dot_product_attention(z, z, f.reshape(n, 1, 1), dtype=dtype).reshape(n)
+    finally:
+        multihead.bf16_dot_force("")
     nonzero = widen(ref, dtype) != 0
     same_bits(out[nonzero], ref[nonzero], dtype)
     assert np.all(out[~nonzero] == 0)
+    if dtype == "bfloat16":
+        # The pair way: the same bits, except that a subnormal value (below
+        # 2^-126) comes out as zero where vdpbf16ps runs (docs/precision.md).
+        multihead.bf16_dot_force("dpbf16")
+        try:
+            pair = multihead.scaled_dot_product_attention(z, z, f.reshape(n, 1, 1), dtype=dtype).reshape(n)
+        finally:
+            multihead.bf16_dot_force("")
+        normal = nonzero & ~(np.abs(widen(ref, dtype)) < 2.0 ** -126)
+        same_bits(pair[normal], ref[normal], dtype)
+        sub = nonzero & ~normal
+        assert np.all((pair[sub] == ref[sub]) | (widen(pair[sub], dtype) == 0))
 
 
 # ---- float64 references and the bound (docs/precision.md) -----------------------------
@@ -107,7 +125,12 @@ def softmax_rows(s):
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention_with_bound(q, k, v, eq, ek, ev, u, causal, scale):
+def pair_way(dtype):
+    """Whether the bf16 flash kernel runs its pair way now (bf16_dot_current)."""
+    return dtype == "bfloat16" and multihead.bf16_dot_current().startswith("dpbf16")
+
+
+def attention_with_bound(q, k, v, eq, ek, ev, u, causal, scale, pair_way=False):
     """o = softmax(scale q k^T [+ causal]) v in float64 and the bound e_o
     (docs/precision.md: scores, attention output), per (..., L, Dv)."""
     L, S, D = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -121,19 +144,26 @@ def attention_with_bound(q, k, v, eq, ek, ev, u, causal, scale):
     aq, ak = np.abs(q), np.abs(k)
     es = scale * (aq @ np.swapaxes(ek, -1, -2) + eq @ np.swapaxes(ak, -1, -2) + eq @ np.swapaxes(ek, -1, -2))
     es = es + gamma(D + 2) * (scale * aq @ np.swapaxes(ak, -1, -2))
+    if pair_way:
+        es = es + scale * D * 2.0 ** -126  # vdpbf16ps flushes a subnormal product
     es = np.where(np.isinf(mask), 0.0, es)
     grow = np.exp(2 * es.max(axis=-1, keepdims=True))  # (..., L, 1)
     # sum_j p_ij e_s,ij |V_j - o_i|, per output column d
     dv = np.abs(v[..., None, :, :] - o[..., :, None, :])  # (..., L, S, Dv)
     term1 = grow * np.einsum("...ij,...ijd->...id", p * es, dv)
     eo = term1 + p @ ev + gamma(2 * S + 8) * (p @ np.abs(v)) + u * np.abs(o)
+    if pair_way:
+        # The bf16 pair way (docs/precision.md): P rounded to bf16 before PV,
+        # + u·Σ_j p_ij |V_j|, and flushed subnormals, + 2^-126·Σ_j |V_j|
+        # (the scores' flush term, scale·D·2^-126, is in es above).
+        eo = eo + u * (p @ np.abs(v)) + 2.0 ** -126 * np.abs(v).sum(axis=-2, keepdims=True)
     return o, eo
 
 
 def sdpa_bound(q, k, v, dtype, causal):
     D = q.shape[-1]
     z = np.zeros_like
-    return attention_with_bound(q, k, v, z(q), z(k), z(v), U[dtype], causal, 1 / math.sqrt(D))
+    return attention_with_bound(q, k, v, z(q), z(k), z(v), U[dtype], causal, 1 / math.sqrt(D), pair_way(dtype))
 
 
 def mha_bound(x, w_in, b_in, w_out, b_out, H, dtype, causal):
@@ -152,7 +182,8 @@ def mha_bound(x, w_in, b_in, w_out, b_out, H, dtype, causal):
     def heads(t):  # (N, L, E) -> (N, H, L, D)
         return t.reshape(N, L, H, D).transpose(0, 2, 1, 3)
 
-    o, eo = attention_with_bound(*[heads(t) for t in proj], *[heads(t) for t in err], u, causal, 1 / math.sqrt(D))
+    o, eo = attention_with_bound(*[heads(t) for t in proj], *[heads(t) for t in err], u, causal, 1 / math.sqrt(D),
+                                 pair_way(dtype))
     o = o.transpose(0, 2, 1, 3).reshape(N, L, E)
     eo = eo.transpose(0, 2, 1, 3).reshape(N, L, E)
     y = o @ w_out.T + b_out
