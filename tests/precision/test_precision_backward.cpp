@@ -779,5 +779,32 @@ TEST(PrecisionBackward, EmptyQueryGivesZeroGradients) {
   }
 }
 
+// The same bits for one thread and two (fixed gemm blocks, one writer per
+// row in every loop, the deterministic flash backward), with dropout.
+TEST(PrecisionBackward, SameBitsForOneAndTwoThreads) {
+  BackwardCase c = backward_case_at(5);
+  c.dropout = 0.2;
+  const BackwardProblem b = make_backward_problem<bfloat16>(c);
+  const NarrowMultiheadAttention<bfloat16> mha(config_of(b.p), parameters_of<bfloat16>(b.p));
+  const Tensor<bfloat16> q = tensor_of<bfloat16>(b.p.call.query), k = tensor_of<bfloat16>(b.p.call.key),
+                         v = tensor_of<bfloat16>(b.p.call.value), dy = tensor_of<bfloat16>(b.d_output);
+  std::vector<MultiheadAttentionGradients<bfloat16>> runs;
+  for (int threads : {1, 2}) {
+    CallOptions<float> o(b.p);
+    o.options.attention.num_threads = threads;
+    NarrowForwardContext<bfloat16> ctx;
+    mha.forward(q, k, v, o.options, ctx);
+    runs.push_back(mha.backward(ctx, dy));
+  }
+  const auto same = [](const Tensor<bfloat16>& x, const Tensor<bfloat16>& y, const std::string& name) {
+    ASSERT_EQ(x.numel(), y.numel()) << name;
+    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x[i].bits, y[i].bits) << name << "[" << i << "]";
+  };
+  same(runs[0].query, runs[1].query, "query");
+  same(runs[0].key, runs[1].key, "key");
+  same(runs[0].value, runs[1].value, "value");
+  for (const auto& [name, t] : runs[0].parameters) same(t, runs[1].parameters.at(name), name);
+}
+
 }  // namespace
 }  // namespace multihead
