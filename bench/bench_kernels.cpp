@@ -95,6 +95,36 @@ void BM_Flash(benchmark::State& state, std::string target) {
   multihead::detail::simd_target_force("");
 }
 
+// The flash backward (src/kernels/flash.cpp) on the same problem: d_q, d_k
+// and d_v from d_out and the forward's lse. GFLOPs counts the backward's
+// algorithmic products, 8·N·L·S·D (dV, dP, dQ, dK; the full square also
+// when causal), as bench/bench_train_vs_pytorch.py does; the kernel also
+// recomputes QKᵀ (2·N·L·S·D more).
+void BM_FlashBackward(benchmark::State& state) {
+  Problem p(12, state.range(0), 64, state.range(1) != 0, static_cast<int>(state.range(2)));
+  const size_t n = p.q.size();
+  std::vector<float> lse(static_cast<size_t>(p.args.slices * p.args.q_len)), d_out(n), d_q(n), d_k(n), d_v(n);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal;
+  for (float& e : d_out) e = normal(rng);
+  p.args.lse = lse.data();
+  multihead::detail::attention_forward_flash(p.args);
+  multihead::detail::AttentionBackwardArgs<float> b;
+  b.forward = p.args;
+  b.forward.lse = nullptr;
+  b.lse = lse.data();
+  b.d_out = d_out.data();
+  b.d_q = d_q.data();
+  b.d_k = d_k.data();
+  b.d_v = d_v.data();
+  multihead::detail::attention_backward_flash(b);  // warm-up: scratch, threads
+  for (auto _ : state) {
+    multihead::detail::attention_backward_flash(b);
+    benchmark::DoNotOptimize(d_q.data());
+  }
+  report(state, 2.0 * p.flops());
+}
+
 void BM_Materialized(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(2));
   multihead::detail::set_blas_threads(threads);
@@ -287,6 +317,13 @@ int main(int argc, char** argv) {
       for (int64_t causal : {0, 1}) {
         for (int64_t threads : {1, 2}) b->Args({L, causal, threads});
       }
+    }
+  }
+  auto* fb = benchmark::RegisterBenchmark("FlashBackward", BM_FlashBackward);
+  fb->ArgNames({"L", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (int64_t L : {1024, 2048}) {
+    for (int64_t causal : {0, 1}) {
+      for (int64_t threads : {1, 2}) fb->Args({L, causal, threads});
     }
   }
   auto* m = benchmark::RegisterBenchmark("Materialized", BM_Materialized);

@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -597,6 +599,92 @@ TEST(MhaBackward, FullyMaskedRowPolicies_Zeros_Finite_NaN_Spreads) {
       EXPECT_TRUE(any_nan);
     }
   }
+}
+
+// From 512 keys on, the backward copies view heads head-major before the
+// flash kernel and gathers the gradients back
+// (multihead_attention_backward.cpp, kBackwardHeadMajorFromKeys). The
+// kernel's arithmetic does not depend on the layout, so the gradients are
+// the bits of the in-place read (MULTIHEAD_BACKWARD_HEADS=views), and they
+// agree with the float32 reference kernel's (an independent implementation:
+// scores and weights materialised, then the textbook products) to 1e-4 in
+// relative norm: both are float32 sums of at most S + E = 552 products, whose
+// error bound γ_n ≈ n·2⁻²⁴ is 3.3e-5 per element in the worst case; a wrong
+// row or head in a copy or a gather is an error of order 1. Packed
+// self-attention (one (tokens × 3E) buffer) and separate projections with
+// L ≠ S, kdim and vdim; causal, key padding and dropout ride along.
+TEST(MhaBackward, HeadMajorCopiesFromViews_SameBitsAsInPlace_MatchReference_Float32) {
+  BackwardCase self = kFiniteDifferenceCases[1];  // causal, bool mask, bool key padding, self
+  self.E = 32;
+  self.H = 2;
+  self.B = 2;
+  self.L = self.S = 512;
+  self.mask = 0;
+  BackwardCase cross = kFiniteDifferenceCases[5];  // dropout, float key padding, window
+  cross.E = 32;
+  cross.H = 4;
+  cross.B = 1;
+  cross.L = 37;
+  cross.S = 520;
+  cross.kdim = 24;
+  cross.vdim = 40;
+  cross.window = 0;
+  for (BackwardCase c : {self, cross}) {
+    c.heads = FH::Views;
+    const auto step = [&](AttentionKernel kernel, const char* heads) {
+      setenv("MULTIHEAD_BACKWARD_HEADS", heads, 1);
+      std::mt19937_64 rng(17);
+      Problem<float> p = make_problem<float>(c, rng);
+      p.options.attention.kernel = kernel;
+      BasicMultiheadAttention<float> m(p.config, 3);
+      ForwardContext<float> ctx;
+      const Tensor<float> out = m.forward(p.q, key_of(p), value_of(p), p.options, ctx).output;
+      MultiheadAttentionGradients<float> g = m.backward(ctx, random_tensor<float>(out.shape(), rng));
+      unsetenv("MULTIHEAD_BACKWARD_HEADS");
+      return g;
+    };
+    const MultiheadAttentionGradients<float> copied = step(AttentionKernel::Flash, "auto");
+    const MultiheadAttentionGradients<float> in_place = step(AttentionKernel::Flash, "views");
+    const MultiheadAttentionGradients<float> reference = step(AttentionKernel::Reference, "auto");
+    std::map<std::string, const Tensor<float>*> a{{"query", &copied.query}}, b{{"query", &in_place.query}},
+        r{{"query", &reference.query}};
+    if (!c.self) {
+      a.insert({{"key", &copied.key}, {"value", &copied.value}});
+      b.insert({{"key", &in_place.key}, {"value", &in_place.value}});
+      r.insert({{"key", &reference.key}, {"value", &reference.value}});
+    }
+    for (const auto& [name, t] : copied.parameters) {
+      a[name] = &t;
+      b[name] = &in_place.parameters.at(name);
+      r[name] = &reference.parameters.at(name);
+    }
+    for (const auto& [name, t] : a) {
+      const std::string label = c.name() + " " + name;
+      ASSERT_EQ(t->shape(), b[name]->shape()) << label;
+      EXPECT_EQ(0, std::memcmp(t->data(), b[name]->data(), sizeof(float) * t->numel())) << label;
+      double diff = 0, norm = 0;
+      for (int64_t i = 0; i < t->numel(); ++i) {
+        const double x = (*t)[i], y = (*r[name])[i];
+        diff += (x - y) * (x - y);
+        norm += y * y;
+      }
+      EXPECT_LT(std::sqrt(diff) / std::max(std::sqrt(norm), 1e-3), 1e-4) << label;
+    }
+  }
+  // An unknown value is named, whatever the shape.
+  std::mt19937_64 rng(3);
+  Problem<float> p = make_problem<float>(kFiniteDifferenceCases[0], rng);
+  BasicMultiheadAttention<float> m(p.config, 3);
+  ForwardContext<float> ctx;
+  const Tensor<float> out = m.forward(p.q, key_of(p), value_of(p), p.options, ctx).output;
+  setenv("MULTIHEAD_BACKWARD_HEADS", "copy", 1);
+  try {
+    (void)m.backward(ctx, out);
+    ADD_FAILURE() << "MULTIHEAD_BACKWARD_HEADS=copy was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "MULTIHEAD_BACKWARD_HEADS: expected one of auto, views; got 'copy'");
+  }
+  unsetenv("MULTIHEAD_BACKWARD_HEADS");
 }
 
 // One training step gives the same bits with 1 and 2 threads (our loops and

@@ -24,6 +24,8 @@
 // "tokens" are rows of the caller's tensors in its own layout; the plan's
 // strides locate token (b, l), as in the forward.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include <omp.h>
@@ -156,6 +158,51 @@ T* out_projection_backward(const BackwardCall<T>& c, const T* d_output) {
   return d_concat;
 }
 
+// The heads' gradients as attention_backward_step wrote them: in the
+// forward's layouts (views into token rows, or its head-major copies), or
+// head-major [B][H][L | S][D] because the backward copied view heads first.
+template <class T>
+struct HeadGradients {
+  Heads<T> d;
+  bool head_major;
+};
+
+// The flash backward reads K and V rows (and adds into the d_k, d_v rows)
+// once per query tile; as views they sit a projection row apart (3E
+// floats for packed self-attention), a stride that maps the rows of a key
+// tile onto few cache sets (in_projection_head_major in
+// multihead_attention_forward.cpp says the same of the forward) and defeats
+// the prefetcher. With its five products per tile the backward gains more
+// from contiguous heads than the forward, so it copies view heads
+// head-major (O(L·E) copies against O(L²·E) work) from this many keys on
+// and gathers the gradients back (split_heads_backward). The arithmetic and
+// its order do not depend on the layout: the same bits either way.
+constexpr int64_t kBackwardHeadMajorFromKeys = 512;
+
+// MULTIHEAD_BACKWARD_HEADS=views makes the backward read view heads in
+// place as the forward did (no copies), "auto" or unset leaves the rule
+// above; read on every call, as MULTIHEAD_FUSED_PATHS.
+bool backward_reads_views() {
+  const char* env = std::getenv("MULTIHEAD_BACKWARD_HEADS");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return false;
+  if (std::strcmp(env, "views") == 0) return true;
+  throw Error(Error::Kind::Value,
+              std::string("MULTIHEAD_BACKWARD_HEADS: expected one of auto, views; got '") + env + "'");
+}
+
+// Heads n = b·H + h of `src` (a view, `len` rows of D) into contiguous
+// [B·H][len][D] at dst.
+template <class T>
+void copy_heads_contiguous(const ForwardPlan& plan, const HeadsView<const T>& src, int64_t len, T* dst,
+                           int threads) {
+  const int64_t H = plan.H, D = plan.D;
+  const SliceLayout l = resolve_layout(src.layout, H, len, D);
+  parallel_items(plan.B * H, threads, /*item_cost=*/len * D, [&](int64_t n) {
+    const T* from = slice_start(src.data, l, n, H);
+    for (int64_t r = 0; r < len; ++r) std::copy_n(from + r * l.row, D, dst + (n * len + r) * D);
+  });
+}
+
 // Step 4a backward. In the forward pass this was (merge_heads):
 //   merge_heads(concat, E, q_batch_stride, q_seq_stride, D)   head h of token (b, l) -> columns h·D …
 // a reshape, so d_concat is read through the same view: module_attention_args
@@ -167,12 +214,26 @@ T* out_projection_backward(const BackwardCall<T>& c, const T* d_output) {
 // row log-sum-exps and writes d_q, d_k, d_v in the heads' layouts. Returns
 // the gradients of Q, K and V in the heads' layouts (views or head-major).
 template <class T>
-Heads<T> attention_backward_step(const BackwardCall<T>& c, T* d_concat) {
+HeadGradients<T> attention_backward_step(const BackwardCall<T>& c, T* d_concat) {
   const SavedForward<T>& s = c.saved;
   const ForwardPlan& plan = s.plan;
   const int64_t E = plan.E, q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
+  // View heads copied head-major for the flash kernel (kBackwardHeadMajorFromKeys);
+  // the views path has no extra keys, so S' = S.
+  const bool in_place = backward_reads_views();  // read (and checked) on every call
+  const bool copy_heads =
+      !in_place && !s.paths.head_major && s.kernel == AttentionKernel::Flash && plan.S >= kBackwardHeadMajorFromKeys;
+  Heads<T> heads = s.heads;
+  if (copy_heads) {
+    const int64_t q_n = plan.B * plan.H * plan.L * plan.D, kv_n = plan.B * plan.H * plan.S * plan.D;
+    T* copy = c.ws.take(c.ws.heads_copy, static_cast<std::size_t>(q_n + 2 * kv_n));
+    copy_heads_contiguous(plan, s.heads.q, plan.L, copy, c.threads);
+    copy_heads_contiguous(plan, s.heads.k, plan.S, copy + q_n, c.threads);
+    copy_heads_contiguous(plan, s.heads.v, plan.S, copy + q_n + kv_n, c.threads);
+    heads = {{copy, SliceLayout{}}, {copy + q_n, SliceLayout{}}, {copy + q_n + kv_n, SliceLayout{}}};
+  }
   T *d_q, *d_k, *d_v;
-  if (s.paths.head_major) {  // [B][H][L | S'][D], as the forward's copies
+  if (s.paths.head_major || copy_heads) {  // [B][H][L | S'][D], as the forward's copies
     d_q = c.ws.take(c.ws.q, static_cast<std::size_t>(plan.B * plan.H * plan.L * plan.D));
     d_k = c.ws.take(c.ws.k, static_cast<std::size_t>(plan.B * plan.H * plan.S_total * plan.D));
     d_v = c.ws.take(c.ws.v, static_cast<std::size_t>(plan.B * plan.H * plan.S_total * plan.D));
@@ -188,7 +249,7 @@ Heads<T> attention_backward_step(const BackwardCall<T>& c, T* d_concat) {
   AttentionBackwardArgs<T> b;
   // forward.out is the saved concat: the contract's delta_i = <d_out_i, out_i>;
   // the masks are the forward's own (saved.masks).
-  b.forward = module_attention_args(c.config, plan, s.options, s.heads, s.masks, const_cast<T*>(s.concat()),
+  b.forward = module_attention_args(c.config, plan, s.options, heads, s.masks, const_cast<T*>(s.concat()),
                                     static_cast<T*>(nullptr));
   b.lse = s.lse.data();
   b.d_out = d_concat;
@@ -196,7 +257,7 @@ Heads<T> attention_backward_step(const BackwardCall<T>& c, T* d_concat) {
   b.d_k = d_k;
   b.d_v = d_v;
   run_attention_backward(b, s.kernel);  // the kernel the forward ran
-  return {{d_q, s.heads.q.layout}, {d_k, s.heads.k.layout}, {d_v, s.heads.v.layout}};
+  return {{{d_q, heads.q.layout}, {d_k, heads.k.layout}, {d_v, heads.v.layout}}, s.paths.head_major || copy_heads};
 }
 
 // Head-major [b][h][0, len)[d] rows back into token rows: token (b, l) is
@@ -232,11 +293,12 @@ void extra_key_gradient(const ForwardPlan& plan, const T* d_heads, int64_t col, 
 // gathered back; the bias_k column's gradient is d_bias_k, the zero column's
 // is dropped (a constant).
 template <class T>
-ProjectionGradients<T> split_heads_backward(const BackwardCall<T>& c, const Heads<T>& d_heads) {
+ProjectionGradients<T> split_heads_backward(const BackwardCall<T>& c, const HeadGradients<T>& grads) {
   const SavedForward<T>& s = c.saved;
   const ForwardPlan& plan = s.plan;
   const int64_t E = plan.E, q_rows = plan.B * plan.L, kv_rows = plan.B * plan.S;
-  if (!s.paths.head_major)
+  const Heads<T>& d_heads = grads.d;
+  if (!grads.head_major)
     return {d_heads.q.data, d_heads.k.data, d_heads.v.data, s.paths.packed_self ? 3 * E : E};
   if (plan.bias_kv_col >= 0) {
     extra_key_gradient(plan, d_heads.k.data, plan.bias_kv_col, c.d.bias_k.data());
@@ -336,7 +398,7 @@ void BasicMultiheadAttention<T>::backward(const ForwardContext<T>& saved, const 
   WorkspaceLease<T> ws(*workspaces_);
   const BackwardCall<T> c{config_, params_, s, *ws, g, d, loop_threads(s.options.attention.num_threads)};
   T* d_concat = out_projection_backward(c, d_output.data());    // 4b
-  const Heads<T> d_heads = attention_backward_step(c, d_concat);  // 4a, 3
+  const HeadGradients<T> d_heads = attention_backward_step(c, d_concat);  // 4a, 3
   const ProjectionGradients<T> d_proj = split_heads_backward(c, d_heads);  // 2
   in_projection_backward(c, d_proj);  // 1
 }

@@ -21,6 +21,7 @@ struct ForwardWorkspace {
   Storage<T> proj_q, proj_k, proj_v;  // in_projection outputs, token rows (or one block of them)
   Storage<T> q, k, v;                 // head-major split_heads: [B][H][L|S'][D]
   Storage<T> concat;                  // merge_heads: token rows × E
+  Storage<T> heads_copy;              // backward: head-major copies of view heads [q | k | v]
   Storage<T> lse;                     // [B·H][L] row log-sum-exps, for the weights recompute
 
   // The first n elements of `buf`, growing it if needed (never shrinking).
