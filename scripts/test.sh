@@ -8,9 +8,12 @@
 #  4. AddressSanitizer + UBSan (clang) build of the whole suite;
 #  5. fuzz smoke: each libFuzzer target, built in step 4, for FUZZ_SECONDS
 #     (40 s here; fuzz-smoke.sh's own default is 60).
+# Each stage prints its wall and CPU seconds at its end, and the script a
+# summary at its exit (scripts/stage-timing.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install-deps.sh
+source scripts/stage-timing.sh
+stage install-deps bash scripts/install-deps.sh
 jobs=$(nproc)
 # ctest runs $jobs test processes at once, each with OpenMP threads; with
 # OpenMP's default busy-waiting an idle worker spins on a core the other
@@ -36,54 +39,90 @@ forget_stale_openmp_registrations() {
   done
 }
 
-echo "== Release build and test suite"
-# MULTIHEAD_BUILD_PYTHON=ON: a missing pybind11 fails here, not silently skipped.
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMULTIHEAD_BUILD_PYTHON=ON >/dev/null
-cmake --build build -j"$jobs"
-ctest --test-dir build --output-on-failure -j"$jobs"
+release_build() {
+  echo "== Release build"
+  # MULTIHEAD_BUILD_PYTHON=ON: a missing pybind11 fails here, not silently skipped.
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMULTIHEAD_BUILD_PYTHON=ON >/dev/null
+  cmake --build build -j"$jobs"
+}
+release_ctest() {
+  echo "== Release test suite"
+  ctest --test-dir build --output-on-failure -j"$jobs"
+}
 # The flash backward at L = S = 16384, H = 16, D = 64 within 1.5 GiB peak RSS
 # (about a minute on 2 cores; not under the sanitizers, whose shadow memory
 # would be measured too).
-bash scripts/check-flash-backward-memory.sh --max-rss-mib 1536
+flash_memory() {
+  echo "== the flash backward's peak memory"
+  bash scripts/check-flash-backward-memory.sh --max-rss-mib 1536
+}
+leakcheck() {
+  echo "== valgrind leak check of the CLI"
+  bash scripts/leakcheck.sh build
+}
+tsan() {
+  echo "== ThreadSanitizer on the threaded kernels"
+  forget_stale_openmp_registrations
+  bash scripts/tsan.sh
+}
+stage release-build release_build
+stage release-ctest release_ctest
+stage flash-memory flash_memory
+stage valgrind leakcheck
+stage tsan tsan
 
-echo "== valgrind leak check of the CLI"
-bash scripts/leakcheck.sh build
-
-echo "== ThreadSanitizer on the threaded kernels"
-forget_stale_openmp_registrations
-bash scripts/tsan.sh
-
-echo "== AddressSanitizer + UndefinedBehaviorSanitizer build and test suite"
-forget_stale_openmp_registrations
-# clang, with the libFuzzer targets in the same build: the fuzz smoke below
-# reuses this instrumented library instead of compiling it a second time.
-# (The library also carries libFuzzer's coverage hooks here; outside a
-# fuzzer they are the sanitizer runtime's no-ops.)
-# (A build-asan/ left by an older checkout may hold a GCC configuration,
-# which CMake would keep: start that one afresh.)
-if [[ -f build-asan/CMakeCache.txt ]] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang' build-asan/CMakeCache.txt; then
-  echo "test.sh: build-asan/ was configured with another compiler; reconfiguring it with clang"
-  rm -rf build-asan
-fi
-# Without MPI: the distributed target and its mpirun tests run in the
-# Release suite only (Open MPI's own allocations would fill LeakSanitizer's
-# report, and the 30-minute budget has no room for mpirun under ASan).
-CC=clang CXX=clang++ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DMULTIHEAD_SANITIZE="address;undefined" -DMULTIHEAD_BUILD_FUZZERS=ON -DMULTIHEAD_WITH_MPI=OFF >/dev/null
-cmake --build build-asan -j"$jobs"
-# Reports must name functions (llvm-symbolizer), or a failure here is unreadable.
-symbolizer=$(bash scripts/check-symbolizer.sh)
-export ASAN_SYMBOLIZER_PATH=$symbolizer
-# Two cases run in the Release suite only: the textbook form's plain loops
-# at L = 2048 take 45 s and 14 s under ASan (measured 2026-12-02) and take
-# no path the smaller head-major cases (FusedForm.HeadMajorProjectionMany
-# BlocksMatchesTextbook, the oracle's S >= 2048 case) do not.
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:external_symbolizer_path=$symbolizer \
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:external_symbolizer_path=$symbolizer \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs" -E 'LongSelfAttentionHeadMajorMatchesTextbook_L2048'
-
-echo "== fuzz smoke"
-forget_stale_openmp_registrations
-# 40 s a target keeps the whole command under 30 minutes here; longer
-# runs: docs/fuzzing.md.
-FUZZ_SECONDS=${FUZZ_SECONDS:-40} FUZZ_BUILD_DIR=build-asan bash scripts/fuzz-smoke.sh
+asan_build() {
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer build"
+  forget_stale_openmp_registrations
+  # clang, with the libFuzzer targets in the same build: the fuzz smoke below
+  # reuses this instrumented library instead of compiling it a second time.
+  # (The library also carries libFuzzer's coverage hooks here; outside a
+  # fuzzer they are the sanitizer runtime's no-ops.)
+  # (A build-asan/ left by an older checkout may hold a GCC configuration,
+  # which CMake would keep: start that one afresh.)
+  if [[ -f build-asan/CMakeCache.txt ]] && ! grep -q '^CMAKE_CXX_COMPILER:.*clang' build-asan/CMakeCache.txt; then
+    echo "test.sh: build-asan/ was configured with another compiler; reconfiguring it with clang"
+    rm -rf build-asan
+  fi
+  # Without MPI: the distributed target and its mpirun tests run in the
+  # Release suite only (Open MPI's own allocations would fill LeakSanitizer's
+  # report, and the 30-minute budget has no room for mpirun under ASan).
+  CC=clang CXX=clang++ cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMULTIHEAD_SANITIZE="address;undefined" -DMULTIHEAD_BUILD_FUZZERS=ON -DMULTIHEAD_WITH_MPI=OFF >/dev/null
+  cmake --build build-asan -j"$jobs"
+}
+asan_ctest() {
+  echo "== AddressSanitizer + UndefinedBehaviorSanitizer test suite"
+  forget_stale_openmp_registrations
+  # Reports must name functions (llvm-symbolizer), or a failure here is unreadable.
+  local symbolizer
+  symbolizer=$(bash scripts/check-symbolizer.sh)
+  export ASAN_SYMBOLIZER_PATH=$symbolizer
+  # Cases that run in the Release suite only, each because the smaller
+  # cases of this suite take every path of ours it takes:
+  #  - LongSelfAttentionHeadMajorMatchesTextbook_L2048 (two cases): the
+  #    textbook form's plain loops at L = 2048 take 45 s and 14 s under ASan
+  #    (measured 2026-12-02) and take no path the smaller head-major cases
+  #    (FusedForm.HeadMajorProjectionManyBlocksMatchesTextbook, the oracle's
+  #    S >= 2048 case) do not;
+  #  - explain_browser: its two program runs (`explain --weights w.safetensors
+  #    --input x.npy --tokens ...` and `explain --out`) are cli_explain's
+  #    first and trained cases, which run here; the rest is headless
+  #    chromium and Node.js, which no sanitizer instruments.
+  # (parity_pytorch runs 64 of its 240 configurations here: tests/CMakeLists.txt.)
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:external_symbolizer_path=$symbolizer \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:external_symbolizer_path=$symbolizer \
+    ctest --test-dir build-asan --output-on-failure -j"$jobs" \
+      -E 'LongSelfAttentionHeadMajorMatchesTextbook_L2048|^explain_browser$'
+}
+fuzz_smoke() {
+  echo "== fuzz smoke"
+  forget_stale_openmp_registrations
+  # 40 s a target; longer runs: docs/fuzzing.md. Each libFuzzer process
+  # fuzzes on one core, so two targets run at once: the same 40 s each, 80 s
+  # in all instead of 120 s on two cores.
+  FUZZ_SECONDS=${FUZZ_SECONDS:-40} FUZZ_JOBS=${FUZZ_JOBS:-$jobs} FUZZ_BUILD_DIR=build-asan bash scripts/fuzz-smoke.sh
+}
+stage asan-build asan_build
+stage asan-ctest asan_ctest
+stage fuzz-smoke fuzz_smoke

@@ -52,6 +52,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from explain_common import SENTENCE, run_in_terminal  # noqa: E402
+from numpy_model import encoder, read_safetensors, write_safetensors  # noqa: E402
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "explain")
 FAILURES, PASSED = [], []
@@ -299,47 +300,6 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 LESSON_WORDS = "the animal didn't cross the street because it was too tired".split()
 
 
-def read_safetensors(path):
-    """name -> float64 array (the model file is float32 little-endian)."""
-    import struct
-    with open(path, "rb") as f:
-        b = f.read()
-    n = struct.unpack("<Q", b[:8])[0]
-    header = json.loads(b[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, t in header.items():
-        assert t["dtype"] == "F32", name
-        s, e = t["data_offsets"]
-        out[name] = np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4").reshape(t["shape"]).astype(np.float64)
-    return out, meta
-
-
-def lesson_block_input(p, ids, E):
-    """Block 0's attention input, float64: norm1(embedding[ids] + PE) (include/multihead/train.hpp)."""
-    L = len(ids)
-    pos = np.arange(L)[:, None]
-    c = np.arange(E)[None, :]
-    angle = pos / np.power(10000.0, (c - c % 2) / E)
-    pe = np.where(c % 2 == 0, np.sin(angle), np.cos(angle))
-    x = p["embedding.weight"][ids] + pe
-    mu = x.mean(-1, keepdims=True)
-    var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(var + 1e-5) * p["blocks.0.norm1.weight"] + p["blocks.0.norm1.bias"]
-
-
-def numpy_attention(p, h, H):
-    """(H, L, L): softmax(Q Kᵀ/√D) of blocks.0.attn in float64, written here (no library code)."""
-    L, E = h.shape
-    D = E // H
-    W, b = p["blocks.0.attn.in_proj_weight"], p["blocks.0.attn.in_proj_bias"]
-    q = (h @ W[:E].T + b[:E]).reshape(L, H, D).transpose(1, 0, 2)
-    k = (h @ W[E:2 * E].T + b[E:2 * E]).reshape(L, H, D).transpose(1, 0, 2)
-    s = q @ k.transpose(0, 2, 1) / np.sqrt(D)
-    s = np.exp(s - s.max(-1, keepdims=True))
-    return s / s.sum(-1, keepdims=True)
-
-
 def test_trained(cli, work):
     """The default: the shipped model on the lesson's sentence."""
     model = os.path.join(ROOT, "models", "lesson-heads.safetensors")
@@ -358,8 +318,9 @@ def test_trained(cli, work):
     m = re.search(r"token ids \(the model's input, padding included\): ([0-9 ]+)", err)
     ids = [int(t) for t in m.group(1).split()] if m else []
     check("trained: --verbose prints the 16 token ids", len(ids) == 16, err)
-    h = lesson_block_input(p, ids, E)
-    ref = numpy_attention(p, h, H)[:, :n, :]
+    # Block 0's attention input norm1(embedding[ids] + PE) and its weights.
+    _, attention, inputs = encoder(p, ids, E, H, 1)
+    h, ref = inputs[0], attention[0][:, :n, :]
     got = np.array(data["layers"][0]["weights"])
     # float32 model vs float64 numpy from the same float32 parameters: the
     # layer norm and projections round at ~1e-7 relative; 1e-6 holds.
@@ -458,50 +419,6 @@ def test_bertviz_shapes(cli, work):
         check(f"bertviz shapes, {name}: attention's query and key dims equal the token lists", not problem, problem)
 
 
-def write_safetensors(path, tensors, meta):
-    """float32 safetensors with __metadata__ (the model file format, include/multihead/trained_model.hpp)."""
-    import struct
-    header, blobs, offset = {"__metadata__": meta}, [], 0
-    for name in sorted(tensors):
-        b = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-def layer_norm(x, w, b):
-    mu = x.mean(-1, keepdims=True)
-    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
-
-
-def numpy_encoder_attention(p, ids, E, H, layers):
-    """Every layer's (H, L, L) weights, float64: the pre-LN encoder of include/multihead/train.hpp."""
-    L = len(ids)
-    pos, c = np.arange(L)[:, None], np.arange(E)[None, :]
-    angle = pos / np.power(10000.0, (c - c % 2) / E)
-    x = p["embedding.weight"][ids] + np.where(c % 2 == 0, np.sin(angle), np.cos(angle))
-    D, out = E // H, []
-    for i in range(layers):
-        g = lambda n: p[f"blocks.{i}.{n}"]
-        h = layer_norm(x, g("norm1.weight"), g("norm1.bias"))
-        W, b = g("attn.in_proj_weight"), g("attn.in_proj_bias")
-        q, k, v = [(h @ W[j * E:(j + 1) * E].T + b[j * E:(j + 1) * E]).reshape(L, H, D).transpose(1, 0, 2)
-                   for j in range(3)]
-        s = q @ k.transpose(0, 2, 1) / np.sqrt(D)
-        s = np.exp(s - s.max(-1, keepdims=True))
-        a = s / s.sum(-1, keepdims=True)
-        out.append(a)
-        o = (a @ v).transpose(1, 0, 2).reshape(L, E)
-        x = x + o @ g("attn.out_proj.weight").T + g("attn.out_proj.bias")
-        h = layer_norm(x, g("norm2.weight"), g("norm2.bias"))
-        x = x + np.maximum(h @ g("ff.0.weight").T + g("ff.0.bias"), 0) @ g("ff.2.weight").T + g("ff.2.bias")
-    return out
-
-
 def test_trained_two_layers(cli, work):
     """--model with two layers: the shipped block, then a seeded variant of it."""
     p, meta = read_safetensors(os.path.join(ROOT, "models", "lesson-heads.safetensors"))
@@ -536,7 +453,7 @@ def test_trained_two_layers(cli, work):
     m = re.search(r"token ids \(the model's input, padding included\): ([0-9 ]+)", err)
     ids = [int(t) for t in m.group(1).split()]
     n = len(LESSON_WORDS)
-    ref = numpy_encoder_attention({k: v.astype(np.float64) for k, v in two.items()}, ids, E, H, 2)
+    _, ref, _ = encoder({k: v.astype(np.float64) for k, v in two.items()}, ids, E, H, 2)
     for i in range(2):
         e = worst(np.array(data["layers"][i]["weights"]), ref[i][:, :n, :])
         check(f"trained, 2 layers: layer {i + 1} weights = numpy float64 encoder, worst {e:.2e} <= 1e-6", e <= 1e-6)

@@ -26,11 +26,13 @@ import json
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from numpy_model import FileModel, read_safetensors, write_safetensors  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 FAILURES, PASSED = [], []
@@ -50,83 +52,6 @@ def check(name, ok, detail=""):
 def run(cli, *args, cwd):
     r = subprocess.run([cli, *args], capture_output=True, timeout=120, cwd=cwd)
     return r.returncode, r.stdout, r.stderr.decode("utf-8", "replace")
-
-
-def read_file(path):
-    """(tensors as float64, metadata): the safetensors layout, read here."""
-    with open(path, "rb") as f:
-        b = f.read()
-    n = struct.unpack("<Q", b[:8])[0]
-    header = json.loads(b[8:8 + n])
-    meta = header.pop("__metadata__", {})
-    out = {}
-    for name, t in header.items():
-        assert t["dtype"] == "F32", name
-        s, e = t["data_offsets"]
-        out[name] = np.frombuffer(b[8 + n + s:8 + n + e], dtype="<f4").reshape(t["shape"]).astype(np.float64)
-    return out, meta
-
-
-def write_file(path, tensors, meta):
-    header, blobs, offset = {"__metadata__": meta}, [], 0
-    for name in sorted(tensors):
-        b = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-
-
-# ---- the forward, from docs/model-format.md and the file's metadata only -----------
-class FileModel:
-    def __init__(self, path):
-        self.p, m = read_file(path)
-        self.E, self.H, self.layers = int(m["d_model"]), int(m["heads"]), int(m["layers"])
-        self.F, self.L, self.causal = int(m["ff"]), int(m["sequence_length"]), m["causal"] == "true"
-        self.eps = float(m["layer_norm_eps"])
-        self.ids = json.loads(m["token_ids"])
-        self.words = {i: w for w, i in self.ids.items()}
-        if m["norm_placement"] != "pre" or m["positional_encoding"] != "sinusoidal" or m["activation"] != "relu":
-            raise ValueError(f"this rebuild knows pre / sinusoidal / relu, the file says {m['norm_placement']} / "
-                             f"{m['positional_encoding']} / {m['activation']}")
-        self.act = lambda x: np.maximum(x, 0.0)
-
-    def ln(self, x, name):
-        mu = x.mean(-1, keepdims=True)
-        var = ((x - mu) ** 2).mean(-1, keepdims=True)
-        return (x - mu) / np.sqrt(var + self.eps) * self.p[name + ".weight"] + self.p[name + ".bias"]
-
-    def forward(self, words):
-        """(logits (L, V), per layer (H, L, L) attention) for the words padded with <pad>."""
-        ids = [self.ids[w] for w in words] + [self.ids["<pad>"]] * (self.L - len(words))
-        E, H, L = self.E, self.H, self.L
-        D = E // H
-        pos, c = np.arange(L)[:, None], np.arange(E)[None, :]
-        angle = pos / np.power(10000.0, (c - c % 2) / E)
-        x = self.p["embedding.weight"][ids] + np.where(c % 2 == 0, np.sin(angle), np.cos(angle))
-        attention = []
-        for i in range(self.layers):
-            g = lambda n: self.p[f"blocks.{i}.{n}"]
-            a = self.ln(x, f"blocks.{i}.norm1")
-            W, b = g("attn.in_proj_weight"), g("attn.in_proj_bias")
-            q, k, v = [(a @ W[j * E:(j + 1) * E].T + b[j * E:(j + 1) * E]).reshape(L, H, D).transpose(1, 0, 2)
-                       for j in range(3)]
-            s = q @ k.transpose(0, 2, 1) / np.sqrt(D)
-            if self.causal:
-                s = np.where(np.triu(np.ones((L, L), bool), 1), -np.inf, s)
-            s = np.exp(s - s.max(-1, keepdims=True))
-            P = s / s.sum(-1, keepdims=True)
-            attention.append(P)
-            o = (P @ v).transpose(1, 0, 2).reshape(L, E)
-            x = x + o @ g("attn.out_proj.weight").T + g("attn.out_proj.bias")
-            if self.F > 0:
-                h = self.ln(x, f"blocks.{i}.norm2")
-                x = x + self.act(h @ g("ff.0.weight").T + g("ff.0.bias")) @ g("ff.2.weight").T + g("ff.2.bias")
-        logits = self.ln(x, "norm_f") @ self.p["readout.weight"].T + self.p["readout.bias"]
-        return logits, attention
 
 
 def page_data(html):
@@ -152,7 +77,7 @@ def test_reproducible(cli, work):
 
 
 def test_self_described(path):
-    _, m = read_file(path)
+    _, m = read_safetensors(path)
     want = {"layer_norm_eps", "norm_placement", "positional_encoding", "activation", "token_ids"}
     check("self-described: the metadata has " + ", ".join(sorted(want)), want <= set(m), sorted(want - set(m)))
     ids = json.loads(m.get("token_ids", "{}"))
@@ -196,10 +121,10 @@ def test_rebuild(cli, work, name, path, model_flag):
 
 
 def test_refuses_another_activation(cli, work, path):
-    p, m = read_file(path)
+    p, m = read_safetensors(path)
     m = dict(m, activation="gelu")
     bad = os.path.join(work, "gelu.safetensors")
-    write_file(bad, p, m)
+    write_safetensors(bad, p, m)
     code, _, err = run(cli, "explain", "--model", bad, "--out", "gelu.html", cwd=work)
     ok = code == 2 and len(err.strip().split("\n")) == 1 and all(w in err for w in ("'activation'", "'relu'", "'gelu'"))
     check("a file stating activation 'gelu' is refused: one line naming key, expected and actual, exit 2",
