@@ -11,8 +11,6 @@
 #   FUZZ_SECONDS    seconds per target (default 60)
 #   FUZZ_BUILD_DIR  build directory (default build-fuzz, shared with fuzz/run.sh)
 #   FUZZ_FLAGS      extra libFuzzer flags, e.g. "-fork=2" to fuzz on two cores
-#   FUZZ_JOBS       targets fuzzed at once (default 1); their reports print
-#                   in order once all are done
 #   FUZZ_SEED       libFuzzer's -seed (default 1: CI explores the same
 #                   mutations each run, so a failure there is reproducible;
 #                   fuzz/run.sh draws a new seed each time to explore)
@@ -89,11 +87,9 @@ blame() {
   esac
 }
 
-# One target's run. Its report goes to $smoke/$t/report, its summary line
-# to $smoke/$t/summary, and $smoke/$t/failed marks a failure: with
-# FUZZ_JOBS > 1 several run at once and their reports print in order after.
-fuzz_one() {
-  local t=$1 corpus dict work artifacts log t0 t1 status execs cov line reproducer
+failed=()
+summary=()
+for t in "${targets[@]}"; do
   corpus=${t#fuzz_}
   dict=fuzz/$corpus.dict
   [[ $t == fuzz_forward ]] && dict=$smoke/forward.dict
@@ -127,38 +123,10 @@ fuzz_one() {
     grep -E '^(==[0-9]+==ERROR|SUMMARY|fuzz_forward:)|runtime error|ERROR: libFuzzer' "$log" | head -5 >&2 || true
     echo "fuzz-smoke: reproducer: ${reproducer:-none written}" >&2
     echo "fuzz-smoke: rerun it with: $build/fuzz/$t ${reproducer:-<input>}" >&2
-    touch "$smoke/$t/failed"
+    failed+=("$t")
     line="$line  FAILED: ${reproducer:-see $log}"
   fi
-  echo "$line" >"$smoke/$t/summary"
-}
-
-# FUZZ_JOBS targets at a time (each libFuzzer process fuzzes on one core;
-# fuzz_forward opens a second thread for some inputs only).
-fuzz_jobs=${FUZZ_JOBS:-1}
-if ! [[ $fuzz_jobs =~ ^[1-9][0-9]*$ ]]; then
-  echo "fuzz-smoke: FUZZ_JOBS must be a positive whole number, got '$fuzz_jobs'" >&2
-  exit 2
-fi
-running=0
-for t in "${targets[@]}"; do
-  mkdir -p "$smoke/$t"
-  if ((fuzz_jobs == 1)); then
-    fuzz_one "$t"
-  else
-    fuzz_one "$t" >"$smoke/$t.report" 2>&1 &
-    running=$((running + 1))
-    if ((running >= fuzz_jobs)); then wait -n || true; running=$((running - 1)); fi
-  fi
-done
-wait
-failed=()
-summary=()
-for t in "${targets[@]}"; do
-  if ((fuzz_jobs > 1)); then cat "$smoke/$t.report"; fi
-  [[ -f $smoke/$t/summary ]] && summary+=("$(<"$smoke/$t/summary")")
-  [[ -f $smoke/$t/failed ]] && failed+=("$t")
-  [[ -f $smoke/$t/summary ]] || failed+=("$t")  # stopped before its summary
+  summary+=("$line")
 done
 
 echo "== summary (FUZZ_SECONDS=$seconds, total $(($(date +%s) - started)) s including the build)"
