@@ -41,15 +41,17 @@ void simd_target_force(const std::string& name);
 // "The two bf16 dot ways"): "fma" (bf16 widened to float32, float32 FMA) or
 // "dpbf16" (bf16 pairs multiplied into float32: vdpbf16ps where the CPU has
 // AVX512_BF16, else Highway's widening of the same pairs). By default
-// ("auto") each SIMD target measures vdpbf16ps against FMA once, in a few
-// microseconds, and takes dpbf16 only at >= 1.2x the FMA's FLOP rate.
+// ("auto") dpbf16 where vdpbf16ps runs on an AMD core (Zen 4 and 5 issue it
+// at the FMA's instruction rate: twice the FLOPs), fma elsewhere: a fixed
+// rule of the CPU, so that runs on one machine give the same bits.
 // MULTIHEAD_BF16_DOT=auto|fma|dpbf16 sets it for the process;
 // bf16_dot_force("fma" | "dpbf16") forces one for every later call, "" or
 // "auto" lifts the force. Throws multihead::Error for another name.
 void bf16_dot_force(const std::string& way);
 // What the current SIMD target runs now and why, one line: e.g.
-// "dpbf16 (vdpbf16ps, forced)", "fma (auto: vdpbf16ps at 0.98x the FMA
-// rate, below 1.2x)", "fma (auto: no AVX512_BF16 on this target)".
+// "dpbf16 (vdpbf16ps, forced)", "dpbf16 (auto: an AMD core; vdpbf16ps
+// measured at 2.00x the FMA's FLOP rate here)", "fma (auto: no AVX512_BF16
+// on this target)". The measured rate is a diagnostic, not the rule.
 std::string bf16_dot_current();
 
 // Forces a kernel for every later call in this process, whatever the call

@@ -40,9 +40,9 @@ std::string bf16_dot_current() {
     return c.dpbf16 ? "dpbf16 (" + instruction + ", forced)" : "fma (forced)";
   if (!c.native) return "fma (auto: no AVX512_BF16 on this target)";
   char ratio[32];
-  std::snprintf(ratio, sizeof ratio, "%.2f", c.rate_ratio);
-  return std::string(c.dpbf16 ? "dpbf16" : "fma") + " (auto: vdpbf16ps at " + ratio + "x the FMA rate, " +
-         (c.dpbf16 ? "at least" : "below") + " 1.2x)";
+  std::snprintf(ratio, sizeof ratio, "%.2f", detail::bf16_dot_rate_ratio(detail::simd_target_bit()));
+  return std::string(c.dpbf16 ? "dpbf16 (auto: an AMD core" : "fma (auto: not an AMD core") +
+         "; vdpbf16ps measured at " + ratio + "x the FMA's FLOP rate here)";
 }
 
 void kernel_force(AttentionKernel kernel) { detail::forced_kernel().store(kernel, std::memory_order_relaxed); }

@@ -109,17 +109,18 @@ bool native_dpbf16(int64_t target_bit) {
 }  // namespace
 
 Bf16DotChoice bf16_dot_choice(int64_t target_bit) {
-  const size_t i = dispatch_table_index(HWY_DISPATCH_TABLE(FlashAttentionTarget), target_bit, "flash attention");
+  // Throws for a target that was not compiled in, as the kernel lookup does.
+  (void)dispatch_table_index(HWY_DISPATCH_TABLE(FlashAttentionTarget), target_bit, "flash attention");
   Bf16DotChoice c;
   c.native = native_dpbf16(target_bit);
   const Bf16Dot setting = bf16_dot_setting();
-  if (setting == Bf16Dot::Auto) {
-    c.rate_ratio = c.native ? bf16_dot_rate_ratio_at(i, target_bit) : 0.0;
-    c.dpbf16 = c.native && bf16_dot_prefers_dpbf16(c.rate_ratio);
-  } else {
-    c.dpbf16 = setting == Bf16Dot::Dpbf16;
-  }
+  c.dpbf16 = setting == Bf16Dot::Auto ? bf16_dot_prefers_dpbf16(c.native, cpu_is_amd()) : setting == Bf16Dot::Dpbf16;
   return c;
+}
+
+double bf16_dot_rate_ratio(int64_t target_bit) {
+  const size_t i = dispatch_table_index(HWY_DISPATCH_TABLE(FlashAttentionTarget), target_bit, "flash attention");
+  return native_dpbf16(target_bit) ? bf16_dot_rate_ratio_at(i, target_bit) : 0.0;
 }
 
 FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit) {

@@ -53,12 +53,17 @@ struct FlashAttentionKernel {
 FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit);
 
 // How the bf16 kernel of `target_bit` computes QKᵀ and PV now (targets.hpp's
-// Bf16Dot): by bf16_dot_setting(), or under Auto by the measured rate.
+// Bf16Dot): by bf16_dot_setting(), or under Auto by bf16_dot_prefers_dpbf16.
 struct Bf16DotChoice {
-  bool dpbf16 = false;      // the pair way (else widen and float32 FMA)
-  bool native = false;      // vdpbf16ps runs here (else Highway's widening)
-  double rate_ratio = 0.0;  // Auto only: vdpbf16ps / FMA FLOP rate, 0 without vdpbf16ps
+  bool dpbf16 = false;  // the pair way (else widen and float32 FMA)
+  bool native = false;  // vdpbf16ps runs here (else Highway's widening)
 };
 Bf16DotChoice bf16_dot_choice(int64_t target_bit);
+
+// vdpbf16ps's FLOP rate over the float32 FMA's on this core (register
+// chains, a few tens of microseconds, measured once per process and target;
+// 0 without vdpbf16ps). A diagnostic for bf16_dot_current(): the choice
+// never depends on it.
+double bf16_dot_rate_ratio(int64_t target_bit);
 
 }  // namespace multihead::detail

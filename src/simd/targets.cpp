@@ -114,6 +114,17 @@ bool cpu_has_avx512_bf16() {
 #endif
 }
 
+bool cpu_is_amd() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+  // The vendor string is EBX, EDX, ECX: "Auth" "enti" "cAMD".
+  return b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+#else
+  return false;
+#endif
+}
+
 namespace {
 
 Bf16Dot parse_bf16_dot(const std::string& name, const std::string& what) {

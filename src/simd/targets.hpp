@@ -60,12 +60,18 @@ Bf16Dot bf16_dot_setting();
 // Forces "fma" or "dpbf16" for every later call; "" or "auto" returns to
 // MULTIHEAD_BF16_DOT or Auto. Throws multihead::Error for another name.
 void bf16_dot_force(const std::string& name);
-// The rule of Auto, from Bf16DotRateRatio (vdpbf16ps FLOP/s over float32
-// FMA FLOP/s, measured once per process and target): the pair way only where
-// its products come faster by a margin, since it also packs P and V in pairs
-// and rounds P to bf16 (docs/precision.md).
-inline constexpr double kBf16DotMinRatio = 1.2;
-inline bool bf16_dot_prefers_dpbf16(double rate_ratio) { return rate_ratio >= kBf16DotMinRatio; }
+// Whether the CPU's vendor string (CPUID leaf 0) is "AuthenticAMD". False
+// off x86.
+bool cpu_is_amd();
+// The rule of Auto: the pair way where vdpbf16ps runs (`native`) on an AMD
+// core. It is a fixed function of the CPU, never of a timing, so that two
+// runs on one machine give the same bits (a rule from a measured rate flipped
+// between processes on a loaded host). The measurements behind it
+// (docs/precision.md): Zen 4 issues vdpbf16ps at the FMA's instruction rate,
+// so at 2x its FLOPs (register chains, bench/fma_peak.cpp); issue 19's Intel
+// Xeon at half the FMA's instruction rate, so no FLOP gain to pay for the
+// pair packing and the rounding of P to bf16.
+inline bool bf16_dot_prefers_dpbf16(bool native, bool amd) { return native && amd; }
 
 // Index of `target_bit` in the HWY_EXPORT tables of a src/simd file, given
 // the table of a function of that file that returns HWY_TARGET. Rather than
