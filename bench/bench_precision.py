@@ -70,32 +70,13 @@ import bench_vs_pytorch as forward_bench  # noqa: E402
 QUICK_SHAPES = [(1, 128, 256, 4, False), (1, 256, 256, 4, True)]
 QUICK_TRAIN_SHAPES = train_bench.QUICK_SHAPES
 
-# ---- PyTorch 1.13 in bfloat16 -------------------------------------------------------
-TORCH_BF16_CHILD = r"""
-import sys, time, statistics, torch
-B, L, E, H, causal, threads, repeat, warmup = (int(a) for a in sys.argv[1:9])
-torch.set_num_threads(threads)
-torch.manual_seed(0)
-mha = torch.nn.MultiheadAttention(E, H).to(torch.bfloat16).eval()
-x = torch.randn(L, B, E).to(torch.bfloat16)
-mask = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if causal else None
-times = []
-with torch.no_grad():
-    for i in range(warmup + repeat):
-        t0 = time.perf_counter()
-        out, _ = mha(x, x, x, need_weights=False, attn_mask=mask)
-        t1 = time.perf_counter()
-        if i >= warmup:
-            times.append((t1 - t0) * 1e3)
-assert out.dtype == torch.bfloat16
-print("median_ms=%.4f min_ms=%.4f torch=%s" % (statistics.median(times), min(times), torch.__version__))
-"""
+# ---- PyTorch 1.13 in bfloat16 (bench_vs_pytorch.py's child, cast to bf16) -------------
 
 
 def torch_bf16_ms(shape, threads, repeat, warmup):
     B, L, E, H, causal = shape
-    cmd = ["/usr/bin/python3", "-c", TORCH_BF16_CHILD] + [str(v) for v in (B, L, E, H, int(causal), threads,
-                                                                             repeat, warmup)]
+    cmd = ["/usr/bin/python3", "-c", forward_bench.TORCH_CHILD] + [str(v) for v in (B, L, E, H, int(causal), threads,
+                                                                                  repeat, warmup, "bfloat16")]
     env = dict(TUNED_ENV, OMP_NUM_THREADS=str(threads))
     out, _, _ = run_child(cmd, env, TUNED_UNSET)
     return field(out, "median_ms")

@@ -69,13 +69,17 @@ MEMORY_SHAPES = [
 ]
 
 
+# argv: B L E H causal threads repeat warmup [dtype]; dtype float32 (the
+# default) or bfloat16 (bench_precision.py: the module and input cast with
+# .to(torch.bfloat16)).
 TORCH_CHILD = r"""
 import sys, time, statistics, torch
 B, L, E, H, causal, threads, repeat, warmup = (int(a) for a in sys.argv[1:9])
+dtype = getattr(torch, sys.argv[9]) if len(sys.argv) > 9 else torch.float32
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-mha = torch.nn.MultiheadAttention(E, H).eval()
-x = torch.randn(L, B, E)
+mha = torch.nn.MultiheadAttention(E, H).to(dtype).eval()
+x = torch.randn(L, B, E).to(dtype)
 mask = torch.triu(torch.ones(L, L, dtype=torch.bool), 1) if causal else None
 times = []
 with torch.no_grad():
@@ -85,6 +89,7 @@ with torch.no_grad():
         t1 = time.perf_counter()
         if i >= warmup:
             times.append((t1 - t0) * 1e3)
+assert out.dtype == dtype
 print("median_ms=%.4f min_ms=%.4f torch=%s" % (statistics.median(times), min(times), torch.__version__))
 """
 

@@ -56,6 +56,9 @@ tests=(
   # Open MPI 4.1's mpirun looks for an ssh agent even on one node (the tests
   # also pass --mca plm isolated, which needs none).
   openmpi-bin libopenmpi-dev openssh-client
+  # scripts/test.sh compiles through ccache: its three builds (Release, TSan,
+  # ASan) then recompile only what changed since its last run here.
+  ccache
 )
 # The experiment's plots (the experiment itself needs only the build).
 experiment=(python3 python3-matplotlib)

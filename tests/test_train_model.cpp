@@ -19,6 +19,7 @@
 #include "multihead/runtime.hpp"
 #include "multihead/train.hpp"
 #include "train/model.hpp"
+#include "train_fixtures.hpp"
 #include "train_gradcheck.hpp"
 
 namespace multihead::test {
@@ -80,25 +81,8 @@ TEST(TrainModelFiniteDifferences, EveryParameterV5L4E8H2F6Layers2B2Double) {
   }
 }
 
-TrainOptions quick(int64_t steps, int threads) {
-  TrainOptions o;
-  o.steps = steps;
-  o.batch = 8;
-  o.warmup = 2;
-  o.seed = 42;
-  o.threads = threads;
-  return o;
-}
-
-ModelConfig dropout_model() {
-  ModelConfig m;
-  m.d_model = 16;
-  m.heads = 4;
-  m.layers = 2;
-  m.ff = 24;
-  m.dropout = 0.1;
-  return m;
-}
+TrainOptions quick(int64_t steps, int threads) { return quick_run(steps, threads); }
+ModelConfig dropout_model() { return small_dropout_model(4); }
 
 std::vector<double> losses_of(Trainer& t, int64_t until) {
   std::vector<double> out;
@@ -141,9 +125,7 @@ TEST(TrainDeterminism, ThreadsOneAndTwoGiveBitIdenticalLossesWithDropout) {
   EXPECT_NE(runs[0][0], runs[0][3]);  // the run moved
 }
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + ".safetensors")).string();
-}
+std::string temp_path(const std::string& name) { return temp_checkpoint_path(name); }
 
 // 3 steps, checkpoint, resume for 3 more == 6 steps uninterrupted: losses
 // and final parameters bit for bit (warm-up and cosine both cross the cut).

@@ -44,8 +44,11 @@ void simd_target_force(const std::string& name);
 // ("auto") dpbf16 where vdpbf16ps runs on an AMD core (Zen 4 and 5 issue it
 // at the FMA's instruction rate: twice the FLOPs), fma elsewhere: a fixed
 // rule of the CPU, so that runs on one machine give the same bits.
-// MULTIHEAD_BF16_DOT=auto|fma|dpbf16 sets it for the process;
-// bf16_dot_force("fma" | "dpbf16") forces one for every later call, "" or
+// "measure" times vdpbf16ps against the FMA once per process and takes
+// dpbf16 at >= 1.2x its FLOP rate: for a CPU the rule misjudges, at the
+// price that two processes on a loaded host may choose differently.
+// MULTIHEAD_BF16_DOT=auto|measure|fma|dpbf16 sets it for the process;
+// bf16_dot_force("fma" | "dpbf16" | "measure") forces one for every later call, "" or
 // "auto" lifts the force. Throws multihead::Error for another name.
 void bf16_dot_force(const std::string& way);
 // What the current SIMD target runs now and why, one line: e.g.

@@ -1156,8 +1156,9 @@ PYBIND11_MODULE(_multihead, m) {
         "simd_target_force(name)\n\nForces a SIMD target (e.g. 'AVX2') for every later call; '' lifts it.");
   m.def("bf16_dot_force", &multihead::bf16_dot_force, "way"_a,
         "bf16_dot_force(way)\n\nThe bf16 flash kernel's way for every later call: 'fma' (widened to float32,\n"
-        "float32 FMA) or 'dpbf16' (bf16 pairs into float32, vdpbf16ps where the CPU has AVX512_BF16);\n"
-        "'' or 'auto' lifts the force (docs/precision.md, 'The two bf16 dot ways').");
+        "float32 FMA), 'dpbf16' (bf16 pairs into float32, vdpbf16ps where the CPU has AVX512_BF16) or\n"
+        "'measure' (time both on this core, once per process); '' or 'auto' lifts the force: auto is\n"
+        "dpbf16 on an AMD core with AVX512_BF16, fma elsewhere (docs/precision.md, 'The two bf16 dot ways').");
   m.def("bf16_dot_current", &multihead::bf16_dot_current,
         "bf16_dot_current() -> str\n\nThe bf16 way the current SIMD target runs now, and why.");
   m.def(

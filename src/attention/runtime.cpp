@@ -34,15 +34,21 @@ void simd_target_force(const std::string& name) { detail::simd_target_force(name
 
 void bf16_dot_force(const std::string& way) { detail::bf16_dot_force(way); }
 std::string bf16_dot_current() {
-  const detail::Bf16DotChoice c = detail::bf16_dot_choice(detail::simd_target_bit());
+  const int64_t target = detail::simd_target_bit();
+  const detail::Bf16DotChoice c = detail::bf16_dot_choice(target);
+  const detail::Bf16Dot setting = detail::bf16_dot_setting();
   const std::string instruction = c.native ? "vdpbf16ps" : "Highway's widening: no AVX512_BF16 on this target";
-  if (detail::bf16_dot_setting() != detail::Bf16Dot::Auto)
+  if (setting == detail::Bf16Dot::Fma || setting == detail::Bf16Dot::Dpbf16)
     return c.dpbf16 ? "dpbf16 (" + instruction + ", forced)" : "fma (forced)";
-  if (!c.native) return "fma (auto: no AVX512_BF16 on this target)";
+  const std::string mode = setting == detail::Bf16Dot::Measure ? "measure" : "auto";
+  if (!c.native) return "fma (" + mode + ": no AVX512_BF16 on this target)";
   char ratio[32];
-  std::snprintf(ratio, sizeof ratio, "%.2f", detail::bf16_dot_rate_ratio(detail::simd_target_bit()));
-  return std::string(c.dpbf16 ? "dpbf16 (auto: an AMD core" : "fma (auto: not an AMD core") +
-         "; vdpbf16ps measured at " + ratio + "x the FMA's FLOP rate here)";
+  std::snprintf(ratio, sizeof ratio, "%.2f", detail::bf16_dot_rate_ratio(target));
+  const std::string measured = std::string("vdpbf16ps measured at ") + ratio + "x the FMA's FLOP rate here";
+  if (setting == detail::Bf16Dot::Measure)
+    return std::string(c.dpbf16 ? "dpbf16" : "fma") + " (measure: " + measured + ", " +
+           (c.dpbf16 ? "at least" : "below") + " 1.2x)";
+  return std::string(c.dpbf16 ? "dpbf16 (auto: an AMD core; " : "fma (auto: not an AMD core; ") + measured + ")";
 }
 
 void kernel_force(AttentionKernel kernel) { detail::forced_kernel().store(kernel, std::memory_order_relaxed); }

@@ -251,13 +251,35 @@ HWY_INLINE void AccumulateRemainder(size_t cols, DF32 df, const float* HWY_RESTR
 
 // ---- micro-kernels of the bf16 pair way (Bf16Way::Dot) -----------------------
 
+// The pair way's inner tile, shared by QKᵀ and PV: for p < pairs,
+// acc[r][v] += PairDot(b[r·row_step + p·pair_step], x[p·bx + v·lanes]): R
+// rows of b (one bf16 pair each, broadcast) against NVQ vectors of x (pairs
+// of the query tile, bx apart per pair). QKᵀ walks K's rows (row_step ldk,
+// pair_step 1), PV V's columns (row_step 1, pair_step ldv).
+template <size_t NVQ, size_t R, bool kNative>
+HWY_INLINE void PairDotTile(DF32 df, const uint32_t* HWY_RESTRICT b, size_t row_step, size_t pair_step,
+                            size_t pairs, const uint32_t* HWY_RESTRICT x, size_t bx, VF32 (&acc)[R][NVQ]) {
+  const hn::RebindToUnsigned<DF32> du;
+  const size_t lanes = hn::Lanes(df);
+  for (size_t p = 0; p < pairs; ++p) {
+    hn::Vec<decltype(du)> xv[NVQ];
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < NVQ; ++v) xv[v] = hn::Load(du, x + p * bx + v * lanes);
+    HWY_UNROLL(8)
+    for (size_t r = 0; r < R; ++r) {
+      const auto br = hn::Set(du, b[r * row_step + p * pair_step]);
+      HWY_UNROLL(4)
+      for (size_t v = 0; v < NVQ; ++v) acc[r][v] = PairDot<kNative>(df, br, xv[v], acc[r][v]);
+    }
+  }
+}
+
 // ScoresBlock on pairs: st[r][q] = scale · Σ_p PairDot(kp[r][p], qp[p][q])
 // over `pairs` pairs (kp rows ldk pairs apart), and the tile's row max.
 template <size_t NVQ, size_t KR, bool kNative>
 HWY_INLINE void ScoresBlockDot(DF32 df, const uint32_t* HWY_RESTRICT kp, size_t ldk, size_t pairs,
                                const uint32_t* HWY_RESTRICT qp, size_t bq, float scale, float* HWY_RESTRICT st,
                                float* HWY_RESTRICT tmax) {
-  const hn::RebindToUnsigned<DF32> du;
   const size_t lanes = hn::Lanes(df);
   VF32 acc[KR][NVQ];
   HWY_UNROLL(8)
@@ -265,17 +287,7 @@ HWY_INLINE void ScoresBlockDot(DF32 df, const uint32_t* HWY_RESTRICT kp, size_t 
     HWY_UNROLL(4)
     for (size_t v = 0; v < NVQ; ++v) acc[r][v] = hn::Zero(df);
   }
-  for (size_t p = 0; p < pairs; ++p) {
-    hn::Vec<decltype(du)> q[NVQ];
-    HWY_UNROLL(4)
-    for (size_t v = 0; v < NVQ; ++v) q[v] = hn::Load(du, qp + p * bq + v * lanes);
-    HWY_UNROLL(8)
-    for (size_t r = 0; r < KR; ++r) {
-      const auto kb = hn::Set(du, kp[r * ldk + p]);
-      HWY_UNROLL(4)
-      for (size_t v = 0; v < NVQ; ++v) acc[r][v] = PairDot<kNative>(df, kb, q[v], acc[r][v]);
-    }
-  }
+  PairDotTile<NVQ, KR, kNative>(df, kp, ldk, 1, pairs, qp, bq, acc);
   const VF32 s = hn::Set(df, scale);
   HWY_UNROLL(4)
   for (size_t v = 0; v < NVQ; ++v) {
@@ -307,7 +319,6 @@ template <size_t NVQ, size_t RV, bool kNative>
 HWY_INLINE void AccumulateBlockDot(DF32 df, const uint32_t* HWY_RESTRICT vp, size_t ldv, size_t pairs,
                                    const uint32_t* HWY_RESTRICT pp, size_t bq, const float* HWY_RESTRICT alpha,
                                    float* HWY_RESTRICT ot) {
-  const hn::RebindToUnsigned<DF32> du;
   const size_t lanes = hn::Lanes(df);
   VF32 acc[RV][NVQ];
   VF32 a[NVQ];
@@ -318,17 +329,7 @@ HWY_INLINE void AccumulateBlockDot(DF32 df, const uint32_t* HWY_RESTRICT vp, siz
     HWY_UNROLL(4)
     for (size_t w = 0; w < NVQ; ++w) acc[c][w] = hn::Mul(hn::Load(df, ot + c * bq + w * lanes), a[w]);
   }
-  for (size_t p = 0; p < pairs; ++p) {
-    hn::Vec<decltype(du)> pj[NVQ];
-    HWY_UNROLL(4)
-    for (size_t w = 0; w < NVQ; ++w) pj[w] = hn::Load(du, pp + p * bq + w * lanes);
-    HWY_UNROLL(8)
-    for (size_t c = 0; c < RV; ++c) {
-      const auto vb = hn::Set(du, vp[p * ldv + c]);
-      HWY_UNROLL(4)
-      for (size_t w = 0; w < NVQ; ++w) acc[c][w] = PairDot<kNative>(df, vb, pj[w], acc[c][w]);
-    }
-  }
+  PairDotTile<NVQ, RV, kNative>(df, vp, 1, ldv, pairs, pp, bq, acc);
   HWY_UNROLL(8)
   for (size_t c = 0; c < RV; ++c) {
     HWY_UNROLL(4)

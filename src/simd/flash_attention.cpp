@@ -114,7 +114,12 @@ Bf16DotChoice bf16_dot_choice(int64_t target_bit) {
   Bf16DotChoice c;
   c.native = native_dpbf16(target_bit);
   const Bf16Dot setting = bf16_dot_setting();
-  c.dpbf16 = setting == Bf16Dot::Auto ? bf16_dot_prefers_dpbf16(c.native, cpu_is_amd()) : setting == Bf16Dot::Dpbf16;
+  switch (setting) {
+    case Bf16Dot::Auto: c.dpbf16 = bf16_dot_prefers_dpbf16(c.native, cpu_is_amd()); break;
+    case Bf16Dot::Measure: c.dpbf16 = c.native && bf16_dot_rate_ratio(target_bit) >= kBf16DotMinRatio; break;
+    case Bf16Dot::Fma: c.dpbf16 = false; break;
+    case Bf16Dot::Dpbf16: c.dpbf16 = true; break;
+  }
   return c;
 }
 

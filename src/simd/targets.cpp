@@ -131,7 +131,8 @@ Bf16Dot parse_bf16_dot(const std::string& name, const std::string& what) {
   if (name.empty() || name == "auto") return Bf16Dot::Auto;
   if (name == "fma") return Bf16Dot::Fma;
   if (name == "dpbf16") return Bf16Dot::Dpbf16;
-  throw Error(Error::Kind::Value, what + ": expected auto, fma or dpbf16, got " + quote_input(name));
+  if (name == "measure") return Bf16Dot::Measure;
+  throw Error(Error::Kind::Value, what + ": expected auto, measure, fma or dpbf16, got " + quote_input(name));
 }
 
 // MULTIHEAD_BF16_DOT, parsed once (as default_target).

@@ -51,13 +51,17 @@ bool cpu_has_avx512_bf16();
 // (flash_attention-inl.h): Fma widens bf16 to float32 and uses float32 FMA;
 // Dpbf16 multiplies bf16 pairs into float32 (vdpbf16ps where the CPU has
 // AVX512_BF16 and the target is AVX3 or AVX3_DL, else Highway's widening
-// of the same pairs). Auto picks by bf16_dot_prefers_dpbf16.
-enum class Bf16Dot { Auto, Fma, Dpbf16 };
-// The setting now: bf16_dot_force's, else MULTIHEAD_BF16_DOT (auto, fma or
-// dpbf16, read once per process), else Auto. Throws multihead::Error naming
+// of the same pairs). Auto picks by bf16_dot_prefers_dpbf16; Measure (asked
+// for by name only) times vdpbf16ps against the FMA in each process and takes
+// dpbf16 at kBf16DotMinRatio or more: faster where the rule is wrong for a
+// CPU, but two processes on a loaded host may then choose differently.
+enum class Bf16Dot { Auto, Fma, Dpbf16, Measure };
+inline constexpr double kBf16DotMinRatio = 1.2;
+// The setting now: bf16_dot_force's, else MULTIHEAD_BF16_DOT (auto, measure,
+// fma or dpbf16, read once per process), else Auto. Throws multihead::Error naming
 // the variable, the value and the accepted names for a bad value.
 Bf16Dot bf16_dot_setting();
-// Forces "fma" or "dpbf16" for every later call; "" or "auto" returns to
+// Forces "fma", "dpbf16" or "measure" for every later call; "" or "auto" returns to
 // MULTIHEAD_BF16_DOT or Auto. Throws multihead::Error for another name.
 void bf16_dot_force(const std::string& name);
 // Whether the CPU's vendor string (CPUID leaf 0) is "AuthenticAMD". False

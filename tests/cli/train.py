@@ -27,7 +27,6 @@ Before the fix about one run in five left a temporary.
 
 Usage: /usr/bin/python3 tests/cli/train.py --multihead PATH --workdir DIR
 """
-import argparse
 import glob
 import os
 import pty
@@ -38,22 +37,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
 import safetensors_io  # noqa: E402
+from train_harness import SMALL, check, main, run  # noqa: E402
 
-FAILURES, PASSED = [], []
-SMALL = ["--symbols", "6", "--length", "5", "--layers", "1", "--d-model", "16", "--heads", "2", "--ff", "16",
-         "--batch", "4"]
 LINE = re.compile(r"^step=(\d+) loss=(\S+) accuracy=(\S+) lr=(\S+) grad_norm=(\S+) tokens_per_s=(\S+) "
                   r"elapsed_s=(\S+)$")
-
-
-def check(name, ok, detail=""):
-    (PASSED if ok else FAILURES).append(name)
-    print(f"{'ok  ' if ok else 'FAIL'} {name}" + ("" if ok else f": {detail}"))
-
-
-def run(cli, *args):
-    r = subprocess.run([cli, "train", *args], capture_output=True, timeout=120)
-    return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
 
 
 def losses(out):
@@ -282,21 +269,5 @@ def forget_openmp_registration(pid):
             pass
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--multihead", required=True)
-    ap.add_argument("--workdir", required=True)
-    args = ap.parse_args()
-    shutil.rmtree(args.workdir, ignore_errors=True)
-    os.makedirs(args.workdir)
-    test_bad_input(args.multihead, args.workdir)
-    test_plain_lines(args.multihead, args.workdir)
-    test_threads_and_resume(args.multihead, args.workdir)
-    test_learns_and_bar(args.multihead, args.workdir)
-    test_interrupts(args.multihead, args.workdir)
-    print(f"{len(PASSED)} passed, {len(FAILURES)} failed")
-    return 1 if FAILURES else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(test_bad_input, test_plain_lines, test_threads_and_resume, test_learns_and_bar, test_interrupts))

@@ -27,18 +27,16 @@ unknown --dtype, --dtype bf16 with --positions rope, --dtype f16 with
 
 Usage: /usr/bin/python3 tests/cli/train_dtype.py --multihead PATH --workdir DIR
 """
-import argparse
 import math
 import os
 import re
-import shutil
-import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
 import safetensors_io  # noqa: E402
+import train_harness  # noqa: E402
+from train_harness import SMALL, check, main  # noqa: E402
 
-FAILURES, PASSED = [], []
 FINAL, SLACK = 10, 0.01
 LINE = re.compile(r"^step=(\d+) loss=(\S+) accuracy=(\S+) lr=(\S+) grad_norm=(\S+) tokens_per_s=(\S+) "
                   r"elapsed_s=(\S+)( loss_scale=(\S+) skipped=(\d+))?$")
@@ -53,18 +51,10 @@ TASKS = {
 }
 # Counted positions per step: B·L for copy and reverse, one per sentence for the lesson.
 COUNTED = {"copy": 16 * 8, "reverse": 16 * 8, "lesson": 32}
-SMALL = ["--symbols", "6", "--length", "5", "--layers", "1", "--d-model", "16", "--heads", "2", "--ff", "16",
-         "--batch", "4"]
-
-
-def check(name, ok, detail=""):
-    (PASSED if ok else FAILURES).append(name)
-    print(f"{'ok  ' if ok else 'FAIL'} {name}" + ("" if ok else f": {detail}"))
 
 
 def run(cli, *args):
-    r = subprocess.run([cli, "train", *args], capture_output=True, timeout=300)
-    return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace")
+    return train_harness.run(cli, *args, timeout=300)
 
 
 def log_lines(out):
@@ -164,19 +154,6 @@ def bad_input(cli, work):
               and all(n in err for n in needles) and not os.path.exists(out), f"exit {code}: {err!r}")
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--multihead", required=True)
-    ap.add_argument("--workdir", required=True)
-    a = ap.parse_args()
-    shutil.rmtree(a.workdir, ignore_errors=True)
-    os.makedirs(a.workdir)
-    bad_input(a.multihead, a.workdir)
-    notes_and_checkpoints(a.multihead, a.workdir)
-    accuracy_runs(a.multihead)
-    print(f"{len(PASSED)} passed, {len(FAILURES)} failed")
-    sys.exit(1 if FAILURES else 0)
-
-
 if __name__ == "__main__":
-    main()
+    # The accuracy runs need no workdir.
+    sys.exit(main(bad_input, notes_and_checkpoints, lambda cli, work: accuracy_runs(cli)))

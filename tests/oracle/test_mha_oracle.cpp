@@ -50,6 +50,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "library_side.hpp"
 #include "mha_oracle.hpp"
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
@@ -294,46 +295,12 @@ Problem make_problem(const Case& c) {
 
 // ---- the library's side: its own types, filled from the oracle's arrays ----
 
-template <class T, class U>
-Tensor<T> tensor_of(const oracle::Array<U>& a) {
-  Tensor<T> t(Shape(a.shape.begin(), a.shape.end()));
-  for (std::size_t i = 0; i < a.v.size(); ++i) t[static_cast<int64_t>(i)] = static_cast<T>(a.v[i]);
-  return t;
-}
-
-template <class T>
-std::unique_ptr<Mask<T>> mask_of(const oracle::MaskArg<double>& m) {
-  if (m.kind == KN) return nullptr;
-  if (m.kind == KB) return std::make_unique<Mask<T>>(Mask<T>::boolean(tensor_of<uint8_t>(m.bools)));
-  return std::make_unique<Mask<T>>(Mask<T>::additive(tensor_of<T>(m.floats)));
-}
+using library_side::mask_of;
+using library_side::tensor_of;
 
 template <class T>
 BasicMultiheadAttention<T> module_of(const Problem& p) {
-  MultiheadAttentionConfig cfg;
-  cfg.embed_dim = p.config.E;
-  cfg.num_heads = p.config.H;
-  cfg.kdim = p.config.kdim;
-  cfg.vdim = p.config.vdim;
-  cfg.bias = p.config.bias;
-  cfg.add_bias_kv = p.config.add_bias_kv;
-  cfg.add_zero_attn = p.config.add_zero_attn;
-  cfg.batch_first = p.config.batch_first;
-  MultiheadAttentionParameters<T> m;
-  const oracle::Params<double>& q = p.params;
-  auto set = [](Tensor<T>& dst, const oracle::Array<double>& src) {
-    if (!src.shape.empty()) dst = tensor_of<T>(src);
-  };
-  set(m.in_proj_weight, q.in_proj_weight);
-  set(m.q_proj_weight, q.q_proj_weight);
-  set(m.k_proj_weight, q.k_proj_weight);
-  set(m.v_proj_weight, q.v_proj_weight);
-  set(m.in_proj_bias, q.in_proj_bias);
-  set(m.out_proj_weight, q.out_proj_weight);
-  set(m.out_proj_bias, q.out_proj_bias);
-  set(m.bias_k, q.bias_k);
-  set(m.bias_v, q.bias_v);
-  return BasicMultiheadAttention<T>(cfg, std::move(m));
+  return BasicMultiheadAttention<T>(library_side::config_of(p.config), library_side::parameters_of<T>(p.params));
 }
 
 // Sets an environment variable (or kernel_force) for one scope.

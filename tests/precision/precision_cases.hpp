@@ -23,6 +23,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "oracle/library_side.hpp"
 #include "oracle/mha_oracle.hpp"
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
@@ -473,37 +474,12 @@ std::vector<double> error_bound(const Problem& p, Way way = current_way_of<E>())
 
 // ---- the library's side -----------------------------------------------------
 
-template <class T, class U>
-Tensor<T> tensor_of(const oracle::Array<U>& a) {
-  Tensor<T> t(Shape(a.shape.begin(), a.shape.end()));
-  for (std::size_t i = 0; i < a.v.size(); ++i) {
-    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
-      t[static_cast<int64_t>(i)] = narrow_from_float<T>(static_cast<float>(a.v[i]));
-    } else {
-      t[static_cast<int64_t>(i)] = static_cast<T>(a.v[i]);
-    }
-  }
-  return t;
-}
-
-// A mask in the module's mask type T (float for the 16-bit module).
-template <class T>
-std::unique_ptr<Mask<T>> mask_of(const oracle::MaskArg<double>& m) {
-  if (m.kind == MaskKind::None) return nullptr;
-  if (m.kind == MaskKind::Bool) return std::make_unique<Mask<T>>(Mask<T>::boolean(tensor_of<uint8_t>(m.bools)));
-  return std::make_unique<Mask<T>>(Mask<T>::additive(tensor_of<T>(m.floats)));
-}
+// tensor_of, mask_of: tests/oracle/library_side.hpp (shared with the oracle test).
+using library_side::mask_of;
+using library_side::tensor_of;
 
 inline MultiheadAttentionConfig config_of(const Problem& p) {
-  MultiheadAttentionConfig cfg;
-  cfg.embed_dim = p.config.E;
-  cfg.num_heads = p.config.H;
-  cfg.kdim = p.config.kdim;
-  cfg.vdim = p.config.vdim;
-  cfg.bias = p.config.bias;
-  cfg.add_bias_kv = p.config.add_bias_kv;
-  cfg.add_zero_attn = p.config.add_zero_attn;
-  cfg.batch_first = p.config.batch_first;
+  MultiheadAttentionConfig cfg = library_side::config_of(p.config);
   cfg.dropout = p.dropout;
   return cfg;
 }
@@ -511,21 +487,7 @@ inline MultiheadAttentionConfig config_of(const Problem& p) {
 // The problem's parameters as element type T (the 16-bit numbers, exactly).
 template <class T>
 MultiheadAttentionParameters<T> parameters_of(const Problem& p) {
-  MultiheadAttentionParameters<T> m;
-  const oracle::Params<double>& q = p.params;
-  auto set = [](Tensor<T>& dst, const oracle::Array<double>& src) {
-    if (!src.shape.empty()) dst = tensor_of<T>(src);
-  };
-  set(m.in_proj_weight, q.in_proj_weight);
-  set(m.q_proj_weight, q.q_proj_weight);
-  set(m.k_proj_weight, q.k_proj_weight);
-  set(m.v_proj_weight, q.v_proj_weight);
-  set(m.in_proj_bias, q.in_proj_bias);
-  set(m.out_proj_weight, q.out_proj_weight);
-  set(m.out_proj_bias, q.out_proj_bias);
-  set(m.bias_k, q.bias_k);
-  set(m.bias_v, q.bias_v);
-  return m;
+  return library_side::parameters_of<T>(p.params);
 }
 
 // A call's masks (owned) and options, for a module with mask type T.

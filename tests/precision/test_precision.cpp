@@ -14,6 +14,10 @@
 
 #include "multihead/runtime.hpp"
 
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
 namespace multihead {
 namespace {
 
@@ -149,8 +153,45 @@ TEST(PrecisionBf16Dot, UnknownWayIsRefused) {
     bf16_dot_force("dot");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "bf16_dot_force: expected auto, fma or dpbf16, got 'dot'");
+    EXPECT_STREQ(e.what(), "bf16_dot_force: expected auto, measure, fma or dpbf16, got 'dot'");
   }
+}
+
+// Auto's rule against the kernel's own CPUID reading, from /proc/cpuinfo:
+// dpbf16 exactly where the vendor is AMD, the CPU has avx512_bf16 and the
+// target is an AVX-512 one; and the same answer every time (the rule holds
+// no timing). "measure" says that it measured.
+TEST(PrecisionBf16Dot, AutoIsTheCpuRuleAndMeasureIsOptIn) {
+  const char* env = std::getenv("MULTIHEAD_BF16_DOT");
+  if (env != nullptr && std::string(env) != "auto" && std::string(env) != "")
+    GTEST_SKIP() << "MULTIHEAD_BF16_DOT=" << env << " overrides auto";
+  std::ifstream in("/proc/cpuinfo");
+  if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line, vendor;
+  bool has_bf16 = false;
+  while (std::getline(in, line)) {
+    if (vendor.empty() && line.rfind("vendor_id", 0) == 0) vendor = line.substr(line.find(':') + 2);
+    if (line.rfind("flags", 0) == 0) {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      for (std::string w; words >> w;) has_bf16 = has_bf16 || w == "avx512_bf16";
+      break;
+    }
+  }
+  const std::string target = simd_target_current();
+  const bool native = has_bf16 && (target == "AVX3" || target == "AVX3_DL");
+  const bool want = native && vendor == "AuthenticAMD";
+  bf16_dot_force("");
+  const std::string first = bf16_dot_current();
+  EXPECT_EQ(first.rfind(want ? "dpbf16 (auto" : "fma (auto", 0), 0u)
+      << first << " (vendor " << vendor << ", avx512_bf16 " << has_bf16 << ", target " << target << ")";
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(bf16_dot_current().substr(0, 6), first.substr(0, 6));
+  bf16_dot_force("measure");
+  const std::string measured = bf16_dot_current();
+  EXPECT_TRUE(measured.rfind("dpbf16 (measure", 0) == 0 || measured.rfind("fma (measure", 0) == 0) << measured;
+  if (native) {
+    EXPECT_NE(measured.find("measured at"), std::string::npos) << measured;
+  }
+  bf16_dot_force("");
 }
 
 // The 16-bit scaled_dot_product_attention against a float64 softmax, with

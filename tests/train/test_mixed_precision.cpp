@@ -27,6 +27,7 @@
 #include "multihead/train.hpp"
 #include "train/loss_scale.hpp"
 #include "train/model.hpp"
+#include "train_fixtures.hpp"
 
 namespace multihead::test {
 namespace {
@@ -259,30 +260,9 @@ TEST(LossScaler, UnscaleDividesExactlyAndFindsInfAndNaN) {
 }
 
 // ---- the 16-bit run's checkpoint ---------------------------------------------------------
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()) + ".safetensors")).string();
-}
-
-TrainOptions quick(int64_t steps, ComputeDtype dtype) {
-  TrainOptions o;
-  o.steps = steps;
-  o.batch = 8;
-  o.warmup = 2;
-  o.seed = 42;
-  o.threads = 1;
-  o.dtype = dtype;
-  return o;
-}
-
-ModelConfig run_model() {
-  ModelConfig m;
-  m.d_model = 16;
-  m.heads = 2;
-  m.layers = 2;
-  m.ff = 24;
-  m.dropout = 0.1;
-  return m;
-}
+std::string temp_path(const std::string& name) { return temp_checkpoint_path(name); }
+TrainOptions quick(int64_t steps, ComputeDtype dtype) { return quick_run(steps, 1, dtype); }
+ModelConfig run_model() { return small_dropout_model(2); }
 
 // 3 steps, checkpoint, resume for 3 more == 6 steps uninterrupted, at bf16
 // and f16 (whose loss scale and clean-step count the checkpoint carries);
