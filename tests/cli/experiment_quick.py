@@ -20,9 +20,21 @@ trainer may move them a little); it checks that
   - the command printed first ("reproduce: ...") is a multihead experiment
     command, and the Markdown table was written;
   - tools/plot_experiment.py draws the three plots from the JSON (PNG files);
-  - the whole run takes under --max-seconds (60 s; more under the sanitizers).
+  - the whole run takes under --max-seconds (180 s here; 240 under the
+    sanitizers): a guard against a runaway, not a benchmark. The Release
+    run takes under a minute on an idle 2-core machine and 54 s was seen
+    beside the rest of the suite on a slow host, so 60 s would be a timed
+    test that fails on load.
 
-Usage: /usr/bin/python3 tests/cli/experiment_quick.py --multihead PATH --plot-script PATH --workdir DIR
+Under the sanitizers (--sanitized) `experiment --quick` (16 runs of 600
+steps) takes past 300 s on 2 cores, so a smaller experiment runs instead
+(SANITIZED_FLAGS: the same two tasks, heads 1 and 2, 3 seeds of 60 steps at
+d_model 16): the same code paths (training, evaluation, head measures,
+baselines, statistics, Markdown, JSON, plots) under ASan and UBSan, with
+every check above but the two about learning (the loss and accuracy
+margins), which need the full run's steps and run in the Release suite.
+
+Usage: /usr/bin/python3 tests/cli/experiment_quick.py --multihead PATH --plot-script PATH --workdir DIR [--sanitized]
 """
 import argparse
 import json
@@ -34,6 +46,8 @@ import time
 
 MARGIN = {"lesson": 0.15, "lookup2": 0.03}
 FAILURES = []
+SANITIZED_FLAGS = ["--tasks", "lesson,lookup2", "--heads", "1,2", "--layers", "1", "--seeds", "3", "--steps", "60",
+                   "--warmup", "10", "--curve-points", "2", "--d-model", "16", "--ff", "16", "--batch", "16"]
 
 
 def check(name, ok, detail=""):
@@ -48,21 +62,25 @@ def main():
     ap.add_argument("--plot-script", required=True)
     ap.add_argument("--stats-script", required=True)
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--max-seconds", type=float, default=180.0)
+    ap.add_argument("--sanitized", action="store_true")
     args = ap.parse_args()
     shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(args.workdir)
     js, md = os.path.join(args.workdir, "quick.json"), os.path.join(args.workdir, "quick.md")
 
     start = time.monotonic()
-    r = subprocess.run([args.multihead, "experiment", "--quick", "--json", js, "--markdown", md],
+    size = SANITIZED_FLAGS if args.sanitized else ["--quick"]
+    r = subprocess.run([args.multihead, "experiment", *size, "--json", js, "--markdown", md],
                        capture_output=True, text=True, timeout=300)
     seconds = time.monotonic() - start
     check("experiment --quick exits 0", r.returncode == 0, r.stderr.strip())
     if r.returncode != 0:
         return 1
-    check(f"experiment --quick under {args.max_seconds:.0f} s", seconds < args.max_seconds, f"{seconds:.1f} s")
+    check(f"experiment {'(smaller, --sanitized)' if args.sanitized else '--quick'} under {args.max_seconds:.0f} s", seconds < args.max_seconds, f"{seconds:.1f} s")
     first = r.stdout.splitlines()[0]
+    if args.sanitized:
+        print("skip the learning checks (loss and accuracy margins): --sanitized runs 60 steps, not --quick's 600")
     check("first line is the reproducing command", first.startswith("reproduce: multihead experiment --tasks "), first)
 
     with open(js) as f:
@@ -71,7 +89,8 @@ def main():
     n_cells = len(o["tasks"]) * len(o["heads"]) * len(o["layers"])
     check("a cell per (task, heads, layers)", len(rep["cells"]) == n_cells, f"{len(rep['cells'])} vs {n_cells}")
     check("a run per (cell, seed)", len(rep["runs"]) == n_cells * o["seeds"], f"{len(rep['runs'])}")
-    for run in rep["runs"]:
+    learning = not args.sanitized  # the learning checks need --quick's 600 steps
+    for run in rep["runs"] if learning else []:
         name = f"{run['task']} layers={run['layers']} heads={run['heads']} seed={run['seed']}"
         check(f"training lowers the loss: {name}", run["final_loss"] < 0.9 * run["first_loss"],
               f"{run['first_loss']:.4f} -> {run['final_loss']:.4f}")
@@ -79,8 +98,9 @@ def main():
         runs = [x for x in rep["runs"] if x["task"] == task]
         mean = sum(x["test_accuracy"] for x in runs) / len(runs)
         chance = rep["chance"][task]["accuracy"]
-        check(f"{task}: mean test accuracy beats chance {chance:.3f} by {MARGIN[task]}",
-              mean >= chance + MARGIN[task], f"mean {mean:.4f}")
+        if learning:
+            check(f"{task}: mean test accuracy beats chance {chance:.3f} by {MARGIN[task]}",
+                  mean >= chance + MARGIN[task], f"mean {mean:.4f}")
         for layers in o["layers"]:
             params = {c["parameters"] for c in rep["cells"] if c["task"] == task and c["layers"] == layers}
             check(f"{task}, {layers} layers: one parameter count for every h", len(params) == 1, f"{params}")
@@ -120,7 +140,7 @@ def main():
         path = os.path.join(plots, name)
         ok = os.path.exists(path) and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
         check(f"plot {name} is a PNG", ok, path)
-    print(f"experiment --quick: {seconds:.1f} s; {len(FAILURES)} failures")
+    print(f"experiment: {seconds:.1f} s; {len(FAILURES)} failures")
     return 1 if FAILURES else 0
 
 
