@@ -29,11 +29,15 @@ It prints
 
 --quick (or --smoke) runs a tiny shape (seconds) to check the script;
 numbers are then meaningless. The machine must be quiet for real numbers:
-the full run takes about half an hour on 2 idle cores (estimated from a
-rough single-rank timing: 25 to 40 min; P = 4 oversubscribes them).
+the full run takes over an hour on 2 cores (measured 2026-12-02 on an AMD
+EPYC host: the L = 4096 shape alone, 5 timed passes, 13 minutes; L = 16384
+is about ten times the work). --lengths, --ranks and --repeat run a part of
+it (P = 4 oversubscribes 2 cores: its times are no speed-up there, its
+bytes are still exact).
 
 Usage: bench_distributed.py --multihead BUILD/tools/multihead [--mpirun mpirun]
-       [--bandwidth 25] [--latency 5] [--quick]
+       [--bandwidth 25] [--latency 5] [--lengths 4096,16384] [--ranks 1,2,4]
+       [--repeat 5] [--quick]
 As root, with no ssh: OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 OMPI_MCA_plm=isolated in the environment.
 """
@@ -111,11 +115,35 @@ def main():
     ap.add_argument("--latency", type=float, default=5.0, help="µs per message, for the model")
     ap.add_argument("--smoke", "--quick", action="store_true", dest="smoke",
                     help="tiny shapes (seconds): checks the script, not the machine")
+    ap.add_argument("--lengths", help="comma-separated L = S to run (default 4096,16384; the memory per token "
+                    "needs two); the full run takes over an hour on 2 cores")
+    ap.add_argument("--ranks", help="comma-separated P to run (default 1,2,4)")
+    ap.add_argument("--repeat", type=int, help="timed passes per configuration (default 5; the median is shown)")
     a = ap.parse_args()
     if a.smoke:
         shapes, ranks, repeat, warmup = [(1, 256, 64, 4), (1, 512, 64, 4)], [1, 2], 2, 1
     else:
         shapes, ranks, repeat, warmup = [(1, 4096, 1024, 16), (1, 16384, 1024, 16)], [1, 2, 4], 5, 1
+    if a.lengths:
+        try:
+            lengths = [int(x) for x in a.lengths.split(",")]
+        except ValueError:
+            ap.error(f"--lengths: expected comma-separated integers, got '{a.lengths}'")
+        if any(x < 1 for x in lengths):
+            ap.error(f"--lengths: expected positive lengths, got '{a.lengths}'")
+        B, _, E, H = shapes[0]
+        shapes = [(B, x, E, H) for x in lengths]
+    if a.ranks:
+        try:
+            ranks = [int(x) for x in a.ranks.split(",")]
+        except ValueError:
+            ap.error(f"--ranks: expected comma-separated integers, got '{a.ranks}'")
+        if any(x < 1 for x in ranks):
+            ap.error(f"--ranks: expected positive rank counts, got '{a.ranks}'")
+    if a.repeat is not None:
+        if a.repeat < 1:
+            ap.error(f"--repeat: expected a positive integer, got {a.repeat}")
+        repeat = a.repeat
     print(f"# bench_distributed: one thread per rank, causal; model network {a.bandwidth:g} GB/s, "
           f"{a.latency:g} µs per message")
     print("| shape (B,L,E,H) | mode | P | pass | compute ms | comm ms | bytes/rank measured | formula |")
