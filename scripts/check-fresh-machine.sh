@@ -9,9 +9,13 @@
 # chroot, as root, as a new user would. It always unmounts and removes what it
 # made, on success, failure or Ctrl-C.
 #
-# Usage (as root):  bash scripts/check-fresh-machine.sh [demo|test]
+# Usage (as root):  bash scripts/check-fresh-machine.sh [demo|test|mpi]
 #   demo (default)  bash scripts/demo.sh   (about 3-6 minutes, most of it apt)
 #   test            bash scripts/test.sh   (the whole suite: about 30 minutes)
+#   mpi             install-deps.sh, a Release build of the MPI tests and
+#                   the CLI, then ctest -L mpi: mpirun at P = 1..4, the CLI's
+#                   --parallel rows and their faults, data-parallel training
+#                   (issue 18: a fresh root has no ssh; about 15 minutes)
 # Environment:
 #   FRESH_ROOT_PARENT  where the root's folder is made (default /var/tmp)
 #   FRESH_KEEP=1       keep the root afterwards (mounts are still removed)
@@ -31,7 +35,8 @@ what=${1:-demo}
 case "$what" in
   demo) command="bash scripts/demo.sh" ;;
   test) command="bash scripts/test.sh" ;;
-  *) echo "check-fresh-machine: unknown check '$what' (expected demo or test)" >&2; exit 2 ;;
+  mpi) command="bash scripts/install-deps.sh && cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMULTIHEAD_WITH_MPI=ON >/dev/null && cmake --build build -j\$(nproc) --target multihead_mpi_tests multihead_cli && ctest --test-dir build -L mpi --output-on-failure" ;;
+  *) echo "check-fresh-machine: unknown check '$what' (expected demo, test or mpi)" >&2; exit 2 ;;
 esac
 if [[ $(id -u) -ne 0 ]]; then
   echo "check-fresh-machine: needs root (debootstrap, chroot, mount)" >&2
