@@ -106,6 +106,11 @@ for f in /etc/apt/apt.conf.d/*; do
   if [[ -f $f ]] && grep -qi 'proxy' "$f"; then cp "$f" "$root/etc/apt/apt.conf.d/"; fi
 done
 cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
+# /etc/hosts naming this hostname, as Debian's installer writes on a booted
+# machine (debootstrap writes none): without it every mpirun in the root
+# looked its own hostname up in DNS (2026-12-02: each mpirun about 5 s
+# slower there, mpi_cli past its timeout; the cause is not yet confirmed).
+cp -L /etc/hosts "$root/etc/hosts" 2>/dev/null || true
 # The machine's own certificate authorities (a network that inspects TLS
 # signs with one): part of the network, like the proxy and the resolver, not
 # of what a fresh machine has installed. ca-certificates, installed by
