@@ -107,6 +107,17 @@ def model(mode, P, c1_ms, B, L, E, bw, lat_us):
     return compute + comm, None
 
 
+def positive_list(ap, flag, text):
+    """A flag's comma-separated positive integers, or the parser's one-line error naming it."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        ap.error(f"{flag}: expected comma-separated positive integers, got '{text}'")
+    if any(x < 1 for x in values):
+        ap.error(f"{flag}: expected comma-separated positive integers, got '{text}'")
+    return values
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--multihead", required=True)
@@ -125,21 +136,10 @@ def main():
     else:
         shapes, ranks, repeat, warmup = [(1, 4096, 1024, 16), (1, 16384, 1024, 16)], [1, 2, 4], 5, 1
     if a.lengths:
-        try:
-            lengths = [int(x) for x in a.lengths.split(",")]
-        except ValueError:
-            ap.error(f"--lengths: expected comma-separated integers, got '{a.lengths}'")
-        if any(x < 1 for x in lengths):
-            ap.error(f"--lengths: expected positive lengths, got '{a.lengths}'")
         B, _, E, H = shapes[0]
-        shapes = [(B, x, E, H) for x in lengths]
+        shapes = [(B, x, E, H) for x in positive_list(ap, "--lengths", a.lengths)]
     if a.ranks:
-        try:
-            ranks = [int(x) for x in a.ranks.split(",")]
-        except ValueError:
-            ap.error(f"--ranks: expected comma-separated integers, got '{a.ranks}'")
-        if any(x < 1 for x in ranks):
-            ap.error(f"--ranks: expected positive rank counts, got '{a.ranks}'")
+        ranks = positive_list(ap, "--ranks", a.ranks)
     if a.repeat is not None:
         if a.repeat < 1:
             ap.error(f"--repeat: expected a positive integer, got {a.repeat}")
