@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "attention/attention_call.hpp"
+#include "attention/grouped_query_steps.hpp"
 #include "attention/rope.hpp"
 #include "core/check.hpp"
 #include "core/linear.hpp"
@@ -302,62 +303,6 @@ void linear(const T* x, int64_t rows, int64_t in, const Tensor<T>& w, const Tens
                             b.empty() ? nullptr : b.data(), y, out, {false, threads});
 }
 
-// The new K/V rows, (B·L, Hkv·D) each, into positions P … P + L − 1 of a
-// compressed cache. A float16 cache holds |x| <= 65504: a value beyond (or
-// NaN) is refused before anything is stored, naming it, rather than kept as
-// an infinity that would poison every later step.
-void store_compressed(KVCache<float>& cache, const float* k, const float* v, int64_t B, int64_t L, int64_t Hkv,
-                      int64_t D) {
-  const int64_t P = cache.length();
-  if (cache.dtype() == KVCacheDType::Float16)
-    for (const auto& [name, x] : {std::pair{"k", k}, std::pair{"v", v}})
-      for (int64_t e = 0; e < B * L * Hkv * D; ++e)
-        if (!(std::fabs(x[e]) <= detail::kFloat16Max)) {
-          const int64_t row = e / (Hkv * D);
-          throw Error(Error::Kind::Value,
-                      std::string("cache: a float16 KV cache holds values of magnitude <= 65504, got ") + name +
-                          " = " + std::to_string(x[e]) + " (batch " + std::to_string(row / L) + ", token " +
-                          std::to_string(P + row % L) + ", K/V head " + std::to_string(e / D % Hkv) +
-                          ", feature " + std::to_string(e % D) + "); a bf16 or f32 cache holds it");
-        }
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t i = 0; i < L; ++i)
-      for (int64_t g = 0; g < Hkv; ++g)
-        cache.store(b, g, P + i, k + ((b * L + i) * Hkv + g) * D, v + ((b * L + i) * Hkv + g) * D);
-  cache.commit(L);
-}
-
-// The kernel call for B·H query slices of L rows over S keys, the module's
-// rules in one place for its forward and its backward: causal bottom-right
-// (queries are positions S − L … S − 1), one ALiBi slope per query head
-// (into `slopes`), K/V heads grouped.
-template <class T>
-detail::AttentionArgs<T> module_attention_args(const GroupedQueryAttentionConfig& config, int64_t Hkv, int64_t D,
-                                               int64_t B, int64_t L, int64_t S, detail::AttentionTensors<T>& t,
-                                               const AttentionOptions& options, std::vector<T>& slopes) {
-  const int64_t H = config.num_heads;
-  slopes.clear();
-  if (!options.alibi_slopes.empty()) {
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t h = 0; h < H; ++h) slopes.push_back(static_cast<T>(options.alibi_slopes[static_cast<std::size_t>(h)]));
-    t.alibi_slopes = slopes.data();
-  }
-  detail::AttentionShape shape;
-  shape.slices = B * H;
-  shape.heads = H;
-  shape.q_len = L;
-  shape.kv_len = S;
-  shape.head_dim = D;
-  shape.value_dim = D;
-  shape.causal_cols = S;
-  AttentionOptions o = options;
-  o.is_causal = config.causal;
-  o.causal_alignment = CausalAlignment::BottomRight;  // queries are positions P … S − 1
-  detail::AttentionArgs<T> a = detail::make_attention_args(shape, t, o);
-  a.kv_heads = Hkv;
-  return a;
-}
-
 }  // namespace
 
 template <class T>
@@ -376,34 +321,7 @@ template <class T>
 Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptions& options, KVCache<T>* cache,
                                         GroupedQueryForwardContext<T>* save) const {
   const int64_t E = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads(), D = head_dim();
-  if (x.dim() != 3 || x.size(2) != E)
-    fail("x", "shape (batch, length, embed_dim = " + std::to_string(E) + ")", shape_to_string(x.shape()));
-  const int64_t B = x.size(0), L = x.size(1);
-  detail::validate_attention_options(options);
-  // Causal masking and positions are the module's own (config.causal,
-  // bottom-right over the cache).
-  const char* own = " (the module's own causal rule is config.causal, bottom-right over the cache)";
-  if (options.is_causal) fail("is_causal", std::string("false") + own, "true");
-  if (options.causal_alignment != CausalAlignment::TopLeft)
-    fail("causal_alignment", std::string("the default, top-left") + own, "bottom-right");
-  if (options.causal_query_offset != 0)
-    fail("causal_query_offset", std::string("0") + own, std::to_string(options.causal_query_offset));
-  if (!options.alibi_slopes.empty() && static_cast<int64_t>(options.alibi_slopes.size()) != H)
-    fail("alibi_slopes", "one slope per query head (" + std::to_string(H) + ")",
-         std::to_string(options.alibi_slopes.size()));
-  if (cache) {
-    if (cache->batch() != B || cache->kv_heads() != Hkv || cache->head_dim() != D)
-      fail("cache", "batch " + std::to_string(B) + ", kv_heads " + std::to_string(Hkv) + ", head_dim " + std::to_string(D),
-           std::to_string(cache->batch()) + ", " + std::to_string(cache->kv_heads()) + ", " +
-               std::to_string(cache->head_dim()));
-    if (cache->compressed()) {
-      const std::string why = std::string(" with a compressed KV cache (") + kv_cache_dtype_name(cache->dtype()) +
-                              ": its own decode kernel reads it)";
-      if (options.kernel != AttentionKernel::Auto) fail("kernel", "auto" + why, to_string(options.kernel));
-      if (options.dropout_p != 0.0) fail("dropout_p", "0" + why, std::to_string(options.dropout_p));
-    }
-    cache->reserve_more(L);  // throws naming max_len before any work
-  }
+  const auto [B, L] = detail::check_grouped_query_call(config_, x.shape(), options, cache);
   if (options.check_finite) {
     detail::check_finite("x", x);
     for_each_parameter(config_, params_,
@@ -426,27 +344,12 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
     detail::rope_in_place(k.data(), B, L, Hkv, D, rope);
   }
 
-  // split_heads: views. Query slice b·H + h, row i at q + (b·L + i)·H·D + h·D.
+  // split_heads: views. Query slice b·H + h, row i at q + (b·L + i)·H·D + h·D;
+  // K/V the new rows, or the cache's (attend_over_cache sets them).
   detail::AttentionTensors<T> t;
   t.q = q.data();
   t.q_layout = detail::SliceLayout{L * H * D, D, H * D};
-  if (cache && cache->compressed()) {
-    if constexpr (std::is_same_v<T, float>) {
-      store_compressed(*cache, k.data(), v.data(), B, L, Hkv, D);
-    }
-  } else if (cache) {
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t i = 0; i < L; ++i)
-        for (int64_t g = 0; g < Hkv; ++g) {
-          std::copy_n(k.data() + ((b * L + i) * Hkv + g) * D, D, cache->k_row(b, g, P + i));
-          std::copy_n(v.data() + ((b * L + i) * Hkv + g) * D, D, cache->v_row(b, g, P + i));
-        }
-    cache->commit(L);
-    const int64_t cap = cache->capacity();
-    t.k = cache->k_data();
-    t.v = cache->v_data();
-    t.k_layout = t.v_layout = detail::SliceLayout{Hkv * cap * D, cap * D, D};
-  } else {
+  if (!cache) {
     t.k = k.data();
     t.v = v.data();
     t.k_layout = t.v_layout = detail::SliceLayout{L * Hkv * D, D, Hkv * D};
@@ -456,28 +359,18 @@ Tensor<T> GroupedQueryAttention<T>::run(const Tensor<T>& x, const AttentionOptio
   t.out = merged.data();
   t.out_layout = t.q_layout;
   std::vector<T> slopes;
-  detail::AttentionArgs<T> a = module_attention_args(config_, Hkv, D, B, L, S, t, options, slopes);
+  detail::AttentionArgs<T> a = detail::grouped_query_attention_args(config_, B, L, S, t, options, slopes);
   Tensor<T> lse;
   if (save) {
     lse = Tensor<T>(Shape{B * H, L});
     a.lse = lse.data();
   }
   // The kernel, chosen once for the call; a training forward keeps it for
-  // the backward. A compressed cache, and a decode step over a float32 one
-  // (decode_kernel_serves: few new tokens, nothing forced), go through the
-  // one decode kernel of every cache dtype; a prompt over a float32 cache
-  // keeps flash.
+  // the backward. With a cache, attend_over_cache chooses (the decode kernel
+  // or flash).
   AttentionKernel kernel = AttentionKernel::Auto;
-  if (cache && (cache->compressed() || detail::decode_kernel_serves(a, options.kernel))) {
-    if constexpr (std::is_same_v<T, float>) {
-      const detail::CompressedKV kv =
-          cache->compressed()
-              ? detail::CompressedKV{cache->dtype(), cache->k_compressed(), cache->v_compressed(), cache->k_scales(),
-                                     cache->v_scales(), cache->capacity()}
-              : detail::CompressedKV{KVCacheDType::Native, cache->k_data(), cache->v_data(), nullptr, nullptr,
-                                     cache->capacity()};
-      detail::attention_forward_compressed(a, kv);
-    }
+  if (cache) {
+    kernel = detail::attend_over_cache(*cache, k.data(), v.data(), B, L, a, options.kernel);
   } else {
     kernel = detail::resolve_forward_kernel<T>(options.kernel, /*stores_weights=*/false);
     detail::run_attention_forward(a, kernel);
@@ -565,7 +458,7 @@ GroupedQueryAttentionGradients<T> GroupedQueryAttention<T>::backward(const Group
   t.out_layout = t.q_layout;
   std::vector<T> slopes;
   detail::AttentionBackwardArgs<T> b;
-  b.forward = module_attention_args(config_, Hkv, D, B, L, L, t, saved.options_, slopes);
+  b.forward = detail::grouped_query_attention_args(config_, B, L, L, t, saved.options_, slopes);
   b.lse = saved.lse_.data();
   b.d_out = d_merged.data();
   Tensor<T> d_q(Shape{B * L, H * D}), d_k(Shape{B * L, Hkv * D}), d_v(Shape{B * L, Hkv * D});

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <string>
 
+#include "attention/narrow_convert.hpp"
 #include "attention/narrow_saved_forward.hpp"
 #include "core/check.hpp"
 #include "core/linear.hpp"
@@ -69,32 +70,6 @@ template class NarrowForwardContext<float16>;
 
 namespace detail {
 namespace {
-
-constexpr int64_t kConvertBlock = 4096;  // elements per work item of the conversions below
-
-// float32 copy of n 16-bit values (exact), blocks split across threads.
-template <class E>
-Storage<float> widened(const E* src, std::size_t n, int threads) {
-  Storage<float> out(n);
-  const int64_t count = static_cast<int64_t>(n);
-  parallel_items((count + kConvertBlock - 1) / kConvertBlock, requested_threads(threads), kConvertBlock,
-                 [&](int64_t blk) {
-                   for (int64_t i = blk * kConvertBlock; i < std::min(count, (blk + 1) * kConvertBlock); ++i)
-                     out[static_cast<std::size_t>(i)] = to_float(src[i]);
-                 });
-  return out;
-}
-
-// n float32 values rounded once each to E, into dst.
-template <class E>
-void round_into(const float* src, std::size_t n, E* dst, int threads) {
-  const int64_t count = static_cast<int64_t>(n);
-  parallel_items((count + kConvertBlock - 1) / kConvertBlock, requested_threads(threads), kConvertBlock,
-                 [&](int64_t blk) {
-                   for (int64_t i = blk * kConvertBlock; i < std::min(count, (blk + 1) * kConvertBlock); ++i)
-                     dst[i] = narrow_from_float<E>(src[i]);
-                 });
-}
 
 // The gradient of parameter `name` in g's map at its shape, as a view
 // (MultiheadAttentionParameters<E> under the members' own names).

@@ -1,0 +1,149 @@
+// src/attention/narrow_grouped_query_attention_backward.cpp: the backward
+// pass of the 16-bit grouped-query module's forward
+// (narrow_grouped_query_attention.cpp), its steps in reverse, each gradient
+// computed with float32 products and sums from the saved 16-bit values and
+// rounded once to E:
+//
+//   out_projection backward   d_merged = round(d_out · W_o), d_W_o = round(d_outᵀ · merged),
+//                             d_b_o = round(Σ d_out)
+//   attention backward        q, k, v (after RoPE), merged and d_merged widened
+//                             to float32 (exact), the float32 flash backward
+//                             (the kernels' grouped backward: d_k, d_v of K/V
+//                             head g summed over its query heads, in float32)
+//   RoPE backward             d_q, d_k rotated back (Rᵀ) in float32
+//   split_heads backward      d_q, d_k, d_v rounded once to E
+//   in_projection backward    the three projections as one product:
+//                             d_x = round([d_q d_k d_v] · [W_q; W_k; W_v])
+//                             (one float32 sum over H·D + 2·Hkv·D terms, rounded
+//                             once), d_W_q = round(d_qᵀ · x), d_b_q = round(Σ d_q),
+//                             k and v likewise
+//
+// The products run core/linear's 16-bit backward (exact products, float32
+// sums). The attention step widens in memory, as the narrow MHA's does
+// (docs/precision.md, "Widened in memory, not in registers"): the float32
+// flash backward reads float32 operands only.
+//
+// Legend: B batch, L tokens, E embed width, H query heads, Hkv K/V heads,
+// D head width.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "attention/grouped_query_steps.hpp"
+#include "attention/narrow_convert.hpp"
+#include "attention/rope.hpp"
+#include "core/check.hpp"
+#include "core/linear.hpp"
+#include "kernels/kernel.hpp"
+#include "multihead/error.hpp"
+#include "multihead/narrow_grouped_query_attention.hpp"
+
+namespace multihead {
+
+template <class E>
+GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
+    const NarrowGroupedQueryForwardContext<E>& saved, const Tensor<E>& d_output) const {
+  using namespace detail;
+  if (saved.empty())
+    throw Error(Error::Kind::Value,
+                "saved: empty NarrowGroupedQueryForwardContext; fill it with forward(x, options, context) first");
+  if (saved.parameters_token_ != parameters_token_)
+    throw Error(Error::Kind::Value,
+                "saved: this NarrowGroupedQueryForwardContext was filled by another module or before "
+                "update_parameters(); run the forward again");
+  const int64_t E_ = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads(), D = head_dim();
+  const int64_t HD = H * D, KD = Hkv * D;
+  expect_shape("d_output", d_output.shape(), saved.x_.shape());
+  const AttentionOptions& options = saved.options_;
+  if (options.check_finite) check_finite("d_output", d_output);
+  const int64_t B = saved.x_.size(0), L = saved.x_.size(1), T = B * L;
+  GroupedQueryAttentionGradients<E> g;
+  g.x = Tensor<E>(saved.x_.shape());
+  for_each_parameter(config_, [&](const ParameterInfo& info) {
+    if (info.present) g.parameters[info.name] = Tensor<E>(info.shape);  // zeros
+  });
+  if (T == 0) return g;  // the forward did no work: every gradient is 0
+  const int threads = options.num_threads;
+  const LinearOptions lo{false, threads};
+  const GroupedQueryAttentionParameters<E>& p = params_;
+  const auto grad = [&](const char* name) { return g.parameters.at(name).data(); };
+  const auto bias_grad = [&](const char* name) { return config_.bias ? g.parameters.at(name).data() : nullptr; };
+
+  // In the forward pass this was (out_projection):
+  //   linear(merged, B·L, H·D, W_o, b_o, out)      out = round(merged W_oᵀ + b_o)
+  Storage<E> d_merged(static_cast<std::size_t>(T * HD));
+  linear_backward<E>({T, saved.merged_.data(), HD}, LinearWeight<E>::stored(p.o_proj_weight.data(), E_, HD),
+                     d_output.data(), E_, {d_merged.data(), HD, grad("o_proj.weight"), bias_grad("o_proj.bias")}, lo);
+
+  // In the forward pass this was (attention, flash on the 16-bit operands):
+  //   a = grouped_query_attention_args(config, B, L, L, t, options); a.narrow = {q, k, v, merged}
+  // The same arguments on float32 copies; the float32 flash backward.
+  const Storage<float> qf = widened(saved.q_.data(), static_cast<std::size_t>(saved.q_.numel()), threads);
+  const Storage<float> kf = widened(saved.k_.data(), static_cast<std::size_t>(saved.k_.numel()), threads);
+  const Storage<float> vf = widened(saved.v_.data(), static_cast<std::size_t>(saved.v_.numel()), threads);
+  const Storage<float> of = widened(saved.merged_.data(), static_cast<std::size_t>(saved.merged_.numel()), threads);
+  const Storage<float> dof = widened(d_merged.data(), d_merged.size(), threads);
+  AttentionTensors<float> t;
+  t.q = qf.data();
+  t.k = kf.data();
+  t.v = vf.data();
+  t.out = const_cast<float*>(of.data());  // read only: delta_i = <d_out_i, out_i>
+  t.q_layout = t.out_layout = SliceLayout{L * HD, D, HD};
+  t.k_layout = t.v_layout = SliceLayout{L * KD, D, KD};
+  std::vector<float> slopes;
+  AttentionBackwardArgs<float> b;
+  b.forward = grouped_query_attention_args(config_, B, L, L, t, options, slopes);
+  b.lse = saved.lse_.data();
+  b.d_out = dof.data();
+  Storage<float> dqf(qf.size()), dkf(kf.size()), dvf(vf.size());
+  b.d_q = dqf.data();
+  b.d_k = dkf.data();
+  b.d_v = dvf.data();
+  run_attention_backward(b, AttentionKernel::Flash);  // the forward's kernel
+
+  // In the forward pass this was (RoPE at positions 0 … L − 1, in float32):
+  //   q, k = round(rope(q, k)), so d = Rᵀ d, before the rounding.
+  if (config_.rope) {
+    rope_backward_in_place(dqf.data(), B, L, H, D, *config_.rope);
+    rope_backward_in_place(dkf.data(), B, L, Hkv, D, *config_.rope);
+  }
+
+  // d_q, d_k, d_v rounded once, side by side: row r of d_qkv is
+  // [d_q (H·D) | d_k (Hkv·D) | d_v (Hkv·D)], for the one in-projection product.
+  const int64_t QKV = HD + 2 * KD;
+  Storage<E> d_qkv(static_cast<std::size_t>(T * QKV));
+  for (int64_t r = 0; r < T; ++r) {
+    round_into(dqf.data() + r * HD, static_cast<std::size_t>(HD), d_qkv.data() + r * QKV, 1);
+    round_into(dkf.data() + r * KD, static_cast<std::size_t>(KD), d_qkv.data() + r * QKV + HD, 1);
+    round_into(dvf.data() + r * KD, static_cast<std::size_t>(KD), d_qkv.data() + r * QKV + HD + KD, 1);
+  }
+
+  // In the forward pass this was (in_projection):
+  //   q = round(x W_qᵀ + b_q), k = round(x W_kᵀ + b_k), v = round(x W_vᵀ + b_v)
+  // i.e. [q k v] = x [W_q; W_k; W_v]ᵀ with its rows rounded: one product
+  // gives d_x summed over the three in float32, and d_W, d_b of the stacked
+  // weight, whose row blocks are d_W_q, d_W_k, d_W_v.
+  Storage<E> w_qkv(static_cast<std::size_t>(QKV * E_)), d_w_qkv(w_qkv.size());
+  std::copy_n(p.q_proj_weight.data(), HD * E_, w_qkv.data());
+  std::copy_n(p.k_proj_weight.data(), KD * E_, w_qkv.data() + HD * E_);
+  std::copy_n(p.v_proj_weight.data(), KD * E_, w_qkv.data() + (HD + KD) * E_);
+  Storage<E> d_b_qkv(config_.bias ? static_cast<std::size_t>(QKV) : 0);
+  linear_backward<E>({T, saved.x_.data(), E_}, LinearWeight<E>::stored(w_qkv.data(), QKV, E_), d_qkv.data(), QKV,
+                     {g.x.data(), E_, d_w_qkv.data(), config_.bias ? d_b_qkv.data() : nullptr}, lo);
+  std::copy_n(d_w_qkv.data(), HD * E_, grad("q_proj.weight"));
+  std::copy_n(d_w_qkv.data() + HD * E_, KD * E_, grad("k_proj.weight"));
+  std::copy_n(d_w_qkv.data() + (HD + KD) * E_, KD * E_, grad("v_proj.weight"));
+  if (config_.bias) {
+    std::copy_n(d_b_qkv.data(), HD, grad("q_proj.bias"));
+    std::copy_n(d_b_qkv.data() + HD, KD, grad("k_proj.bias"));
+    std::copy_n(d_b_qkv.data() + HD + KD, KD, grad("v_proj.bias"));
+  }
+  return g;
+}
+
+template GroupedQueryAttentionGradients<bfloat16> NarrowGroupedQueryAttention<bfloat16>::backward(
+    const NarrowGroupedQueryForwardContext<bfloat16>&, const Tensor<bfloat16>&) const;
+template GroupedQueryAttentionGradients<float16> NarrowGroupedQueryAttention<float16>::backward(
+    const NarrowGroupedQueryForwardContext<float16>&, const Tensor<float16>&) const;
+
+}  // namespace multihead
