@@ -242,6 +242,13 @@ struct SliceTrace {
   double scale = 1;
   std::vector<double> q, eq, k, ek, v, ev, mask, keep;
   bool pair_way = false;  // the bf16 pair way's terms (above)
+  // Logit soft-cap c > 0 (0: none): the score is c·tanh(x / c) + mask, x =
+  // scale·<q, k>. The cap is 1-Lipschitz, so x's bound carries over, plus
+  // its float32 evaluation (x / c, Highway's Tanh within 4 ulp, c·t):
+  // 8·u32·|x|. Filled then: slope_ij = 1 − tanh²(x / c) and its bound
+  // (|d slope / dx| <= 2 / c, and the float32 evaluation), for the backward.
+  double softcap = 0;
+  std::vector<double> slope, eslope;
   // Filled by trace_slice_forward: p_ij (before dropout), [L][S']; ε_i, the
   // bound on |p̂_ij − p_ij| / p_ij: exp(2 max_j e_s,ij + γ_{2S'+8}) − 1
   // (each p_ij = exp(s_ij − lse_i), both within max_j e_s plus the float32
@@ -258,6 +265,10 @@ inline void trace_slice_forward(SliceTrace& t, double u) {
   t.eps.assign(static_cast<std::size_t>(L), 0.0);
   t.o.assign(static_cast<std::size_t>(L * D), 0.0);
   t.eo.assign(t.o.size(), 0.0);
+  if (t.softcap > 0) {
+    t.slope.assign(static_cast<std::size_t>(L * St), 0.0);
+    t.eslope.assign(t.slope.size(), 0.0);
+  }
   std::vector<double> s(static_cast<std::size_t>(St)), es(s.size());
   const double flush = std::ldexp(1.0, -126);
   for (int64_t i = 0; i < L; ++i) {
@@ -270,11 +281,18 @@ inline void trace_slice_forward(SliceTrace& t, double u) {
         dot_abs += std::abs(q * k);
         e += std::abs(q) * ek + eq * std::abs(k) + eq * ek;
       }
-      const double m = t.mask[at(i, j)];
-      s[static_cast<std::size_t>(j)] = t.scale * dot + m;
+      const double m = t.mask[at(i, j)], x = t.scale * dot;
+      const double capped = t.softcap > 0 ? t.softcap * std::tanh(x / t.softcap) : x;
+      s[static_cast<std::size_t>(j)] = capped + m;
       es[static_cast<std::size_t>(j)] =
           t.scale * e + gamma32(static_cast<double>(D + 2)) * (t.scale * dot_abs + (std::isfinite(m) ? std::abs(m) : 0.0)) +
           (t.pair_way ? t.scale * static_cast<double>(D) * flush : 0.0);
+      if (t.softcap > 0) {
+        const double ex = es[static_cast<std::size_t>(j)], th = std::tanh(x / t.softcap);
+        es[static_cast<std::size_t>(j)] += 8 * std::ldexp(1.0, -24) * std::abs(x);
+        t.slope[at(i, j)] = 1 - th * th;
+        t.eslope[at(i, j)] = 2 * ex / t.softcap + 8 * std::ldexp(1.0, -24);
+      }
       smax = std::max(smax, s[static_cast<std::size_t>(j)]);
       if (std::isfinite(m)) es_max = std::max(es_max, es[static_cast<std::size_t>(j)]);
     }

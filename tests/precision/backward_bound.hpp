@@ -1,0 +1,113 @@
+// tests/precision/backward_bound.hpp: the pieces of the backward's error
+// bound that the MHA backward test (test_precision_backward.cpp) and the
+// grouped-query test (test_precision_gqa.cpp) share: a float32 sum of
+// products with operands that carry error bounds, a rounding to 16 bits,
+// and one attention slice's backward traced (docs/precision.md, "The
+// backward", derives each).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "precision/precision_cases.hpp"
+
+namespace multihead::precision {
+
+// Value and bound of a float32 sum of products a_r·b_r (r < n terms),
+// operands with errors.
+struct Sum {
+  double value = 0, error = 0, sizes = 0;
+  int64_t n = 0;
+  void add(double a, double ea, double b, double eb) {
+    value += a * b;
+    error += std::abs(a) * eb + ea * std::abs(b) + ea * eb;
+    sizes += std::abs(a * b);
+    ++n;
+  }
+  // The float32 result's bound (before any 16-bit rounding), `extra`
+  // operations beyond the n − 1 additions (a scale, a bias).
+  double bound(int64_t extra = 0) const { return error + gamma32(static_cast<double>(n + extra)) * (sizes + error); }
+};
+
+// Rounding to 16 bits: |round(x) − x| <= u|x| + η, η half the smallest
+// subnormal (2^-25 for f16, whose subnormals start below 6.1e-5, where
+// small gradients fall; 2^-134 for bf16).
+struct Rounding {
+  double u, eta;
+};
+template <class E>
+Rounding rounding_of() {
+  const bool f16 = compute_dtype_of<E>() == ComputeDtype::F16;
+  return {unit_roundoff(compute_dtype_of<E>()), std::ldexp(1.0, f16 ? -25 : -134)};
+}
+
+// The bound of round(x̂) against x, x̂ within e of x.
+inline double rounded(const Rounding& r, double x, double e) { return e + r.u * (std::abs(x) + e) + r.eta; }
+
+// One slice's backward, traced (before the 16-bit rounding): given the
+// slice's forward trace and d_out [L][D] with its bounds. `group`: how many
+// query slices' sums d_k and d_v of this slice's K/V rows join (grouped-
+// query attention: the kernel sums the group's G·L rows in one float32
+// sum, so each slice's part carries γ_{G·L+1}; 1 without grouping). With a
+// soft-cap the chain multiplies ds by the cap's slope (SliceTrace::slope):
+// dx = ds·slope, e_dx = e_ds·slope + |ds|·e_slope + u32·|dx|.
+struct SliceGradients {
+  std::vector<double> dq, edq, dk, edk, dv, edv;
+};
+
+inline SliceGradients trace_slice_backward(const SliceTrace& t, const std::vector<double>& dout,
+                                           const std::vector<double>& edout, int64_t group = 1) {
+  const int64_t L = t.L, St = t.St, D = t.D;
+  const auto at = [&](int64_t i, int64_t j) { return static_cast<std::size_t>(i * St + j); };
+  const auto rd = [&](int64_t i, int64_t d) { return static_cast<std::size_t>(i * D + d); };
+  std::vector<double> ds(static_cast<std::size_t>(L * St)), eds(ds.size());
+  for (int64_t i = 0; i < L; ++i) {
+    Sum delta;
+    for (int64_t d = 0; d < D; ++d) delta.add(dout[rd(i, d)], edout[rd(i, d)], t.o[rd(i, d)], t.eo[rd(i, d)]);
+    const double e_delta = delta.bound(), eps = t.eps[static_cast<std::size_t>(i)];
+    for (int64_t j = 0; j < St; ++j) {
+      const double p = t.p[at(i, j)], k = t.keep[at(i, j)];
+      if (p == 0) continue;
+      Sum dpp;
+      for (int64_t d = 0; d < D; ++d) dpp.add(dout[rd(i, d)], edout[rd(i, d)], t.v[rd(j, d)], t.ev[rd(j, d)]);
+      const double dp = k * dpp.value, e_dp = k * dpp.bound(1);
+      ds[at(i, j)] = p * (dp - delta.value);
+      eds[at(i, j)] = eps * p * std::abs(dp - delta.value) + p * (1 + eps) * (e_dp + e_delta) +
+                      gamma32(3) * p * (1 + eps) * (std::abs(dp) + std::abs(delta.value) + e_dp + e_delta);
+    }
+  }
+  if (t.softcap > 0)
+    for (std::size_t x = 0; x < ds.size(); ++x) {
+      const double dx = ds[x] * t.slope[x];
+      eds[x] = eds[x] * t.slope[x] + std::abs(ds[x]) * t.eslope[x] + std::ldexp(1.0, -24) * std::abs(dx);
+      ds[x] = dx;
+    }
+  SliceGradients g;
+  for (auto* v : {&g.dq, &g.edq}) v->assign(static_cast<std::size_t>(L * D), 0.0);
+  for (auto* v : {&g.dk, &g.edk, &g.dv, &g.edv}) v->assign(static_cast<std::size_t>(St * D), 0.0);
+  for (int64_t i = 0; i < L; ++i)
+    for (int64_t d = 0; d < D; ++d) {
+      Sum s;
+      for (int64_t j = 0; j < St; ++j) s.add(ds[at(i, j)], eds[at(i, j)], t.k[rd(j, d)], t.ek[rd(j, d)]);
+      g.dq[rd(i, d)] = t.scale * s.value;
+      g.edq[rd(i, d)] = t.scale * s.bound(1);
+    }
+  for (int64_t j = 0; j < St; ++j)
+    for (int64_t d = 0; d < D; ++d) {
+      Sum sk, sv;
+      for (int64_t i = 0; i < L; ++i) {
+        sk.add(ds[at(i, j)], eds[at(i, j)], t.q[rd(i, d)], t.eq[rd(i, d)]);
+        const double pk = t.keep[at(i, j)] * t.p[at(i, j)];
+        sv.add(pk, pk * t.eps[static_cast<std::size_t>(i)], dout[rd(i, d)], edout[rd(i, d)]);
+      }
+      g.dk[rd(j, d)] = t.scale * sk.value;
+      g.edk[rd(j, d)] = t.scale * sk.bound(1 + (group - 1) * L);
+      g.dv[rd(j, d)] = sv.value;
+      g.edv[rd(j, d)] = sv.bound(1 + (group - 1) * L);
+    }
+  return g;
+}
+
+
+}  // namespace multihead::precision
