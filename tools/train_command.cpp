@@ -200,7 +200,7 @@ std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
   if (a.resume.empty()) {
     if (a.train.dtype != ComputeDtype::F32 && a.model.positions == Positions::Rope)
       throw Error(Error::Kind::Value, "--dtype: " + a.dtype + " is not available with --positions rope (the "
-                                      "grouped-query module has no 16-bit backward); use --dtype f32 or another "
+                                      "trainer has no 16-bit grouped-query layer yet); use --dtype f32 or another "
                                       "--positions");
     const std::shared_ptr<const Task> task = make_task(a.task, a.symbols, a.length);
     trainer = std::make_unique<Trainer>(task, a.model, a.train);

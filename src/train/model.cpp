@@ -223,8 +223,8 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
       throw Error(Error::Kind::Value, "compute dtype: " + to_string(dt) + " needs a float32 model, got float64");
     if (c.positions == Positions::Rope)
       throw Error(Error::Kind::Value, "compute dtype: " + to_string(dt) +
-                                          " is not available with RoPE positions (the grouped-query module has no "
-                                          "16-bit backward), got positions rope");
+                                          " is not available with RoPE positions (the trainer has no 16-bit "
+                                          "grouped-query layer yet), got positions rope");
     if (o.inspect)
       throw Error(Error::Kind::Value, "inspect: needs compute dtype f32 (the 16-bit attention returns no weights), "
                                       "got " + to_string(dt));

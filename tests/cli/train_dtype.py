@@ -146,7 +146,7 @@ def bad_input(cli, work):
     cases = [
         ("--dtype f64", ["--dtype", "f64"], ["--dtype", "f32, bf16, f16", "'f64'"]),
         ("--dtype bf16 --positions rope", ["--dtype", "bf16", "--positions", "rope"],
-         ["--dtype", "bf16", "--positions rope", "no 16-bit backward"]),
+         ["--dtype", "bf16", "--positions rope", "no 16-bit grouped-query layer"]),
         ("--dtype f16 --parallel data", ["--dtype", "f16", "--parallel", "data"], ["--"]),
     ]
     for name, args, needles in cases:
