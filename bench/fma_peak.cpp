@@ -3,7 +3,11 @@
 // Each thread runs kChains independent chains of MulAdd on registers (no
 // memory traffic) for a fixed number of iterations; FLOPs = 2·lanes per FMA.
 // A core with 2 FMA pipes of latency 4 needs >= 8 independent chains in
-// flight; we use 16 (issue "Fast": >= 12 were needed to reach the peak).
+// flight (issue "Fast": >= 12 were needed to reach the peak on AVX-512).
+// Every chain must stay in a register: AVX-512 has 32 vector registers, so
+// 16 chains fit; AVX2 and SSE have 16, and 16 chains plus the two operands
+// spill, turning each chain into a store-to-load round trip that halves the
+// rate (measured: 55 against 111 GFLOP/s per Zen 4 core). There we use 12.
 //
 // Then, in the same run, the two 16-bit peaks and the memory ceiling:
 //  - vdpbf16ps (AVX512_BF16: 32 bf16 pairs into 16 float32 lanes, each lane
@@ -52,7 +56,11 @@ namespace multihead_bench {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int kChains = 16;
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kChains = 16;  // 32 zmm registers
+#else
+constexpr int kChains = 12;  // 16 registers: 12 chains + the 2 operands
+#endif
 
 // Returns a value depending on every chain so nothing is optimised away.
 // FLOPs performed: iterations · kChains · 2 · lanes.
