@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <type_traits>
@@ -17,7 +18,9 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/narrow_rows.hpp"
 #include "core/parallel.hpp"
+#include "core/thread_scratch.hpp"
 #include "multihead/error.hpp"
 
 #include <omp.h>
@@ -73,23 +76,31 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha,
 
 namespace {
 
-// op(X) (rows × cols) of a 16-bit X, widened into a packed float matrix.
+// A 16-bit X as stored (op(X) is rows × cols; X itself is cols × rows when
+// transposed), widened exactly into a packed float copy in `scratch` with
+// the same orientation, so the float product takes the same Trans flags and
+// sums in the same order as the float32 path on the same (rounded) values.
+struct WidenedOperand {
+  const float* data = nullptr;
+  int64_t ld = 0;
+};
 template <class E>
-std::vector<float> widened(Trans t, int64_t rows, int64_t cols, const E* X, int64_t ld) {
-  std::vector<float> out(static_cast<std::size_t>(rows * cols));
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j)
-      out[static_cast<std::size_t>(i * cols + j)] = to_float(t == Trans::No ? X[i * ld + j] : X[j * ld + i]);
-  return out;
+WidenedOperand widened(Trans t, int64_t rows, int64_t cols, const E* X, int64_t ld, ThreadScratch& scratch,
+                       int threads) {
+  const int64_t stored_rows = t == Trans::No ? rows : cols, stored_cols = t == Trans::No ? cols : rows;
+  float* copy = scratch.take(static_cast<std::size_t>(stored_rows * stored_cols));
+  widen_rows(X, stored_rows, stored_cols, ld, copy, stored_cols, threads);
+  return {copy, stored_cols};
 }
 
-// The widening product: exact float copies of op(A) and op(B), then the
-// float gemm (so the sums are those of the float path).
+// The widening product: exact float copies of A and B, then the float gemm.
+// (Called on pool threads too: each thread has its own copies.)
 template <class E>
 void widened_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const E* A, int64_t lda,
                   const E* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  const std::vector<float> a = widened(ta, M, K, A, lda), b = widened(tb, K, N, B, ldb);
-  gemm(Trans::No, Trans::No, M, N, K, alpha, a.data(), K, b.data(), N, beta, C, ldc);
+  thread_local ThreadScratch scratch_a, scratch_b;
+  const WidenedOperand a = widened(ta, M, K, A, lda, scratch_a, 1), b = widened(tb, K, N, B, ldb, scratch_b, 1);
+  gemm(ta, tb, M, N, K, alpha, a.data, a.ld, b.data, b.ld, beta, C, ldc);
 }
 
 #if MULTIHEAD_WITH_ONEDNN
@@ -135,7 +146,35 @@ bool onednn_bf16_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float
     throw Error(Error::Kind::Value, std::string("gemm: oneDNN bf16 matmul failed: ") + e.what());
   }
 }
+
+// Whether oneDNN has a bf16 matmul on this CPU (asked once, with a 2×2×2
+// descriptor): from AVX-512 on, not below.
+bool onednn_has_bf16_matmul() {
+  static const bool has = [] {
+    using dnnl::memory;
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      const memory::desc a_md({2, 2}, memory::data_type::bf16, memory::dims{2, 1});
+      const memory::desc c_md({2, 2}, memory::data_type::f32, memory::dims{2, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, a_md, c_md), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return has;
+}
 #endif
+
+// Whether a product of 16-bit E runs natively (a 16-bit matmul) here, rather
+// than on widened float copies.
+template <class E>
+bool native_16bit_gemm() {
+#if MULTIHEAD_WITH_ONEDNN
+  if constexpr (std::is_same_v<E, bfloat16>) return onednn_has_bf16_matmul();
+#endif
+  return false;
+}
 
 }  // namespace
 
@@ -144,7 +183,7 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_only(M, N, beta, C, ldc);
 #if MULTIHEAD_WITH_ONEDNN
-  if (onednn_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  if (native_16bit_gemm<bfloat16>() && onednn_bf16_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
 #endif
   widened_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
@@ -266,14 +305,32 @@ void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const dou
   blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
 }
 
+namespace {
+
+// 16-bit operands: oneDNN's 16-bit matmul per block where it has one; else
+// A and B widened once (all threads), then the float blocks, so no block
+// widens op(B) again.
+template <class E>
+void blocked_16bit(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const E* A, int64_t lda, const E* B,
+                   int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
+  if (M == 0 || N == 0) return;
+  if (native_16bit_gemm<E>()) return blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+  thread_local ThreadScratch scratch_a, scratch_b;
+  const WidenedOperand a = widened(ta, M, K, A, lda, scratch_a, threads),
+                       b = widened(tb, K, N, B, ldb, scratch_b, threads);
+  blocked(ta, tb, M, N, K, a.data, a.ld, b.data, b.ld, beta, C, ldc, threads);
+}
+
+}  // namespace
+
 void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const bfloat16* A, int64_t lda,
                   const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
-  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+  blocked_16bit(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
 }
 
 void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float16* A, int64_t lda,
                   const float16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
-  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+  blocked_16bit(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
 }
 
 void set_blas_threads(int threads) {

@@ -5,7 +5,9 @@
 #include <memory>
 
 #include "core/gemm.hpp"
+#include "core/narrow_rows.hpp"
 #include "core/parallel.hpp"
+#include "core/thread_scratch.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead::detail {
@@ -68,31 +70,11 @@ void narrow_linear_forward(const LinearRows<E>& x, const LinearWeight<E>& w, con
   // The float32 product, then + b and one rounding per element, rows split
   // across threads (each y element is written by one thread: the same bits
   // for any thread count). The buffer is not zeroed: the product writes it.
-  const std::unique_ptr<float[]> acc(new float[static_cast<std::size_t>(rows * w.out)]);
+  thread_local ThreadScratch scratch;
+  float* acc = scratch.take(static_cast<std::size_t>(rows * w.out));
   gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f,
-               acc.get(), w.out, o.threads);
-  constexpr int64_t kRows = 16;  // rows per work item
-  parallel_items((rows + kRows - 1) / kRows, requested_threads(o.threads), /*item_cost=*/kRows * w.out,
-                 [&](int64_t item) {
-                   for (int64_t r = item * kRows; r < std::min(rows, (item + 1) * kRows); ++r)
-                     for (int64_t c = 0; c < w.out; ++c) {
-                       const float sum = acc[static_cast<std::size_t>(r * w.out + c)] +
-                                         (b != nullptr ? to_float(b[c]) : 0.0f);
-                       y[r * ldy + c] = narrow_from_float<E>(sum);
-                     }
-                 });
-}
-
-// Rounds a (rows × cols) float32 buffer, rows `ld` apart in `out`, once
-// per element, rows split across threads (one writer per element).
-template <class E>
-void round_rows(int64_t rows, int64_t cols, const float* acc, E* out, int64_t ld, int threads) {
-  constexpr int64_t kRows = 16;  // rows per work item
-  parallel_items((rows + kRows - 1) / kRows, requested_threads(threads), /*item_cost=*/kRows * cols,
-                 [&](int64_t item) {
-                   for (int64_t r = item * kRows; r < std::min(rows, (item + 1) * kRows); ++r)
-                     for (int64_t c = 0; c < cols; ++c) out[r * ld + c] = narrow_from_float<E>(acc[r * cols + c]);
-                 });
+               acc, w.out, o.threads);
+  round_rows(acc, rows, w.out, w.out, b, y, ldy, o.threads);
 }
 
 template <class E>
@@ -105,26 +87,27 @@ void narrow_linear_backward(const LinearRows<E>& x, const LinearWeight<E>& w, co
   // One float32 buffer, reused for each gradient in turn: the largest.
   const int64_t n = std::max({g.d_x ? rows * in : 0, g.d_W ? out * in : 0, g.d_b ? out : int64_t{0}});
   if (n == 0) return;
-  const std::unique_ptr<float[]> acc(new float[static_cast<std::size_t>(n)]);
+  thread_local ThreadScratch scratch;
+  float* acc = scratch.take(static_cast<std::size_t>(n));
   // forward: y = round(x · Wᵀ + b)
   //   =>  d_x = round(d_y · W)      (rows × out · out × in)
   // (a product over K = 0 terms writes zeros: gemm's beta = 0)
   if (g.d_x != nullptr) {
     gemm_blocked(Trans::No, w.transposed ? Trans::Yes : Trans::No, rows, in, out, d_y, ld_dy, w.data, w.ld, 0.0f,
-                 acc.get(), in, o.threads);
-    round_rows(rows, in, acc.get(), g.d_x, g.ld_dx > 0 ? g.ld_dx : in, o.threads);
+                 acc, in, o.threads);
+    round_rows(acc, rows, in, in, static_cast<const E*>(nullptr), g.d_x, g.ld_dx > 0 ? g.ld_dx : in, o.threads);
   }
   //   =>  d_W = round(d_yᵀ · x)     (out × rows · rows × in)
   if (g.d_W != nullptr) {
-    gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, ldx, 0.0f, acc.get(), in, o.threads);
-    round_rows(out, in, acc.get(), g.d_W, in, o.threads);
+    gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, ldx, 0.0f, acc, in, o.threads);
+    round_rows(acc, out, in, in, static_cast<const E*>(nullptr), g.d_W, in, o.threads);
   }
   //   =>  d_b = round(Σ_rows d_y), summed in float32, rows in order
   if (g.d_b != nullptr) {
-    std::fill_n(acc.get(), out, 0.0f);
+    std::fill_n(acc, out, 0.0f);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < out; ++c) acc[static_cast<std::size_t>(c)] += to_float(d_y[r * ld_dy + c]);
-    round_rows(1, out, acc.get(), g.d_b, out, o.threads);
+    round_rows(acc, 1, out, out, static_cast<const E*>(nullptr), g.d_b, out, o.threads);
   }
 }
 

@@ -22,12 +22,15 @@
 // where they are, Q rows are packed per query tile anyway, and output rows
 // are written where the layout puts them.
 #include <algorithm>
+#include <atomic>
 #include <limits>
 #include <optional>
 #include <string>
 
 #include "contract/score_rule.hpp"
+#include "core/narrow_rows.hpp"
 #include "core/parallel.hpp"
+#include "core/thread_scratch.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_attention.hpp"
@@ -127,13 +130,113 @@ std::optional<AttentionArgs<float>> grouped_decode_args(const AttentionArgs<floa
 
 }  // namespace
 
+namespace {
+
+std::atomic<bool>& narrow_widen_once_enabled() {
+  static std::atomic<bool> enabled{true};
+  return enabled;
+}
+
+// The elements from an operand's base that the rows the call reads span:
+// `len` rows of `width` from the slice start of each query slice n <
+// `slices` (for K and V, of the K/V slice it reads: kv_slice_start), under
+// a resolved layout (0 when empty).
+int64_t operand_span(const SliceLayout& l, int64_t slices, int64_t heads, int64_t kv_heads, int64_t len,
+                     int64_t width) {
+  if (slices == 0 || len == 0 || width == 0) return 0;
+  int64_t span = 0;
+  for (int64_t n = 0; n < slices; ++n) {
+    const int64_t m = kv_slice(n, heads, kv_heads);
+    span = std::max(span, (m / kv_heads) * l.batch + (m % kv_heads) * l.head + (len - 1) * l.row + width);
+  }
+  return span;
+}
+
+// An operand's span of 16-bit values widened into `scratch` (null when
+// there is none).
+const float* widened_span(const void* src, ComputeDtype dtype, int64_t span, ThreadScratch& scratch, int threads) {
+  if (src == nullptr || span == 0) return nullptr;
+  float* dst = scratch.take(static_cast<std::size_t>(span));
+  if (dtype == ComputeDtype::BF16) {
+    widen_rows(static_cast<const bfloat16*>(src), 1, span, span, dst, span, threads);
+  } else {
+    widen_rows(static_cast<const float16*>(src), 1, span, span, dst, span, threads);
+  }
+  return dst;
+}
+
+void run_flash(const AttentionArgs<float>& args);
+
+// 16-bit operands where the kernel would widen them tile by tile (the f16
+// kernel, and the bf16 kernel's fma way): Q, K and V widened once each, the
+// float32 kernel, and each output row rounded once. The 16-bit kernel's
+// fma way widens every key tile's K and V rows again for every query tile
+// (bq = 16 queries on AVX2), so on a host without 16-bit arithmetic it ran
+// its whole flash part ~25% slower than float32 (perf samples, (1, 1024,
+// 768, 12), AMD EPYC AVX2). The arithmetic is the same: the tile way's
+// micro-kernels are the float32 kernel's on the same widened values, and
+// its output is rounded once as it is stored, so the bits are the same
+// (tests/precision: WidenOnceMatchesTileWay). Memory: float32 copies of the
+// spans of Q, K, V and out, per calling thread, kept (core/thread_scratch.hpp).
+void run_flash_on_widened(const AttentionArgs<float>& a) {
+  thread_local ThreadScratch sq, sk, sv, so;
+  const int threads = requested_threads(a.num_threads);
+  const int64_t H = a.heads, Hkv = a.kv_heads_or_heads();
+  const SliceLayout ql = resolve_layout(a.q_layout, H, a.q_len, a.head_dim);
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, a.kv_len, a.head_dim);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, a.kv_len, a.value_dim);
+  const SliceLayout ol = resolve_layout(a.out_layout, H, a.q_len, a.value_dim);
+  const ComputeDtype dtype = a.narrow.dtype;
+  AttentionArgs<float> f = a;
+  f.narrow = NarrowOperands{};
+  f.q_layout = ql;
+  f.k_layout = kl;
+  f.v_layout = vl;
+  f.out_layout = ol;
+  f.q = widened_span(a.narrow.q, dtype, operand_span(ql, a.slices, H, H, a.q_len, a.head_dim), sq, threads);
+  f.k = widened_span(a.narrow.k, dtype, operand_span(kl, a.slices, H, Hkv, a.kv_len, a.head_dim), sk, threads);
+  f.v = widened_span(a.narrow.v, dtype, operand_span(vl, a.slices, H, Hkv, a.kv_len, a.value_dim), sv, threads);
+  const int64_t out_span = operand_span(ol, a.slices, H, H, a.q_len, a.value_dim);
+  f.out = out_span > 0 ? so.take(static_cast<std::size_t>(out_span)) : nullptr;
+  run_flash(f);
+  if (out_span == 0) return;
+  // Only the rows the kernel wrote: a strided output's gaps are the caller's.
+  for (int64_t n = 0; n < a.slices; ++n) {
+    const int64_t offset = (n / H) * ol.batch + (n % H) * ol.head;
+    if (dtype == ComputeDtype::BF16) {
+      round_rows(f.out + offset, a.q_len, a.value_dim, ol.row, static_cast<const bfloat16*>(nullptr),
+                 static_cast<bfloat16*>(a.narrow.out) + offset, ol.row, threads);
+    } else {
+      round_rows(f.out + offset, a.q_len, a.value_dim, ol.row, static_cast<const float16*>(nullptr),
+                 static_cast<float16*>(a.narrow.out) + offset, ol.row, threads);
+    }
+  }
+}
+
+}  // namespace
+
+void flash_narrow_widen_once(bool enabled) { narrow_widen_once_enabled().store(enabled); }
+
 void attention_forward_flash(const AttentionArgs<float>& args_in) {
   validate(args_in);
   // value_dim = 0 still has log-sum-exps to write when they are asked for.
   if (args_in.slices == 0 || args_in.q_len == 0 || (args_in.value_dim == 0 && args_in.lse == nullptr)) return;
   const std::optional<AttentionArgs<float>> grouped = grouped_decode_args(args_in);
   const AttentionArgs<float>& args = grouped ? *grouped : args_in;
+  const ComputeDtype dtype = args.narrow.dtype;
+  if (dtype != ComputeDtype::F32 && narrow_widen_once_enabled().load()) {
+    const int64_t target = simd_target_bit();
+    const bool tile_widening = dtype == ComputeDtype::F16 || !bf16_dot_choice(target).dpbf16;
+    // With fewer queries than a work item's rows (decoding), the tile way
+    // widens each K/V row about once anyway: the copies would only add a pass.
+    if (tile_widening && args.q_len >= flash_attention_kernel_for(target).row_tile) return run_flash_on_widened(args);
+  }
+  run_flash(args);
+}
 
+namespace {
+
+void run_flash(const AttentionArgs<float>& args) {
   // Dispatch once per call: the target's kernel, and its query tile height.
   const FlashAttentionKernel kernel = flash_attention_kernel_for(simd_target_bit());
   const auto rows = args.narrow.dtype == ComputeDtype::BF16  ? kernel.rows_bf16
@@ -159,6 +262,8 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
     rows(args, slice, row_begin, row_end, scratch);
   });
 }
+
+}  // namespace
 
 // ---- backward -----------------------------------------------------------------
 //

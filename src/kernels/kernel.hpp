@@ -24,6 +24,11 @@ void attention_forward_materialized(const AttentionArgs<T>& args);
 // Tiled online softmax (Highway SIMD). float only, weights must be nullptr.
 // Defined in src/kernels/flash.cpp.
 void attention_forward_flash(const AttentionArgs<float>& args);
+// 16-bit operands on a host where the flash kernel widens them tile by tile
+// (f16; bf16's fma way) are widened once per call instead, and the float32
+// kernel runs on the copies (flash.cpp says why; the same bits). false
+// forces the tile way, for the test that compares the two.
+void flash_narrow_widen_once(bool enabled);
 
 // Attention of args' queries over a KV cache `kv` of any dtype (float32, or
 // compressed: bf16, f16 or int8 with block scales; args.k/v unused), widened

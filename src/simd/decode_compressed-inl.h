@@ -8,7 +8,7 @@
 // keys, D head width, N float lanes of the target.
 //
 // The cache is read where it lies and widened in registers: each K row is
-// loaded D/N vectors at a time in its own type, PromoteTo'd to float32
+// loaded D/N vectors at a time in its own type, widened to float32 (core/narrow_lanes-inl.h)
 // (float32: as loaded; int8: converted, times its block's scale) and multiplied into the rows'
 // dot products at once, so a K/V head is read once for the up to
 // kDecodeMaxRows query rows of its group that share the call. Nothing of the
@@ -38,6 +38,7 @@
 
 #include "contract/score_rule.hpp"
 #include "hwy/cache_control.h"
+#include "core/narrow_lanes-inl.h"
 #include "hwy/highway.h"
 #include "simd/decode_compressed.hpp"
 #include "simd/exp2-inl.h"
@@ -64,16 +65,14 @@ struct WidenF32 {
 struct WidenBf16 {
   using Elem = uint16_t;
   static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) {
-    const hn::Rebind<hwy::bfloat16_t, DF32> dn;
-    return hn::PromoteTo(df, hn::LoadU(dn, reinterpret_cast<const hwy::bfloat16_t*>(row + c)));
+    return LoadWidenBf16(df, reinterpret_cast<const bfloat16*>(row + c));
   }
   static float Scalar(const Elem* row, int64_t c, const float*) { return bfloat16_bits_to_float(row[c]); }
 };
 struct WidenF16 {
   using Elem = uint16_t;
   static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) {
-    const hn::Rebind<hwy::float16_t, DF32> dn;
-    return hn::PromoteTo(df, hn::LoadU(dn, reinterpret_cast<const hwy::float16_t*>(row + c)));
+    return LoadWidenF16(df, reinterpret_cast<const float16*>(row + c));
   }
   static float Scalar(const Elem* row, int64_t c, const float*) { return float16_bits_to_float(row[c]); }
 };

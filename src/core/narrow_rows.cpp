@@ -1,0 +1,110 @@
+// src/core/narrow_rows.cpp: whole rows through the lane forms of
+// multihead/narrow.hpp's conversions (core/narrow_lanes-inl.h), compiled
+// once per Highway target. A row's tail (fewer elements than a vector) goes
+// through the scalar rules themselves.
+#include "core/narrow_rows.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "core/parallel.hpp"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "core/narrow_rows.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "core/narrow_lanes-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace multihead::detail {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+template <class E>
+void WidenRow(const E* HWY_RESTRICT src, size_t n, float* HWY_RESTRICT dst) {
+  const hn::ScalableTag<float> df;
+  const size_t lanes = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(LoadWiden(df, src + i), df, dst + i);
+  for (; i < n; ++i) dst[i] = to_float(src[i]);
+}
+
+template <class E>
+void RoundRow(const float* HWY_RESTRICT src, size_t n, const E* HWY_RESTRICT bias, E* HWY_RESTRICT dst) {
+  const hn::ScalableTag<float> df;
+  const size_t lanes = hn::Lanes(df);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto x = hn::LoadU(df, src + i);
+    if (bias != nullptr) x = hn::Add(x, LoadWiden(df, bias + i));
+    RoundStore(df, x, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = narrow_from_float<E>(src[i] + (bias != nullptr ? to_float(bias[i]) : 0.0f));
+}
+
+void WidenRowBf16(const bfloat16* src, size_t n, float* dst) { WidenRow(src, n, dst); }
+void WidenRowF16(const float16* src, size_t n, float* dst) { WidenRow(src, n, dst); }
+void RoundRowBf16(const float* src, size_t n, const bfloat16* bias, bfloat16* dst) { RoundRow(src, n, bias, dst); }
+void RoundRowF16(const float* src, size_t n, const float16* bias, float16* dst) { RoundRow(src, n, bias, dst); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace multihead::detail
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace multihead::detail {
+
+HWY_EXPORT(WidenRowBf16);
+HWY_EXPORT(WidenRowF16);
+HWY_EXPORT(RoundRowBf16);
+HWY_EXPORT(RoundRowF16);
+
+namespace {
+
+constexpr int64_t kChunk = 4096;  // elements per work item
+
+// fn(row, first column, count) over chunks of at most kChunk elements of
+// each row, split across threads.
+template <class Fn>
+void for_row_chunks(int64_t rows, int64_t cols, int threads, const Fn& fn) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t per_row = (cols + kChunk - 1) / kChunk;
+  parallel_items(rows * per_row, requested_threads(threads), /*item_cost=*/std::min(cols, kChunk), [&](int64_t item) {
+    const int64_t r = item / per_row, c0 = item % per_row * kChunk;
+    fn(r, c0, std::min(kChunk, cols - c0));
+  });
+}
+
+}  // namespace
+
+void widen_rows(const bfloat16* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst, int64_t ld_dst,
+                int threads) {
+  for_row_chunks(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(WidenRowBf16)(src + r * ld_src + c0, static_cast<size_t>(n), dst + r * ld_dst + c0);
+  });
+}
+void widen_rows(const float16* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst, int64_t ld_dst,
+                int threads) {
+  for_row_chunks(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(WidenRowF16)(src + r * ld_src + c0, static_cast<size_t>(n), dst + r * ld_dst + c0);
+  });
+}
+void round_rows(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const bfloat16* bias, bfloat16* dst,
+                int64_t ld_dst, int threads) {
+  for_row_chunks(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(RoundRowBf16)(src + r * ld_src + c0, static_cast<size_t>(n),
+                                       bias != nullptr ? bias + c0 : nullptr, dst + r * ld_dst + c0);
+  });
+}
+void round_rows(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const float16* bias, float16* dst,
+                int64_t ld_dst, int threads) {
+  for_row_chunks(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(RoundRowF16)(src + r * ld_src + c0, static_cast<size_t>(n),
+                                      bias != nullptr ? bias + c0 : nullptr, dst + r * ld_dst + c0);
+  });
+}
+
+}  // namespace multihead::detail
+#endif  // HWY_ONCE

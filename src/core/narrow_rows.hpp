@@ -1,0 +1,37 @@
+// src/core/narrow_rows.hpp: whole rows between 16-bit storage (bfloat16,
+// float16) and float32, vectorised (Highway, run-time dispatch).
+//
+// The rules are multihead/narrow.hpp's, written there once as scalars:
+// widening is exact, rounding is to nearest with ties to even (NaN a quiet
+// NaN with its sign, f16 overflow to ±inf). The vector forms in
+// narrow_rows.cpp are transcriptions of those scalar rules into lane
+// operations, bit for bit, on every target (tests/unit/test_narrow_rows.cpp
+// compares them with the scalars on every bf16 tie and f16 rounding
+// boundary), so which target runs never changes a bit.
+//
+// Rows are split across threads in fixed blocks; each element is written by
+// one thread: the bits do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+
+#include "multihead/narrow.hpp"
+
+namespace multihead::detail {
+
+// dst (rows × cols, rows ld_dst apart) = widen(src (rows × cols, rows
+// ld_src apart)), exactly.
+void widen_rows(const bfloat16* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst, int64_t ld_dst,
+                int threads);
+void widen_rows(const float16* src, int64_t rows, int64_t cols, int64_t ld_src, float* dst, int64_t ld_dst,
+                int threads);
+
+// dst (rows × cols, rows ld_dst apart) = round(src + bias): each float32
+// element of src (rows ld_src apart) plus, when bias is not null, the
+// widened bias of its column (one float32 addition), rounded once.
+void round_rows(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const bfloat16* bias, bfloat16* dst,
+                int64_t ld_dst, int threads);
+void round_rows(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const float16* bias, float16* dst,
+                int64_t ld_dst, int threads);
+
+}  // namespace multihead::detail
