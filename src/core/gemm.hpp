@@ -13,9 +13,11 @@
 //    float32 products, sums and C: bf16 through oneDNN's bf16 matmul
 //    (vdpbf16ps on AVX512_BF16, oneDNN's emulation on other AVX-512 CPUs,
 //    the widened product below AVX-512, where oneDNN has none); f16
-//    widens op(A) and op(B) to float32 and runs the float product, since
-//    oneDNN 2.6 (Debian 12) has no f16 matmul on CPUs (its primitive
-//    descriptor is refused), and so does bf16 in a build without oneDNN.
+//    widens A and B to float32 (as stored, core/narrow_rows.hpp) and runs
+//    the float product with the same Trans flags, since oneDNN 2.6 (Debian
+//    12) has no f16 matmul on CPUs (its primitive descriptor is refused),
+//    and so does bf16 in a build without oneDNN. gemm_blocked widens each
+//    operand once, with all threads, before its blocks run.
 //    Either way every product of two 16-bit values is exact in float32 and
 //    the K-term sums are float32 sums: the error bound of docs/precision.md.
 // Row-major:
