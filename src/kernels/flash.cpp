@@ -200,17 +200,18 @@ void run_flash_on_widened(const AttentionArgs<float>& a) {
   f.out = out_span > 0 ? so.take(static_cast<std::size_t>(out_span)) : nullptr;
   run_flash(f);
   if (out_span == 0) return;
-  // Only the rows the kernel wrote: a strided output's gaps are the caller's.
-  for (int64_t n = 0; n < a.slices; ++n) {
+  // Only the rows the kernel wrote: a strided output's gaps are the
+  // caller's. One slice per work item, in one parallel region.
+  parallel_items(a.slices, threads, /*item_cost=*/a.q_len * a.value_dim, [&](int64_t n) {
     const int64_t offset = (n / H) * ol.batch + (n % H) * ol.head;
     if (dtype == ComputeDtype::BF16) {
       round_rows(f.out + offset, a.q_len, a.value_dim, ol.row, static_cast<const bfloat16*>(nullptr),
-                 static_cast<bfloat16*>(a.narrow.out) + offset, ol.row, threads);
+                 static_cast<bfloat16*>(a.narrow.out) + offset, ol.row, 1);
     } else {
       round_rows(f.out + offset, a.q_len, a.value_dim, ol.row, static_cast<const float16*>(nullptr),
-                 static_cast<float16*>(a.narrow.out) + offset, ol.row, threads);
+                 static_cast<float16*>(a.narrow.out) + offset, ol.row, 1);
     }
-  }
+  });
 }
 
 }  // namespace
