@@ -198,10 +198,6 @@ std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
 
   std::unique_ptr<Trainer> trainer;
   if (a.resume.empty()) {
-    if (a.train.dtype != ComputeDtype::F32 && a.model.positions == Positions::Rope)
-      throw Error(Error::Kind::Value, "--dtype: " + a.dtype + " is not available with --positions rope (the "
-                                      "trainer has no 16-bit grouped-query layer yet); use --dtype f32 or another "
-                                      "--positions");
     const std::shared_ptr<const Task> task = make_task(a.task, a.symbols, a.length);
     trainer = std::make_unique<Trainer>(task, a.model, a.train);
   } else {
@@ -410,7 +406,8 @@ Runner add_train_command(CLI::App& app) {
                 "Compute type of the forward and backward: f32 (default), bf16 or f16 (mixed precision, as PyTorch's "
                 "autocast: the linear maps and the attention in 16 bits, layer norms, softmax, the loss and AdamW "
                 "in float32; the weights and AdamW's moments stay float32; f16 scales the loss dynamically, "
-                "docs/precision.md). Not with --positions rope or --parallel data")
+                "docs/precision.md; with --positions rope the grouped-query attention runs in 16 bits too). Not with "
+                "--parallel data")
       ->transform(one_of({"f32", "bf16", "f16"}));
   c->add_option("--progress", a->progress, "auto (a bar on a terminal, else lines), bar, lines or none")
       ->transform(one_of({"auto", "bar", "lines", "none"}));

@@ -141,8 +141,9 @@ struct TrainOptions {
   // float32 either way (what the checkpoint holds). F16 adds dynamic loss
   // scaling (src/train/loss_scale.hpp: 2^16 at first, halved and the step
   // skipped on an inf/NaN gradient, doubled after 2000 clean steps).
-  // Not with Positions::Rope (the grouped-query module has no 16-bit form)
-  // or GradientSum::PerExample.
+  // With Positions::Rope the blocks' grouped-query attention runs as
+  // NarrowGroupedQueryAttention (multihead/narrow_grouped_query_attention.hpp).
+  // Not with GradientSum::PerExample.
   ComputeDtype dtype = ComputeDtype::F32;
   void validate() const;
 };

@@ -6,6 +6,7 @@
 
 #include "core/linear.hpp"
 #include "multihead/error.hpp"
+#include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
 
 namespace multihead::train {
@@ -92,6 +93,44 @@ class NarrowAttentionOf final : public NarrowBlockAttention {
   NarrowForwardContext<E> context_;
 };
 
+// The RoPE block's attention as the 16-bit grouped-query module, as
+// NarrowAttentionOf: the master parameters rounded once per pass, the input
+// rounded, the output and every gradient the module's own 16-bit values.
+// Its x is the block's one input, so d_a is the module's d_x as it is (one
+// rounding of the sum over the three in-projections: the header's step).
+template <class E>
+class NarrowGroupedQueryOf final : public NarrowBlockAttention {
+ public:
+  NarrowGroupedQueryOf(const GroupedQueryAttention<float>& master, double dropout)
+      : module_(NarrowGroupedQueryAttention<E>::rounded(master.config(), master.parameters())), dropout_(dropout) {}
+
+  Tensor<float> forward(const Tensor<float>& a, const ForwardOptions<float>& options) override {
+    // ForwardOptions is MultiheadAttention's: its fields without a
+    // grouped-query counterpart here are refused rather than dropped.
+    if (options.alibi || options.need_weights || options.key_padding_mask != nullptr ||
+        options.attn_mask != nullptr || options.attention.dropout_p != 0)
+      throw Error(Error::Kind::Value,
+                  "16-bit grouped-query block: expected no alibi, masks, need_weights or attention.dropout_p "
+                  "(dropout is the block's rate, when training)");
+    AttentionOptions ao = options.attention;
+    if (options.training) ao.dropout_p = dropout_;
+    return widened(module_.forward(round_to<E>(a), ao, context_));
+  }
+
+  Gradients backward(const Tensor<float>& d_output) override {
+    const GroupedQueryAttentionGradients<E> g = module_.backward(context_, round_to<E>(d_output));
+    Gradients out;
+    out.d_a = widened(g.x);
+    for (const auto& [name, t] : g.parameters) out.parameters[name] = widened(t);
+    return out;
+  }
+
+ private:
+  NarrowGroupedQueryAttention<E> module_;
+  double dropout_;
+  NarrowGroupedQueryForwardContext<E> context_;
+};
+
 }  // namespace
 
 template <class T>
@@ -131,6 +170,14 @@ std::unique_ptr<NarrowBlockAttention> make_narrow_block_attention(ComputeDtype d
                                                                   const BasicMultiheadAttention<float>& master) {
   if (dtype == ComputeDtype::BF16) return std::make_unique<NarrowAttentionOf<bfloat16>>(master);
   if (dtype == ComputeDtype::F16) return std::make_unique<NarrowAttentionOf<float16>>(master);
+  throw Error(Error::Kind::Value, "make_narrow_block_attention: expected bf16 or f16, got " + to_string(dtype));
+}
+
+std::unique_ptr<NarrowBlockAttention> make_narrow_block_attention(ComputeDtype dtype,
+                                                                  const GroupedQueryAttention<float>& master,
+                                                                  double dropout) {
+  if (dtype == ComputeDtype::BF16) return std::make_unique<NarrowGroupedQueryOf<bfloat16>>(master, dropout);
+  if (dtype == ComputeDtype::F16) return std::make_unique<NarrowGroupedQueryOf<float16>>(master, dropout);
   throw Error(Error::Kind::Value, "make_narrow_block_attention: expected bf16 or f16, got " + to_string(dtype));
 }
 

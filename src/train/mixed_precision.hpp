@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "multihead/grouped_query_attention.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/narrow.hpp"
 #include "multihead/tensor.hpp"
@@ -41,7 +42,11 @@ void linear_backward_at(ComputeDtype dtype, int64_t rows, const T* x, const T* W
 
 // One block's self-attention at a 16-bit compute type, for one pass:
 // built from the block's float32 master parameters, forward on norm1's
-// output a (B, L, E), backward from d_output.
+// output a (B, L, E), backward from d_output. The block's module is
+// MultiheadAttention (sinusoidal, ALiBi or no positions) or, with RoPE,
+// GroupedQueryAttention; either way `options` are MultiheadAttention's
+// ForwardOptions: dropout at the module's rate when options.training, the
+// step's options in options.attention (dropout_p left 0).
 class NarrowBlockAttention {
  public:
   virtual ~NarrowBlockAttention() = default;
@@ -57,5 +62,14 @@ class NarrowBlockAttention {
 // dtype BF16 or F16; throws multihead::Error for F32.
 std::unique_ptr<NarrowBlockAttention> make_narrow_block_attention(ComputeDtype dtype,
                                                                   const BasicMultiheadAttention<float>& master);
+// The RoPE block's grouped-query module (multihead/narrow_grouped_query_attention.hpp).
+// GroupedQueryAttentionConfig has no dropout rate (GroupedQueryAttention
+// takes it per call, options.dropout_p), so the block's is given here.
+// Its forward refuses what the grouped-query module has no form of (ALiBi
+// through options.alibi, masks, need_weights) with a multihead::Error;
+// causality is the master's config.causal.
+std::unique_ptr<NarrowBlockAttention> make_narrow_block_attention(ComputeDtype dtype,
+                                                                  const GroupedQueryAttention<float>& master,
+                                                                  double dropout);
 
 }  // namespace multihead::train

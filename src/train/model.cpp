@@ -53,7 +53,7 @@ struct BlockSaved {
   Tensor<T> a, mean1, rstd1;       // norm1(x) as (B, L, E), its row statistics (N)
   ForwardContext<T> attn;          // the attention module's own
   GroupedQueryForwardContext<T> rope_attn;  // with RoPE
-  std::unique_ptr<NarrowBlockAttention> narrow_attn;  // at a 16-bit compute type
+  std::unique_ptr<NarrowBlockAttention> narrow_attn;  // at a 16-bit compute type (either module)
   Tensor<T> h;                     // (N, E) x + attention
   Tensor<T> c, mean2, rstd2;       // norm2(h), when ff
   Tensor<T> f1, r;                 // (N, F) pre- and post-ReLU, when ff
@@ -221,10 +221,6 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   if (dt != ComputeDtype::F32) {
     if (!std::is_same_v<T, float>)
       throw Error(Error::Kind::Value, "compute dtype: " + to_string(dt) + " needs a float32 model, got float64");
-    if (c.positions == Positions::Rope)
-      throw Error(Error::Kind::Value, "compute dtype: " + to_string(dt) +
-                                          " is not available with RoPE positions (the trainer has no 16-bit "
-                                          "grouped-query layer yet), got positions rope");
     if (o.inspect)
       throw Error(Error::Kind::Value, "inspect: needs compute dtype f32 (the 16-bit attention returns no weights), "
                                       "got " + to_string(dt));
@@ -250,12 +246,29 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
                       s.mean1.data(), s.rstd1.data());
     s.h = Tensor<T>({N, E});
     if (c.positions == Positions::Rope) {
-      AttentionOptions ao;
-      ao.num_threads = th;
-      if (o.training && c.dropout > 0) ao.dropout_p = c.dropout;
-      ao.dropout_seed = dropout_seed(o.seed, o.step, i, o.example);
-      const Tensor<T> out = rope_attn_[static_cast<std::size_t>(i)]->forward(s.a, ao, s.rope_attn);
-      for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + out[k];
+      if constexpr (std::is_same_v<T, float>) {
+        if (dt != ComputeDtype::F32) {
+          // The 16-bit grouped-query module, rounded from this pass's
+          // master weights; the same dropout rate, seed and threads as the
+          // float32 call below (mixed_precision.hpp).
+          ForwardOptions<float> fo;
+          fo.need_weights = false;
+          fo.training = o.training && c.dropout > 0;
+          fo.attention.num_threads = th;
+          fo.attention.dropout_seed = dropout_seed(o.seed, o.step, i, o.example);
+          s.narrow_attn = make_narrow_block_attention(dt, *rope_attn_[static_cast<std::size_t>(i)], c.dropout);
+          const Tensor<float> out = s.narrow_attn->forward(s.a, fo);
+          for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + out[k];
+        }
+      }
+      if (!s.narrow_attn) {
+        AttentionOptions ao;
+        ao.num_threads = th;
+        if (o.training && c.dropout > 0) ao.dropout_p = c.dropout;
+        ao.dropout_seed = dropout_seed(o.seed, o.step, i, o.example);
+        const Tensor<T> out = rope_attn_[static_cast<std::size_t>(i)]->forward(s.a, ao, s.rope_attn);
+        for (int64_t k = 0; k < N * E; ++k) s.h[k] = s.x[k] + out[k];
+      }
     } else {
       ForwardOptions<T> fo;
       fo.alibi = c.positions == Positions::Alibi;
@@ -347,17 +360,17 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
     // forward: h = x + attn(a, a, a), a = norm1(x)
     //   =>  d_x = d_h + norm1'(d_a),  d_a = d_query + d_key + d_value (one tensor in three roles)
     Tensor<T> d_a({N, E});
-    if (c.positions == Positions::Rope) {
-      GroupedQueryAttentionGradients<T> g =
-          rope_attn_[static_cast<std::size_t>(i)]->backward(s.rope_attn, d_h.reshaped({B, L, E}));
-      for (int64_t k = 0; k < N * E; ++k) d_a[k] = g.x[k];
-      for (const auto& [name, t] : g.parameters) G[block_prefix(i) + name] = t;
-    } else if (s.narrow_attn) {
+    if (s.narrow_attn) {  // either module, at a 16-bit compute type
       if constexpr (std::is_same_v<T, float>) {  // (set for T = float only)
         NarrowBlockAttention::Gradients g = s.narrow_attn->backward(d_h.reshaped({B, L, E}));
         d_a = std::move(g.d_a);
         for (auto& [name, t] : g.parameters) G[block_prefix(i) + name] = std::move(t);
       }
+    } else if (c.positions == Positions::Rope) {
+      GroupedQueryAttentionGradients<T> g =
+          rope_attn_[static_cast<std::size_t>(i)]->backward(s.rope_attn, d_h.reshaped({B, L, E}));
+      for (int64_t k = 0; k < N * E; ++k) d_a[k] = g.x[k];
+      for (const auto& [name, t] : g.parameters) G[block_prefix(i) + name] = t;
     } else {
       const MultiheadAttentionGradients<T> g =
           attn_[static_cast<std::size_t>(i)]->backward(s.attn, d_h.reshaped({B, L, E}));

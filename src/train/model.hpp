@@ -38,8 +38,8 @@ struct PassOptions {
   int64_t loss_count = 0;
   int64_t example = -1;
   // The compute type (TrainOptions::dtype; train/mixed_precision.hpp says
-  // where it rounds). BF16 / F16 need T = float, sinusoidal/none/ALiBi
-  // positions (not RoPE) and no inspect.
+  // where it rounds). BF16 / F16 need T = float and no inspect (any
+  // positions: with RoPE the grouped-query module runs in 16 bits).
   ComputeDtype compute = ComputeDtype::F32;
   // The loss gradient is multiplied by this (F16's loss scaling,
   // train/loss_scale.hpp); the gradients returned are then scaled by it.

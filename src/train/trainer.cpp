@@ -173,9 +173,6 @@ class TrainerImpl {
     if (task->causal()) model_config.causal = true;
     model_config.validate();
     options.validate();
-    if (options.dtype != ComputeDtype::F32 && model_config.positions == Positions::Rope)
-      throw Error(Error::Kind::Value, "dtype: expected f32 with positions rope (the trainer has no 16-bit "
-                                      "grouped-query layer yet), got " + to_string(options.dtype));
     scaler = train::LossScaler(options.dtype == ComputeDtype::F16);
   }
 

@@ -20,10 +20,11 @@ Checkpoint: --dtype bf16 writes float32 tensors and compute_dtype=bf16;
 --resume continues in bf16 without --dtype, and refuses --dtype f32; an
 f16 checkpoint holds the loss scaler's state, and a resume refuses a bad
 compute_dtype, a loss_scale that is no power of two, or a clean-step count
-outside [0, 2000), in one line.
+outside [0, 2000), in one line. --positions rope trains at bf16 and f16
+(the grouped-query blocks in 16 bits): exit 0, and a checkpoint of float32
+tensors, the grouped-query parameters among them, naming the compute type.
 Bad input (exit 2, exactly one line naming the flag, nothing written):
-unknown --dtype, --dtype bf16 with --positions rope, --dtype f16 with
---parallel data.
+unknown --dtype, --dtype f16 with --parallel data.
 
 Under the sanitizers (--sanitized) the accuracy runs are skipped.
 
@@ -124,6 +125,17 @@ def notes_and_checkpoints(cli, work):
     check("--resume a bf16 checkpoint with --dtype f32: refused in one line",
           code == 2 and len(err.splitlines()) == 1 and "dtype is bf16 in the checkpoint, got f32" in err, err)
 
+    # RoPE: the blocks' attention is the grouped-query module (q_proj …).
+    for dtype in ("bf16", "f16"):
+        rope = os.path.join(work, f"rope-{dtype}.safetensors")
+        code, out, err = run(cli, *SMALL, "--steps", "3", "--positions", "rope", "--dtype", dtype,
+                             "--checkpoint-out", rope)
+        tensors, meta = safetensors_io.read(rope) if code == 0 else ({}, {})
+        check(f"--positions rope --dtype {dtype}: trains, checkpoint of float32 tensors, compute_dtype {dtype}",
+              code == 0 and meta.get("compute_dtype") == dtype and "blocks.0.attn.q_proj.weight" in tensors
+              and all(d == "F32" for _, d in tensors.values()),
+              f"exit {code}: {err.strip()!r} {meta.get('compute_dtype')} {sorted(tensors)[:4]}")
+
     # Hostile 16-bit metadata: each refused in one line naming the key.
     f16 = os.path.join(work, "f16.safetensors")
     code, _, err = run(cli, *SMALL, "--steps", "2", "--dtype", "f16", "--checkpoint-out", f16)
@@ -145,8 +157,6 @@ def bad_input(cli, work):
     os.makedirs(os.path.dirname(out), exist_ok=True)
     cases = [
         ("--dtype f64", ["--dtype", "f64"], ["--dtype", "f32, bf16, f16", "'f64'"]),
-        ("--dtype bf16 --positions rope", ["--dtype", "bf16", "--positions", "rope"],
-         ["--dtype", "bf16", "--positions rope", "no 16-bit grouped-query layer"]),
         ("--dtype f16 --parallel data", ["--dtype", "f16", "--parallel", "data"], ["--"]),
     ]
     for name, args, needles in cases:

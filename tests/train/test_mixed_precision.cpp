@@ -1,7 +1,9 @@
 // tests/train/test_mixed_precision.cpp: TrainOptions::dtype = bf16 / f16.
 //  - one mixed-precision pass's gradients against the float64 model's exact
 //    gradients on the same rounded weights and inputs, within a bound
-//    derived from the unit roundoff and the rounding sites on the path;
+//    derived from the unit roundoff and the rounding sites on the path,
+//    with the MHA blocks and with RoPE's grouped-query blocks;
+//  - a RoPE run at bf16 and f16 reaching the f32 run's accuracy;
 //  - the loss scaler (src/train/loss_scale.hpp): overflow halves and skips,
 //    2000 clean steps double, disabled never skips, the unscale's check;
 //  - a 16-bit run's checkpoint: float32 master weights and moments,
@@ -11,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -74,12 +77,23 @@ std::map<std::string, Tensor<double>> reference_parameters(const std::map<std::s
 //    d_x, ff.0's d_x, the attention's d_output, out_proj's d_x (the merged
 //    heads' gradient), dQ/dK/dV, in_proj's d_x (the query, key and value
 //    gradients), and the parameter's own gradient: 8.
+// With RoPE the block is the 16-bit grouped-query module
+// (multihead/narrow_grouped_query_attention.hpp), which rounds once more in
+// the forward: q and k after the rotation (its step 2), on top of their
+// projection's rounding: 8 forward sites per block. Its backward has the
+// MHA's sites: d_output, o_proj's d_x, d_q/d_k/d_v (after RoPE's
+// transpose, in float32), one d_x for the three in-projections (one
+// rounded float32 sum, where the MHA rounds the three and sums them in
+// float32: one site either way) and the parameter's own gradient.
 // First order, each site moves what passes through it by at most u
 // relatively (|round(t) − t| <= u|t|), and the maps between sites at this
-// initialisation (layer-normed activations of norm ~1, weights of norm ~1)
-// do not amplify a relative change in norm: the gradient's norm-wise
-// relative error is then at most (sites)·u.
-int64_t rounding_sites(const ModelConfig& c) { return c.layers * (7 + 8) + 2 + 2; }
+// initialisation (layer-normed activations of norm ~1, weights of norm ~1;
+// the rotation is orthogonal) do not amplify a relative change in norm:
+// the gradient's norm-wise relative error is then at most (sites)·u.
+int64_t rounding_sites(const ModelConfig& c) {
+  const int64_t forward = c.positions == Positions::Rope ? 8 : 7;
+  return c.layers * (forward + 8) + 2 + 2;
+}
 
 struct GradientError {
   std::string worst_name;
@@ -111,27 +125,45 @@ struct MixedCase {
   Positions positions;
   bool causal;
   double loss_scale;
+  double dropout;  // > 0: a training pass, the same keep decisions in both models (the seed's)
 };
 
 // One pass's every gradient at bf16 and f16 (f16 with loss scale 2^10, as
 // the trainer's scaler would run it), against Model<double> on the same
 // rounded parameters and the same tokens: norm-wise per parameter within
-// rounding_sites · u (34u here). Measured: bf16 1.2u–2.0u, f16 1.1u–1.4u
-// (the worst parameter), so the first-order bound holds with a wide
-// margin; the checks below show it is not vacuous: the error is above
+// rounding_sites · u (34u here, 36u with RoPE). Measured (the worst
+// parameter): bf16 1.2u–2.0u, f16 1.1u–1.4u with MHA blocks; with RoPE's
+// grouped-query blocks bf16 2.5u–5.1u, f16 2.3u–6.6u, the worst always a
+// q_proj or k_proj bias (small gradients: without the rotation a key bias
+// would shift all of a query's scores alike, which softmax ignores); so
+// the first-order bound holds with a wide margin; the checks below show it is not vacuous: the error is above
 // float32's level (the 16-bit path ran), a gradient left scaled fails, and
-// one element moved by twice the allowed norm fails.
+// one element moved by twice the allowed norm fails. Model<double> with
+// RoPE is GroupedQueryAttention<double>'s own forward and backward (no
+// autograd, no 16-bit code), so it checks the grouped-query wrapper's
+// gradients (under the master's names) and the model's wiring of them.
 TEST(MixedPrecisionGradients, OnePassAgainstFloat64OnTheSameRoundedWeightsV7L6E16H2F16Layers2B4) {
-  const MixedCase cases[] = {{ComputeDtype::BF16, Positions::Sinusoidal, false, 1.0},
-                             {ComputeDtype::BF16, Positions::Alibi, true, 1.0},
-                             {ComputeDtype::F16, Positions::Sinusoidal, false, 1024.0},
-                             {ComputeDtype::F16, Positions::Alibi, true, 1024.0}};
+  const MixedCase cases[] = {{ComputeDtype::BF16, Positions::Sinusoidal, false, 1.0, 0.0},
+                             {ComputeDtype::BF16, Positions::Alibi, true, 1.0, 0.0},
+                             {ComputeDtype::F16, Positions::Sinusoidal, false, 1024.0, 0.0},
+                             {ComputeDtype::F16, Positions::Alibi, true, 1024.0, 0.0},
+                             {ComputeDtype::BF16, Positions::Rope, false, 1.0, 0.0},
+                             {ComputeDtype::BF16, Positions::Rope, true, 1.0, 0.0},
+                             {ComputeDtype::F16, Positions::Rope, false, 1024.0, 0.0},
+                             {ComputeDtype::F16, Positions::Rope, true, 1024.0, 0.0},
+                             {ComputeDtype::BF16, Positions::Rope, true, 1.0, 0.1},
+                             {ComputeDtype::F16, Positions::Rope, false, 1024.0, 0.1}};
   for (const MixedCase& mc : cases) {
-    const ModelConfig cfg = small_model(mc.positions, mc.causal);
+    ModelConfig cfg = small_model(mc.positions, mc.causal);
+    cfg.dropout = mc.dropout;
     const Model<float> model(cfg, 5);
     const auto task = make_task("reverse", cfg.vocabulary, cfg.sequence_length);
     const Batch batch = task->batch(11, 0, 4);
     PassOptions po;
+    po.training = mc.dropout > 0;
+    po.seed = 3;
+    po.step = 2;
+    PassOptions reference_pass = po;  // the same dropout seeds, at f32 (here float64)
     po.compute = mc.dtype;
     po.loss_scale = mc.loss_scale;
     const auto mixed = model.run(batch, po, true);
@@ -139,19 +171,29 @@ TEST(MixedPrecisionGradients, OnePassAgainstFloat64OnTheSameRoundedWeightsV7L6E1
     const auto ref_params = mc.dtype == ComputeDtype::BF16 ? reference_parameters<bfloat16>(master)
                                                             : reference_parameters<float16>(master);
     const Model<double> reference(cfg, ref_params);
-    const auto exact = reference.run(batch, PassOptions{}, true);
+    const auto exact = reference.run(batch, reference_pass, true);
     ASSERT_EQ(mixed.gradients.size(), exact.gradients.size());
 
     const double u = unit_roundoff(mc.dtype), sites = double(rounding_sites(cfg));
     const GradientError e = relative_errors(mixed.gradients, exact.gradients, mc.loss_scale);
     const std::string name = to_string(mc.dtype) + " positions=" + to_string(mc.positions) +
-                             (mc.causal ? " causal" : "");
+                             (mc.causal ? " causal" : "") + (mc.dropout > 0 ? " dropout" : "");
     EXPECT_LE(e.worst_ratio, sites * u) << name << ": worst parameter " << e.worst_name;
     // The loss: float32 cross-entropy of 16-bit logits, V = 7 terms.
     EXPECT_LE(std::abs(mixed.loss.loss - exact.loss.loss), sites * u * exact.loss.loss) << name;
     // Sensitivity: left scaled by the loss scale, the gradients fail.
     if (mc.loss_scale != 1.0) {
       EXPECT_GT(relative_errors(mixed.gradients, exact.gradients, 1.0).worst_ratio, sites * u);
+    }
+    // With dropout: against the reference without it the gradients fail,
+    // so the 16-bit pass dropped, and the same elements as the reference.
+    if (mc.dropout > 0) {
+      PassOptions no_dropout = reference_pass;
+      no_dropout.training = false;
+      EXPECT_GT(relative_errors(mixed.gradients, reference.run(batch, no_dropout, true).gradients, mc.loss_scale)
+                    .worst_ratio,
+                sites * u)
+          << name;
     }
     // The 16-bit path ran: the error is far above float32's (which is
     // ~1e-7 here), at least u/16.
@@ -193,12 +235,67 @@ TEST(MixedPrecisionGradients, RefusedWhereThereIsNo16BitPath) {
   po.compute = ComputeDtype::BF16;
   const Model<double> dbl(small_model(Positions::Sinusoidal, false), 5);
   EXPECT_THROW(dbl.run(batch, po, true), Error);
+  // RoPE runs at 16 bits (the test above), but not with inspect: the 16-bit
+  // modules return no attention weights.
   const Model<float> rope(small_model(Positions::Rope, false), 5);
-  EXPECT_THROW(rope.run(batch, po, true), Error);
+  EXPECT_NO_THROW(rope.run(batch, po, true));
+  po.inspect = true;
+  EXPECT_THROW(rope.run(batch, po, false), Error);
   TrainOptions o;
   o.dtype = ComputeDtype::BF16;
   o.gradients = GradientSum::PerExample;
   EXPECT_THROW(o.validate(), Error);
+}
+
+// ---- a RoPE run at 16 bits -------------------------------------------------------
+// The copy task as tests/cli/train_dtype.py trains it with MHA blocks (8
+// symbols, length 8, 1 layer, d_model 32, 2 heads, ff 32, batch 16, 150
+// steps, lr 3e-3, seed 3), here with RoPE's grouped-query blocks, causal
+// or not. (Reverse, that script's other permutation task, needs absolute
+// positions, which RoPE does not give: at f32 it stays near 40% there.)
+// As that script: "final accuracy" is the mean of the last kFinal steps'
+// batch accuracies; a 16-bit run passes at the f32 run's less a slack of
+// two sampling spreads sqrt(p(1 − p)/n), n = kFinal·B·L counted positions,
+// and at least 0.01; the f32 run must itself learn (>= 0.8).
+double final_accuracy(const std::shared_ptr<const Task>& task, const ModelConfig& model, ComputeDtype dtype,
+                      int64_t final_steps) {
+  TrainOptions o;
+  o.steps = 150;
+  o.batch = 16;
+  o.lr = 3e-3;
+  o.seed = 3;
+  o.threads = 2;
+  o.dtype = dtype;
+  Trainer trainer(task, model, o);
+  double sum = 0;
+  while (trainer.step() < o.steps) {
+    const StepStats s = trainer.train_step();
+    if (trainer.step() > o.steps - final_steps) sum += s.accuracy;
+  }
+  return sum / double(final_steps);
+}
+
+TEST(MixedPrecisionTraining, RopeCopyAtBf16AndF16ReachesTheF32RunsAccuracy) {
+  constexpr int64_t kFinal = 10, kBatch = 16, kLength = 8;
+  const std::shared_ptr<const Task> task = make_task("copy", 8, kLength);
+  for (const bool causal : {false, true}) {
+    ModelConfig m;
+    m.d_model = 32;
+    m.heads = 2;
+    m.layers = 1;
+    m.ff = 32;
+    m.positions = Positions::Rope;
+    m.causal = causal;
+    const double p = final_accuracy(task, m, ComputeDtype::F32, kFinal);
+    EXPECT_GE(p, 0.8) << "f32 RoPE run does not learn" << (causal ? " (causal)" : "");
+    const double slack = std::max(0.01, 2 * std::sqrt(p * (1 - p) / double(kFinal * kBatch * kLength)));
+    for (const ComputeDtype dtype : {ComputeDtype::BF16, ComputeDtype::F16}) {
+      const double got = final_accuracy(task, m, dtype, kFinal);
+      EXPECT_GE(got, p - slack) << to_string(dtype) << (causal ? " causal" : "");
+      std::printf("[ rope copy ] %s%s: final accuracy %.4f vs f32 %.4f (slack %.3f)\n", to_string(dtype).c_str(),
+                  causal ? " causal" : "", got, p, slack);
+    }
+  }
 }
 
 // ---- the loss scaler ---------------------------------------------------------------
