@@ -137,32 +137,24 @@ std::atomic<bool>& narrow_widen_once_enabled() {
   return enabled;
 }
 
-// The elements from an operand's base that the rows the call reads span:
-// `len` rows of `width` from the slice start of each query slice n <
-// `slices` (for K and V, of the K/V slice it reads: kv_slice_start), under
-// a resolved layout (0 when empty).
-int64_t operand_span(const SliceLayout& l, int64_t slices, int64_t heads, int64_t kv_heads, int64_t len,
-                     int64_t width) {
-  if (slices == 0 || len == 0 || width == 0) return 0;
-  int64_t span = 0;
-  for (int64_t n = 0; n < slices; ++n) {
-    const int64_t m = kv_slice(n, heads, kv_heads);
-    span = std::max(span, (m / kv_heads) * l.batch + (m % kv_heads) * l.head + (len - 1) * l.row + width);
-  }
-  return span;
-}
-
-// An operand's span of 16-bit values widened into `scratch` (null when
-// there is none).
-const float* widened_span(const void* src, ComputeDtype dtype, int64_t span, ThreadScratch& scratch, int threads) {
-  if (src == nullptr || span == 0) return nullptr;
-  float* dst = scratch.take(static_cast<std::size_t>(span));
-  if (dtype == ComputeDtype::BF16) {
-    widen_rows(static_cast<const bfloat16*>(src), 1, span, span, dst, span, threads);
-  } else {
-    widen_rows(static_cast<const float16*>(src), 1, span, span, dst, span, threads);
-  }
-  return dst;
+// Slice by slice, `len` rows of `width` 16-bit values from `src` under the
+// resolved layout `l` (slices of `heads` per batch entry) widened into the
+// contiguous [slices][len][width] floats of `dst`: head-major, as the
+// float32 module's split_heads copies are. (Widening in the caller's
+// token-major layout kept rows E floats apart, 4 KiB at E = 1024, and the
+// float32 kernel reading K/V rows that far apart ran (1, 8192, 1024, 16)
+// at half its head-major speed.)
+void widen_slices(const void* src, ComputeDtype dtype, const SliceLayout& l, int64_t slices, int64_t heads,
+                  int64_t len, int64_t width, float* dst, int threads) {
+  parallel_items(slices, threads, /*item_cost=*/len * width, [&](int64_t n) {
+    const int64_t offset = (n / heads) * l.batch + (n % heads) * l.head;
+    float* out = dst + n * len * width;
+    if (dtype == ComputeDtype::BF16) {
+      widen_rows(static_cast<const bfloat16*>(src) + offset, len, width, l.row, out, width, 1);
+    } else {
+      widen_rows(static_cast<const float16*>(src) + offset, len, width, l.row, out, width, 1);
+    }
+  });
 }
 
 void run_flash(const AttentionArgs<float>& args);
@@ -176,40 +168,46 @@ void run_flash(const AttentionArgs<float>& args);
 // 768, 12), AMD EPYC AVX2). The arithmetic is the same: the tile way's
 // micro-kernels are the float32 kernel's on the same widened values, and
 // its output is rounded once as it is stored, so the bits are the same
-// (tests/precision: WidenOnceMatchesTileWay). Memory: float32 copies of the
-// spans of Q, K, V and out, per calling thread, kept (core/thread_scratch.hpp).
+// (NarrowRows.FlashWidenOnceMatchesTileWay). Memory: head-major float32
+// copies of Q, K, V and out, per calling thread, kept
+// (core/thread_scratch.hpp).
 void run_flash_on_widened(const AttentionArgs<float>& a) {
   thread_local ThreadScratch sq, sk, sv, so;
   const int threads = requested_threads(a.num_threads);
-  const int64_t H = a.heads, Hkv = a.kv_heads_or_heads();
-  const SliceLayout ql = resolve_layout(a.q_layout, H, a.q_len, a.head_dim);
-  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, a.kv_len, a.head_dim);
-  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, a.kv_len, a.value_dim);
-  const SliceLayout ol = resolve_layout(a.out_layout, H, a.q_len, a.value_dim);
+  const int64_t H = a.heads, Hkv = a.kv_heads_or_heads(), kv_slices = (a.slices + H - 1) / H * Hkv;
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  const SliceLayout ql = resolve_layout(a.q_layout, H, L, D);
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
+  const SliceLayout ol = resolve_layout(a.out_layout, H, L, Dv);
   const ComputeDtype dtype = a.narrow.dtype;
   AttentionArgs<float> f = a;
   f.narrow = NarrowOperands{};
-  f.q_layout = ql;
-  f.k_layout = kl;
-  f.v_layout = vl;
-  f.out_layout = ol;
-  f.q = widened_span(a.narrow.q, dtype, operand_span(ql, a.slices, H, H, a.q_len, a.head_dim), sq, threads);
-  f.k = widened_span(a.narrow.k, dtype, operand_span(kl, a.slices, H, Hkv, a.kv_len, a.head_dim), sk, threads);
-  f.v = widened_span(a.narrow.v, dtype, operand_span(vl, a.slices, H, Hkv, a.kv_len, a.value_dim), sv, threads);
-  const int64_t out_span = operand_span(ol, a.slices, H, H, a.q_len, a.value_dim);
-  f.out = out_span > 0 ? so.take(static_cast<std::size_t>(out_span)) : nullptr;
+  f.q_layout = f.k_layout = f.v_layout = f.out_layout = SliceLayout{};  // contiguous [slices][len][width]
+  const auto copy = [&](const void* src, const SliceLayout& l, int64_t slices, int64_t heads, int64_t len,
+                        int64_t width, ThreadScratch& scratch) -> float* {
+    if (src == nullptr || slices * len * width == 0) return nullptr;
+    float* dst = scratch.take(static_cast<std::size_t>(slices * len * width));
+    widen_slices(src, dtype, l, slices, heads, len, width, dst, threads);
+    return dst;
+  };
+  f.q = copy(a.narrow.q, ql, a.slices, H, L, D, sq);
+  f.k = copy(a.narrow.k, kl, kv_slices, Hkv, S, D, sk);
+  f.v = copy(a.narrow.v, vl, kv_slices, Hkv, S, Dv, sv);
+  f.out = a.slices * L * Dv > 0 ? so.take(static_cast<std::size_t>(a.slices * L * Dv)) : nullptr;
   run_flash(f);
-  if (out_span == 0) return;
+  if (f.out == nullptr) return;
   // Only the rows the kernel wrote: a strided output's gaps are the
   // caller's. One slice per work item, in one parallel region.
-  parallel_items(a.slices, threads, /*item_cost=*/a.q_len * a.value_dim, [&](int64_t n) {
+  parallel_items(a.slices, threads, /*item_cost=*/L * Dv, [&](int64_t n) {
     const int64_t offset = (n / H) * ol.batch + (n % H) * ol.head;
+    const float* rows = f.out + n * L * Dv;
     if (dtype == ComputeDtype::BF16) {
-      round_rows(f.out + offset, a.q_len, a.value_dim, ol.row, static_cast<const bfloat16*>(nullptr),
-                 static_cast<bfloat16*>(a.narrow.out) + offset, ol.row, 1);
+      round_rows(rows, L, Dv, Dv, static_cast<const bfloat16*>(nullptr), static_cast<bfloat16*>(a.narrow.out) + offset,
+                 ol.row, 1);
     } else {
-      round_rows(f.out + offset, a.q_len, a.value_dim, ol.row, static_cast<const float16*>(nullptr),
-                 static_cast<float16*>(a.narrow.out) + offset, ol.row, 1);
+      round_rows(rows, L, Dv, Dv, static_cast<const float16*>(nullptr), static_cast<float16*>(a.narrow.out) + offset,
+                 ol.row, 1);
     }
   });
 }
