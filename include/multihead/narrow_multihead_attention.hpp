@@ -48,6 +48,7 @@ namespace multihead {
 namespace detail {
 template <class E>
 struct NarrowSavedForward;
+struct FloatWeightCopies;
 }
 
 template <class E>
@@ -127,6 +128,26 @@ class NarrowMultiheadAttention {
   // filled before the update are refused by backward().
   void update_parameters(const std::function<void(const std::string& name, Tensor<E>& parameter)>& update);
 
+  // Float32 copies of the weights, for a CPU without a 16-bit matmul
+  // (core/gemm.hpp's native_16bit_gemm: bf16 below AVX-512, and f16 on
+  // every CPU with oneDNN 2.6), where each product runs in float32 on exact
+  // float32 copies of its operands. Kept (the default), the projection
+  // weights are widened once, by the first forward after construction or
+  // update_parameters(), and kept: 4 more bytes per weight, three times the
+  // 16-bit weights' memory in all; and each distinct input is widened once
+  // for the products that read it. Not kept, every product widens both its
+  // operands again, into per-thread buffers (less memory, slower: at small
+  // shapes the widening is most of what a 16-bit forward costs beyond a
+  // float32 one, docs/precision.md). The same copies either way, so the
+  // same bits; on a CPU with a 16-bit matmul no copy is made at all.
+  // Setting it frees copies held. Not thread-safe against concurrent
+  // forward calls.
+  void keep_float32_weights(bool keep);
+  bool keeps_float32_weights() const { return keep_float32_weights_; }
+  // Bytes of the float32 weight copies held now (0 before the first
+  // forward, when not kept, or where a 16-bit matmul runs).
+  std::size_t float32_weight_bytes() const;
+
  private:
   Tensor<E> run_forward(const Tensor<E>& query, const Tensor<E>& key, const Tensor<E>& value,
                         const ForwardOptions<float>& options, NarrowForwardContext<E>* save) const;
@@ -136,6 +157,11 @@ class NarrowMultiheadAttention {
   // BasicMultiheadAttention's): drawn by the constructors and by
   // update_parameters(); a context records it.
   uint64_t parameters_token_ = 0;
+  // The float32 weight copies (keep_float32_weights), made once under
+  // their own lock and shared by copies of the module until one of them
+  // updates its parameters (which gives it new, empty ones).
+  bool keep_float32_weights_ = true;
+  std::shared_ptr<detail::FloatWeightCopies> float_weights_;
 };
 
 extern template class NarrowMultiheadAttention<bfloat16>;

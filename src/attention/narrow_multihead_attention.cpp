@@ -15,14 +15,19 @@
 #include "multihead/narrow_multihead_attention.hpp"
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 
 #include "attention/attention_call.hpp"
 #include "attention/mha_plan.hpp"
 #include "attention/narrow_saved_forward.hpp"
+#include "attention/narrow_convert.hpp"
 #include "core/check.hpp"
+#include "core/gemm.hpp"
 #include "core/linear.hpp"
+#include "core/narrow_rows.hpp"
 #include "core/parameters.hpp"
+#include "core/thread_scratch.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 
@@ -42,13 +47,52 @@ Tensor<To> widen(const Tensor<E>& t) {
   return Tensor<To>(t.shape(), std::move(out));
 }
 
+namespace detail {
+
+// A 16-bit module's projection weights widened exactly to float32, as
+// stored (NarrowMultiheadAttention::keep_float32_weights): in_proj_weight,
+// or q/k/v_proj_weight, and out_proj.weight. Filled once, under `once`.
+struct FloatWeightCopies {
+  std::once_flag once;
+  Storage<float> in_proj, q_proj, k_proj, v_proj, out_proj;
+
+  std::size_t bytes() const {
+    return (in_proj.size() + q_proj.size() + k_proj.size() + v_proj.size() + out_proj.size()) * sizeof(float);
+  }
+  template <class E>
+  void fill(const MultiheadAttentionConfig& config, const MultiheadAttentionParameters<E>& p, int threads) {
+    const auto copy = [&](const Tensor<E>& t) { return widened(t.data(), static_cast<std::size_t>(t.numel()), threads); };
+    if (config.same_embed_dim()) {
+      in_proj = copy(p.in_proj_weight);
+    } else {
+      q_proj = copy(p.q_proj_weight);
+      k_proj = copy(p.k_proj_weight);
+      v_proj = copy(p.v_proj_weight);
+    }
+    out_proj = copy(p.out_proj_weight);
+  }
+};
+
+}  // namespace detail
+
 template <class E>
 NarrowMultiheadAttention<E>::NarrowMultiheadAttention(const MultiheadAttentionConfig& config,
                                                       MultiheadAttentionParameters<E> parameters)
-    : config_(config), params_(std::move(parameters)) {
+    : config_(config), params_(std::move(parameters)), float_weights_(std::make_shared<detail::FloatWeightCopies>()) {
   config_.validate();
   detail::check_parameters(config_, params_);
   parameters_token_ = detail::new_parameters_token();
+}
+
+template <class E>
+void NarrowMultiheadAttention<E>::keep_float32_weights(bool keep) {
+  keep_float32_weights_ = keep;
+  float_weights_ = std::make_shared<detail::FloatWeightCopies>();  // copies held (if any) are freed
+}
+
+template <class E>
+std::size_t NarrowMultiheadAttention<E>::float32_weight_bytes() const {
+  return float_weights_ ? float_weights_->bytes() : 0;
 }
 
 template <class E>
@@ -160,12 +204,51 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
       packed ? params_.in_proj_weight.data() + 2 * E_ * E_ : params_.v_proj_weight.data(), E_, p.Ev);
   const detail::LinearOptions lo{false, options.attention.num_threads};
 
+  // Where no 16-bit matmul runs, every product is the float32 product of
+  // exact float32 copies of its operands (core/gemm.hpp). The weights' copies
+  // are then made once and kept (keep_float32_weights), and each distinct
+  // input is widened once for the products that read it (self-attention:
+  // one copy for three), instead of every product widening both operands
+  // again: the same copies, so the same bits.
+  // Not kept (keep_float32_weights(false)), each product widens its own
+  // operands (core/linear.hpp's 16-bit layer): the reference way.
+  const detail::FloatWeightCopies* fw = nullptr;
+  if (keep_float32_weights_ && !detail::native_16bit_gemm<E>()) {
+    detail::FloatWeightCopies& kept = *float_weights_;
+    std::call_once(kept.once, [&] { kept.fill(config_, params_, options.attention.num_threads); });
+    fw = &kept;
+  }
+  // One exact float32 copy of x (rows × cols, packed), in this thread's
+  // scratch for `slot`.
+  const auto widen_input = [&](const Tensor<E>& x, int slot) -> const float* {
+    thread_local detail::ThreadScratch scratch[3];
+    float* dst = scratch[slot].take(static_cast<std::size_t>(x.numel()));
+    detail::widen_rows(x.data(), 1, x.numel(), x.numel(), dst, x.numel(), options.attention.num_threads);
+    return dst;
+  };
+  const auto project = [&](const Tensor<E>& x, const float* x_widened, int64_t tokens, const LinearWeight<E>& w,
+                           const float* w_widened, const E* b, E* y) {
+    if (fw == nullptr) return detail::linear_forward(LinearRows<E>{tokens, x.data(), 0}, w, b, y, 0, lo);
+    detail::linear_forward_widened(LinearRows<float>{tokens, x_widened, 0},
+                                   LinearWeight<float>::stored(w_widened, w.out, w.in), b, y, 0, lo);
+  };
+
   // 1. in_projection, rows in the caller's token order.
   Storage<E> q(static_cast<std::size_t>(q_tokens * E_)), k(static_cast<std::size_t>(kv_tokens * E_)),
       v(static_cast<std::size_t>(kv_tokens * E_));
-  detail::linear_forward(LinearRows<E>{q_tokens, query.data(), 0}, wq, b_in, q.data(), 0, lo);
-  detail::linear_forward(LinearRows<E>{kv_tokens, key.data(), 0}, wk, b_in ? b_in + E_ : nullptr, k.data(), 0, lo);
-  detail::linear_forward(LinearRows<E>{kv_tokens, value.data(), 0}, wv, b_in ? b_in + 2 * E_ : nullptr, v.data(), 0, lo);
+  const float *xq = nullptr, *xk = nullptr, *xv = nullptr, *wq_f = nullptr, *wk_f = nullptr, *wv_f = nullptr;
+  if (fw != nullptr) {
+    const auto same = [](const Tensor<E>& a, const Tensor<E>& b) { return a.data() == b.data() && a.shape() == b.shape(); };
+    xq = widen_input(query, 0);
+    xk = same(key, query) ? xq : widen_input(key, 1);
+    xv = same(value, query) ? xq : same(value, key) ? xk : widen_input(value, 2);
+    wq_f = packed ? fw->in_proj.data() : fw->q_proj.data();
+    wk_f = packed ? fw->in_proj.data() + E_ * E_ : fw->k_proj.data();
+    wv_f = packed ? fw->in_proj.data() + 2 * E_ * E_ : fw->v_proj.data();
+  }
+  project(query, xq, q_tokens, wq, wq_f, b_in, q.data());
+  project(key, xk, kv_tokens, wk, wk_f, b_in ? b_in + E_ : nullptr, k.data());
+  project(value, xv, kv_tokens, wv, wv_f, b_in ? b_in + 2 * E_ : nullptr, v.data());
 
   // 2. split_heads (narrow_attention_args: the layouts). With extra key
   // rows, K and V are copied to (B, S', E): the projected keys of entry b,
@@ -203,9 +286,12 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
 
   // 4. out_projection, in the same token order as the query (so the output
   // has the query's layout).
-  detail::linear_forward(LinearRows<E>{q_tokens, attn.data(), 0},
-                         LinearWeight<E>::stored(params_.out_proj_weight.data(), E_, E_),
-                         config_.bias ? params_.out_proj_bias.data() : nullptr, output.data(), 0, lo);
+  {
+    const Tensor<E> concat_view = Tensor<E>::view(Shape{q_tokens, E_}, attn.data());
+    project(concat_view, fw != nullptr ? widen_input(concat_view, 0) : nullptr, q_tokens,
+            LinearWeight<E>::stored(params_.out_proj_weight.data(), E_, E_), fw != nullptr ? fw->out_proj.data() : nullptr,
+            config_.bias ? params_.out_proj_bias.data() : nullptr, output.data());
+  }
   if (s) {
     s->masks = std::move(masks);
     s->q = std::move(q);
@@ -229,6 +315,7 @@ void NarrowMultiheadAttention<E>::update_parameters(
   detail::update_present(config_, next, update);
   params_ = std::move(next);
   parameters_token_ = detail::new_parameters_token();  // contexts filled before are stale now
+  float_weights_ = std::make_shared<detail::FloatWeightCopies>();  // widened from the new values when next needed
 }
 
 template class NarrowMultiheadAttention<bfloat16>;

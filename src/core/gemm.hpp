@@ -95,6 +95,15 @@ struct GemmBlocks {
 };
 GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K);
 
+// Whether a product of 16-bit E runs natively here (oneDNN's bf16 matmul,
+// from AVX-512 on), rather than as the float product of exact float32
+// copies (widened as stored, with the same Trans flags and blocks as the
+// float32 product). Where it does not, a caller that already holds exact
+// float32 copies of its operands (the 16-bit modules' kept weight copies)
+// gets the same bits from gemm_blocked on those copies.
+template <class E>
+bool native_16bit_gemm();
+
 // Threads BLAS may use; <= 0 leaves BLAS's own default (OPENBLAS_NUM_THREADS).
 void set_blas_threads(int threads);
 int blas_threads();

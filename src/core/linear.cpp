@@ -59,8 +59,9 @@ void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* 
 
 namespace {
 
-template <class E>
-void narrow_linear_forward(const LinearRows<E>& x, const LinearWeight<E>& w, const E* b, E* y, int64_t ldy,
+// A: E, or float (exact copies of E values, linear_forward_widened).
+template <class A, class E>
+void narrow_linear_forward(const LinearRows<A>& x, const LinearWeight<A>& w, const E* b, E* y, int64_t ldy,
                            const LinearOptions& o) {
   if (o.accumulate)
     throw Error(Error::Kind::Value, "linear_forward: accumulate=true is not supported with 16-bit outputs");
@@ -134,6 +135,16 @@ void linear_forward<float16>(const LinearRows<float16>& x, const LinearWeight<fl
                              float16* y, int64_t ldy, const LinearOptions& o) {
   narrow_linear_forward(x, w, b, y, ldy, o);
 }
+
+template <class E>
+void linear_forward_widened(const LinearRows<float>& x, const LinearWeight<float>& w, const E* b, E* y, int64_t ldy,
+                            const LinearOptions& o) {
+  narrow_linear_forward(x, w, b, y, ldy, o);
+}
+template void linear_forward_widened<bfloat16>(const LinearRows<float>&, const LinearWeight<float>&, const bfloat16*,
+                                               bfloat16*, int64_t, const LinearOptions&);
+template void linear_forward_widened<float16>(const LinearRows<float>&, const LinearWeight<float>&, const float16*,
+                                              float16*, int64_t, const LinearOptions&);
 
 template void linear_forward<float>(const LinearRows<float>&, const LinearWeight<float>&, const float*, float*,
                                     int64_t, const LinearOptions&);

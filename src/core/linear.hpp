@@ -75,6 +75,17 @@ template <>
 void linear_forward<float16>(const LinearRows<float16>& x, const LinearWeight<float16>& w, const float16* b,
                              float16* y, int64_t ldy, const LinearOptions& options);
 
+// The 16-bit layer from exact float32 copies of its operands: y =
+// round(x · Wᵀ + b), x (rows packed, ldx = in) and W (as stored, out × in,
+// packed) the float32 widenings of 16-bit values, b and y in E. Where no
+// 16-bit matmul runs (native_16bit_gemm<E>(), core/gemm.hpp), these are the
+// copies linear_forward<E> itself widens, so the bits are the same, without
+// the widening: the 16-bit modules keep float32 copies of their weights for
+// it, and widen an input once for all the products that read it.
+template <class E>
+void linear_forward_widened(const LinearRows<float>& x, const LinearWeight<float>& w, const E* b, E* y, int64_t ldy,
+                            const LinearOptions& options = {});
+
 // What the backward writes; a null pointer skips that gradient.
 template <class T>
 struct LinearGradients {
