@@ -234,8 +234,19 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
   };
 
   // 1. in_projection, rows in the caller's token order.
-  Storage<E> q(static_cast<std::size_t>(q_tokens * E_)), k(static_cast<std::size_t>(kv_tokens * E_)),
-      v(static_cast<std::size_t>(kv_tokens * E_));
+  // A training forward's buffers move into its context; a plain forward's
+  // are this thread's, kept between calls (a first-touched page costs
+  // ~13 µs: attention/workspace.hpp), and grown, never shrunk.
+  thread_local Storage<E> kept_q, kept_k, kept_v, kept_attn;
+  Storage<E> own_q, own_k, own_v, own_attn;
+  const auto buffer = [&](Storage<E>& own, Storage<E>& kept, int64_t n) -> Storage<E>& {
+    Storage<E>& b = s ? own : kept;
+    if (b.size() < static_cast<std::size_t>(n)) b.resize(static_cast<std::size_t>(n));
+    return b;
+  };
+  Storage<E>& q = buffer(own_q, kept_q, q_tokens * E_);
+  Storage<E>& k = buffer(own_k, kept_k, kv_tokens * E_);
+  Storage<E>& v = buffer(own_v, kept_v, kv_tokens * E_);
   const float *xq = nullptr, *xk = nullptr, *xv = nullptr, *wq_f = nullptr, *wk_f = nullptr, *wv_f = nullptr;
   if (fw != nullptr) {
     const auto same = [](const Tensor<E>& a, const Tensor<E>& b) { return a.data() == b.data() && a.shape() == b.shape(); };
@@ -277,7 +288,7 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
 
   // 3. attention, writing the merged heads (q_tokens, E) in token order,
   // and each row's log-sum-exp when training.
-  Storage<E> attn(static_cast<std::size_t>(q_tokens * E_));
+  Storage<E>& attn = buffer(own_attn, kept_attn, q_tokens * E_);
   Storage<float> lse(s ? static_cast<std::size_t>(p.B * p.H * p.L) : 0);
   detail::AttentionArgs<float> args = detail::narrow_attention_args(config_, p, options, masks);
   args.narrow = {compute_dtype_of<E>(), q.data(), k_base, v_base, attn.data()};
