@@ -44,10 +44,32 @@ void RoundRow(const float* HWY_RESTRICT src, size_t n, const E* HWY_RESTRICT bia
   for (; i < n; ++i) dst[i] = narrow_from_float<E>(src[i] + (bias != nullptr ? to_float(bias[i]) : 0.0f));
 }
 
+// In place when src == dst: each vector is loaded before it is stored.
+template <class E>
+void RoundRowWidened(const float* src, size_t n, const E* HWY_RESTRICT bias, float* dst) {
+  const hn::ScalableTag<float> df;
+  const size_t lanes = hn::Lanes(df);
+  alignas(64) E rounded[HWY_MAX_BYTES / sizeof(float)];
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    auto x = hn::LoadU(df, src + i);
+    if (bias != nullptr) x = hn::Add(x, LoadWiden(df, bias + i));
+    RoundStore(df, x, rounded);
+    hn::StoreU(LoadWiden(df, rounded), df, dst + i);
+  }
+  for (; i < n; ++i) dst[i] = to_float(narrow_from_float<E>(src[i] + (bias != nullptr ? to_float(bias[i]) : 0.0f)));
+}
+
 void WidenRowBf16(const bfloat16* src, size_t n, float* dst) { WidenRow(src, n, dst); }
 void WidenRowF16(const float16* src, size_t n, float* dst) { WidenRow(src, n, dst); }
 void RoundRowBf16(const float* src, size_t n, const bfloat16* bias, bfloat16* dst) { RoundRow(src, n, bias, dst); }
 void RoundRowF16(const float* src, size_t n, const float16* bias, float16* dst) { RoundRow(src, n, bias, dst); }
+void RoundRowWidenedBf16(const float* src, size_t n, const bfloat16* bias, float* dst) {
+  RoundRowWidened(src, n, bias, dst);
+}
+void RoundRowWidenedF16(const float* src, size_t n, const float16* bias, float* dst) {
+  RoundRowWidened(src, n, bias, dst);
+}
 
 }  // namespace HWY_NAMESPACE
 }  // namespace multihead::detail
@@ -60,6 +82,8 @@ HWY_EXPORT(WidenRowBf16);
 HWY_EXPORT(WidenRowF16);
 HWY_EXPORT(RoundRowBf16);
 HWY_EXPORT(RoundRowF16);
+HWY_EXPORT(RoundRowWidenedBf16);
+HWY_EXPORT(RoundRowWidenedF16);
 
 namespace {
 
@@ -103,6 +127,21 @@ void round_rows(const float* src, int64_t rows, int64_t cols, int64_t ld_src, co
   for_row_chunks(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t n) {
     HWY_DYNAMIC_DISPATCH(RoundRowF16)(src + r * ld_src + c0, static_cast<size_t>(n),
                                       bias != nullptr ? bias + c0 : nullptr, dst + r * ld_dst + c0);
+  });
+}
+
+void round_rows_widened(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const bfloat16* bias,
+                        float* dst, int64_t ld_dst, int threads) {
+  for_row_chunks(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(RoundRowWidenedBf16)(src + r * ld_src + c0, static_cast<size_t>(n),
+                                              bias != nullptr ? bias + c0 : nullptr, dst + r * ld_dst + c0);
+  });
+}
+void round_rows_widened(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const float16* bias,
+                        float* dst, int64_t ld_dst, int threads) {
+  for_row_chunks(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t n) {
+    HWY_DYNAMIC_DISPATCH(RoundRowWidenedF16)(src + r * ld_src + c0, static_cast<size_t>(n),
+                                             bias != nullptr ? bias + c0 : nullptr, dst + r * ld_dst + c0);
   });
 }
 

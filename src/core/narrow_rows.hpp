@@ -34,4 +34,13 @@ void round_rows(const float* src, int64_t rows, int64_t cols, int64_t ld_src, co
 void round_rows(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const float16* bias, float16* dst,
                 int64_t ld_dst, int threads);
 
+// dst = widen(round(src + bias)): round_rows's values, kept as the float32
+// numbers they are (exact), for a float32 step that reads them next (the
+// 16-bit module's projections feeding the float32 attention kernel).
+// src == dst (with ld_src == ld_dst) rounds in place.
+void round_rows_widened(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const bfloat16* bias,
+                        float* dst, int64_t ld_dst, int threads);
+void round_rows_widened(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const float16* bias,
+                        float* dst, int64_t ld_dst, int threads);
+
 }  // namespace multihead::detail

@@ -216,6 +216,10 @@ void run_flash_on_widened(const AttentionArgs<float>& a) {
 
 void flash_narrow_widen_once(bool enabled) { narrow_widen_once_enabled().store(enabled); }
 
+bool narrow_flash_is_float32_kernel(ComputeDtype dtype) {
+  return dtype == ComputeDtype::F16 || (dtype == ComputeDtype::BF16 && !bf16_dot_choice(simd_target_bit()).dpbf16);
+}
+
 void attention_forward_flash(const AttentionArgs<float>& args_in) {
   validate(args_in);
   // value_dim = 0 still has log-sum-exps to write when they are asked for.

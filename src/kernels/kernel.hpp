@@ -29,6 +29,12 @@ void attention_forward_flash(const AttentionArgs<float>& args);
 // kernel runs on the copies (flash.cpp says why; the same bits). false
 // forces the tile way, for the test that compares the two.
 void flash_narrow_widen_once(bool enabled);
+// Whether the flash kernel's arithmetic on 16-bit operands of `dtype` is, on
+// this host, the float32 kernel's on their exact widenings, with each
+// output rounded once (f16; bf16 unless its dpbf16 way is chosen): a
+// 16-bit caller holding those widenings may run the float32 kernel on them
+// and get the same bits.
+bool narrow_flash_is_float32_kernel(ComputeDtype dtype);
 
 // Attention of args' queries over a KV cache `kv` of any dtype (float32, or
 // compressed: bf16, f16 or int8 with block scales; args.k/v unused), widened
