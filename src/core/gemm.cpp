@@ -166,8 +166,8 @@ bool onednn_has_bf16_matmul() {
 }
 #endif
 
-// Whether a product of 16-bit E runs natively (a 16-bit matmul) here, rather
-// than on widened float copies.
+}  // namespace
+
 template <class E>
 bool native_16bit_gemm() {
 #if MULTIHEAD_WITH_ONEDNN
@@ -175,8 +175,8 @@ bool native_16bit_gemm() {
 #endif
   return false;
 }
-
-}  // namespace
+template bool native_16bit_gemm<bfloat16>();
+template bool native_16bit_gemm<float16>();
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
           const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {

@@ -95,6 +95,13 @@ struct GemmBlocks {
 };
 GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K);
 
+// Whether a product of 16-bit E (bfloat16, float16) runs natively here (a
+// 16-bit matmul: oneDNN's bf16 one, from AVX-512 on) rather than on widened
+// float copies of both operands. (core/linear.cpp's few-row product reads
+// W in 16 bits where it does not.)
+template <class E>
+bool native_16bit_gemm();
+
 // Threads BLAS may use; <= 0 leaves BLAS's own default (OPENBLAS_NUM_THREADS).
 void set_blas_threads(int threads);
 int blas_threads();

@@ -2,9 +2,14 @@
 #include "core/linear.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <string>
 
 #include "core/gemm.hpp"
+#include "core/narrow_gemv.hpp"
 #include "core/narrow_rows.hpp"
 #include "core/parallel.hpp"
 #include "core/thread_scratch.hpp"
@@ -59,6 +64,33 @@ void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* 
 
 namespace {
 
+std::atomic<bool>& narrow_gemv_switch() {
+  static std::atomic<bool> enabled{true};
+  return enabled;
+}
+
+// MULTIHEAD_NARROW_GEMV=gemm forces the gemm way for the whole process, so
+// that a program such as the CLI can be timed and checked both ways; "auto"
+// or unset leaves narrow_gemv_enabled's choice. Read on every call, as
+// MULTIHEAD_KERNEL.
+bool narrow_gemv_allowed() {
+  const char* env = std::getenv("MULTIHEAD_NARROW_GEMV");
+  if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
+    if (std::strcmp(env, "gemm") == 0) return false;
+    throw Error(Error::Kind::Value, std::string("MULTIHEAD_NARROW_GEMV: expected one of auto, gemm; got '") + env + "'");
+  }
+  return narrow_gemv_switch().load(std::memory_order_relaxed);
+}
+
+// The few-row product (core/narrow_gemv.hpp) where it reads fewer bytes
+// than the gemm way: W as stored (out × in, rows contiguous; a transposed
+// W's columns would be strided loads), at most kNarrowGemvMaxRows rows, and
+// no native 16-bit matmul (which reads W in 16 bits itself).
+template <class E>
+bool use_narrow_gemv(const LinearWeight<E>& w, int64_t rows) {
+  return !w.transposed && rows <= kNarrowGemvMaxRows && !native_16bit_gemm<E>() && narrow_gemv_allowed();
+}
+
 template <class E>
 void narrow_linear_forward(const LinearRows<E>& x, const LinearWeight<E>& w, const E* b, E* y, int64_t ldy,
                            const LinearOptions& o) {
@@ -72,8 +104,11 @@ void narrow_linear_forward(const LinearRows<E>& x, const LinearWeight<E>& w, con
   // for any thread count). The buffer is not zeroed: the product writes it.
   thread_local ThreadScratch scratch;
   float* acc = scratch.take(static_cast<std::size_t>(rows * w.out));
-  gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f,
-               acc, w.out, o.threads);
+  if (use_narrow_gemv(w, rows))
+    narrow_gemv(rows, w.out, w.in, x.x, ldx, w.data, w.ld, acc, w.out, o.threads);
+  else
+    gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f,
+                 acc, w.out, o.threads);
   round_rows(acc, rows, w.out, w.out, b, y, ldy, o.threads);
 }
 
@@ -112,6 +147,8 @@ void narrow_linear_backward(const LinearRows<E>& x, const LinearWeight<E>& w, co
 }
 
 }  // namespace
+
+void narrow_gemv_enabled(bool enabled) { narrow_gemv_switch().store(enabled, std::memory_order_relaxed); }
 
 template <>
 void linear_backward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* d_y,

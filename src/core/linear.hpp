@@ -68,12 +68,27 @@ void linear_forward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* b
 // in 16 bits; x · Wᵀ through the 16-bit gemm (core/gemm.hpp: exact
 // products, float32 sums), + b in float32, then each y rounded once to
 // nearest even. accumulate is refused (y holds no float32 sum to add to).
+// For at most kNarrowGemvMaxRows rows (a decoding step) from W as stored,
+// on a host without a native 16-bit matmul (native_16bit_gemm), x · Wᵀ is
+// core/narrow_gemv.hpp's product instead, reading W in 16 bits where the
+// gemm way widens all of it to a float32 copy first: the same error bound,
+// another order of the float32 sums. narrow_gemv_enabled(false), or
+// MULTIHEAD_NARROW_GEMV=gemm in the environment, forces the gemm way.
 template <>
 void linear_forward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* b,
                               bfloat16* y, int64_t ldy, const LinearOptions& options);
 template <>
 void linear_forward<float16>(const LinearRows<float16>& x, const LinearWeight<float16>& w, const float16* b,
                              float16* y, int64_t ldy, const LinearOptions& options);
+
+// The rows up to which the 16-bit forward takes the few-row product: a
+// decoding step's batch (docs/decoding.md, "16-bit weights", has the
+// measurement).
+inline constexpr int64_t kNarrowGemvMaxRows = 8;
+// false forces the gemm way for every 16-bit linear_forward (the switch the
+// tests compare the two ways with); true (the default) allows the few-row
+// product where it applies.
+void narrow_gemv_enabled(bool enabled);
 
 // What the backward writes; a null pointer skips that gradient.
 template <class T>
