@@ -3,7 +3,8 @@
 
 One run, every program in its own subprocess, the same shapes (issue 19's:
 context 16,384, so the cache dominates, E = 4096, H = 32, D = 128, K/V heads
-32, 8 and 1, batch 1, float32 weights, no biases, no RoPE, causal), T threads
+32, 8 and 1, batch 1, float32 weights (ours also 16-bit with --dtypes), no
+biases, no RoPE, causal), T threads
 (default 2):
   * the machine's read bandwidth and L3 size, measured first in this run by
     bench/fma_peak.cpp (multihead_fma_peak, built with

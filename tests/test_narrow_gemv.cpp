@@ -24,6 +24,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -34,6 +35,7 @@
 #include "core/narrow_gemv.hpp"
 #include "hwy/highway.h"
 #include "hwy/targets.h"
+#include "multihead/error.hpp"
 #include "multihead/narrow.hpp"
 
 namespace multihead::detail {
@@ -242,6 +244,50 @@ TEST(NarrowGemvSwitch, LinearForwardFollowsTheSwitch_out4096_in4096) {
   };
   EXPECT_EQ(run(true), rounded(gemv_acc));
   EXPECT_EQ(run(false), rounded(gemm_acc));
+}
+
+// MULTIHEAD_NARROW_GEMV=gemm forces the gemm way, as narrow_gemv_enabled(false)
+// does; any other value than auto, gemm or empty is refused, naming it.
+TEST(NarrowGemvSwitch, EnvironmentForcesTheGemmWayAndNamesABadValue) {
+  if (native_16bit_gemm<float16>()) GTEST_SKIP() << "f16 has a native matmul here: the few-row product is unused";
+  struct Variable {  // set for this scope only, whatever happens
+    explicit Variable(const char* v) { setenv("MULTIHEAD_NARROW_GEMV", v, 1); }
+    ~Variable() { unsetenv("MULTIHEAD_NARROW_GEMV"); }
+  };
+  constexpr int64_t kOut = 4096, kIn = 4096;
+  std::mt19937_64 rng(3);  // the case above: the two ways differ in some f16 bit
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float16> x(kIn), w(kOut * kIn);
+  for (float16& v : x) v = to_float16(normal(rng));
+  for (float16& v : w) v = to_float16(normal(rng));
+  const auto run = [&] {
+    std::vector<float16> y(kOut);
+    linear_forward<float16>({1, x.data(), kIn}, LinearWeight<float16>::stored(w.data(), kOut, kIn), nullptr,
+                            y.data(), 0, {false, 1});
+    std::vector<uint16_t> bits;
+    for (const float16 v : y) bits.push_back(v.bits);
+    return bits;
+  };
+  const std::vector<uint16_t> gemv = run();
+  narrow_gemv_enabled(false);
+  const std::vector<uint16_t> gemm = run();
+  narrow_gemv_enabled(true);
+  ASSERT_NE(gemv, gemm);
+  {
+    const Variable scoped("gemm");
+    EXPECT_EQ(run(), gemm);
+  }
+  {
+    const Variable scoped("auto");
+    EXPECT_EQ(run(), gemv);
+  }
+  const Variable scoped("fastest");
+  try {
+    (void)run();
+    ADD_FAILURE() << "MULTIHEAD_NARROW_GEMV=fastest was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "MULTIHEAD_NARROW_GEMV: expected one of auto, gemm; got 'fastest'");
+  }
 }
 
 }  // namespace
