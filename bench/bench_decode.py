@@ -3,7 +3,8 @@
 
 One run, every program in its own subprocess, the same shapes (issue 19's:
 context 16,384, so the cache dominates, E = 4096, H = 32, D = 128, K/V heads
-32, 8 and 1, batch 1, float32 weights, no biases, no RoPE, causal), T threads
+32, 8 and 1, batch 1, float32 weights (ours also 16-bit with --dtypes), no
+biases, no RoPE, causal), T threads
 (default 2):
   * the machine's read bandwidth and L3 size, measured first in this run by
     bench/fma_peak.cpp (multihead_fma_peak, built with
@@ -11,11 +12,14 @@ context 16,384, so the cache dominates, E = 4096, H = 32, D = 128, K/V heads
     least 4 x the last-level cache (all L3 instances summed), best of 5
     passes; the L3 size is printed beside the table (a cache that fits in L3
     would read faster than memory, and "% of the limit" would pass 100%);
-  * ours, once per cache dtype (--cache-dtypes, default f32 bf16 f16 int8):
+  * ours, once per module weights dtype (--dtypes, default f32 only) and
+    cache dtype (--cache-dtypes, default f32 bf16 f16 int8):
     `multihead decode --embed-dim E --num-heads H --num-kv-heads K
-    --prompt-len C --tokens N --threads T --cache-dtype X` (prefill of C
-    tokens, then N steps of one token; it prints batch / the median step
-    time);
+    --prompt-len C --tokens N --threads T --dtype W --cache-dtype X` (prefill
+    of C tokens, then N steps of one token; it prints batch / the median
+    step time); a row "ours X" has float32 weights, "ours W weights, X
+    cache" the 16-bit module's (--dtype bf16 or f16: the weights rounded
+    once, read in 16 bits by each step's projections);
   * PyTorch 1.13, written as a user would: four nn.Linear(bias=False), the
     cache a preallocated (B, Hkv, max, D) tensor filled by slice assignment
     ("torch prealloc"), or grown with torch.cat ("torch cat"), K/V repeated
@@ -38,23 +42,24 @@ each round in a rotated order), and each row is the median of --rounds
 rounds (default 3; each round's ms is printed too): the host is shared and
 one pass can be 30% off.
 
-Bytes read per token: the four projection weights, 4·E·(2·H·D + 2·Hkv·D)
-bytes, plus the K/V cache at context C in the row's own dtype,
+Bytes read per token: the four projection weights, w·E·(2·H·D + 2·Hkv·D)
+bytes with w the weights' own bytes (4 for f32, 2 for bf16 and f16), plus the K/V cache at context C in the row's own dtype,
 2·Hkv·C·row_bytes: row_bytes = 4·D (f32), 2·D (bf16, f16), D + 4·ceil(D/32)
 (int8 and its scales). The bandwidth limit is bandwidth / those bytes; it is
 printed beside each row with the fraction of it the row reaches, and "x f32"
-is the row's tokens/s over ours with the float32 cache.
+is the row's tokens/s over ours with float32 weights and the float32 cache.
 
 A second table sets ours against issue 19's targets: tokens/s x f32 of at
 least 1.7 with the bf16 cache and 2.8 with int8, each at >= 70% of its own
-limit; beside each, "bytes allow" is the float32 row's bytes over this
-row's, the most its fewer bytes can give while the float32 weights are read
-every token (at E 4096 they are 256 MiB at 32 K/V heads, and most of the
-bytes at 8 and 1).
+limit, against ours with float32 weights and the float32 cache; beside
+each, "bytes allow" is that row's bytes over this row's, the most its fewer
+bytes can give: with float32 weights, read every token, little (at E 4096
+they are 256 MiB at 32 K/V heads, and most of the bytes at 8 and 1); with
+--dtypes bf16, half of those bytes too.
 
 Usage:
   /usr/bin/python3 bench/bench_decode.py --multihead build/tools/multihead [--threads 2]
-      [--context 16384] [--tokens 32] [--warmup 4] [--cache-dtypes f32 bf16 f16 int8]
+      [--context 16384] [--tokens 32] [--warmup 4] [--cache-dtypes f32 bf16 f16 int8] [--dtypes f32 bf16]
       [--rounds 3] [--fma-peak build/bench/multihead_fma_peak] [--ort-cache ~/.cache/multihead-bench-ort]
   /usr/bin/python3 bench/bench_decode.py --multihead build/tools/multihead --quick
       (seconds: context 256, E 512, H 8, K/V heads 8, 2, 1, a 64 MiB bandwidth buffer; a smoke run,
@@ -85,18 +90,22 @@ ROW_BYTES = {"f32": lambda D: 4 * D, "bf16": lambda D: 2 * D, "f16": lambda D: 2
              "int8": lambda D: D + 4 * ((D + 31) // 32)}
 
 
-def bytes_per_token(E, H, Hkv, D, context, dtype="f32"):
-    weights = 4 * E * (2 * H * D + 2 * Hkv * D)
+# Bytes of one weight, per module weights dtype (multihead decode --dtype).
+WEIGHT_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def bytes_per_token(E, H, Hkv, D, context, dtype="f32", weights_dtype="f32"):
+    weights = WEIGHT_BYTES[weights_dtype] * E * (2 * H * D + 2 * Hkv * D)
     cache = 2 * Hkv * context * ROW_BYTES[dtype](D)
     return weights, cache
 
 
 # ---- ours --------------------------------------------------------------------------
-def run_ours(cli, E, H, Hkv, context, tokens, warmup, threads, dtype="f32"):
+def run_ours(cli, E, H, Hkv, context, tokens, warmup, threads, dtype="f32", weights_dtype="f32"):
     n = tokens + warmup  # the median over all steps; warm-up steps sit at its far end
     argv = [cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--num-kv-heads", str(Hkv),
             "--prompt-len", str(context), "--tokens", str(n), "--threads", str(threads), "--kernel", "auto",
-            "--cache-dtype", dtype]
+            "--cache-dtype", dtype, "--dtype", weights_dtype]
     r = subprocess.run(argv, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip()}")
@@ -104,6 +113,13 @@ def run_ours(cli, E, H, Hkv, context, tokens, warmup, threads, dtype="f32"):
     if not m:
         raise RuntimeError(f"unexpected report: {r.stdout}")
     return float(m.group(2)), int(m.group(3))
+
+
+def ours_name(weights_dtype, cache_dtype):
+    """A row's name: "ours X" with float32 weights (the name of every run before --dtypes), else both dtypes."""
+    if weights_dtype == "f32":
+        return f"ours {cache_dtype}"
+    return f"ours {weights_dtype} weights, {cache_dtype} cache"
 
 
 # ---- PyTorch 1.13, as a user writes it ----------------------------------------------
@@ -279,6 +295,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds, the programs of one K/V setting alternated in each (median of the rounds)")
     ap.add_argument("--cache-dtypes", nargs="+", default=["f32", "bf16", "f16", "int8"], choices=list(ROW_BYTES))
+    ap.add_argument("--dtypes", nargs="+", default=["f32"], choices=list(WEIGHT_BYTES),
+                    help="module weights dtypes of ours (multihead decode --dtype); default f32 only")
     ap.add_argument("--fma-peak", help="multihead_fma_peak (default: bench/ of --multihead's build folder)")
     ap.add_argument("--ort-cache", default=os.path.expanduser("~/.cache/multihead-bench-ort"))
     ap.add_argument("--skip", nargs="*", default=[], choices=["ours", "torch-prealloc", "torch-cat", "ort"])
@@ -299,7 +317,8 @@ def main():
     print(f"read bandwidth: {bw / 1e9:.1f} GB/s ({a.threads} threads, a {buffer_bytes / 2**20:.0f} MiB buffer); "
           f"L3 {l3 / 2**20:.0f} MiB ({l3_instances} instance{'s' if l3_instances != 1 else ''})"
           + ("" if buffer_bytes >= 4 * l3 else " -- the buffer is under 4 x L3: the limit is not memory's"))
-    print(f"context {a.context}, E {E}, H {H}, D {D}, batch 1, float32 weights, {a.threads} threads; "
+    print(f"context {a.context}, E {E}, H {H}, D {D}, batch 1, ours' weights {' '.join(a.dtypes)} (the others "
+          f"float32), {a.threads} threads; "
           f"{a.warmup} warm-up + {a.tokens} timed steps, median; the programs of each K/V setting alternated "
           f"round by round, the median of {a.rounds} rounds"
           + ("; QUICK SMOKE RUN, not a measurement" if a.quick else ""))
@@ -323,21 +342,21 @@ def main():
                 raise RuntimeError(ort_note or "skipped")
             return run_ort(mode, ort_cache, workdir, E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)
 
-        # name -> (run, the row's cache dtype for its bytes)
-        programs = {f"ours {dt}": (lambda dt=dt: run_ours(cli, E, H, Hkv, a.context, a.tokens, a.warmup,
-                                                           a.threads, dt), dt)
-                    for dt in ([] if "ours" in a.skip else a.cache_dtypes)}
+        # name -> (run, the row's cache dtype and weights dtype for its bytes)
+        programs = {ours_name(wdt, dt): (lambda dt=dt, wdt=wdt: run_ours(cli, E, H, Hkv, a.context, a.tokens,
+                                                                          a.warmup, a.threads, dt, wdt), dt, wdt)
+                    for wdt in ([] if "ours" in a.skip else a.dtypes) for dt in a.cache_dtypes}
         others = [("torch prealloc", "torch-prealloc",
                    lambda: run_torch("prealloc", E, H, Hkv, a.context, a.tokens, a.warmup, a.threads)),
                   ("torch cat", "torch-cat", lambda: run_torch("cat", E, H, Hkv, a.context, a.tokens, a.warmup,
                                                                 a.threads)),
                   ("ORT GQA shared buffer", "ort", lambda: ort("shared")),
                   ("ORT GQA past+present", "ort", lambda: ort("copy"))]
-        programs.update({name: (run, "f32") for name, skip, run in others if skip not in a.skip})
+        programs.update({name: (run, "f32", "f32") for name, skip, run in others if skip not in a.skip})
         results = alternated(list(programs), a.rounds, lambda name: programs[name][0]())
         tps_of, limit_of = {}, {}
-        for name, (_, dtype) in programs.items():
-            w_b, c_b = bytes_per_token(E, H, Hkv, D, a.context, dtype)
+        for name, (_, dtype, wdt) in programs.items():
+            w_b, c_b = bytes_per_token(E, H, Hkv, D, a.context, dtype, wdt)
             own_limit = bw / (w_b + c_b)
             try:
                 ms, cache, rounds_ms = median_ms(results[name])
@@ -354,23 +373,23 @@ def main():
             sys.stdout.flush()
         summary.append((Hkv, tps_of, limit_of))
 
-    print("\nAgainst issue 19's targets (ours; \"bytes allow\" is bytes per token with the float32 cache over "
-          "the row's, the most its fewer bytes can give):\n")
-    print("| K/V heads | cache | x f32 | target | bytes allow | % of its own limit (target >= 70%) |")
-    print("|---|---|---|---|---|---|")
+    print("\nAgainst issue 19's targets (ours, x ours with float32 weights and the float32 cache; \"bytes "
+          "allow\" is bytes per token of that row over this row's, the most its fewer bytes can give):\n")
+    print("| K/V heads | weights | cache | x f32 | target | bytes allow | % of its own limit (target >= 70%) |")
+    print("|---|---|---|---|---|---|---|")
     for Hkv, tps_of, limit_of in summary:
         f32 = tps_of.get("ours f32")
-        for dt in a.cache_dtypes:
-            name = f"ours {dt}"
+        for wdt, dt in ((wdt, dt) for wdt in a.dtypes for dt in a.cache_dtypes):
+            name = ours_name(wdt, dt)
             if name not in tps_of:
                 continue
             allow = sum(bytes_per_token(E, H, Hkv, D, a.context, "f32")) / sum(
-                bytes_per_token(E, H, Hkv, D, a.context, dt))
+                bytes_per_token(E, H, Hkv, D, a.context, dt, wdt))
             target = TARGETS.get(dt)
             x = tps_of[name] / f32 if f32 else None
             verdict = "" if target is None or x is None else (" met" if x >= target else " missed")
             of_limit = tps_of[name] / limit_of[name]
-            print(f"| {Hkv} | {dt} | {f'{x:.2f}' if x else '–'} |"
+            print(f"| {Hkv} | {wdt} | {dt} | {f'{x:.2f}' if x else '–'} |"
                   f" {f'>= {target}{verdict}' if target else '–'} | {allow:.2f} | "
                   f"{100 * of_limit:.0f}%{' met' if of_limit >= TARGET_OF_LIMIT else ' missed'} |")
 

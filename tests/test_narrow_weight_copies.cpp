@@ -13,6 +13,7 @@
 // *Concurren* runs that case).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -117,6 +118,26 @@ void check_kept_matches_reference(const Case& c) {
   const bool copies = !detail::native_16bit_gemm<E>();
   EXPECT_EQ(kept.float32_weight_bytes(), copies ? static_cast<std::size_t>(weight_elements(config)) * 4 : 0u);
   EXPECT_EQ(reference.float32_weight_bytes(), 0u);
+  // The training forward's context: the backward from either way gives the
+  // same bits (it reads the saved 16-bit Q, K, V, merged heads and lse).
+  {
+    ForwardOptions<float> options;
+    options.need_weights = false;
+    options.attention.is_causal = c.causal;
+    const Tensor<E>& k = c.self ? in.q : in.k;
+    const Tensor<E>& v = c.self ? in.q : in.v;
+    NarrowForwardContext<E> ctx_kept, ctx_ref;
+    const Tensor<E> y = kept.forward(in.q, k, v, options, ctx_kept);
+    reference.forward(in.q, k, v, options, ctx_ref);
+    Tensor<E> d_y(y.shape());
+    for (int64_t i = 0; i < d_y.numel(); ++i) d_y[i] = narrow_from_float<E>(std::sin(0.37f * static_cast<float>(i)));
+    const MultiheadAttentionGradients<E> gk = kept.backward(ctx_kept, d_y), gr = reference.backward(ctx_ref, d_y);
+    expect_same_bits(gk.query, gr.query, "d_query");
+    expect_same_bits(gk.key, gr.key, "d_key");
+    expect_same_bits(gk.value, gr.value, "d_value");
+    ASSERT_EQ(gk.parameters.size(), gr.parameters.size());
+    for (const auto& [name, t] : gr.parameters) expect_same_bits(gk.parameters.at(name), t, "d_" + name);
+  }
   kept.keep_float32_weights(false);
   EXPECT_EQ(kept.float32_weight_bytes(), 0u);
   expect_same_bits(run(kept, c, in), want, "after keep_float32_weights(false)");

@@ -7,6 +7,15 @@
 // cache), then step t = 0 … N − 1 runs one token at position P + t whose
 // input is the previous output (for t = 0, the prompt's last output row).
 // Tokens/s is batch / the median step time; the prefill is timed apart.
+//
+// --dtype bf16 / f16 runs the 16-bit module (NarrowGroupedQueryAttention<E>,
+// multihead/narrow_grouped_query_attention.hpp): its weights are the
+// float32 ones (seeded, or read from --weights) rounded once to E, as
+// `.to(torch.bfloat16)` rounds a module; the prompt is rounded to E on the
+// way in, each step's 16-bit output is the next input as it is, and --out
+// widens the generated vectors to float32 (exactly). A decode step then
+// reads 2 bytes per weight instead of 4 (core/narrow_gemv.hpp: the
+// projections read W in 16 bits).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +24,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cli_manners.hpp"
@@ -24,6 +34,8 @@
 #include "validators.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
+#include "multihead/narrow_grouped_query_attention.hpp"
+#include "multihead/narrow_multihead_attention.hpp"
 
 namespace multihead::cli {
 namespace {
@@ -32,7 +44,7 @@ constexpr KVCacheDType kCacheDTypes[] = {KVCacheDType::Native, KVCacheDType::BFl
                                          KVCacheDType::Int8};
 
 struct DecodeArgs {
-  std::string weights, prefix, prompt, out, kernel = "auto", cache_dtype = "f32";
+  std::string weights, prefix, prompt, out, kernel = "auto", cache_dtype = "f32", dtype = "f32";
   std::optional<int64_t> num_heads, embed_dim, head_dim, prompt_len, max_len, window;
   std::optional<double> softcap;
   int64_t batch = 1, tokens = 0;
@@ -100,8 +112,8 @@ KVCacheDType parse_cache_dtype(const std::string& name) {
 // The cache, refused before any allocation when it cannot fit in memory
 // (the library's check); an allocation that fails anyway (a ulimit below
 // the machine's memory) names the flag and the bytes too.
-KVCache<float> make_cache(const GroupedQueryAttention<float>& m, int64_t batch, int64_t max_len, bool grow,
-                          KVCacheDType dtype) {
+template <class Module>
+KVCache<float> make_cache(const Module& m, int64_t batch, int64_t max_len, bool grow, KVCacheDType dtype) {
   try {
     return m.make_cache(batch, max_len, grow, dtype);
   } catch (const Error& e) {
@@ -115,10 +127,33 @@ KVCache<float> make_cache(const GroupedQueryAttention<float>& m, int64_t batch, 
   }
 }
 
-void run_decode(const DecodeArgs& a) {
-  const GroupedQueryAttention<float> m = make_module(a);
+// The prompt in the module's element type T (float32 as read, or rounded
+// once to 16 bits), and the generated vectors back to float32 (exact).
+template <class T>
+Tensor<T> to_module_type(Tensor<float> x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return round_to<T>(x);
+}
+template <class T>
+Tensor<float> to_float32(Tensor<T> x) {
+  if constexpr (std::is_same_v<T, float>) return x;
+  else return widen<float>(x);
+}
+
+// The weights' bytes as the module stores them: what a decode step reads.
+template <class Module>
+int64_t weight_bytes(const Module& m) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : m.state_dict())
+    bytes += t.numel() * static_cast<int64_t>(sizeof(*t.data()));
+  return bytes;
+}
+
+// T: the module's element type (float, bfloat16, float16).
+template <class T, class Module>
+void run_decode(const DecodeArgs& a, const Module& m) {
   const int64_t E = m.config().embed_dim;
-  const Tensor<float> prompt = make_prompt(a, E);
+  const Tensor<T> prompt = to_module_type<T>(make_prompt(a, E));
   const int64_t B = prompt.size(0), P = prompt.size(1), N = a.tokens;
   const int64_t max_len = a.max_len.value_or(P + N);
   if (max_len < P + N && !a.grow)
@@ -137,19 +172,19 @@ void run_decode(const DecodeArgs& a) {
   const auto t0 = clock::now();
   // With --grow the cache may grow past the machine's memory: that Error
   // names max_len too.
-  auto forward = [&](const Tensor<float>& x) {
+  auto forward = [&](const Tensor<T>& x) {
     try {
       return m.forward(x, o, &cache);
     } catch (const Error& e) {
       rethrow_as_flag(e);
     }
   };
-  const Tensor<float> prefill = forward(prompt);
+  const Tensor<T> prefill = forward(prompt);
   const auto t1 = clock::now();
   // Step t's input: the previous output row (B, 1, E).
-  Tensor<float> x(Shape{B, 1, E});
+  Tensor<T> x(Shape{B, 1, E});
   for (int64_t b = 0; b < B; ++b) std::copy_n(prefill.data() + (b * P + P - 1) * E, E, x.data() + b * E);
-  Tensor<float> generated(Shape{B, N, E});
+  Tensor<T> generated(Shape{B, N, E});
   std::vector<double> step_s(static_cast<std::size_t>(N));
   for (int64_t t = 0; t < N; ++t) {
     const auto s0 = clock::now();
@@ -163,17 +198,38 @@ void run_decode(const DecodeArgs& a) {
   std::sort(step_s.begin(), step_s.end());
   const double median_s = N == 0 ? 0.0 : N % 2 ? step_s[N / 2] : 0.5 * (step_s[N / 2 - 1] + step_s[N / 2]);
 
-  if (!a.out.empty()) write_outputs({{{"--out", a.out}, serialize_npy(generated)}});
+  if (!a.out.empty()) write_outputs({{{"--out", a.out}, serialize_npy(to_float32(generated))}});
   std::FILE* report = a.out == "-" ? stderr : stdout;
   std::fprintf(report,
                "multihead decode: %lld tokens x batch %lld after a %lld-token prompt: %.1f tokens/s (median step "
                "%.3f ms; prefill %.3f ms); KV cache %lld bytes (%lld of %lld positions, %lld K/V heads x head_dim "
-               "%lld, %s); embed_dim %lld, num_heads %lld, kernel %s, threads %d\n",
+               "%lld, %s); weights %s, %lld bytes; embed_dim %lld, num_heads %lld, kernel %s, threads %d\n",
                static_cast<long long>(N), static_cast<long long>(B), static_cast<long long>(P),
                median_s > 0 ? static_cast<double>(B) / median_s : 0.0, median_s * 1e3, prefill_ms, static_cast<long long>(cache.bytes()), static_cast<long long>(cache.length()),
                static_cast<long long>(cache.capacity()), static_cast<long long>(m.kv_heads()),
-               static_cast<long long>(m.head_dim()), a.cache_dtype.c_str(), static_cast<long long>(E),
+               static_cast<long long>(m.head_dim()), a.cache_dtype.c_str(), a.dtype.c_str(),
+               static_cast<long long>(weight_bytes(m)), static_cast<long long>(E),
                static_cast<long long>(m.config().num_heads), a.kernel.c_str(), a.threads);
+}
+
+// The 16-bit module: make_module's parameters rounded once to E (the
+// float32 module is freed on return).
+template <class E>
+NarrowGroupedQueryAttention<E> make_narrow_module(const DecodeArgs& a) {
+  const GroupedQueryAttention<float> m = make_module(a);
+  return NarrowGroupedQueryAttention<E>::rounded(m.config(), m.parameters());
+}
+
+// --dtype: the float32 module, or its parameters rounded once to 16 bits.
+void run_decode(const DecodeArgs& a) {
+  const ComputeDtype dtype = parse_compute_dtype(a.dtype, "--dtype");
+  if (dtype != ComputeDtype::F32 && a.kernel != "auto" && a.kernel != "flash")
+    fail("--kernel: " + a.kernel + " is not available with --dtype " + a.dtype +
+         " (the 16-bit module runs the flash kernel on the prompt and the decode kernel on each step: auto or "
+         "flash)");
+  if (dtype == ComputeDtype::BF16) return run_decode<bfloat16>(a, make_narrow_module<bfloat16>(a));
+  if (dtype == ComputeDtype::F16) return run_decode<float16>(a, make_narrow_module<float16>(a));
+  run_decode<float>(a, make_module(a));
 }
 
 }  // namespace
@@ -221,6 +277,11 @@ Runner add_decode_command(CLI::App& app) {
                 "K/V cache element type: f32, bf16 (2 bytes), f16 (2 bytes, |x| <= 65504) or int8 (1 byte + a float "
                 "scale per 32 values); docs/decoding.md gives each one's error bound")
       ->transform(one_of({"f32", "bf16", "f16", "int8"}));
+  c->add_option("--dtype", a->dtype,
+                "Module weights and computation: f32, bf16 or f16 (the float32 weights, seeded or from --weights, "
+                "rounded once to nearest even; the prompt rounded on the way in, --out widened back to float32; "
+                "--kernel auto or flash); docs/decoding.md")
+      ->transform(one_of({"f32", "bf16", "f16"}));
   c->add_option("--threads", a->threads, "Threads (0 = default)")->check(non_negative_integer());
   c->add_option("--out", a->out, "The N generated vectors as .npy (B, N, E) ('-' = standard output; the report "
                                  "then goes to stderr)")

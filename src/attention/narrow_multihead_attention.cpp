@@ -26,6 +26,7 @@
 #include "core/gemm.hpp"
 #include "core/linear.hpp"
 #include "core/narrow_rows.hpp"
+#include "core/parallel.hpp"
 #include "core/parameters.hpp"
 #include "core/thread_scratch.hpp"
 #include "kernels/kernel.hpp"
@@ -204,35 +205,6 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
       packed ? params_.in_proj_weight.data() + 2 * E_ * E_ : params_.v_proj_weight.data(), E_, p.Ev);
   const detail::LinearOptions lo{false, options.attention.num_threads};
 
-  // Where no 16-bit matmul runs, every product is the float32 product of
-  // exact float32 copies of its operands (core/gemm.hpp). The weights' copies
-  // are then made once and kept (keep_float32_weights), and each distinct
-  // input is widened once for the products that read it (self-attention:
-  // one copy for three), instead of every product widening both operands
-  // again: the same copies, so the same bits.
-  // Not kept (keep_float32_weights(false)), each product widens its own
-  // operands (core/linear.hpp's 16-bit layer): the reference way.
-  const detail::FloatWeightCopies* fw = nullptr;
-  if (keep_float32_weights_ && !detail::native_16bit_gemm<E>()) {
-    detail::FloatWeightCopies& kept = *float_weights_;
-    std::call_once(kept.once, [&] { kept.fill(config_, params_, options.attention.num_threads); });
-    fw = &kept;
-  }
-  // One exact float32 copy of x (rows × cols, packed), in this thread's
-  // scratch for `slot`.
-  const auto widen_input = [&](const Tensor<E>& x, int slot) -> const float* {
-    thread_local detail::ThreadScratch scratch[3];
-    float* dst = scratch[slot].take(static_cast<std::size_t>(x.numel()));
-    detail::widen_rows(x.data(), 1, x.numel(), x.numel(), dst, x.numel(), options.attention.num_threads);
-    return dst;
-  };
-  const auto project = [&](const Tensor<E>& x, const float* x_widened, int64_t tokens, const LinearWeight<E>& w,
-                           const float* w_widened, const E* b, E* y) {
-    if (fw == nullptr) return detail::linear_forward(LinearRows<E>{tokens, x.data(), 0}, w, b, y, 0, lo);
-    detail::linear_forward_widened(LinearRows<float>{tokens, x_widened, 0},
-                                   LinearWeight<float>::stored(w_widened, w.out, w.in), b, y, 0, lo);
-  };
-
   // 1. in_projection, rows in the caller's token order.
   // A training forward's buffers move into its context; a plain forward's
   // are this thread's, kept between calls (a first-touched page costs
@@ -244,28 +216,10 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
     if (b.size() < static_cast<std::size_t>(n)) b.resize(static_cast<std::size_t>(n));
     return b;
   };
-  Storage<E>& q = buffer(own_q, kept_q, q_tokens * E_);
-  Storage<E>& k = buffer(own_k, kept_k, kv_tokens * E_);
-  Storage<E>& v = buffer(own_v, kept_v, kv_tokens * E_);
-  const float *xq = nullptr, *xk = nullptr, *xv = nullptr, *wq_f = nullptr, *wk_f = nullptr, *wv_f = nullptr;
-  if (fw != nullptr) {
-    const auto same = [](const Tensor<E>& a, const Tensor<E>& b) { return a.data() == b.data() && a.shape() == b.shape(); };
-    xq = widen_input(query, 0);
-    xk = same(key, query) ? xq : widen_input(key, 1);
-    xv = same(value, query) ? xq : same(value, key) ? xk : widen_input(value, 2);
-    wq_f = packed ? fw->in_proj.data() : fw->q_proj.data();
-    wk_f = packed ? fw->in_proj.data() + E_ * E_ : fw->k_proj.data();
-    wv_f = packed ? fw->in_proj.data() + 2 * E_ * E_ : fw->v_proj.data();
-  }
-  project(query, xq, q_tokens, wq, wq_f, b_in, q.data());
-  project(key, xk, kv_tokens, wk, wk_f, b_in ? b_in + E_ : nullptr, k.data());
-  project(value, xv, kv_tokens, wv, wv_f, b_in ? b_in + 2 * E_ : nullptr, v.data());
-
-  // 2. split_heads (narrow_attention_args: the layouts). With extra key
-  // rows, K and V are copied to (B, S', E): the projected keys of entry b,
-  // then bias_k, then zeros.
-  Storage<E> k_ext, v_ext;
-  if (p.S_total != p.S) {
+  // With extra key rows (bias_k, the zero-attention key), K and V copied to
+  // (B, S', E): the projected keys of entry b, then bias_k, then zeros.
+  const auto extend_keys = [&](const Storage<E>& k, const Storage<E>& v, Storage<E>& k_ext, Storage<E>& v_ext) {
+    if (p.S_total == p.S) return;
     k_ext.assign(static_cast<std::size_t>(p.B * p.S_total * E_), E{});
     v_ext.assign(static_cast<std::size_t>(p.B * p.S_total * E_), E{});
     for (int64_t b = 0; b < p.B; ++b) {
@@ -281,29 +235,9 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
       }
       // The zero-attention row stays the zeros assign() wrote.
     }
-  }
-  const E* k_base = k_ext.empty() ? k.data() : k_ext.data();
-  const E* v_base = v_ext.empty() ? v.data() : v_ext.data();
-  detail::KernelMasks<float> masks = detail::build_kernel_masks(p, options);
-
-  // 3. attention, writing the merged heads (q_tokens, E) in token order,
-  // and each row's log-sum-exp when training.
-  Storage<E>& attn = buffer(own_attn, kept_attn, q_tokens * E_);
-  Storage<float> lse(s ? static_cast<std::size_t>(p.B * p.H * p.L) : 0);
-  detail::AttentionArgs<float> args = detail::narrow_attention_args(config_, p, options, masks);
-  args.narrow = {compute_dtype_of<E>(), q.data(), k_base, v_base, attn.data()};
-  args.lse = s ? lse.data() : nullptr;
-  detail::attention_forward(args, options.attention.kernel);
-
-  // 4. out_projection, in the same token order as the query (so the output
-  // has the query's layout).
-  {
-    const Tensor<E> concat_view = Tensor<E>::view(Shape{q_tokens, E_}, attn.data());
-    project(concat_view, fw != nullptr ? widen_input(concat_view, 0) : nullptr, q_tokens,
-            LinearWeight<E>::stored(params_.out_proj_weight.data(), E_, E_), fw != nullptr ? fw->out_proj.data() : nullptr,
-            config_.bias ? params_.out_proj_bias.data() : nullptr, output.data());
-  }
-  if (s) {
+  };
+  const auto fill_context = [&](detail::KernelMasks<float>& masks, Storage<E>& q, Storage<E>& k, Storage<E>& v,
+                                Storage<E>& k_ext, Storage<E>& v_ext, Storage<E>& attn, Storage<float>& lse) {
     s->masks = std::move(masks);
     s->q = std::move(q);
     s->k = std::move(k);
@@ -314,7 +248,138 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
     s->lse = std::move(lse);
     s->parameters_token = parameters_token_;
     s->filled = true;
+  };
+  detail::KernelMasks<float> masks = detail::build_kernel_masks(p, options);
+  Storage<float> lse(s ? static_cast<std::size_t>(p.B * p.H * p.L) : 0);
+
+  // The float32 way, where every step of the 16-bit forward is a float32
+  // step on exact widenings: each product the float32 gemm of float32
+  // copies of its operands (no 16-bit matmul here, and not the few-row
+  // product), and the flash kernel the float32 kernel on the widened Q, K,
+  // V with each output rounded once (kernels/kernel.hpp). The weights'
+  // copies are then made once and kept (keep_float32_weights); each
+  // distinct input is widened once for the products that read it; the
+  // projections' sums are rounded (+ bias) straight into head-major float32
+  // Q, K, V for the kernel, and the kernel's output rounded in place for
+  // out_projection: no value is stored in 16 bits to be widened again. The
+  // same numbers at every step, so the same bits as the reference way below
+  // (NarrowWeightCopies.KeptCopiesGiveTheReferenceBits).
+  const bool float32_way =
+      keep_float32_weights_ && detail::narrow_linear_is_widened_gemm(wq, q_tokens) &&
+      detail::narrow_linear_is_widened_gemm(wk, kv_tokens) && detail::narrow_linear_is_widened_gemm(wv, kv_tokens) &&
+      detail::narrow_flash_is_float32_kernel(compute_dtype_of<E>()) &&
+      detail::resolve_forward_kernel<float>(options.attention.kernel, /*stores_weights=*/false) ==
+          AttentionKernel::Flash;
+  if (float32_way) {
+    detail::FloatWeightCopies& fw = *float_weights_;
+    std::call_once(fw.once, [&] { fw.fill(config_, params_, options.attention.num_threads); });
+    const int threads = detail::requested_threads(options.attention.num_threads);
+    thread_local detail::ThreadScratch scratch[9];
+    const auto take = [&](int slot, int64_t n) { return scratch[slot].take(static_cast<std::size_t>(n)); };
+    const auto widen_input = [&](const Tensor<E>& x, int slot) -> const float* {
+      float* dst = take(slot, x.numel());
+      detail::widen_rows(x.data(), 1, x.numel(), x.numel(), dst, x.numel(), threads);
+      return dst;
+    };
+    const auto same = [](const Tensor<E>& a, const Tensor<E>& b) { return a.data() == b.data() && a.shape() == b.shape(); };
+    const float* xq = widen_input(query, 0);
+    const float* xk = same(key, query) ? xq : widen_input(key, 1);
+    const float* xv = same(value, query) ? xq : same(value, key) ? xk : widen_input(value, 2);
+    const float* wq_f = packed ? fw.in_proj.data() : fw.q_proj.data();
+    const float* wk_f = packed ? fw.in_proj.data() + E_ * E_ : fw.k_proj.data();
+    const float* wv_f = packed ? fw.in_proj.data() + 2 * E_ * E_ : fw.v_proj.data();
+    // in_projection: the float32 sums, token rows (the bias comes with the rounding).
+    const auto sums = [&](const float* x, int64_t tokens, const float* w, int64_t in, int slot) {
+      float* acc = take(slot, tokens * E_);
+      detail::linear_forward<float>(LinearRows<float>{tokens, x, 0}, LinearWeight<float>::stored(w, E_, in), nullptr,
+                                    acc, 0, lo);
+      return acc;
+    };
+    const float* aq = sums(xq, q_tokens, wq_f, E_, 3);
+    const float* ak = sums(xk, kv_tokens, wk_f, p.Ek, 4);
+    const float* av = sums(xv, kv_tokens, wv_f, p.Ev, 5);
+    // split_heads: slice n = b·H + h, `len` rows of head h rounded (+ its
+    // bias) into [n][S'][D]; then the bias_k row (exact) and the zero row.
+    const auto heads = [&](const float* acc, int64_t len, int64_t total, int64_t batch_stride, int64_t seq_stride,
+                           const E* bias, const Tensor<E>* extra, int slot) {
+      float* dst = take(slot, p.B * p.H * total * p.D);
+      detail::parallel_items(p.B * p.H, threads, /*item_cost=*/total * p.D, [&](int64_t n) {
+        const int64_t b = n / p.H, h = n % p.H;
+        float* out = dst + n * total * p.D;
+        detail::round_rows_widened(acc + b * batch_stride * E_ + h * p.D, len, p.D, seq_stride * E_,
+                                   bias != nullptr ? bias + h * p.D : static_cast<const E*>(nullptr), out, p.D, 1);
+        if (p.bias_kv_col >= 0 && extra != nullptr)
+          detail::widen_rows(extra->data() + h * p.D, 1, p.D, p.D, out + p.bias_kv_col * p.D, p.D, 1);
+        if (p.zero_attn_col >= 0 && total > len) std::fill_n(out + p.zero_attn_col * p.D, p.D, 0.0f);
+      });
+      return dst;
+    };
+    const float* hq = heads(aq, p.L, p.L, p.q_batch_stride, p.q_seq_stride, b_in, nullptr, 6);
+    const float* hk = heads(ak, p.S, p.S_total, p.kv_batch_stride, p.kv_seq_stride, b_in ? b_in + E_ : nullptr,
+                            &params_.bias_k, 7);
+    const float* hv = heads(av, p.S, p.S_total, p.kv_batch_stride, p.kv_seq_stride, b_in ? b_in + 2 * E_ : nullptr,
+                            &params_.bias_v, 8);
+    // scaled_dot_product_attention: the float32 kernel on the head-major
+    // copies, writing the merged heads in token order (the widened input
+    // copies' slot 0 is free again: the products have read them).
+    float* concat = take(0, q_tokens * E_);
+    detail::AttentionArgs<float> args = detail::narrow_attention_args(config_, p, options, masks);
+    args.q_layout = args.k_layout = args.v_layout = detail::SliceLayout{};  // contiguous [slices][len][D]
+    args.q = hq;
+    args.k = hk;
+    args.v = hv;
+    args.out = concat;
+    args.lse = s ? lse.data() : nullptr;
+    detail::run_attention_forward(args, AttentionKernel::Flash);
+    detail::round_rows_widened(concat, q_tokens, E_, E_, static_cast<const E*>(nullptr), concat, E_, threads);
+    // out_projection.
+    detail::linear_forward_widened(LinearRows<float>{q_tokens, concat, 0},
+                                   LinearWeight<float>::stored(fw.out_proj.data(), E_, E_),
+                                   config_.bias ? params_.out_proj_bias.data() : nullptr, output.data(), 0, lo);
+    if (s) {  // what the backward reads, in 16 bits: the same values, rounded (exactly) once more
+      Storage<E> q(static_cast<std::size_t>(q_tokens * E_)), k(static_cast<std::size_t>(kv_tokens * E_)),
+          v(static_cast<std::size_t>(kv_tokens * E_)), k_ext, v_ext, attn(static_cast<std::size_t>(q_tokens * E_));
+      detail::round_rows(aq, q_tokens, E_, E_, b_in, q.data(), E_, threads);
+      detail::round_rows(ak, kv_tokens, E_, E_, b_in ? b_in + E_ : nullptr, k.data(), E_, threads);
+      detail::round_rows(av, kv_tokens, E_, E_, b_in ? b_in + 2 * E_ : nullptr, v.data(), E_, threads);
+      detail::round_rows(concat, q_tokens, E_, E_, static_cast<const E*>(nullptr), attn.data(), E_, threads);
+      extend_keys(k, v, k_ext, v_ext);
+      fill_context(masks, q, k, v, k_ext, v_ext, attn, lse);
+    }
+    return output;
   }
+
+  // The reference way: each product widens its own operands (core/linear.hpp's
+  // 16-bit layer), the projections are stored in 16 bits and the flash
+  // kernel reads them so.
+  Storage<E>& q = buffer(own_q, kept_q, q_tokens * E_);
+  Storage<E>& k = buffer(own_k, kept_k, kv_tokens * E_);
+  Storage<E>& v = buffer(own_v, kept_v, kv_tokens * E_);
+  detail::linear_forward(LinearRows<E>{q_tokens, query.data(), 0}, wq, b_in, q.data(), 0, lo);
+  detail::linear_forward(LinearRows<E>{kv_tokens, key.data(), 0}, wk, b_in ? b_in + E_ : nullptr, k.data(), 0, lo);
+  detail::linear_forward(LinearRows<E>{kv_tokens, value.data(), 0}, wv, b_in ? b_in + 2 * E_ : nullptr, v.data(), 0, lo);
+
+  // 2. split_heads (narrow_attention_args: the layouts), K and V extended
+  // when there are extra key rows.
+  Storage<E> k_ext, v_ext;
+  extend_keys(k, v, k_ext, v_ext);
+  const E* k_base = k_ext.empty() ? k.data() : k_ext.data();
+  const E* v_base = v_ext.empty() ? v.data() : v_ext.data();
+
+  // 3. attention, writing the merged heads (q_tokens, E) in token order,
+  // and each row's log-sum-exp when training.
+  Storage<E>& attn = buffer(own_attn, kept_attn, q_tokens * E_);
+  detail::AttentionArgs<float> args = detail::narrow_attention_args(config_, p, options, masks);
+  args.narrow = {compute_dtype_of<E>(), q.data(), k_base, v_base, attn.data()};
+  args.lse = s ? lse.data() : nullptr;
+  detail::attention_forward(args, options.attention.kernel);
+
+  // 4. out_projection, in the same token order as the query (so the output
+  // has the query's layout).
+  detail::linear_forward(LinearRows<E>{q_tokens, attn.data(), 0},
+                         LinearWeight<E>::stored(params_.out_proj_weight.data(), E_, E_),
+                         config_.bias ? params_.out_proj_bias.data() : nullptr, output.data(), 0, lo);
+  if (s) fill_context(masks, q, k, v, k_ext, v_ext, attn, lse);
   return output;
 }
 

@@ -95,12 +95,14 @@ struct GemmBlocks {
 };
 GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K);
 
-// Whether a product of 16-bit E runs natively here (oneDNN's bf16 matmul,
-// from AVX-512 on), rather than as the float product of exact float32
-// copies (widened as stored, with the same Trans flags and blocks as the
-// float32 product). Where it does not, a caller that already holds exact
-// float32 copies of its operands (the 16-bit modules' kept weight copies)
-// gets the same bits from gemm_blocked on those copies.
+// Whether a product of 16-bit E (bfloat16, float16) runs natively here (a
+// 16-bit matmul: oneDNN's bf16 one, from AVX-512 on) rather than on widened
+// float copies of both operands (widened as stored, with the same Trans
+// flags and blocks as the float32 product). Where it does not, a caller
+// that already holds exact float32 copies of its operands (the 16-bit
+// modules' kept weight copies) gets the same bits from gemm_blocked on
+// those copies. (core/linear.cpp's few-row product reads W in 16 bits
+// where it does not.)
 template <class E>
 bool native_16bit_gemm();
 

@@ -2,9 +2,15 @@
 #include "core/linear.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <type_traits>
+#include <string>
 
 #include "core/gemm.hpp"
+#include "core/narrow_gemv.hpp"
 #include "core/narrow_rows.hpp"
 #include "core/parallel.hpp"
 #include "core/thread_scratch.hpp"
@@ -59,7 +65,35 @@ void linear_backward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* 
 
 namespace {
 
-// A: E, or float (exact copies of E values, linear_forward_widened).
+std::atomic<bool>& narrow_gemv_switch() {
+  static std::atomic<bool> enabled{true};
+  return enabled;
+}
+
+// MULTIHEAD_NARROW_GEMV=gemm forces the gemm way for the whole process, so
+// that a program such as the CLI can be timed and checked both ways; "auto"
+// or unset leaves narrow_gemv_enabled's choice. Read on every call, as
+// MULTIHEAD_KERNEL.
+bool narrow_gemv_allowed() {
+  const char* env = std::getenv("MULTIHEAD_NARROW_GEMV");
+  if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
+    if (std::strcmp(env, "gemm") == 0) return false;
+    throw Error(Error::Kind::Value, std::string("MULTIHEAD_NARROW_GEMV: expected one of auto, gemm; got '") + env + "'");
+  }
+  return narrow_gemv_switch().load(std::memory_order_relaxed);
+}
+
+// The few-row product (core/narrow_gemv.hpp) where it reads fewer bytes
+// than the gemm way: W as stored (out × in, rows contiguous; a transposed
+// W's columns would be strided loads), at most kNarrowGemvMaxRows rows, and
+// no native 16-bit matmul (which reads W in 16 bits itself).
+template <class E>
+bool use_narrow_gemv(const LinearWeight<E>& w, int64_t rows) {
+  return !w.transposed && rows <= kNarrowGemvMaxRows && !native_16bit_gemm<E>() && narrow_gemv_allowed();
+}
+
+// A: E, or float (exact copies of E values, linear_forward_widened: always
+// the gemm way).
 template <class A, class E>
 void narrow_linear_forward(const LinearRows<A>& x, const LinearWeight<A>& w, const E* b, E* y, int64_t ldy,
                            const LinearOptions& o) {
@@ -73,8 +107,13 @@ void narrow_linear_forward(const LinearRows<A>& x, const LinearWeight<A>& w, con
   // for any thread count). The buffer is not zeroed: the product writes it.
   thread_local ThreadScratch scratch;
   float* acc = scratch.take(static_cast<std::size_t>(rows * w.out));
-  gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f,
-               acc, w.out, o.threads);
+  bool gemv = false;
+  if constexpr (std::is_same_v<A, E>) gemv = use_narrow_gemv(w, rows);
+  if constexpr (std::is_same_v<A, E>)
+    if (gemv) narrow_gemv(rows, w.out, w.in, x.x, ldx, w.data, w.ld, acc, w.out, o.threads);
+  if (!gemv)
+    gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f,
+                 acc, w.out, o.threads);
   round_rows(acc, rows, w.out, w.out, b, y, ldy, o.threads);
 }
 
@@ -114,6 +153,8 @@ void narrow_linear_backward(const LinearRows<E>& x, const LinearWeight<E>& w, co
 
 }  // namespace
 
+void narrow_gemv_enabled(bool enabled) { narrow_gemv_switch().store(enabled, std::memory_order_relaxed); }
+
 template <>
 void linear_backward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* d_y,
                                int64_t ld_dy, const LinearGradients<bfloat16>& g, const LinearOptions& o) {
@@ -145,6 +186,13 @@ template void linear_forward_widened<bfloat16>(const LinearRows<float>&, const L
                                                bfloat16*, int64_t, const LinearOptions&);
 template void linear_forward_widened<float16>(const LinearRows<float>&, const LinearWeight<float>&, const float16*,
                                               float16*, int64_t, const LinearOptions&);
+
+template <class E>
+bool narrow_linear_is_widened_gemm(const LinearWeight<E>& w, int64_t rows) {
+  return !native_16bit_gemm<E>() && !use_narrow_gemv(w, rows);
+}
+template bool narrow_linear_is_widened_gemm<bfloat16>(const LinearWeight<bfloat16>&, int64_t);
+template bool narrow_linear_is_widened_gemm<float16>(const LinearWeight<float16>&, int64_t);
 
 template void linear_forward<float>(const LinearRows<float>&, const LinearWeight<float>&, const float*, float*,
                                     int64_t, const LinearOptions&);

@@ -68,6 +68,12 @@ void linear_forward(const LinearRows<T>& x, const LinearWeight<T>& w, const T* b
 // in 16 bits; x · Wᵀ through the 16-bit gemm (core/gemm.hpp: exact
 // products, float32 sums), + b in float32, then each y rounded once to
 // nearest even. accumulate is refused (y holds no float32 sum to add to).
+// For at most kNarrowGemvMaxRows rows (a decoding step) from W as stored,
+// on a host without a native 16-bit matmul (native_16bit_gemm), x · Wᵀ is
+// core/narrow_gemv.hpp's product instead, reading W in 16 bits where the
+// gemm way widens all of it to a float32 copy first: the same error bound,
+// another order of the float32 sums. narrow_gemv_enabled(false), or
+// MULTIHEAD_NARROW_GEMV=gemm in the environment, forces the gemm way.
 template <>
 void linear_forward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* b,
                               bfloat16* y, int64_t ldy, const LinearOptions& options);
@@ -75,16 +81,31 @@ template <>
 void linear_forward<float16>(const LinearRows<float16>& x, const LinearWeight<float16>& w, const float16* b,
                              float16* y, int64_t ldy, const LinearOptions& options);
 
+// The rows up to which the 16-bit forward takes the few-row product: a
+// decoding step's batch. Measured (docs/decoding.md, "16-bit weights"; AVX2,
+// E 2048, bf16): a step took 2.9 ms against the gemm way's 8.5-10.3 at 1
+// row, and 10.6-12.4 against 18.6-19.9 at 8.
+inline constexpr int64_t kNarrowGemvMaxRows = 8;
+// false forces the gemm way for every 16-bit linear_forward (the switch the
+// tests compare the two ways with); true (the default) allows the few-row
+// product where it applies.
+void narrow_gemv_enabled(bool enabled);
+
 // The 16-bit layer from exact float32 copies of its operands: y =
 // round(x · Wᵀ + b), x (rows packed, ldx = in) and W (as stored, out × in,
-// packed) the float32 widenings of 16-bit values, b and y in E. Where no
-// 16-bit matmul runs (native_16bit_gemm<E>(), core/gemm.hpp), these are the
-// copies linear_forward<E> itself widens, so the bits are the same, without
-// the widening: the 16-bit modules keep float32 copies of their weights for
-// it, and widen an input once for all the products that read it.
+// packed) the float32 widenings of 16-bit values, b and y in E. Where
+// linear_forward<E> itself runs the float product of such copies
+// (narrow_linear_is_widened_gemm), the bits are the same, without the
+// widening: the 16-bit modules keep float32 copies of their weights for it,
+// and widen an input once for all the products that read it.
 template <class E>
 void linear_forward_widened(const LinearRows<float>& x, const LinearWeight<float>& w, const E* b, E* y, int64_t ldy,
                             const LinearOptions& options = {});
+// Whether linear_forward<E> of `rows` rows through w computes as the float
+// gemm of exact float32 copies of x and W: no native 16-bit matmul, and not
+// the few-row product (which sums in its own order).
+template <class E>
+bool narrow_linear_is_widened_gemm(const LinearWeight<E>& w, int64_t rows);
 
 // What the backward writes; a null pointer skips that gradient.
 template <class T>

@@ -653,6 +653,21 @@ def _(ctx):
     return decode(ctx, ["--cache-dtype", "fp8"])
 
 
+@case("decode --dtype fp8", "--dtype", "expected one of f32, bf16, f16", "fp8")
+def _(ctx):
+    return decode(ctx, ["--dtype", "fp8"])
+
+
+@case("decode --dtype bf16 --kernel reference", "--kernel", "reference", "--dtype bf16", "auto or flash")
+def _(ctx):
+    return decode(ctx, ["--dtype", "bf16", "--kernel", "reference"])
+
+
+@case("decode --dtype f16 --kernel materialized", "--kernel", "materialized", "--dtype f16", "auto or flash")
+def _(ctx):
+    return decode(ctx, ["--dtype", "f16", "--kernel", "materialized"])
+
+
 @case("decode --cache-dtype int8 --kernel flash", "kernel", "auto", "compressed KV cache (int8", "flash")
 def _(ctx):
     return decode(ctx, ["--cache-dtype", "int8", "--kernel", "flash"])

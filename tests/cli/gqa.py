@@ -13,6 +13,8 @@ Weights come from `multihead init --num-kv-heads`, read back here.
     sequence the command fed itself (prompt, then each output as the next
     input), rows P .. P + N - 1. One run gives no --num-kv-heads: the
     count comes from the file's metadata.
+  - decode --dtype bf16 / f16: the same on the file's weights rounded to
+    16 bits here (bound below, in units of the type's rounding).
 Bounds: float32 end to end, 2e-5 relative to the output's largest
 magnitude (a few hundred roundings of 2^-24 over E = 32 terms, a softmax of
 at most 20 keys and three products); float64 inputs run in float64: 1e-12.
@@ -72,6 +74,16 @@ def reference(x, w, kv_heads, rope_conv, theta, causal, window):
     p /= p.sum(-1, keepdims=True)
     o = np.einsum("bhij,bjhd->bihd", p, v).reshape(b_, l_, H * D)
     return o @ w["o_proj.weight"].T
+
+
+def round_to(x, dtype):
+    """float32 x rounded to nearest even bf16 or f16, as float64 (exact)."""
+    x = np.asarray(x, np.float32)
+    if dtype == "f16":
+        return x.astype(np.float16).astype(np.float64)
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16  # finite values only (these are)
+    return r.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
 def run(argv):
@@ -167,6 +179,46 @@ def main():
             print(e)
             report = ""
         print(f"{'ok  ' if ok else 'FAIL'} {name}: max error / max |out| = {err:.3g} (bound 2e-05); {report.strip()}")
+        passed, failed = passed + ok, failed + (not ok)
+    # decode --dtype bf16 / f16: the 16-bit module on the same file's weights
+    # rounded once to E, against float64 numpy on those rounded weights and
+    # the rounded prompt, with no other rounding. The command rounds q, k, v,
+    # each head's attention output and the output to E (each within u_E of
+    # its value: 2^-8 bf16, 2^-11 f16), and its fed-back inputs are its own
+    # outputs (rounded; read back from --out), so the error is one step's:
+    # those roundings carried through the softmax and W_o, a few u_E
+    # relative to max |out| (measured 2026-12-03: 1.05 u_E bf16, 0.68 u_E
+    # f16), plus the first input's (the prompt's last output, computed here in
+    # float64: its rounding enters every step), so the bound is 8 u_E.
+    for dtype, unit in (("bf16", 2.0 ** -8), ("f16", 2.0 ** -11)):
+        kv, prompt_len, n = 2, 5, 6
+        wp = os.path.join(a.workdir, f"w{kv}.safetensors")
+        w = {k: round_to(t[0].astype(np.float32), dtype) for k, t in safetensors_io.read(wp)[0].items()}
+        prompt = rng.standard_normal((B, prompt_len, E)).astype(np.float32)
+        pp, out = os.path.join(a.workdir, "prompt.npy"), os.path.join(a.workdir, "gen.npy")
+        np.save(pp, prompt)
+        argv = [cli, "decode", "--weights", wp, "--prompt", pp, "--tokens", str(n), "--rope", "half-split",
+                "--dtype", dtype, "--out", out]
+        name = f"decode --dtype {dtype} kv={kv} rope=half-split prompt={prompt_len} tokens={n}"
+        bound = 8 * unit
+        try:
+            report = run(argv).stdout.decode()
+            gen = np.load(out)
+            rounded_prompt = round_to(prompt, dtype)
+            first = round_to(reference(rounded_prompt, w, kv, "half-split", 10000.0, True, None)[:, -1:]
+                             .astype(np.float32), dtype)
+            seq = np.concatenate([rounded_prompt, first, gen[:, :-1]], axis=1)
+            want = reference(seq, w, kv, "half-split", 10000.0, True, None)[:, prompt_len:]
+            err = np.abs(gen - want).max() / np.abs(want).max()
+            weight_bytes = 2 * (2 * E * H * D + 2 * E * kv * D)
+            ok = (err <= bound and gen.dtype == np.float32 and np.array_equal(round_to(gen, dtype), gen)
+                  and f"weights {dtype}, {weight_bytes} bytes" in report)
+        except RuntimeError as e:
+            ok, err = False, float("nan")
+            print(e)
+            report = ""
+        print(f"{'ok  ' if ok else 'FAIL'} {name}: max error / max |out| = {err:.3g} = {err / unit:.2f} u_E "
+              f"(bound {bound:.3g}); {report.strip()}")
         passed, failed = passed + ok, failed + (not ok)
     print(f"\n{passed} passed, {failed} failed")
     return 1 if failed else 0
