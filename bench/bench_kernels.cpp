@@ -2,6 +2,10 @@
 // GFLOP/s counted as issue "Fast" counts them: 4·N·L·S·D for QKᵀ and PV, the
 // full square also when causal. Per SIMD target and thread count:
 //   Flash/<target>/L/causal/threads        src/kernels/flash.cpp
+//   Flash16/<dtype>/<way>/L/causal/threads the same kernel (best target) on 16-bit
+//                                          q, k, v and out (AttentionArgs::narrow):
+//                                          bf16 by its fma and dpbf16 ways, f16;
+//                                          what the 16-bit modules' attention runs.
 //   Materialized/L/causal/threads          src/kernels/materialized.cpp (BLAS)
 //   SgemmTiles/threads                     cblas_sgemm on one flash tile's two
 //                                          products: the alternative we measured
@@ -34,11 +38,14 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "core/gemm.hpp"
 #include "kernels/kernel.hpp"
+#include "multihead/narrow.hpp"
+#include "multihead/runtime.hpp"
 #include "simd/decode_compressed.hpp"
 #include "simd/narrow_types.hpp"
 #include "simd/targets.hpp"
@@ -93,6 +100,34 @@ void BM_Flash(benchmark::State& state, std::string target) {
   }
   report(state, p.flops());
   multihead::detail::simd_target_force("");
+}
+
+// The flash kernel on the same problem stored in 16 bits (the values
+// rounded once), as the bf16 and f16 modules call it. way: "fma" or
+// "dpbf16" (bf16 only, multihead::bf16_dot_force), "" for f16.
+template <class E>
+void BM_Flash16(benchmark::State& state, std::string way) {
+  Problem p(12, state.range(0), 64, state.range(1) != 0, static_cast<int>(state.range(2)));
+  const auto narrowed = [](const std::vector<float>& x) {
+    std::vector<E> y(x.size());
+    for (size_t i = 0; i < x.size(); ++i) y[i] = multihead::narrow_from_float<E>(x[i]);
+    return y;
+  };
+  const std::vector<E> q = narrowed(p.q), k = narrowed(p.k), v = narrowed(p.v);
+  std::vector<E> out(p.out.size());
+  p.args.q = p.args.k = p.args.v = nullptr;
+  p.args.out = nullptr;
+  p.args.narrow = {std::is_same_v<E, multihead::bfloat16> ? multihead::ComputeDtype::BF16
+                                                          : multihead::ComputeDtype::F16,
+                   q.data(), k.data(), v.data(), out.data()};
+  multihead::bf16_dot_force(way);
+  multihead::detail::attention_forward_flash(p.args);  // warm-up: scratch, threads
+  for (auto _ : state) {
+    multihead::detail::attention_forward_flash(p.args);
+    benchmark::DoNotOptimize(out.data());
+  }
+  report(state, p.flops());
+  multihead::bf16_dot_force("");
 }
 
 // The flash backward (src/kernels/flash.cpp) on the same problem: d_q, d_k
@@ -312,6 +347,20 @@ int main(int argc, char** argv) {
   for (const std::string& target : multihead::detail::simd_targets_available()) {
     if (target == "SCALAR" || target == "EMU128" || target == "SSSE3") continue;  // minutes per run
     auto* b = benchmark::RegisterBenchmark(("Flash/" + target).c_str(), BM_Flash, target);
+    b->ArgNames({"L", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+    for (int64_t L : {512, 2048}) {
+      for (int64_t causal : {0, 1}) {
+        for (int64_t threads : {1, 2}) b->Args({L, causal, threads});
+      }
+    }
+  }
+  const std::pair<const char*, void (*)(benchmark::State&, std::string)> ways16[] = {
+      {"bf16/fma", BM_Flash16<multihead::bfloat16>},
+      {"bf16/dpbf16", BM_Flash16<multihead::bfloat16>},
+      {"f16/-", BM_Flash16<multihead::float16>}};
+  for (const auto& [name, fn] : ways16) {
+    const std::string n(name), way = n.substr(n.find('/') + 1);
+    auto* b = benchmark::RegisterBenchmark(("Flash16/" + n).c_str(), fn, way == "-" ? std::string() : way);
     b->ArgNames({"L", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
     for (int64_t L : {512, 2048}) {
       for (int64_t causal : {0, 1}) {

@@ -33,24 +33,14 @@
 #include "core/gemm.hpp"
 #include "core/linear.hpp"
 #include "core/narrow_gemv.hpp"
-#include "hwy/highway.h"
-#include "hwy/targets.h"
+#include "highway_targets.hpp"
 #include "multihead/error.hpp"
 #include "multihead/narrow.hpp"
 
 namespace multihead::detail {
 namespace {
 
-// Runs fn(target name) once per compiled target this CPU supports, with
-// Highway's dispatch held to that target, then restores the default.
-template <class Fn>
-void for_each_target(const Fn& fn) {
-  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    fn(std::string(hwy::TargetName(target)));
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
+using test::for_each_highway_target;
 
 struct GemvCase {
   int64_t rows, out, in;
@@ -135,7 +125,7 @@ void check_kernel(const GemvCase& c) {
                gemm_acc.data(), c.out, 1);
   const std::vector<double> gemm_wide(gemm_acc.begin(), gemm_acc.end());
   count_outside(gemm_wide, p.ref, [&](std::size_t k) { return p.sum_bound(k); }, case_name(c) + " gemm way");
-  for_each_target([&](const std::string& target) {
+  for_each_highway_target([&](const std::string& target) {
     std::vector<float> one(n, -1.0f), two(n, -2.0f);
     narrow_gemv(c.rows, c.out, c.in, p.x.data(), p.ld, p.w.data(), p.ld, one.data(), c.out, 1);
     narrow_gemv(c.rows, c.out, c.in, p.x.data(), p.ld, p.w.data(), p.ld, two.data(), c.out, 2);
@@ -173,7 +163,7 @@ void check_linear(const GemvCase& c) {
   };
   const auto bound = [&](std::size_t k) { return p.output_bound(k, exact[k]); };
   count_outside(run(false, 2), exact, bound, case_name(c) + " linear_forward, gemm way");
-  for_each_target([&](const std::string& target) {
+  for_each_highway_target([&](const std::string& target) {
     const std::vector<double> one = run(true, 1), two = run(true, 2);
     EXPECT_EQ(one, two) << case_name(c) << " " << target << ": linear_forward at 1 and 2 threads";
     count_outside(one, exact, bound, case_name(c) + " " + target + " linear_forward");

@@ -16,14 +16,15 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/narrow_rows.hpp"
-#include "hwy/highway.h"
-#include "hwy/targets.h"
+#include "highway_targets.hpp"
 #include "kernels/kernel.hpp"
+#include "multihead/attention.hpp"
 #include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
 #include "simd/targets.hpp"
@@ -32,16 +33,7 @@
 namespace multihead::detail {
 namespace {
 
-// Runs fn(target name) once per compiled target this CPU supports, with
-// Highway's dispatch held to that target, then restores the default.
-template <class Fn>
-void for_each_target(const Fn& fn) {
-  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
-    fn(std::string(hwy::TargetName(target)));
-  }
-  hwy::SetSupportedTargetsForTest(0);
-}
+using test::for_each_highway_target;
 
 std::vector<float> floats_from_bits(const std::vector<uint32_t>& bits) {
   std::vector<float> out(bits.size());
@@ -69,7 +61,7 @@ TEST(NarrowRows, Bf16RoundingMatchesScalarOnEveryTie) {
     for (const uint32_t lo : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xfffeu, 0xffffu})
       bits.push_back(hi << 16 | lo);
   const std::vector<float> x = floats_from_bits(bits);
-  for_each_target([&](const std::string& target) { expect_rounding_matches_scalar<bfloat16>(x, target); });
+  for_each_highway_target([&](const std::string& target) { expect_rounding_matches_scalar<bfloat16>(x, target); });
 }
 
 TEST(NarrowRows, F16RoundingMatchesScalarOnEveryBoundary) {
@@ -77,7 +69,7 @@ TEST(NarrowRows, F16RoundingMatchesScalarOnEveryBoundary) {
   for (uint32_t hi = 0; hi < (1u << 19); ++hi)
     for (const uint32_t lo : {0x0000u, 0x0001u, 0x0fffu, 0x1000u, 0x1001u, 0x1fffu}) bits.push_back(hi << 13 | lo);
   const std::vector<float> x = floats_from_bits(bits);
-  for_each_target([&](const std::string& target) { expect_rounding_matches_scalar<float16>(x, target); });
+  for_each_highway_target([&](const std::string& target) { expect_rounding_matches_scalar<float16>(x, target); });
 }
 
 template <class E>
@@ -101,7 +93,7 @@ void expect_widening_matches_scalar(const std::string& target) {
 }
 
 TEST(NarrowRows, WideningMatchesScalarOnEveryPattern) {
-  for_each_target([](const std::string& target) {
+  for_each_highway_target([](const std::string& target) {
     expect_widening_matches_scalar<bfloat16>(target);
     expect_widening_matches_scalar<float16>(target);
   });
@@ -143,7 +135,7 @@ void expect_strided_rows_with_bias(const std::string& target) {
 }
 
 TEST(NarrowRows, StridedRowsWithBiasMatchScalar) {
-  for_each_target([](const std::string& target) {
+  for_each_highway_target([](const std::string& target) {
     expect_strided_rows_with_bias<bfloat16>(target);
     expect_strided_rows_with_bias<float16>(target);
   });
@@ -216,6 +208,55 @@ TEST(NarrowRows, FlashWidenOnceMatchesTileWay) {
     simd_target_force(target);
     expect_widen_once_matches_tile_way<bfloat16>(target);
     expect_widen_once_matches_tile_way<float16>(target);
+  }
+  simd_target_force("");
+  bf16_dot_force("");
+  flash_narrow_widen_once(true);
+}
+
+// bf16's pair way (Bf16Way::Dot) the same: K and V packed as pairs for
+// every key tile of every query tile, or once per call (kernels/flash.cpp,
+// run_flash_on_pairs; the kernel then packs only a tile whose keys start or
+// end on an odd key before S). Same pairs, same bits. The module cases
+// above, then scaled_dot_product_attention at the tile edges a whole-call
+// packing could get wrong: odd S (the last pair's zero high), odd D (each
+// row's), and windows and bottom-right causal ranges whose visible keys
+// start on an odd key.
+void expect_pairs_once_match_tile_way(const std::string& target) {
+  expect_widen_once_matches_tile_way<bfloat16>(target);
+  std::mt19937_64 rng(17);
+  struct Case {
+    int64_t N, L, S, D;
+    bool causal;
+    std::optional<int64_t> window;
+  };
+  for (const Case& c : {Case{3, 200, 301, 64, false, std::nullopt}, Case{2, 130, 131, 15, false, std::nullopt},
+                        Case{2, 150, 150, 32, true, 37}, Case{2, 140, 333, 16, false, 51},
+                        Case{2, 129, 257, 8, true, std::nullopt}, Case{1, 300, 300, 9, true, 100}}) {
+    const Tensor<bfloat16> q = round_to<bfloat16>(test::random_tensor<float>(Shape{c.N, c.L, c.D}, rng));
+    const Tensor<bfloat16> k = round_to<bfloat16>(test::random_tensor<float>(Shape{c.N, c.S, c.D}, rng));
+    const Tensor<bfloat16> v = round_to<bfloat16>(test::random_tensor<float>(Shape{c.N, c.S, c.D + 3}, rng));
+    AttentionOptions options;
+    options.is_causal = c.causal;
+    options.causal_alignment = CausalAlignment::BottomRight;
+    options.window = c.window;
+    flash_narrow_widen_once(false);
+    const Tensor<bfloat16> tiles = scaled_dot_product_attention(q, k, v, nullptr, options);
+    flash_narrow_widen_once(true);
+    const Tensor<bfloat16> once = scaled_dot_product_attention(q, k, v, nullptr, options);
+    ASSERT_EQ(tiles.numel(), once.numel());
+    for (int64_t i = 0; i < once.numel(); ++i)
+      ASSERT_EQ(tiles.data()[i].bits, once.data()[i].bits)
+          << target << " N " << c.N << " L " << c.L << " S " << c.S << " D " << c.D << " causal " << c.causal
+          << " window " << c.window.value_or(0) << " element " << i;
+  }
+}
+
+TEST(NarrowRows, FlashPairsOnceMatchTileWay) {
+  bf16_dot_force("dpbf16");
+  for (const std::string& target : simd_targets_available()) {
+    simd_target_force(target);
+    expect_pairs_once_match_tile_way(target);
   }
   simd_target_force("");
   bf16_dot_force("");

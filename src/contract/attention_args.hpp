@@ -166,6 +166,15 @@ struct NarrowOperands {
   const void* k = nullptr;
   const void* v = nullptr;
   void* out = nullptr;
+  // bf16's pair way only (the flash kernel's Bf16Way::Dot): K and V already
+  // packed as the pairs its products read (simd/bf16_pairs.hpp), made once
+  // per call by attention_forward_flash (src/kernels/flash.cpp,
+  // run_flash_on_pairs), contiguous per K/V slice:
+  //   k_pairs [kv slices][S][ceil(D/2)]   each K row's pairs along D
+  //   v_pairs [kv slices][ceil(S/2)][Dv]  V's pairs down the keys
+  // nullptr: the kernel packs each key tile itself.
+  const uint32_t* k_pairs = nullptr;
+  const uint32_t* v_pairs = nullptr;
 };
 
 template <class T>

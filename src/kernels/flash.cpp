@@ -33,6 +33,7 @@
 #include "core/thread_scratch.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
+#include "simd/bf16_pairs.hpp"
 #include "simd/flash_attention.hpp"
 #include "simd/flash_attention_backward.hpp"
 #include "simd/targets.hpp"
@@ -174,7 +175,7 @@ void run_flash(const AttentionArgs<float>& args);
 void run_flash_on_widened(const AttentionArgs<float>& a) {
   thread_local ThreadScratch sq, sk, sv, so;
   const int threads = requested_threads(a.num_threads);
-  const int64_t H = a.heads, Hkv = a.kv_heads_or_heads(), kv_slices = (a.slices + H - 1) / H * Hkv;
+  const int64_t H = a.heads, Hkv = a.kv_heads_or_heads(), kv_slices = kv_slice_count(a.slices, H, Hkv);
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
   const SliceLayout ql = resolve_layout(a.q_layout, H, L, D);
   const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
@@ -212,6 +213,42 @@ void run_flash_on_widened(const AttentionArgs<float>& a) {
   });
 }
 
+// bf16's pair way (Bf16Way::Dot) with at least a work item's rows of
+// queries: K's rows and V's pairs down the keys packed once per call into
+// head-major copies (NarrowOperands::k_pairs, v_pairs), which the kernel
+// reads in place of packing every key tile again for every query tile
+// (64 queries on AVX-512). Measured before this (perf, (1, 4096, 1024, 16)
+// bf16, AMD Zen 5): the two per-tile packings were ~15% of the kernel's
+// samples. Same pairs (simd/bf16_pairs.hpp, both ways), same products, so
+// the same bits (NarrowRows.FlashWidenOnceMatchesTileWay). Memory: K and
+// V's own bytes again, per calling thread, kept (core/thread_scratch.hpp).
+void run_flash_on_pairs(const AttentionArgs<float>& a) {
+  thread_local ThreadScratch sk, sv;
+  const int threads = requested_threads(a.num_threads);
+  const int64_t H = a.heads, Hkv = a.kv_heads_or_heads(), kv_slices = kv_slice_count(a.slices, H, Hkv);
+  const int64_t S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  const int64_t key_pairs = (D + 1) / 2, value_pairs = (S + 1) / 2;
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
+  // ThreadScratch holds floats; the pairs are 32-bit words of the same size.
+  static_assert(sizeof(float) == sizeof(uint32_t));
+  uint32_t* kp = reinterpret_cast<uint32_t*>(sk.take(static_cast<std::size_t>(std::max<int64_t>(1, kv_slices * S * key_pairs))));
+  uint32_t* vp = reinterpret_cast<uint32_t*>(sv.take(static_cast<std::size_t>(std::max<int64_t>(1, kv_slices * value_pairs * Dv))));
+  const auto* k = static_cast<const bfloat16*>(a.narrow.k);
+  const auto* v = static_cast<const bfloat16*>(a.narrow.v);
+  parallel_items(kv_slices, threads, /*item_cost=*/S * (D + Dv), [&](int64_t g) {
+    const int64_t b = g / Hkv, h = g % Hkv;
+    PackRowPairs(k + b * kl.batch + h * kl.head, static_cast<size_t>(kl.row), static_cast<size_t>(S),
+                 static_cast<size_t>(D), kp + g * S * key_pairs);
+    PackColumnPairs(v + b * vl.batch + h * vl.head, static_cast<size_t>(vl.row), static_cast<size_t>(S),
+                    static_cast<size_t>(Dv), vp + g * value_pairs * Dv);
+  });
+  AttentionArgs<float> f = a;
+  f.narrow.k_pairs = kp;
+  f.narrow.v_pairs = vp;
+  run_flash(f);
+}
+
 }  // namespace
 
 void flash_narrow_widen_once(bool enabled) { narrow_widen_once_enabled().store(enabled); }
@@ -231,8 +268,11 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
     const int64_t target = simd_target_bit();
     const bool tile_widening = dtype == ComputeDtype::F16 || !bf16_dot_choice(target).dpbf16;
     // With fewer queries than a work item's rows (decoding), the tile way
-    // widens each K/V row about once anyway: the copies would only add a pass.
-    if (tile_widening && args.q_len >= flash_attention_kernel_for(target).row_tile) return run_flash_on_widened(args);
+    // widens (packs) each K/V row about once anyway: the copies would only
+    // add a pass.
+    if (args.q_len >= flash_attention_kernel_for(target).row_tile) {
+      return tile_widening ? run_flash_on_widened(args) : run_flash_on_pairs(args);
+    }
   }
   run_flash(args);
 }

@@ -22,6 +22,7 @@
 #include "hwy/highway.h"
 #include "core/narrow_lanes-inl.h"
 #include "multihead/narrow.hpp"
+#include "simd/bf16_pairs.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace multihead::detail {
@@ -45,9 +46,8 @@ HWY_INLINE void WidenRows(const E* HWY_RESTRICT src, size_t ld, size_t rows, siz
 
 // ---- the dot-product way for bf16 (vdpbf16ps) -------------------------------
 // QKᵀ and PV on bf16 pairs (flash_attention-inl.h, Bf16Way::Dot): two bf16
-// values packed in a uint32, element 2p in the low half and 2p + 1 in the
-// high half (the lane order of vdpbf16ps and of Highway's
-// ReorderWidenMulAccumulate: even in the low half).
+// values packed in a uint32, as simd/bf16_pairs.hpp lays them out (PackPair,
+// PackRowPairs, PackColumnPairs: plain code, shared with src/kernels/flash.cpp).
 //
 // Highway 1.0.3's ReorderWidenMulAccumulate for bf16 never emits vdpbf16ps
 // (x86_128-inl.h: "TODO(janwas): _mm_dpbf16_ps when available"): it widens
@@ -61,10 +61,6 @@ inline constexpr bool kHasDpbf16 = true;
 #else
 inline constexpr bool kHasDpbf16 = false;
 #endif
-
-inline uint32_t PackPair(uint16_t even, uint16_t odd) {
-  return static_cast<uint32_t>(even) | (static_cast<uint32_t>(odd) << 16);
-}
 
 // acc[i] + a.bf16[2i+1]·b.bf16[2i+1] + a.bf16[2i]·b.bf16[2i], odd pair first,
 // each addition rounded to nearest even (Intel's pseudo-code for VDPBF16PS;
@@ -98,36 +94,6 @@ HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> RoundToBf16Bits(DF /*df*/, hn::Vec<
   const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), odd)));
   const auto quiet_nan = hn::Or(hn::ShiftRight<16>(u), hn::Set(du, 0x40u));
   return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(x)), quiet_nan, rounded);
-}
-
-// dst [rows][pairs] = the pairs of each row of src [rows][width] (rows ld
-// apart), pairs = ceil(width / 2); an odd width's last pair has a zero high.
-HWY_INLINE void PackRowPairs(const bfloat16* HWY_RESTRICT src, size_t ld, size_t rows, size_t width,
-                             uint32_t* HWY_RESTRICT dst) {
-  const size_t pairs = (width + 1) / 2;
-  for (size_t r = 0; r < rows; ++r) {
-    const bfloat16* HWY_RESTRICT s = src + r * ld;
-    uint32_t* HWY_RESTRICT d = dst + r * pairs;
-    for (size_t p = 0; p < width / 2; ++p) d[p] = PackPair(s[2 * p].bits, s[2 * p + 1].bits);
-    if (width % 2 != 0) d[pairs - 1] = PackPair(s[width - 1].bits, 0);
-  }
-}
-
-// dst [ceil(rows/2)][width] = the pairs down each column of src [rows][width]
-// (rows ld apart): dst[p][c] = (src[2p][c], src[2p+1][c]), an odd row count's
-// last pair with a zero high.
-HWY_INLINE void PackColumnPairs(const bfloat16* HWY_RESTRICT src, size_t ld, size_t rows, size_t width,
-                                uint32_t* HWY_RESTRICT dst) {
-  for (size_t p = 0; p < (rows + 1) / 2; ++p) {
-    const bfloat16* HWY_RESTRICT even = src + 2 * p * ld;
-    uint32_t* HWY_RESTRICT d = dst + p * width;
-    if (2 * p + 1 < rows) {
-      const bfloat16* HWY_RESTRICT odd = even + ld;
-      for (size_t c = 0; c < width; ++c) d[c] = PackPair(even[c].bits, odd[c].bits);
-    } else {
-      for (size_t c = 0; c < width; ++c) d[c] = PackPair(even[c].bits, 0);
-    }
-  }
 }
 
 // pp [ceil(rows/2)][bq] = the float rows of st [rows][bq] rounded to bf16 and

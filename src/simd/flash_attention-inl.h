@@ -358,6 +358,10 @@ struct QueryTileInputs {
   // these point at slice n's rows, of the kernel's E.
   const void* k_narrow = nullptr;
   const void* v_narrow = nullptr;
+  // bf16's pair way, where the call packed K and V once
+  // (NarrowOperands::k_pairs, v_pairs): slice n's packed rows, else nullptr.
+  const uint32_t* k_pairs = nullptr;
+  const uint32_t* v_pairs = nullptr;
   size_t k_row, v_row;
   SliceModifiers<float> mods;  // score_rule.hpp: masks of slice n, causal rule
   int64_t causal_cols;         // keys j < causal_cols take part in causal masking (0 = none)
@@ -658,10 +662,16 @@ HWY_INLINE void TileScoresDot(const AttentionArgs<float>& a, const QueryTileInpu
   const size_t pairs = (static_cast<size_t>(a.head_dim) + 1) / 2;
   const VF32 neg_inf = hn::Set(df, -std::numeric_limits<float>::infinity());
   for (size_t w = 0; w < NVQ; ++w) hn::Store(neg_inf, df, t.tmax + w * lanes);
-  uint32_t* HWY_RESTRICT kp = reinterpret_cast<uint32_t*>(t.kw);
   const uint32_t* HWY_RESTRICT qp = reinterpret_cast<const uint32_t*>(t.qt);
-  PackRowPairs(static_cast<const bfloat16*>(in.k_narrow) + static_cast<size_t>(j0) * in.k_row, in.k_row, keys,
-               static_cast<size_t>(a.head_dim), kp);
+  const uint32_t* HWY_RESTRICT kp;
+  if (in.k_pairs != nullptr) {
+    kp = in.k_pairs + static_cast<size_t>(j0) * pairs;  // packed once per call
+  } else {
+    uint32_t* HWY_RESTRICT packed = reinterpret_cast<uint32_t*>(t.kw);
+    PackRowPairs(static_cast<const bfloat16*>(in.k_narrow) + static_cast<size_t>(j0) * in.k_row, in.k_row, keys,
+                 static_cast<size_t>(a.head_dim), packed);
+    kp = packed;
+  }
   size_t j = 0;
   for (; j + KR <= keys; j += KR)
     ScoresBlockDot<NVQ, KR, kNative>(df, kp + j * pairs, pairs, pairs, qp, bq, a.scale, t.st + j * bq, t.tmax);
@@ -679,9 +689,20 @@ HWY_INLINE void AccumulateValuesDot(const AttentionArgs<float>& a, const QueryTi
   constexpr size_t KR = BlockRows(NVQ);
   const size_t value_dim = static_cast<size_t>(a.value_dim);
   const size_t pairs = (keys + 1) / 2;
-  uint32_t* HWY_RESTRICT vp = reinterpret_cast<uint32_t*>(t.vw);
-  PackColumnPairs(static_cast<const bfloat16*>(in.v_narrow) + static_cast<size_t>(j0) * in.v_row, in.v_row, keys,
-                  value_dim, vp);
+  // The call's pairs (in.v_pairs) pair keys 2p and 2p + 1 from key 0: they
+  // are this tile's pairs when it starts on an even key and ends on one, or
+  // ends at S (an odd S's last pair has the zero high that packing the tile
+  // gives). Otherwise (a window's or the causal range's odd edge) the tile
+  // packs its own.
+  const uint32_t* HWY_RESTRICT vp;
+  if (in.v_pairs != nullptr && j0 % 2 == 0 && (keys % 2 == 0 || j0 + static_cast<int64_t>(keys) == a.kv_len)) {
+    vp = in.v_pairs + static_cast<size_t>(j0 / 2) * value_dim;
+  } else {
+    uint32_t* HWY_RESTRICT packed = reinterpret_cast<uint32_t*>(t.vw);
+    PackColumnPairs(static_cast<const bfloat16*>(in.v_narrow) + static_cast<size_t>(j0) * in.v_row, in.v_row,
+                    keys, value_dim, packed);
+    vp = packed;
+  }
   PackRoundedColumnPairs(df, t.st, keys, bq, t.pp);
   size_t c = 0;
   for (; c + KR <= value_dim; c += KR)
@@ -747,6 +768,13 @@ inline QueryTileInputs TileInputs(const AttentionArgs<float>& a, int64_t slice) 
     in.k_narrow = kv_slice_start(static_cast<const uint16_t*>(a.narrow.k), k_layout, slice, a.heads, Hkv);
     in.v_narrow = kv_slice_start(static_cast<const uint16_t*>(a.narrow.v), v_layout, slice, a.heads, Hkv);
   }
+  // bf16 pairs packed once per call: contiguous per K/V slice (attention_args.hpp).
+  if (a.narrow.k_pairs != nullptr)
+    in.k_pairs = kv_slice_start(a.narrow.k_pairs, resolve_layout(SliceLayout{}, Hkv, S, (a.head_dim + 1) / 2), slice,
+                                a.heads, Hkv);
+  if (a.narrow.v_pairs != nullptr)
+    in.v_pairs = kv_slice_start(a.narrow.v_pairs, resolve_layout(SliceLayout{}, Hkv, (S + 1) / 2, a.value_dim),
+                                slice, a.heads, Hkv);
   in.k_row = static_cast<size_t>(k_layout.row);
   in.v_row = static_cast<size_t>(v_layout.row);
   in.mods = slice_modifiers(a.modifiers, slice, a.heads, L, S);
