@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <compare>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -106,12 +108,29 @@ void widened_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alp
 #if MULTIHEAD_WITH_ONEDNN
 // oneDNN's matmul primitive on bf16 op(A), op(B) (strided views, no copy)
 // and a float C; alpha as its output scale, beta through a sum post-op.
-// The primitive is found again in oneDNN's primitive cache on later calls
-// of the same shape. Returns false, having computed nothing, where oneDNN
-// has no bf16 matmul: oneDNN 2.6 has one from AVX-512 on (avx512_core
-// emulates the bf16 products, avx512_core_bf16 runs vdpbf16ps) and refuses
-// the primitive descriptor below it (AVX2, or ONEDNN_MAX_CPU_ISA=AVX2); the
-// refusal is remembered, and the widened product runs instead.
+// Returns false, having computed nothing, where oneDNN has no bf16 matmul:
+// oneDNN 2.6 has one from AVX-512 on (avx512_core emulates the bf16
+// products, avx512_core_bf16 runs vdpbf16ps) and refuses the primitive
+// descriptor below it (AVX2, or ONEDNN_MAX_CPU_ISA=AVX2); the refusal is
+// remembered, and the widened product runs instead.
+//
+// The primitive of each product shape (sizes, strides, flags, alpha, beta)
+// is made once per thread and kept (at most kKeptBf16Matmuls shapes, then
+// the thread's set starts again): a primitive descriptor walks oneDNN's
+// implementation list on every construction, which oneDNN's own primitive
+// cache does not spare, and measured (AMD Zen 5, (1, 128, 512, 8) bf16
+// forward: 16 blocks of 32 × 512 × 512) that cost about as much as the
+// products. Per thread, because oneDNN built with its default
+// DNNL_ENABLE_CONCURRENT_EXEC=OFF shares one scratchpad between primitives
+// and requires a primitive to run on the thread that created it.
+struct Bf16MatmulShape {
+  int64_t M, N, K, lda, ldb, ldc;
+  bool ta, tb;
+  float alpha, beta;
+  auto operator<=>(const Bf16MatmulShape&) const = default;
+};
+constexpr std::size_t kKeptBf16Matmuls = 64;
+
 bool onednn_bf16_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A,
                       int64_t lda, const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   using dnnl::memory;
@@ -119,28 +138,45 @@ bool onednn_bf16_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float
   if (refused.load(std::memory_order_relaxed)) return false;
   try {
     static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-    const memory::desc a_md({M, K}, memory::data_type::bf16, ta == Trans::No ? memory::dims{lda, 1} : memory::dims{1, lda});
-    const memory::desc b_md({K, N}, memory::data_type::bf16, tb == Trans::No ? memory::dims{ldb, 1} : memory::dims{1, ldb});
-    const memory::desc c_md({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
-    dnnl::primitive_attr attr;
-    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-    if (beta != 0.0f) {
-      dnnl::post_ops ops;
-      ops.append_sum(beta);
-      attr.set_post_ops(ops);
+    struct Made {
+      dnnl::matmul::primitive_desc pd;
+      dnnl::matmul matmul;
+    };
+    thread_local std::map<Bf16MatmulShape, Made> made;
+    thread_local std::optional<dnnl::stream> stream;
+    const Bf16MatmulShape shape{M, N, K, lda, ldb, ldc, ta == Trans::Yes, tb == Trans::Yes, alpha, beta};
+    auto it = made.find(shape);
+    if (it == made.end()) {
+      const memory::desc a_md({M, K}, memory::data_type::bf16,
+                              ta == Trans::No ? memory::dims{lda, 1} : memory::dims{1, lda});
+      const memory::desc b_md({K, N}, memory::data_type::bf16,
+                              tb == Trans::No ? memory::dims{ldb, 1} : memory::dims{1, ldb});
+      const memory::desc c_md({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
+      dnnl::primitive_attr attr;
+      if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+      if (beta != 0.0f) {
+        dnnl::post_ops ops;
+        ops.append_sum(beta);
+        attr.set_post_ops(ops);
+      }
+      std::optional<dnnl::matmul::primitive_desc> pd;
+      try {
+        pd.emplace(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+      } catch (const dnnl::error& e) {
+        if (e.status != dnnl_unimplemented) throw;
+        refused.store(true, std::memory_order_relaxed);
+        return false;
+      }
+      if (made.size() >= kKeptBf16Matmuls) made.clear();
+      dnnl::matmul matmul(*pd);
+      it = made.emplace(shape, Made{std::move(*pd), std::move(matmul)}).first;
     }
-    std::optional<dnnl::matmul::primitive_desc> pd;
-    try {
-      pd.emplace(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
-    } catch (const dnnl::error& e) {
-      if (e.status != dnnl_unimplemented) throw;
-      refused.store(true, std::memory_order_relaxed);
-      return false;
-    }
-    dnnl::stream stream(engine);
-    memory a(a_md, engine, const_cast<bfloat16*>(A)), b(b_md, engine, const_cast<bfloat16*>(B)), c(c_md, engine, C);
-    dnnl::matmul(*pd).execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-    stream.wait();
+    if (!stream) stream.emplace(engine);
+    const Made& m = it->second;
+    memory a(m.pd.src_desc(), engine, const_cast<bfloat16*>(A)), b(m.pd.weights_desc(), engine, const_cast<bfloat16*>(B)),
+        c(m.pd.dst_desc(), engine, C);
+    m.matmul.execute(*stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream->wait();
     return true;
   } catch (const dnnl::error& e) {
     throw Error(Error::Kind::Value, std::string("gemm: oneDNN bf16 matmul failed: ") + e.what());
@@ -261,7 +297,7 @@ constexpr bool kOnOpenBlas = std::is_same_v<T, double> || !kFloatOnOneDnn;
 // T: the element type of A and B; C's is Acc (T, or float for 16-bit T).
 template <class T, class Acc>
 void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
-             int64_t ldb, Acc beta, Acc* C, int64_t ldc, int threads) {
+             int64_t ldb, Acc beta, Acc* C, int64_t ldc, int threads, const BlockEpilogue& after_block = {}) {
   if (M == 0 || N == 0) return;
   if constexpr (kOnOpenBlas<T>) {
     // Every block's dimensions are at most these: refused here, not by a
@@ -290,14 +326,16 @@ void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, in
                    const T* a = ta == Trans::No ? A + m0 * lda : A + m0;
                    const T* b = tb == Trans::No ? B + n0 : B + n0 * ldb;
                    gemm(ta, tb, rows, cols, K, Acc(1), a, lda, b, ldb, beta, C + m0 * ldc + n0, ldc);
+                   if (after_block) after_block(m0, rows, n0, cols);
                  });
 }
 
 }  // namespace
 
 void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
-  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads,
+                  const BlockEpilogue& after_block) {
+  blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads, after_block);
 }
 
 void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
@@ -312,25 +350,27 @@ namespace {
 // widens op(B) again.
 template <class E>
 void blocked_16bit(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const E* A, int64_t lda, const E* B,
-                   int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
+                   int64_t ldb, float beta, float* C, int64_t ldc, int threads, const BlockEpilogue& after_block) {
   if (M == 0 || N == 0) return;
-  if (native_16bit_gemm<E>()) return blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+  if (native_16bit_gemm<E>()) return blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads, after_block);
   thread_local ThreadScratch scratch_a, scratch_b;
   const WidenedOperand a = widened(ta, M, K, A, lda, scratch_a, threads),
                        b = widened(tb, K, N, B, ldb, scratch_b, threads);
-  blocked(ta, tb, M, N, K, a.data, a.ld, b.data, b.ld, beta, C, ldc, threads);
+  blocked(ta, tb, M, N, K, a.data, a.ld, b.data, b.ld, beta, C, ldc, threads, after_block);
 }
 
 }  // namespace
 
 void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const bfloat16* A, int64_t lda,
-                  const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
-  blocked_16bit(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+                  const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads,
+                  const BlockEpilogue& after_block) {
+  blocked_16bit(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads, after_block);
 }
 
 void gemm_blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const float16* A, int64_t lda,
-                  const float16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads) {
-  blocked_16bit(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads);
+                  const float16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads,
+                  const BlockEpilogue& after_block) {
+  blocked_16bit(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads, after_block);
 }
 
 void set_blas_threads(int threads) {

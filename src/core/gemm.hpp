@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "multihead/narrow.hpp"
 
@@ -60,14 +61,23 @@ void gemm(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, float a
 // process-wide thread count, that count is held at 1 while such a product
 // runs (gemm.cpp says how). A failing block (oneDNN's status) throws after
 // the parallel region, never from inside it.
-void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
-                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads);
 void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const double* A, int64_t lda,
                   const double* B, int64_t ldb, double beta, double* C, int64_t ldc, int threads);
+// float or 16-bit A and B, float C. after_block, if given, runs on the
+// thread that computed each block of C, right after it (rows [m0, m0 + rows), columns
+// [n0, n0 + cols)), while the block is in that core's cache: the 16-bit
+// linear layer rounds its sums there (core/linear.cpp) instead of in a
+// second pass over C.
+using BlockEpilogue = std::function<void(int64_t m0, int64_t rows, int64_t n0, int64_t cols)>;
+void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads,
+                  const BlockEpilogue& after_block = {});
 void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const bfloat16* A, int64_t lda,
-                  const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads);
+                  const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads,
+                  const BlockEpilogue& after_block = {});
 void gemm_blocked(Trans trans_a, Trans trans_b, int64_t M, int64_t N, int64_t K, const float16* A, int64_t lda,
-                  const float16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads);
+                  const float16* B, int64_t ldb, float beta, float* C, int64_t ldc, int threads,
+                  const BlockEpilogue& after_block = {});
 
 // The blocks of gemm_blocked: a function of the shape alone. Each block call
 // packs its part of op(B) (K × N) again, so

@@ -11,8 +11,10 @@
 // ways give the same pairs.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "multihead/narrow.hpp"
 
@@ -29,7 +31,13 @@ inline void PackRowPairs(const bfloat16* src, size_t ld, size_t rows, size_t wid
   for (size_t r = 0; r < rows; ++r) {
     const bfloat16* s = src + r * ld;
     uint32_t* d = dst + r * pairs;
-    for (size_t p = 0; p < width / 2; ++p) d[p] = PackPair(s[2 * p].bits, s[2 * p + 1].bits);
+    if constexpr (std::endian::native == std::endian::little) {
+      // A row's pairs are its own bytes: element 2p at the lower address,
+      // the low half of the little-endian word.
+      std::memcpy(d, s, width / 2 * sizeof(uint32_t));
+    } else {
+      for (size_t p = 0; p < width / 2; ++p) d[p] = PackPair(s[2 * p].bits, s[2 * p + 1].bits);
+    }
     if (width % 2 != 0) d[pairs - 1] = PackPair(s[width - 1].bits, 0);
   }
 }
