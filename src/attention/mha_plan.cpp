@@ -5,6 +5,8 @@
 #include "attention/mha_plan.hpp"
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -238,5 +240,13 @@ template ForwardPlan plan_forward<float, float16>(const MultiheadAttentionConfig
 MULTIHEAD_INSTANTIATE(float)
 MULTIHEAD_INSTANTIATE(double)
 #undef MULTIHEAD_INSTANTIATE
+
+bool backward_reads_views() {
+  const char* env = std::getenv("MULTIHEAD_BACKWARD_HEADS");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return false;
+  if (std::strcmp(env, "views") == 0) return true;
+  throw Error(Error::Kind::Value,
+              std::string("MULTIHEAD_BACKWARD_HEADS: expected one of auto, views; got '") + env + "'");
+}
 
 }  // namespace multihead::detail

@@ -123,4 +123,24 @@ ForwardResult<T> empty_result(const ForwardPlan& plan, const Shape& query_shape,
   return r;
 }
 
+// The flash backward reads K and V rows (and adds into the d_k, d_v rows)
+// once per query tile; as views they sit a projection row apart (3E
+// floats for packed self-attention), a stride that maps the rows of a key
+// tile onto few cache sets (in_projection_head_major in
+// multihead_attention_forward.cpp says the same of the forward) and defeats
+// the prefetcher. With its five products per tile the backward gains more
+// from contiguous heads than the forward, so the modules' backwards
+// (multihead_attention_backward.cpp; the 16-bit module's, which widens
+// straight into the copies) copy view heads head-major (O(L·E) copies
+// against O(L²·E) work) from this many keys on and gather the gradients
+// back. The arithmetic and its order do not depend on the layout: the same
+// bits either way.
+inline constexpr int64_t kBackwardHeadMajorFromKeys = 512;
+
+// MULTIHEAD_BACKWARD_HEADS=views makes the backward read view heads in
+// place as the forward did (no copies), "auto" or unset leaves the rule
+// above; read on every call, as MULTIHEAD_FUSED_PATHS. Throws
+// multihead::Error naming the variable for any other value.
+bool backward_reads_views();
+
 }  // namespace multihead::detail

@@ -167,29 +167,6 @@ struct HeadGradients {
   bool head_major;
 };
 
-// The flash backward reads K and V rows (and adds into the d_k, d_v rows)
-// once per query tile; as views they sit a projection row apart (3E
-// floats for packed self-attention), a stride that maps the rows of a key
-// tile onto few cache sets (in_projection_head_major in
-// multihead_attention_forward.cpp says the same of the forward) and defeats
-// the prefetcher. With its five products per tile the backward gains more
-// from contiguous heads than the forward, so it copies view heads
-// head-major (O(L·E) copies against O(L²·E) work) from this many keys on
-// and gathers the gradients back (split_heads_backward). The arithmetic and
-// its order do not depend on the layout: the same bits either way.
-constexpr int64_t kBackwardHeadMajorFromKeys = 512;
-
-// MULTIHEAD_BACKWARD_HEADS=views makes the backward read view heads in
-// place as the forward did (no copies), "auto" or unset leaves the rule
-// above; read on every call, as MULTIHEAD_FUSED_PATHS.
-bool backward_reads_views() {
-  const char* env = std::getenv("MULTIHEAD_BACKWARD_HEADS");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return false;
-  if (std::strcmp(env, "views") == 0) return true;
-  throw Error(Error::Kind::Value,
-              std::string("MULTIHEAD_BACKWARD_HEADS: expected one of auto, views; got '") + env + "'");
-}
-
 // Heads n = b·H + h of `src` (a view, `len` rows of D) into contiguous
 // [B·H][len][D] at dst.
 template <class T>

@@ -25,10 +25,13 @@
 #include <algorithm>
 #include <string>
 
+#include "attention/mha_plan.hpp"
 #include "attention/narrow_convert.hpp"
 #include "attention/narrow_saved_forward.hpp"
 #include "core/check.hpp"
 #include "core/linear.hpp"
+#include "core/narrow_rows.hpp"
+#include "core/thread_scratch.hpp"
 #include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
@@ -73,6 +76,37 @@ namespace {
 
 // The gradient of parameter `name` in g's map at its shape, as a view
 // (MultiheadAttentionParameters<E> under the members' own names).
+// Slice n = b·H + h of `src` (16-bit rows under the resolved layout l,
+// `len` rows of D each) widened into contiguous [B·H][len][D] floats:
+// split_heads and the widening in one pass (kBackwardHeadMajorFromKeys).
+template <class E>
+void widen_heads(const E* src, const SliceLayout& l, int64_t slices, int64_t H, int64_t len, int64_t D, float* dst,
+                 int threads) {
+  parallel_items(slices, threads, /*item_cost=*/len * D, [&](int64_t n) {
+    widen_rows(src + (n / H) * l.batch + (n % H) * l.head, len, D, l.row, dst + n * len * D, D, 1);
+  });
+}
+
+// n floats of one of this thread's buffers, kept between calls and
+// uninitialised (core/thread_scratch.hpp).
+struct KeptFloats {
+  float* p;
+  std::size_t n;
+  float* data() const { return p; }
+  std::size_t size() const { return n; }
+};
+
+// widen_heads's inverse for the gradients: contiguous [B·H][len][D] floats
+// rounded once each into the 16-bit rows of layout l (merge_heads).
+template <class E>
+void round_heads(const float* src, const SliceLayout& l, int64_t slices, int64_t H, int64_t len, int64_t D, E* dst,
+                 int threads) {
+  parallel_items(slices, threads, /*item_cost=*/len * D, [&](int64_t n) {
+    round_rows(src + n * len * D, len, D, D, static_cast<const E*>(nullptr), dst + (n / H) * l.batch + (n % H) * l.head,
+               l.row, 1);
+  });
+}
+
 template <class E>
 MultiheadAttentionParameters<E> shape_gradients(const MultiheadAttentionConfig& c, MultiheadAttentionGradients<E>& g) {
   MultiheadAttentionParameters<E> d;
@@ -125,15 +159,44 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   // 16-bit operands):
   //   args = narrow_attention_args(config, plan, options, masks); args.narrow = {Q, K', V', concat}
   // The same arguments on float32 copies; the backward of the kernel the
-  // forward ran (a 16-bit forward runs flash only).
-  const Storage<float> qf = widened(s.q.data(), s.q.size(), threads);
-  const Storage<float> kf = widened(s.k_heads(), s.k_heads_size(), threads);
-  const Storage<float> vf = widened(s.v_heads(), s.k_heads_size(), threads);
-  Storage<float> of = widened(s.concat.data(), s.concat.size(), threads);
-  const Storage<float> dof = widened(d_concat.data(), d_concat.size(), threads);
-  Storage<float> dqf(qf.size()), dkf(kf.size()), dvf(vf.size());
+  // forward ran (a 16-bit forward runs flash only). From
+  // kBackwardHeadMajorFromKeys keys on (as the float32 module's backward,
+  // and without extra key rows) the copies are head-major, widened straight
+  // from the 16-bit rows: the float32 kernel then reads contiguous heads, not
+  // rows E floats apart (measured: ...). Same values, same arithmetic, same
+  // bits (NarrowBackward.HeadMajorCopiesGiveTheViewsBits).
   AttentionBackwardArgs<float> b;
   b.forward = narrow_attention_args(config_, p, s.options, s.masks);
+  const bool head_major = p.S_total == p.S && p.S >= kBackwardHeadMajorFromKeys && !backward_reads_views();
+  const int64_t slices = p.B * p.H;
+  const SliceLayout ql = resolve_layout(b.forward.q_layout, p.H, p.L, p.D);
+  const SliceLayout kl = resolve_layout(b.forward.k_layout, p.H, p.S, p.D);
+  const SliceLayout vl = resolve_layout(b.forward.v_layout, p.H, p.S, p.D);
+  const SliceLayout ol = resolve_layout(b.forward.out_layout, p.H, p.L, p.D);
+  // The copies and the kernel's gradients (written, not accumulated: no
+  // zeroing) are this thread's buffers, kept between calls: fresh ones
+  // were zeroed and faulted in on every step, and a training step at
+  // (8, 128, 512, 8) then spent ~40% of its time in memset and page faults
+  // (perf, AMD Zen 5). Memory: 8 float buffers of the step's Q/K/V sizes
+  // per thread, grown, never shrunk.
+  thread_local ThreadScratch scratch[8];
+  const auto take = [&](int slot, std::size_t n) { return KeptFloats{scratch[slot].take(n), n}; };
+  const auto copy = [&](const E* src, std::size_t n, const SliceLayout& l, int64_t len, int slot) {
+    const KeptFloats dst = take(slot, n);
+    if (head_major) {
+      widen_heads(src, l, slices, p.H, len, p.D, dst.data(), threads);
+    } else {
+      widen_rows(src, 1, static_cast<int64_t>(n), static_cast<int64_t>(n), dst.data(), static_cast<int64_t>(n), threads);
+    }
+    return dst;
+  };
+  const KeptFloats qf = copy(s.q.data(), s.q.size(), ql, p.L, 0);
+  const KeptFloats kf = copy(s.k_heads(), s.k_heads_size(), kl, p.S, 1);
+  const KeptFloats vf = copy(s.v_heads(), s.k_heads_size(), vl, p.S, 2);
+  const KeptFloats of = copy(s.concat.data(), s.concat.size(), ol, p.L, 3);
+  const KeptFloats dof = copy(d_concat.data(), d_concat.size(), ol, p.L, 4);
+  const KeptFloats dqf = take(5, qf.size()), dkf = take(6, kf.size()), dvf = take(7, vf.size());
+  if (head_major) b.forward.q_layout = b.forward.k_layout = b.forward.v_layout = b.forward.out_layout = SliceLayout{};
   b.forward.q = qf.data();
   b.forward.k = kf.data();
   b.forward.v = vf.data();
@@ -151,11 +214,16 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   // the bias_k row's gradient, summed over the batch in float32, is
   // d_bias_k (the zero row's is dropped: a constant).
   Storage<E> d_q(qf.size()), d_k(static_cast<std::size_t>(kv_tokens * E_)), d_v(d_k.size());
-  round_into(dqf.data(), dqf.size(), d_q.data(), threads);
-  if (p.S_total == p.S) {
+  if (head_major) {  // merge_heads: back into the projections' rows
+    round_heads(dqf.data(), ql, slices, p.H, p.L, p.D, d_q.data(), threads);
+    round_heads(dkf.data(), kl, slices, p.H, p.S, p.D, d_k.data(), threads);
+    round_heads(dvf.data(), vl, slices, p.H, p.S, p.D, d_v.data(), threads);
+  } else if (p.S_total == p.S) {
+    round_into(dqf.data(), dqf.size(), d_q.data(), threads);
     round_into(dkf.data(), dkf.size(), d_k.data(), threads);
     round_into(dvf.data(), dvf.size(), d_v.data(), threads);
   } else {
+    round_into(dqf.data(), dqf.size(), d_q.data(), threads);
     for (int64_t bb = 0; bb < p.B; ++bb)
       for (int64_t j = 0; j < p.S; ++j) {
         const int64_t src = (bb * p.S_total + j) * E_, dst = (bb * p.kv_batch_stride + j * p.kv_seq_stride) * E_;

@@ -1,0 +1,106 @@
+// The 16-bit module's backward from kBackwardHeadMajorFromKeys (512) keys
+// on widens Q, K, V, the merged heads and d_concat straight into head-major
+// float32 copies, runs the float32 flash backward on contiguous heads and
+// rounds d_Q, d_K, d_V back into the projections' rows
+// (narrow_multihead_attention_backward.cpp). Below that, or with
+// MULTIHEAD_BACKWARD_HEADS=views, it widens the token rows as they are and
+// the kernel reads the heads in place. The kernel's arithmetic does not
+// depend on the layout, so every gradient must be the same bits both ways;
+// the views way is the one the precision tests check against float64
+// (tests/precision/test_precision_backward.cpp, S <= 130). A wrong head, row
+// or stride in a copy or a rounding back moves whole rows: not the same bits.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include "multihead/narrow_multihead_attention.hpp"
+#include "test_util.hpp"
+
+namespace multihead {
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t E, H, B, L, S, kdim, vdim;
+  bool self, batch_first, causal, padding;
+};
+
+// Self-attention at S = 512 (the rule's edge), packed weights, causal,
+// seq-first; cross-attention at S = 520, L = 37, kdim/vdim (separate
+// weights), batch_first, a key padding mask; B = 2 in both, so the batch
+// stride of every layout is exercised.
+const Case kCases[] = {
+    {"self_causal_S512", 32, 2, 2, 512, 512, 0, 0, true, false, true, false},
+    {"cross_kdim_vdim_batch_first_padding_S520", 48, 4, 2, 37, 520, 24, 40, false, true, false, true},
+};
+
+template <class E>
+MultiheadAttentionGradients<E> step(const NarrowMultiheadAttention<E>& m, const Case& c, const char* heads) {
+  std::mt19937_64 rng(5);
+  const int64_t Ek = c.kdim > 0 ? c.kdim : c.E, Ev = c.vdim > 0 ? c.vdim : c.E;
+  const auto shape = [&](int64_t len, int64_t width) {
+    return c.batch_first ? Shape{c.B, len, width} : Shape{len, c.B, width};
+  };
+  const Tensor<E> q = round_to<E>(test::random_tensor<float>(shape(c.L, c.E), rng));
+  const Tensor<E> k = c.self ? q : round_to<E>(test::random_tensor<float>(shape(c.S, Ek), rng));
+  const Tensor<E> v = c.self ? q : round_to<E>(test::random_tensor<float>(shape(c.S, Ev), rng));
+  Tensor<uint8_t> pad(Shape{c.B, c.S});
+  for (int64_t i = 0; i < pad.numel(); ++i) pad[i] = (i % 11 == 4) ? 1 : 0;
+  const Mask<float> padding = Mask<float>::boolean(pad);
+  ForwardOptions<float> options;
+  options.need_weights = false;
+  options.attention.is_causal = c.causal;
+  if (c.padding) options.key_padding_mask = &padding;
+  NarrowForwardContext<E> ctx;
+  const Tensor<E> y = m.forward(q, k, v, options, ctx);
+  Tensor<E> d_y(y.shape());
+  for (int64_t i = 0; i < d_y.numel(); ++i) d_y[i] = narrow_from_float<E>(std::sin(0.61f * static_cast<float>(i)));
+  setenv("MULTIHEAD_BACKWARD_HEADS", heads, 1);
+  MultiheadAttentionGradients<E> g = m.backward(ctx, d_y);
+  unsetenv("MULTIHEAD_BACKWARD_HEADS");
+  return g;
+}
+
+template <class E>
+void expect_same_bits(const Tensor<E>& a, const Tensor<E>& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a[i].bits, b[i].bits) << what << ", element " << i;
+}
+
+template <class E>
+void check_head_major_matches_views() {
+  for (const Case& c : kCases) {
+    const std::string label = std::string(c.name) + (std::is_same_v<E, bfloat16> ? " bf16" : " f16");
+    MultiheadAttentionConfig config;
+    config.embed_dim = c.E;
+    config.num_heads = c.H;
+    config.kdim = c.kdim;
+    config.vdim = c.vdim;
+    config.batch_first = c.batch_first;
+    const auto m = NarrowMultiheadAttention<E>::rounded(config, MultiheadAttention(config, 7).parameters());
+    const MultiheadAttentionGradients<E> copied = step(m, c, "auto"), in_place = step(m, c, "views");
+    expect_same_bits(copied.query, in_place.query, label + " d_query");
+    if (!c.self) {
+      expect_same_bits(copied.key, in_place.key, label + " d_key");
+      expect_same_bits(copied.value, in_place.value, label + " d_value");
+    }
+    ASSERT_EQ(copied.parameters.size(), in_place.parameters.size()) << label;
+    for (const auto& [name, t] : in_place.parameters) expect_same_bits(copied.parameters.at(name), t, label + " d_" + name);
+    // Not vacuous: the gradients are not all zero.
+    double norm = 0;
+    for (int64_t i = 0; i < copied.query.numel(); ++i) norm += std::abs(to_float(copied.query[i]));
+    EXPECT_GT(norm, 0.0) << label;
+  }
+}
+
+TEST(NarrowBackward, HeadMajorCopiesGiveTheViewsBits) {
+  check_head_major_matches_views<bfloat16>();
+  check_head_major_matches_views<float16>();
+}
+
+}  // namespace
+}  // namespace multihead
