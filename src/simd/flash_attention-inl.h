@@ -876,32 +876,24 @@ HWY_INLINE void StoreTile(const AttentionArgs<float>& a, const TileState& t) {
       return narrow_from_float<E>(x);
     }
   };
+  // 16-bit: ot · inv rounded in lanes (RoundStore, the vector twin of
+  // narrow_from_float<E>: the same bits) into the tile's own rows of ot, as
+  // E [Dv][bq], which the row loop below moves out as 16-bit values. The
+  // scalar rounding of each element, read down ot's columns, cost about as
+  // much as a 128-key tile's products (perf, (8, 128, 512, 8) bf16, AMD
+  // Zen 5).
+  [[maybe_unused]] const E* HWY_RESTRICT rounded = nullptr;
   if constexpr (!std::is_same_v<E, float>) {
-    // 16-bit: ot · inv rounded in lanes (RoundStore, the vector twin of
-    // narrow_from_float<E>: the same bits) into the tile's own rows of ot,
-    // as E [Dv][bq], then transposed into the output rows as 16-bit
-    // moves. The scalar rounding of each element, read down ot's columns,
-    // cost about as much as a 128-key tile's products (perf, (8, 128, 512, 8)
-    // bf16, AMD Zen 5).
     const DF32 df;
     const size_t lanes = hn::Lanes(df);
     float* HWY_RESTRICT inv = t.alpha;  // free now: the key loop is done
     for (size_t r = 0; r < bq; ++r)
       inv[r] = r >= t.rows || t.l[r] == 0.0f || all_dropped ? 0.0f : drop_scale / t.l[r];
-    E* HWY_RESTRICT rounded = reinterpret_cast<E*>(t.ot);  // row c at c·bq of E, behind the floats read
+    E* HWY_RESTRICT row = reinterpret_cast<E*>(t.ot);  // row c at c·bq of E, behind the floats read
     for (size_t c = 0; c < value_dim; ++c)
       for (size_t w = 0; w < bq; w += lanes)
-        RoundStore(df, hn::Mul(hn::Load(df, t.ot + c * bq + w), hn::Load(df, inv + w)), rounded + c * bq + w);
-    for (size_t r = 0; r < t.rows; ++r) {
-      E* HWY_RESTRICT out =
-          slice_start(out_base, out_layout, t.slice, a.heads) + (t.i0 + static_cast<int64_t>(r)) * out_layout.row;
-      if (t.l[r] == 0.0f) {
-        std::fill(out, out + value_dim, store(masked_row_fill<float>(a.masked_rows)));
-        continue;
-      }
-      for (size_t c = 0; c < value_dim; ++c) out[c] = rounded[c * bq + r];
-    }
-    return;
+        RoundStore(df, hn::Mul(hn::Load(df, t.ot + c * bq + w), hn::Load(df, inv + w)), row + c * bq + w);
+    rounded = row;
   }
   for (size_t r = 0; r < t.rows; ++r) {
     E* HWY_RESTRICT out =
@@ -910,8 +902,12 @@ HWY_INLINE void StoreTile(const AttentionArgs<float>& a, const TileState& t) {
       std::fill(out, out + value_dim, store(masked_row_fill<float>(a.masked_rows)));
       continue;
     }
-    const float inv = all_dropped ? 0.0f : drop_scale / t.l[r];
-    for (size_t c = 0; c < value_dim; ++c) out[c] = store(t.ot[c * bq + r] * inv);
+    if constexpr (std::is_same_v<E, float>) {
+      const float inv = all_dropped ? 0.0f : drop_scale / t.l[r];
+      for (size_t c = 0; c < value_dim; ++c) out[c] = t.ot[c * bq + r] * inv;
+    } else {
+      for (size_t c = 0; c < value_dim; ++c) out[c] = rounded[c * bq + r];
+    }
   }
 }
 
