@@ -26,6 +26,7 @@
 // Legend: B batch, L tokens, E embed width, H query heads, Hkv K/V heads,
 // D head width.
 #include <algorithm>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,7 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
   b.d_q = dqf.data();
   b.d_k = dkf.data();
   b.d_v = dvf.data();
+  b.bf16_operands = std::is_same_v<E, bfloat16>;  // the forward's bf16 way (AttentionBackwardArgs)
   run_attention_backward(b, AttentionKernel::Flash);  // the forward's kernel
 
   // In the forward pass this was (RoPE at positions 0 … L − 1, in float32):

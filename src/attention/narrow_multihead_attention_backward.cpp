@@ -24,6 +24,7 @@
 // (+1 zero attention), E embed_dim, H heads, D head width, Ek kdim, Ev vdim.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "attention/mha_plan.hpp"
 #include "attention/narrow_convert.hpp"
@@ -208,6 +209,7 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   b.d_q = dqf.data();
   b.d_k = dkf.data();
   b.d_v = dvf.data();
+  b.bf16_operands = std::is_same_v<E, bfloat16>;  // the forward's bf16 way (AttentionBackwardArgs)
   run_attention_backward(b, AttentionKernel::Flash);
 
   // 2. In the forward pass this was (split_heads): views of the projections

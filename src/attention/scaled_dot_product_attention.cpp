@@ -123,6 +123,36 @@ Tensor<E> sdpa_narrow(const Tensor<E>& query, const Tensor<E>& key, const Tensor
   return out;
 }
 
+// The backward of both: `bf16_operands` (AttentionBackwardArgs) from the
+// bf16 backward below, whose float32 operands hold bf16 values.
+template <class T>
+SdpaGradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
+                               const Mask<T>* attn_mask, const AttentionOptions& options, const Tensor<T>& output,
+                               const Tensor<T>& lse, const Tensor<T>& d_output, bool bf16_operands) {
+  const SdpaDims d = check_dims(query, key, value);
+  expect_shape("output", output.shape(), with_tail(d.lead, d.L, d.Dv));
+  Shape lse_shape = d.lead;
+  lse_shape.push_back(d.L);
+  expect_shape("lse", lse.shape(), lse_shape);
+  expect_shape("d_output", d_output.shape(), with_tail(d.lead, d.L, d.Dv));
+  Tensor<T> additive;
+  std::vector<T> slopes;
+  AttentionBackwardArgs<T> b;
+  b.forward = sdpa_args(query, key, value, attn_mask, options, d, additive, slopes);
+  b.forward.out = const_cast<T*>(output.data());  // read only (delta_i = <d_out_i, out_i>)
+  SdpaGradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
+  b.lse = lse.data();
+  b.d_out = d_output.data();
+  b.d_q = g.query.data();
+  b.d_k = g.key.data();
+  b.d_v = g.value.data();
+  b.bf16_operands = bf16_operands;
+  // Any kernel's backward follows any kernel's forward (they share the
+  // contract's lse and out): the one the forward would pick without weights.
+  run_attention_backward(b, resolve_forward_kernel<T>(options.kernel, /*stores_weights=*/false));
+  return g;
+}
+
 // The 16-bit backward: the float32 backward on exact float32 copies of the
 // 16-bit operands, each gradient rounded once (attention.hpp).
 template <class E>
@@ -135,9 +165,9 @@ SdpaGradients<E> sdpa_narrow_backward(const Tensor<E>& query, const Tensor<E>& k
                                         to_string(options.kernel));
   AttentionOptions flash = options;
   flash.kernel = AttentionKernel::Flash;  // the kernel the 16-bit forward ran
-  const SdpaGradients<float> g = scaled_dot_product_attention_backward<float>(
-      widen<float>(query), widen<float>(key), widen<float>(value), attn_mask, flash, widen<float>(output), lse,
-      widen<float>(d_output));
+  const SdpaGradients<float> g =
+      sdpa_backward<float>(widen<float>(query), widen<float>(key), widen<float>(value), attn_mask, flash,
+                           widen<float>(output), lse, widen<float>(d_output), std::is_same_v<E, bfloat16>);
   return {round_to<E>(g.query), round_to<E>(g.key), round_to<E>(g.value)};
 }
 
@@ -197,27 +227,7 @@ SdpaGradients<T> scaled_dot_product_attention_backward(const Tensor<T>& query, c
                                                        const std::type_identity_t<Mask<T>>* attn_mask,
                                                        const AttentionOptions& options, const Tensor<T>& output,
                                                        const Tensor<T>& lse, const Tensor<T>& d_output) {
-  const detail::SdpaDims d = detail::check_dims(query, key, value);
-  detail::expect_shape("output", output.shape(), detail::with_tail(d.lead, d.L, d.Dv));
-  Shape lse_shape = d.lead;
-  lse_shape.push_back(d.L);
-  detail::expect_shape("lse", lse.shape(), lse_shape);
-  detail::expect_shape("d_output", d_output.shape(), detail::with_tail(d.lead, d.L, d.Dv));
-  Tensor<T> additive;
-  std::vector<T> slopes;
-  detail::AttentionBackwardArgs<T> b;
-  b.forward = detail::sdpa_args(query, key, value, attn_mask, options, d, additive, slopes);
-  b.forward.out = const_cast<T*>(output.data());  // read only (delta_i = <d_out_i, out_i>)
-  SdpaGradients<T> g{Tensor<T>(query.shape()), Tensor<T>(key.shape()), Tensor<T>(value.shape())};
-  b.lse = lse.data();
-  b.d_out = d_output.data();
-  b.d_q = g.query.data();
-  b.d_k = g.key.data();
-  b.d_v = g.value.data();
-  // Any kernel's backward follows any kernel's forward (they share the
-  // contract's lse and out): the one the forward would pick without weights.
-  detail::run_attention_backward(b, detail::resolve_forward_kernel<T>(options.kernel, /*stores_weights=*/false));
-  return g;
+  return detail::sdpa_backward(query, key, value, attn_mask, options, output, lse, d_output, /*bf16_operands=*/false);
 }
 
 #define MULTIHEAD_SDPA_INSTANTIATE(T)                                                                            \

@@ -249,6 +249,23 @@ struct AttentionBackwardArgs {
   T* d_q = nullptr;           // forward.q_layout
   T* d_k = nullptr;           // forward.k_layout
   T* d_v = nullptr;           // forward.v_layout
+  // The bf16 module's backward (float only): q, k, v, out and d_out hold
+  // bf16 values (their exact float32 widenings). Where this host's bf16
+  // flash forward runs its pair way (bf16_dot_choice: vdpbf16ps), the
+  // flash backward then runs its five tile products on bf16 pairs as well:
+  // the scores exactly as the forward computed them, P and dS rounded to
+  // bf16 before the products that read them (src/kernels/flash.cpp,
+  // attention_backward_flash). Elsewhere, and in every other kernel, it
+  // changes nothing.
+  bool bf16_operands = false;
+  // Set by attention_backward_flash itself for that way (callers leave
+  // them nullptr): K and V packed as bf16 pairs once per call, contiguous
+  // per K/V slice (simd/bf16_pairs.hpp), beside forward.narrow.k_pairs
+  // (K's rows, as the forward's):
+  //   k_column_pairs [kv slices][ceil(S/2)][D]   K's pairs down the keys (d_q)
+  //   v_row_pairs    [kv slices][S][ceil(Dv/2)]  each V row's pairs (dp')
+  const uint32_t* k_column_pairs = nullptr;
+  const uint32_t* v_row_pairs = nullptr;
 };
 
 }  // namespace multihead::detail

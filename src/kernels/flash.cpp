@@ -365,11 +365,60 @@ void validate_backward(const AttentionBackwardArgs<float>& b) {
 
 }  // namespace
 
-void attention_backward_flash(const AttentionBackwardArgs<float>& args) {
-  validate_backward(args);
+namespace {
+
+// The bf16 pair way of the backward (AttentionBackwardArgs::bf16_operands,
+// where this host's bf16 forward runs its pair way): K's rows as pairs
+// along D (as the forward's k_pairs, so the recomputed scores are the
+// forward's bits), K's pairs down the keys (d_q's product) and V's rows as
+// pairs along Dv (dp'), packed once per call from the float32 copies
+// (exact: they hold bf16 values) into this thread's kept buffers. Returns
+// the arguments that point at them.
+AttentionBackwardArgs<float> with_bf16_pairs(const AttentionBackwardArgs<float>& b) {
+  thread_local ThreadScratch sk, skc, sv;
+  const AttentionArgs<float>& a = b.forward;
+  const int threads = requested_threads(a.num_threads);
+  const int64_t H = a.heads, Hkv = a.kv_heads_or_heads(), kv_slices = kv_slice_count(a.slices, H, Hkv);
+  const int64_t S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  const int64_t key_pairs = (D + 1) / 2, value_pairs = (Dv + 1) / 2, key_row_pairs = (S + 1) / 2;
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
+  static_assert(sizeof(float) == sizeof(uint32_t));
+  const auto words = [](ThreadScratch& scratch, int64_t n) {
+    return reinterpret_cast<uint32_t*>(scratch.take(static_cast<std::size_t>(std::max<int64_t>(1, n))));
+  };
+  uint32_t* kp = words(sk, kv_slices * S * key_pairs);
+  uint32_t* kc = words(skc, kv_slices * key_row_pairs * D);
+  uint32_t* vp = words(sv, kv_slices * S * value_pairs);
+  parallel_items(kv_slices, threads, /*item_cost=*/S * (2 * D + Dv), [&](int64_t g) {
+    const float* k = a.k + (g / Hkv) * kl.batch + (g % Hkv) * kl.head;
+    const float* v = a.v + (g / Hkv) * vl.batch + (g % Hkv) * vl.head;
+    const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+    PackRowPairs(k, n(kl.row), n(S), n(D), kp + g * S * key_pairs);
+    PackColumnPairs(k, n(kl.row), n(S), n(D), kc + g * key_row_pairs * D, n(D));
+    PackRowPairs(v, n(vl.row), n(S), n(Dv), vp + g * S * value_pairs);
+  });
+  AttentionBackwardArgs<float> p = b;
+  p.forward.narrow.k_pairs = kp;
+  p.k_column_pairs = kc;
+  p.v_row_pairs = vp;
+  return p;
+}
+
+}  // namespace
+
+void attention_backward_flash(const AttentionBackwardArgs<float>& args_in) {
+  validate_backward(args_in);
+  if (args_in.forward.slices == 0) return;
+  const int64_t target = simd_target_bit();
+  BackwardProducts products = BackwardProducts::Float32;
+  if (args_in.bf16_operands && args_in.forward.kv_len > 0) {
+    const Bf16DotChoice choice = bf16_dot_choice(target);
+    if (choice.dpbf16) products = choice.native ? BackwardProducts::Bf16PairsNative : BackwardProducts::Bf16Pairs;
+  }
+  const AttentionBackwardArgs<float> args = products == BackwardProducts::Float32 ? args_in : with_bf16_pairs(args_in);
   const AttentionArgs<float>& a = args.forward;
-  if (a.slices == 0) return;
-  const FlashBackwardKernel kernel = flash_backward_kernel_for(simd_target_bit());
+  const FlashBackwardKernel kernel = flash_backward_kernel_for(target, products);
   const int max_threads = requested_threads(a.num_threads);
   // Work items: whole groups, or (groups < threads) each group's key tiles
   // (d_k, d_v; the heavier items, first) then each query slice's query

@@ -58,4 +58,35 @@ inline void PackColumnPairs(const bfloat16* src, size_t ld, size_t rows, size_t 
   }
 }
 
+// The same two layouts from float32 rows, each value rounded to bf16
+// (to_bfloat16: nearest even): the bf16 backward's operands are float32
+// copies of bf16 values, for which the rounding is exact, so these give
+// the pairs the bf16 rows themselves give (src/kernels/flash.cpp,
+// attention_backward_flash).
+inline void PackRowPairs(const float* src, size_t ld, size_t rows, size_t width, uint32_t* dst) {
+  const size_t pairs = (width + 1) / 2;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* s = src + r * ld;
+    uint32_t* d = dst + r * pairs;
+    for (size_t p = 0; p < width / 2; ++p) d[p] = PackPair(to_bfloat16(s[2 * p]).bits, to_bfloat16(s[2 * p + 1]).bits);
+    if (width % 2 != 0) d[pairs - 1] = PackPair(to_bfloat16(s[width - 1]).bits, 0);
+  }
+}
+
+// dst [ceil(rows/2)][ld_dst] from float rows, columns [width, ld_dst) zero
+// (a padded stride keeps vector loads aligned).
+inline void PackColumnPairs(const float* src, size_t ld, size_t rows, size_t width, uint32_t* dst, size_t ld_dst) {
+  for (size_t p = 0; p < (rows + 1) / 2; ++p) {
+    const float* even = src + 2 * p * ld;
+    uint32_t* d = dst + p * ld_dst;
+    if (2 * p + 1 < rows) {
+      const float* odd = even + ld;
+      for (size_t c = 0; c < width; ++c) d[c] = PackPair(to_bfloat16(even[c]).bits, to_bfloat16(odd[c]).bits);
+    } else {
+      for (size_t c = 0; c < width; ++c) d[c] = PackPair(to_bfloat16(even[c]).bits, 0);
+    }
+    for (size_t c = width; c < ld_dst; ++c) d[c] = 0;
+  }
+}
+
 }  // namespace multihead::detail

@@ -71,6 +71,32 @@ inline size_t BackwardScratchFloats(size_t nvq, size_t head_dim, size_t value_di
   return (2 * head_dim + value_dim + 4 * MaxKeyTile(nvq) + 5) * nvq * hn::Lanes(DF32());
 }
 
+// The bf16 pair way's regions after those (PairRegions carves them; each
+// starts on a vector): qc [ceil(bq/2)][D↑] and oc [ceil(bq/2)][Dv↑] (↑: up
+// to a multiple of the lanes), pr and dr [MaxKeyTile][bq] bf16, dsp
+// [ceil(MaxKeyTile/2)][bq] and kc [ceil(MaxKeyTile/2)][D] pairs.
+struct PairRegionSizes {
+  size_t qc, oc, pr, dsp, kc, ldq, ldo;
+};
+inline PairRegionSizes PairRegionFloats(size_t nvq, size_t head_dim, size_t value_dim) {
+  const size_t lanes = hn::Lanes(DF32()), bq = nvq * lanes;
+  const auto up = [lanes](size_t n) { return (n + lanes - 1) / lanes * lanes; };
+  const size_t half_bq = (bq + 1) / 2, half_keys = (MaxKeyTile(nvq) + 1) / 2;
+  PairRegionSizes r;
+  r.ldq = up(head_dim);
+  r.ldo = up(value_dim);
+  r.qc = up(half_bq * r.ldq);
+  r.oc = up(half_bq * r.ldo);
+  r.pr = up((MaxKeyTile(nvq) * bq + 1) / 2);  // bf16: two per float
+  r.dsp = up(half_keys * bq);
+  r.kc = up(half_keys * head_dim);
+  return r;
+}
+inline size_t BackwardPairScratchFloats(size_t nvq, size_t head_dim, size_t value_dim) {
+  const PairRegionSizes r = PairRegionFloats(nvq, head_dim, value_dim);
+  return BackwardScratchFloats(nvq, head_dim, value_dim) + r.qc + r.oc + 2 * r.pr + r.dsp + r.kc;
+}
+
 // ---- the d_k / d_v micro-kernel --------------------------------------------
 
 // c[r][x] += Σ_{i < n} a[r·lda + i] · b[i·ldb + x]   for r < R, x < CV·lanes:
@@ -144,6 +170,91 @@ HWY_INLINE void OuterAccumulate(const float* HWY_RESTRICT a, size_t lda, size_t 
   OuterRemainder<R - 1, CV>(keys - j, a + j * lda, lda, b, ldb, n, c + j * ldc, ldc, width);
 }
 
+// ---- the d_k / d_v micro-kernel on bf16 pairs --------------------------------
+
+// OuterBlock on pairs of queries: c[r][x] += Σ_{p < pairs} PairDot(a[r·lda + p],
+// b[p·ldb + x]): a the rounded p' or ds of R keys, as bf16 pairs of
+// adjacent queries (lda pairs apart); b the tile's query or d_out rows
+// paired down the queries (ldb a multiple of the lanes, b aligned).
+template <size_t R, size_t CV, bool kNative>
+HWY_INLINE void OuterBlockDot(DF32 df, const uint32_t* HWY_RESTRICT a, size_t lda, const uint32_t* HWY_RESTRICT b,
+                              size_t ldb, size_t pairs, float* HWY_RESTRICT c, size_t ldc) {
+  const size_t lanes = hn::Lanes(df);
+  VF32 acc[R][CV];
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < CV; ++v) acc[r][v] = hn::LoadU(df, c + r * ldc + v * lanes);
+  }
+  PairDotTile<CV, R, kNative>(df, a, lda, 1, pairs, b, ldb, acc);
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < CV; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + v * lanes);
+  }
+}
+
+// All `width` columns of R rows: blocks of CV vectors, single vectors, and
+// the last width % lanes columns through a vector-wide copy (b's padding
+// columns are zero), so every column gets the same vector arithmetic.
+template <size_t R, size_t CV, bool kNative>
+HWY_INLINE void OuterRowsDot(const uint32_t* HWY_RESTRICT a, size_t lda, const uint32_t* HWY_RESTRICT b, size_t ldb,
+                             size_t pairs, float* HWY_RESTRICT c, size_t ldc, size_t width) {
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  size_t x = 0;
+  for (; x + CV * lanes <= width; x += CV * lanes) OuterBlockDot<R, CV, kNative>(df, a, lda, b + x, ldb, pairs, c + x, ldc);
+  for (; x + lanes <= width; x += lanes) OuterBlockDot<R, 1, kNative>(df, a, lda, b + x, ldb, pairs, c + x, ldc);
+  if (x == width) return;
+  constexpr size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
+  HWY_ALIGN float tail[R * kMaxLanes];
+  for (size_t r = 0; r < R; ++r)
+    for (size_t k = 0; k < lanes; ++k) tail[r * lanes + k] = x + k < width ? c[r * ldc + x + k] : 0.0f;
+  OuterBlockDot<R, 1, kNative>(df, a, lda, b + x, ldb, pairs, tail, lanes);
+  for (size_t r = 0; r < R; ++r)
+    for (size_t k = 0; x + k < width; ++k) c[r * ldc + x + k] = tail[r * lanes + k];
+}
+
+template <size_t R, size_t CV, bool kNative>
+HWY_INLINE void OuterRemainderDot(size_t rows, const uint32_t* HWY_RESTRICT a, size_t lda,
+                                  const uint32_t* HWY_RESTRICT b, size_t ldb, size_t pairs, float* HWY_RESTRICT c,
+                                  size_t ldc, size_t width) {
+  if constexpr (R > 0) {
+    if (rows == R) return OuterRowsDot<R, CV, kNative>(a, lda, b, ldb, pairs, c, ldc, width);
+    OuterRemainderDot<R - 1, CV, kNative>(rows, a, lda, b, ldb, pairs, c, ldc, width);
+  }
+}
+
+// OuterAccumulate on pairs of queries: c[j][x] += Σ_p PairDot(a[j][p], b[p][x]).
+template <bool kNative>
+HWY_INLINE void OuterAccumulateDot(const uint32_t* HWY_RESTRICT a, size_t lda, size_t keys,
+                                   const uint32_t* HWY_RESTRICT b, size_t ldb, size_t pairs, float* HWY_RESTRICT c,
+                                   size_t ldc, size_t width) {
+  constexpr size_t CV = kMaxQueryVectors;
+  constexpr size_t R = BlockRows(CV);
+  size_t j = 0;
+  for (; j + R <= keys; j += R) OuterRowsDot<R, CV, kNative>(a + j * lda, lda, b, ldb, pairs, c + j * ldc, ldc, width);
+  OuterRemainderDot<R - 1, CV, kNative>(keys - j, a + j * lda, lda, b, ldb, pairs, c + j * ldc, ldc, width);
+}
+
+// dst [keys][bq] bf16 = src [keys][bq] rounded (RoundToBf16Bits: to_bfloat16's
+// vector twin), so adjacent queries' values form the pairs OuterBlockDot
+// reads; with `rows` odd, lane `rows` (a padding query, which pairs with
+// the last row) is set to 0.
+template <size_t NVQ>
+HWY_INLINE void RoundQueryRows(const float* HWY_RESTRICT src, size_t keys, size_t rows, uint16_t* HWY_RESTRICT dst) {
+  const DF32 df;
+  const hn::RebindToSigned<DF32> di;
+  const hn::Rebind<uint16_t, DF32> d16;
+  const size_t lanes = hn::Lanes(df), bq = NVQ * lanes;
+  for (size_t x = 0; x < keys * NVQ; ++x) {
+    const auto bits = hn::BitCast(di, RoundToBf16Bits(df, hn::Load(df, src + x * lanes)));
+    hn::StoreU(hn::DemoteTo(d16, bits), d16, dst + x * lanes);  // values <= 0xFFFF: exact
+  }
+  if (rows % 2 != 0 && rows < bq)
+    for (size_t j = 0; j < keys; ++j) dst[j * bq + rows] = 0;
+}
+
 // ---- one query tile ---------------------------------------------------------
 
 // The tile's scratch and rows, beside the forward's TileState (whose st,
@@ -163,6 +274,24 @@ struct BackwardTile {
   const float* q;                  // query row i0, rows q_row apart (unscaled)
   const float* d_out;              // d_out row i0, rows out_row apart
   size_t q_row, out_row;
+  // The bf16 pair way only (Bf16Way::Dot; BackwardQueryTile fills them):
+  // t.qt holds qp [ceil(D/2)][bq] (the forward's PackQueryPairs layout),
+  // dot holds dop [ceil(Dv/2)][bq], d_out's pairs the same way; qc and oc
+  // the query and d_out rows paired down the queries (ldq, ldo apart,
+  // zero padded); pr and dr p' and ds rounded to bf16 [keys][bq]; dsp ds
+  // rounded and paired down the keys; kc a key tile's K paired down the
+  // keys, where the call's pairs do not fit the tile; k_columns and
+  // v_rows the call's pairs of this slice's K/V
+  // (AttentionBackwardArgs::k_column_pairs, v_row_pairs).
+  uint32_t* HWY_RESTRICT qc = nullptr;
+  uint32_t* HWY_RESTRICT oc = nullptr;
+  uint16_t* HWY_RESTRICT pr = nullptr;
+  uint16_t* HWY_RESTRICT dr = nullptr;
+  uint32_t* HWY_RESTRICT dsp = nullptr;
+  uint32_t* HWY_RESTRICT kc = nullptr;
+  size_t ldq = 0, ldo = 0;
+  const uint32_t* k_columns = nullptr;
+  const uint32_t* v_rows = nullptr;
 };
 
 // dst [keys][bq] = Σ_c rows[j][c] · xt[c][q]: the forward's ScoresBlock on
@@ -195,6 +324,52 @@ HWY_INLINE void AccumulateQueryGradient(const AttentionArgs<float>& a, const Que
                                    bt.dqt + d * bq);
 }
 
+// ProductTile on pairs: dst [keys][bq] = <v_j, d_out_q> from V's row
+// pairs (the call's, from key j0) and dop, the forward's ScoresBlockDot
+// with scale 1 (exact).
+template <size_t NVQ, bool kNative>
+HWY_INLINE void ProductTileDot(const AttentionArgs<float>& a, const BackwardTile& bt, int64_t j0, size_t keys) {
+  const DF32 df;
+  const size_t bq = NVQ * hn::Lanes(df);
+  constexpr size_t KR = BlockRows(NVQ);
+  const size_t pairs = (static_cast<size_t>(a.value_dim) + 1) / 2;
+  const uint32_t* HWY_RESTRICT vp = bt.v_rows + static_cast<size_t>(j0) * pairs;
+  const uint32_t* HWY_RESTRICT dop = reinterpret_cast<const uint32_t*>(bt.dot);
+  size_t j = 0;
+  for (; j + KR <= keys; j += KR)
+    ScoresBlockDot<NVQ, KR, kNative>(df, vp + j * pairs, pairs, pairs, dop, bq, 1.0f, bt.dst + j * bq, bt.t.tmax);
+  ScoresRemainderDot<NVQ, KR - 1, kNative>(keys - j, df, vp + j * pairs, pairs, pairs, dop, bq, 1.0f, bt.dst + j * bq,
+                                           bt.t.tmax);
+}
+
+// AccumulateQueryGradient on pairs of keys: dqt [D][bq] += Σ_p
+// PairDot(kc[p][d], dsp[p][q]), the forward's AccumulateBlockDot with
+// alpha = 1 (exact). K's pairs down the keys are the call's when the tile
+// starts on an even key and ends on one or at S (as the forward's V
+// pairs: AccumulateValuesDot), else packed here from the float rows.
+template <size_t NVQ, bool kNative>
+HWY_INLINE void AccumulateQueryGradientDot(const AttentionArgs<float>& a, const QueryTileInputs& in,
+                                           const BackwardTile& bt, int64_t j0, size_t keys) {
+  const DF32 df;
+  const size_t bq = NVQ * hn::Lanes(df);
+  constexpr size_t KR = BlockRows(NVQ);
+  const size_t head_dim = static_cast<size_t>(a.head_dim);
+  const size_t pairs = (keys + 1) / 2;
+  const uint32_t* HWY_RESTRICT kc;
+  if (j0 % 2 == 0 && (keys % 2 == 0 || j0 + static_cast<int64_t>(keys) == a.kv_len)) {
+    kc = bt.k_columns + static_cast<size_t>(j0 / 2) * head_dim;
+  } else {
+    PackColumnPairs(in.k + static_cast<size_t>(j0) * in.k_row, in.k_row, keys, head_dim, bt.kc, head_dim);
+    kc = bt.kc;
+  }
+  PackRoundedColumnPairs(df, bt.dst, keys, bq, bt.dsp);
+  size_t d = 0;
+  for (; d + KR <= head_dim; d += KR)
+    AccumulateBlockDot<NVQ, KR, kNative>(df, kc + d, head_dim, pairs, bt.dsp, bq, bt.ones, bt.dqt + d * bq);
+  AccumulateRemainderDot<NVQ, KR - 1, kNative>(head_dim - d, df, kc + d, head_dim, pairs, bt.dsp, bq, bt.ones,
+                                               bt.dqt + d * bq);
+}
+
 // Which gradients a pass adds: d_k and d_v (key_grads), d_q (query_grad).
 struct BackwardParts {
   bool key_grads, query_grad;
@@ -203,10 +378,16 @@ struct BackwardParts {
 // One key tile [j0, j0 + keys) of the query tile. Every value it computes
 // is a function of its own (i, j) alone, whatever the tile's bounds, so a
 // key tile cut in two pieces adds exactly the same numbers in the same order.
-template <size_t NVQ>
+//
+// W, the bf16 pair way (Dot, DotNative; the bf16 module's backward where
+// its forward ran that way): the scores as that forward computed them
+// (TileScoresDot, the same pairs), dp' on V's row pairs, p' and ds
+// rounded to bf16, then d_v, d_k and d_q on pairs; the rest as below.
+template <size_t NVQ, Bf16Way W = Bf16Way::Fma>
 HWY_INLINE void BackwardKeyTileStep(const AttentionBackwardArgs<float>& b, const QueryTileInputs& in,
                                     const BackwardTile& bt, BackwardParts parts, float* d_k, float* d_v,
                                     size_t dk_row, size_t dv_row, int64_t j0, size_t keys) {
+  constexpr bool kDot = W != Bf16Way::Fma, kNative = W == Bf16Way::DotNative;
   const AttentionArgs<float>& a = b.forward;
   const DF32 df;
   const size_t lanes = hn::Lanes(df);
@@ -214,7 +395,11 @@ HWY_INLINE void BackwardKeyTileStep(const AttentionBackwardArgs<float>& b, const
   const TileState& t = bt.t;
   // Forward (KeyTileStep): TileScores, then ApplyScoreModifiers, here with
   // the cap's slope 1 − tanh²(x/cap) = 1 − (capped/cap)² taken in between.
-  TileScores<NVQ>(a, in, t, j0, keys);
+  if constexpr (kDot) {
+    TileScoresDot<NVQ, kNative>(a, in, t, j0, keys);
+  } else {
+    TileScores<NVQ>(a, in, t, j0, keys);
+  }
   const bool softcap = a.modifiers.softcap > 0.0f;
   if (softcap) {
     SoftCapTile<NVQ>(a, t, keys);
@@ -246,8 +431,12 @@ HWY_INLINE void BackwardKeyTileStep(const AttentionBackwardArgs<float>& b, const
     }
   }
   // Forward: out = Σ_j p'_j v_j, so dp'[j][q] = <v_j, d_out_q>.
-  ProductTile<NVQ>(in.v + static_cast<size_t>(j0) * in.v_row, in.v_row, static_cast<size_t>(a.value_dim), bt.dot,
-                   keys, bt.dst, t.tmax);
+  if constexpr (kDot) {
+    ProductTileDot<NVQ, kNative>(a, bt, j0, keys);
+  } else {
+    ProductTile<NVQ>(in.v + static_cast<size_t>(j0) * in.v_row, in.v_row, static_cast<size_t>(a.value_dim), bt.dot,
+                     keys, bt.dst, t.tmax);
+  }
   // Forward (DropoutTile): p' = keep·p/(1 − p_drop); the same keep decision
   // scales dp' into dp, and p' feeds d_v. Scalar, as the forward's.
   const bool dropout = a.dropout.p > 0.0;
@@ -280,6 +469,21 @@ HWY_INLINE void BackwardKeyTileStep(const AttentionBackwardArgs<float>& b, const
     }
   }
   // d_v_j += Σ_q p'[j][q] d_out_q;  d_k_j += Σ_q ds[j][q] q_q  (rows < t.rows only).
+  if constexpr (kDot) {
+    if (parts.key_grads) {
+      // Pairs of adjacent queries: ceil(rows/2) of them; an odd last
+      // pair's other half is a zeroed padding lane.
+      const size_t pairs = (t.rows + 1) / 2, half = bq / 2;
+      RoundQueryRows<NVQ>(p_kept, keys, t.rows, bt.pr);
+      RoundQueryRows<NVQ>(bt.dst, keys, t.rows, bt.dr);
+      OuterAccumulateDot<kNative>(reinterpret_cast<const uint32_t*>(bt.pr), half, keys, bt.oc, bt.ldo, pairs,
+                                  d_v + static_cast<size_t>(j0) * dv_row, dv_row, static_cast<size_t>(a.value_dim));
+      OuterAccumulateDot<kNative>(reinterpret_cast<const uint32_t*>(bt.dr), half, keys, bt.qc, bt.ldq, pairs,
+                                  d_k + static_cast<size_t>(j0) * dk_row, dk_row, static_cast<size_t>(a.head_dim));
+    }
+    if (parts.query_grad) AccumulateQueryGradientDot<NVQ, kNative>(a, in, bt, j0, keys);
+    return;
+  }
   if (parts.key_grads) {
     OuterAccumulate(p_kept, bq, keys, bt.d_out, bt.out_row, t.rows, d_v + static_cast<size_t>(j0) * dv_row, dv_row,
                     static_cast<size_t>(a.value_dim));
@@ -290,18 +494,68 @@ HWY_INLINE void BackwardKeyTileStep(const AttentionBackwardArgs<float>& b, const
   if (parts.query_grad) AccumulateQueryGradient<NVQ>(a, in, bt, j0, keys);
 }
 
+// The pair way's regions, after the float scratch (PairRegionFloats).
+inline float* scratch_pairs(float* base, size_t nvq, size_t head_dim, size_t value_dim) {
+  return base + BackwardScratchFloats(nvq, head_dim, value_dim);
+}
+
+// The pair way's per-tile operands (BackwardTile's pair fields): the
+// query and d_out rows of the tile as pairs along their widths (qp in
+// qt's space, dop in dot's) and down the queries (qc, oc), each float
+// rounded to bf16 (exact: they hold bf16 values); and where this slice's
+// call-level pairs start.
+template <size_t NVQ>
+HWY_INLINE void PairTile(const AttentionBackwardArgs<float>& b, int64_t slice, BackwardTile& bt,
+                         float* HWY_RESTRICT qt, float* HWY_RESTRICT regions) {
+  const AttentionArgs<float>& a = b.forward;
+  const size_t bq = NVQ * hn::Lanes(DF32());
+  const size_t head_dim = static_cast<size_t>(a.head_dim), value_dim = static_cast<size_t>(a.value_dim);
+  const size_t rows = bt.t.rows;
+  const PairRegionSizes r = PairRegionFloats(NVQ, head_dim, value_dim);
+  bt.qc = reinterpret_cast<uint32_t*>(regions);
+  bt.oc = reinterpret_cast<uint32_t*>(regions + r.qc);
+  bt.pr = reinterpret_cast<uint16_t*>(regions + r.qc + r.oc);
+  bt.dr = reinterpret_cast<uint16_t*>(regions + r.qc + r.oc + r.pr);
+  bt.dsp = reinterpret_cast<uint32_t*>(regions + r.qc + r.oc + 2 * r.pr);
+  bt.kc = reinterpret_cast<uint32_t*>(regions + r.qc + r.oc + 2 * r.pr + r.dsp);
+  bt.ldq = r.ldq;
+  bt.ldo = r.ldo;
+  // Along the widths, transposed: [pair][query], padding queries 0.
+  const auto transposed_pairs = [&](const float* src, size_t ld, size_t width, uint32_t* HWY_RESTRICT dst) {
+    const size_t pairs = (width + 1) / 2;
+    std::fill(dst, dst + pairs * bq, 0u);
+    for (size_t q = 0; q < rows; ++q) {
+      const float* row = src + q * ld;
+      for (size_t p = 0; p < pairs; ++p)
+        dst[p * bq + q] = PackPair(to_bfloat16(row[2 * p]).bits, 2 * p + 1 < width ? to_bfloat16(row[2 * p + 1]).bits
+                                                                                   : uint16_t{0});
+    }
+  };
+  transposed_pairs(bt.q, bt.q_row, head_dim, reinterpret_cast<uint32_t*>(qt));
+  transposed_pairs(bt.d_out, bt.out_row, value_dim, reinterpret_cast<uint32_t*>(bt.dot));
+  PackColumnPairs(bt.q, bt.q_row, rows, head_dim, bt.qc, bt.ldq);
+  PackColumnPairs(bt.d_out, bt.out_row, rows, value_dim, bt.oc, bt.ldo);
+  const int64_t Hkv = a.kv_heads_or_heads(), S = a.kv_len;
+  const SliceLayout kc_layout = resolve_layout(SliceLayout{}, Hkv, (S + 1) / 2, a.head_dim);
+  const SliceLayout vr_layout = resolve_layout(SliceLayout{}, Hkv, S, (a.value_dim + 1) / 2);
+  bt.k_columns = kv_slice_start(b.k_column_pairs, kc_layout, slice, a.heads, Hkv);
+  bt.v_rows = kv_slice_start(b.v_row_pairs, vr_layout, slice, a.heads, Hkv);
+}
+
 // Query rows [i0, i0 + rows) of slice `slice`, over the keys in
 // [key_begin, key_end) that the forward visits for them: with
 // parts.query_grad their d_q rows (then the key range is all keys), with
 // parts.key_grads their contributions added into the d_k and d_v rows.
-template <size_t NVQ>
+template <size_t NVQ, Bf16Way W = Bf16Way::Fma>
 HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t i0, size_t rows,
                                     int64_t key_begin, int64_t key_end, BackwardParts parts, FlashScratch& scratch) {
+  constexpr bool kDot = W != Bf16Way::Fma;
   const AttentionArgs<float>& a = b.forward;
   const size_t bq = NVQ * hn::Lanes(DF32());
   const size_t head_dim = static_cast<size_t>(a.head_dim);
   const size_t value_dim = static_cast<size_t>(a.value_dim);
-  float* HWY_RESTRICT base = scratch.floats(BackwardScratchFloats(NVQ, head_dim, value_dim));
+  float* HWY_RESTRICT base = scratch.floats(kDot ? BackwardPairScratchFloats(NVQ, head_dim, value_dim)
+                                                 : BackwardScratchFloats(NVQ, head_dim, value_dim));
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, a.q_len, a.head_dim);
   const int64_t Hkv = a.kv_heads_or_heads();
   const SliceLayout kl = resolve_layout(a.k_layout, Hkv, a.kv_len, a.head_dim);
@@ -335,7 +589,7 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
 
   // qt as the forward's (PackQueryTile); dot [Dv][bq] = d_outᵀ, delta, lse
   // and fill per lane.
-  PackQueryTile<NVQ>(a, slice, i0, rows, qt);
+  if constexpr (!kDot) PackQueryTile<NVQ>(a, slice, i0, rows, qt);
   std::fill(bt.dqt, bt.dqt + head_dim * bq, 0.0f);
   std::fill(bt.dot, bt.dot + value_dim * bq, 0.0f);
   const float inf = std::numeric_limits<float>::infinity();
@@ -367,14 +621,15 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   }
 
   const QueryTileInputs in = TileInputs(a, slice);
+  if constexpr (kDot) PairTile<NVQ>(b, slice, bt, qt, scratch_pairs(base, NVQ, head_dim, value_dim));
   // The K/V slice this query slice reads (kv_slice): its d_k, d_v rows.
   float* d_k = kv_slice_start(b.d_k, kl, slice, a.heads, Hkv);
   float* d_v = kv_slice_start(b.d_v, vl, slice, a.heads, Hkv);
   VisitKeyTiles<NVQ>(a, in, i0, rows, [&](int64_t j0, size_t keys) {
     const int64_t begin = std::max(j0, key_begin), end = std::min(j0 + static_cast<int64_t>(keys), key_end);
     if (begin >= end) return;
-    BackwardKeyTileStep<NVQ>(b, in, bt, parts, d_k, d_v, static_cast<size_t>(kl.row), static_cast<size_t>(vl.row),
-                             begin, static_cast<size_t>(end - begin));
+    BackwardKeyTileStep<NVQ, W>(b, in, bt, parts, d_k, d_v, static_cast<size_t>(kl.row),
+                                static_cast<size_t>(vl.row), begin, static_cast<size_t>(end - begin));
   });
 
   if (!parts.query_grad) return;
@@ -386,10 +641,11 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
 // Query rows [row_begin, row_end) of a slice, cut by the forward's driver
 // (ForEachQueryTile). row_begin is 0 or a multiple of
 // FlashAttentionBackwardRowTileF32(), so every pass tiles the rows alike.
-inline void BackwardRows(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t row_begin, int64_t row_end,
-                         int64_t key_begin, int64_t key_end, BackwardParts parts, FlashScratch& scratch) {
+template <Bf16Way W>
+void BackwardRows(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t row_begin, int64_t row_end,
+                  int64_t key_begin, int64_t key_end, BackwardParts parts, FlashScratch& scratch) {
   ForEachQueryTile(row_begin, row_end, [&]<size_t NVQ>(int64_t i0, size_t rows) {
-    BackwardQueryTile<NVQ>(b, slice, i0, rows, key_begin, key_end, parts, scratch);
+    BackwardQueryTile<NVQ, W>(b, slice, i0, rows, key_begin, key_end, parts, scratch);
   });
 }
 
@@ -448,14 +704,15 @@ inline void ZeroKeyGradients(const AttentionBackwardArgs<float>& b, int64_t kv, 
 // (its group: one slice without grouped-query) in one pass: d_k and d_v
 // zeroed, then the group's query slices in increasing n, each one's query
 // tiles in increasing order, adding d_k, d_v and writing its d_q.
-inline void FlashAttentionBackwardGroupF32(const AttentionBackwardArgs<float>& b, int64_t kv,
-                                           FlashScratch& scratch) {
+// W: the bf16 pair way (BackwardKeyTileStep), or Fma for float32 products.
+template <Bf16Way W = Bf16Way::Fma>
+void FlashAttentionBackwardGroupF32(const AttentionBackwardArgs<float>& b, int64_t kv, FlashScratch& scratch) {
   const AttentionArgs<float>& a = b.forward;
   const int64_t Hkv = a.kv_heads_or_heads();
   ZeroKeyGradients(b, kv, 0, a.kv_len);
   for (int64_t r = 0; r < a.heads / Hkv; ++r) {
     const int64_t slice = group_query_slice(kv, r, a.heads, Hkv);
-    BackwardRows(b, slice, 0, a.q_len, 0, a.kv_len, BackwardParts{true, true}, scratch);
+    BackwardRows<W>(b, slice, 0, a.q_len, 0, a.kv_len, BackwardParts{true, true}, scratch);
     BackwardNaNRows(b, slice, 0, a.q_len, 0, a.kv_len);
   }
 }
@@ -467,20 +724,22 @@ inline void FlashAttentionBackwardGroupF32(const AttentionBackwardArgs<float>& b
 // `slice`. Each element gets exactly the operations, in the same order,
 // that the one-pass FlashAttentionBackwardGroupF32 gives it, so both give
 // the same bits.
-inline void FlashAttentionBackwardKeysF32(const AttentionBackwardArgs<float>& b, int64_t kv, int64_t key_begin,
-                                          int64_t key_end, FlashScratch& scratch) {
+template <Bf16Way W = Bf16Way::Fma>
+void FlashAttentionBackwardKeysF32(const AttentionBackwardArgs<float>& b, int64_t kv, int64_t key_begin,
+                                   int64_t key_end, FlashScratch& scratch) {
   const AttentionArgs<float>& a = b.forward;
   const int64_t Hkv = a.kv_heads_or_heads();
   ZeroKeyGradients(b, kv, key_begin, key_end);
   for (int64_t r = 0; r < a.heads / Hkv; ++r) {
     const int64_t slice = group_query_slice(kv, r, a.heads, Hkv);
-    BackwardRows(b, slice, 0, a.q_len, key_begin, key_end, BackwardParts{true, false}, scratch);
+    BackwardRows<W>(b, slice, 0, a.q_len, key_begin, key_end, BackwardParts{true, false}, scratch);
     BackwardNaNRows(b, slice, 0, 0, key_begin, key_end);
   }
 }
-inline void FlashAttentionBackwardQueriesF32(const AttentionBackwardArgs<float>& b, int64_t slice,
-                                             int64_t row_begin, int64_t row_end, FlashScratch& scratch) {
-  BackwardRows(b, slice, row_begin, row_end, 0, b.forward.kv_len, BackwardParts{false, true}, scratch);
+template <Bf16Way W = Bf16Way::Fma>
+void FlashAttentionBackwardQueriesF32(const AttentionBackwardArgs<float>& b, int64_t slice, int64_t row_begin,
+                                      int64_t row_end, FlashScratch& scratch) {
+  BackwardRows<W>(b, slice, row_begin, row_end, 0, b.forward.kv_len, BackwardParts{false, true}, scratch);
   BackwardNaNRows(b, slice, row_begin, row_end, 0, 0);
 }
 

@@ -35,8 +35,13 @@ struct FlashBackwardKernel {
   int64_t key_tile;  // keys per tile
 };
 
+// The tile products' arithmetic: float32 FMA, or the bf16 pair way
+// (AttentionBackwardArgs::bf16_operands), with Highway's widening or with
+// vdpbf16ps (native: only where bf16_dot_choice says it runs).
+enum class BackwardProducts { Float32, Bf16Pairs, Bf16PairsNative };
+
 // The backward compiled for Highway target `target_bit` (see targets.hpp);
 // throws multihead::Error if it was not compiled in.
-FlashBackwardKernel flash_backward_kernel_for(int64_t target_bit);
+FlashBackwardKernel flash_backward_kernel_for(int64_t target_bit, BackwardProducts products = BackwardProducts::Float32);
 
 }  // namespace multihead::detail

@@ -6,6 +6,7 @@
 // backward", derives each).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -17,12 +18,13 @@ namespace multihead::precision {
 // Value and bound of a float32 sum of products a_r·b_r (r < n terms),
 // operands with errors.
 struct Sum {
-  double value = 0, error = 0, sizes = 0;
+  double value = 0, error = 0, sizes = 0, operands = 0;
   int64_t n = 0;
   void add(double a, double ea, double b, double eb) {
     value += a * b;
     error += std::abs(a) * eb + ea * std::abs(b) + ea * eb;
     sizes += std::abs(a * b);
+    operands += std::abs(a) + std::abs(b) + ea + eb;
     ++n;
   }
   // The float32 result's bound (before any 16-bit rounding), `extra`
@@ -52,6 +54,16 @@ inline double rounded(const Rounding& r, double x, double e) { return e + r.u * 
 // sum, so each slice's part carries γ_{G·L+1}; 1 without grouping). With a
 // soft-cap the chain multiplies ds by the cap's slope (SliceTrace::slope):
 // dx = ds·slope, e_dx = e_ds·slope + |ds|·e_slope + u32·|dx|.
+//
+// The bf16 pair way (SliceTrace::pair_way: the bf16 backward where the
+// forward ran that way; src/simd/flash_attention_backward-inl.h) changes
+// the products' operands, not their sums (γ_n holds for any order, pairs
+// included):
+//   p' and ds rounded to bf16 before d_v, d_k and d_q read them: each
+//       operand's bound grows by u·(|x| + e) + 2^-134 (u = 2^-8);
+//   vdpbf16ps flushes denormal inputs and results to zero: each sum of n
+//       products of operands a, b grows by 2^-126·(Σ(|a| + |b|) + n),
+//       over the scale where ds carries it (dp' too: <d_out, V> on pairs).
 struct SliceGradients {
   std::vector<double> dq, edq, dk, edk, dv, edv;
 };
@@ -61,6 +73,12 @@ inline SliceGradients trace_slice_backward(const SliceTrace& t, const std::vecto
   const int64_t L = t.L, St = t.St, D = t.D;
   const auto at = [&](int64_t i, int64_t j) { return static_cast<std::size_t>(i * St + j); };
   const auto rd = [&](int64_t i, int64_t d) { return static_cast<std::size_t>(i * D + d); };
+  // The pair way's terms (above); all zero otherwise.
+  const bool pair = t.pair_way;
+  const double u = pair ? std::ldexp(1.0, -8) : 0.0, eta = pair ? std::ldexp(1.0, -134) : 0.0;
+  const double flush = pair ? std::ldexp(1.0, -126) * std::max(1.0, 1.0 / t.scale) : 0.0;
+  const auto round_operand = [&](double x, double e) { return e + u * (std::abs(x) + e) + eta; };
+  const auto flushed = [&](const Sum& s) { return flush * (s.operands + static_cast<double>(s.n)); };
   std::vector<double> ds(static_cast<std::size_t>(L * St)), eds(ds.size());
   for (int64_t i = 0; i < L; ++i) {
     Sum delta;
@@ -71,7 +89,7 @@ inline SliceGradients trace_slice_backward(const SliceTrace& t, const std::vecto
       if (p == 0) continue;
       Sum dpp;
       for (int64_t d = 0; d < D; ++d) dpp.add(dout[rd(i, d)], edout[rd(i, d)], t.v[rd(j, d)], t.ev[rd(j, d)]);
-      const double dp = k * dpp.value, e_dp = k * dpp.bound(1);
+      const double dp = k * dpp.value, e_dp = k * (dpp.bound(1) + flushed(dpp));
       ds[at(i, j)] = p * (dp - delta.value);
       eds[at(i, j)] = eps * p * std::abs(dp - delta.value) + p * (1 + eps) * (e_dp + e_delta) +
                       gamma32(3) * p * (1 + eps) * (std::abs(dp) + std::abs(delta.value) + e_dp + e_delta);
@@ -89,22 +107,23 @@ inline SliceGradients trace_slice_backward(const SliceTrace& t, const std::vecto
   for (int64_t i = 0; i < L; ++i)
     for (int64_t d = 0; d < D; ++d) {
       Sum s;
-      for (int64_t j = 0; j < St; ++j) s.add(ds[at(i, j)], eds[at(i, j)], t.k[rd(j, d)], t.ek[rd(j, d)]);
+      for (int64_t j = 0; j < St; ++j)
+        s.add(ds[at(i, j)], round_operand(ds[at(i, j)], eds[at(i, j)]), t.k[rd(j, d)], t.ek[rd(j, d)]);
       g.dq[rd(i, d)] = t.scale * s.value;
-      g.edq[rd(i, d)] = t.scale * s.bound(1);
+      g.edq[rd(i, d)] = t.scale * (s.bound(1) + flushed(s));
     }
   for (int64_t j = 0; j < St; ++j)
     for (int64_t d = 0; d < D; ++d) {
       Sum sk, sv;
       for (int64_t i = 0; i < L; ++i) {
-        sk.add(ds[at(i, j)], eds[at(i, j)], t.q[rd(i, d)], t.eq[rd(i, d)]);
+        sk.add(ds[at(i, j)], round_operand(ds[at(i, j)], eds[at(i, j)]), t.q[rd(i, d)], t.eq[rd(i, d)]);
         const double pk = t.keep[at(i, j)] * t.p[at(i, j)];
-        sv.add(pk, pk * t.eps[static_cast<std::size_t>(i)], dout[rd(i, d)], edout[rd(i, d)]);
+        sv.add(pk, round_operand(pk, pk * t.eps[static_cast<std::size_t>(i)]), dout[rd(i, d)], edout[rd(i, d)]);
       }
       g.dk[rd(j, d)] = t.scale * sk.value;
-      g.edk[rd(j, d)] = t.scale * sk.bound(1 + (group - 1) * L);
+      g.edk[rd(j, d)] = t.scale * (sk.bound(1 + (group - 1) * L) + flushed(sk));
       g.dv[rd(j, d)] = sv.value;
-      g.edv[rd(j, d)] = sv.bound(1 + (group - 1) * L);
+      g.edv[rd(j, d)] = sv.bound(1 + (group - 1) * L) + flushed(sv);
     }
   return g;
 }

@@ -727,3 +727,110 @@ TEST(PrecisionBackward, SameBitsForOneAndTwoThreads) {
 
 }  // namespace
 }  // namespace multihead
+
+namespace multihead {
+namespace {
+
+using namespace precision;
+
+// The bf16 backward's pair way (AttentionBackwardArgs::bf16_operands;
+// flash_attention_backward-inl.h), forced with bf16_dot_force("dpbf16") on
+// every SIMD target this CPU runs (vdpbf16ps where it has AVX512_BF16,
+// Highway's widening of the same pairs elsewhere; the one-lane portable
+// target runs float32 products):
+//  - one K/V slice on two threads splits the backward in two passes (key
+//    items for d_k, d_v; query items for d_q), one thread runs it whole:
+//    the same bits, on shapes whose tiles start and end on odd keys
+//    (windows, bottom-right causal), odd query counts (a query pair with a
+//    padding lane), odd widths and D != Dv (a vector-wide tail);
+//  - the pair way differs from the fma way somewhere (it runs), and stays
+//    within the fma way's distance of the float64 gradients times a small
+//    factor, a sanity check beside the bound tests (PrecisionBackward,
+//    PrecisionSdpaBackward), which check each way against its own bound.
+struct PairShape {
+  int64_t L, S, D, Dv;
+  bool causal, bottom_right;
+  std::optional<int64_t> window;
+};
+
+SdpaGradients<bfloat16> sdpa_bf16_backward(const PairShape& s, int threads, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto fill = [&](Shape shape) {
+    Tensor<bfloat16> t(shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t[i] = to_bfloat16(normal(rng));
+    return t;
+  };
+  const Tensor<bfloat16> q = fill({1, s.L, s.D}), k = fill({1, s.S, s.D}), v = fill({1, s.S, s.Dv}),
+                         d_out = fill({1, s.L, s.Dv});
+  AttentionOptions o;
+  o.is_causal = s.causal;
+  o.causal_alignment = s.bottom_right ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
+  o.window = s.window;
+  o.num_threads = threads;
+  Tensor<float> lse;
+  const Tensor<bfloat16> out = scaled_dot_product_attention(q, k, v, nullptr, o, &lse);
+  return scaled_dot_product_attention_backward(q, k, v, nullptr, o, out, lse, d_out);
+}
+
+const std::vector<PairShape>& pair_shapes() {
+  static const std::vector<PairShape> shapes = {
+      {70, 130, 16, 16, false, false, std::nullopt},  // a query tail tile, two key tiles
+      {65, 65, 7, 7, true, false, std::nullopt},      // odd D, odd rows in the last tile
+      {9, 40, 8, 5, true, true, std::nullopt},        // bottom-right: the key range ends on an odd key
+      {131, 300, 24, 40, true, true, 37},             // windows start and end on odd keys; D != Dv
+      {33, 257, 64, 64, false, false, 50},            // odd S, non-causal window
+  };
+  return shapes;
+}
+
+TEST(PrecisionBackwardPairWay, OnePassAndTwoPassesSameBitsOnEveryTarget) {
+  const std::vector<std::string> targets = simd_targets_available();
+  bf16_dot_force("dpbf16");
+  for (const std::string& target : targets) {
+    simd_target_force(target);
+    for (std::size_t i = 0; i < pair_shapes().size(); ++i) {
+      const PairShape& s = pair_shapes()[i];
+      const SdpaGradients<bfloat16> one = sdpa_bf16_backward(s, 1, 100 + static_cast<uint32_t>(i));
+      const SdpaGradients<bfloat16> two = sdpa_bf16_backward(s, 2, 100 + static_cast<uint32_t>(i));
+      const std::pair<const Tensor<bfloat16>*, const Tensor<bfloat16>*> grads[] = {
+          {&one.query, &two.query}, {&one.key, &two.key}, {&one.value, &two.value}};
+      for (const auto& [a, b] : grads)
+        for (int64_t x = 0; x < a->numel(); ++x)
+          ASSERT_EQ((*a)[x].bits, (*b)[x].bits) << target << " shape " << i << " element " << x;
+    }
+  }
+  simd_target_force("");
+  bf16_dot_force("");
+}
+
+TEST(PrecisionBackwardPairWay, DiffersFromTheFmaWayAndStaysNearIt) {
+  bool differ = false;
+  for (std::size_t i = 0; i < pair_shapes().size(); ++i) {
+    const PairShape& s = pair_shapes()[i];
+    bf16_dot_force("fma");
+    const SdpaGradients<bfloat16> fma = sdpa_bf16_backward(s, 2, 200 + static_cast<uint32_t>(i));
+    bf16_dot_force("dpbf16");
+    const SdpaGradients<bfloat16> pair = sdpa_bf16_backward(s, 2, 200 + static_cast<uint32_t>(i));
+    const std::pair<const Tensor<bfloat16>*, const Tensor<bfloat16>*> grads[] = {
+        {&fma.query, &pair.query}, {&fma.key, &pair.key}, {&fma.value, &pair.value}};
+    for (const auto& [a, b] : grads) {
+      // Relative to the gradient's scale: rounding P and dS to bf16 moves
+      // a sum of n products by about u·sqrt(n) of its terms' scale; 8u of
+      // the largest magnitude leaves room and still catches a wrong
+      // operand (which moves elements by O(1) of the scale).
+      double scale = 0, worst = 0;
+      for (int64_t x = 0; x < a->numel(); ++x) {
+        scale = std::max(scale, static_cast<double>(std::abs(to_float((*a)[x]))));
+        worst = std::max(worst, static_cast<double>(std::abs(to_float((*a)[x]) - to_float((*b)[x]))));
+        differ = differ || (*a)[x].bits != (*b)[x].bits;
+      }
+      EXPECT_LE(worst, 8 * std::ldexp(1.0, -8) * scale) << "shape " << i;
+    }
+  }
+  bf16_dot_force("");
+  EXPECT_TRUE(differ) << "the pair way gave the fma way's bits on every shape: did it run?";
+}
+
+}  // namespace
+}  // namespace multihead
