@@ -6,8 +6,10 @@
 //   4. out_projection backward   d_concat = round(d_output · W_O),
 //                                d_W_O = round(d_outputᵀ · concat), d_b_O = round(Σ d_output)
 //   3. attention backward        Q, K, V, the merged heads O and d_concat
-//                                widened to float32 (exact), the float32
-//                                kernel backward (the forward's kernel, flash),
+//                                widened to float32 (exact), the flash
+//                                backward (the forward's kernel; bf16's pair
+//                                way where the forward ran it:
+//                                AttentionBackwardArgs::bf16_operands),
 //                                d_Q, d_K, d_V in float32
 //   2. split_heads backward      d_bias_k = round(Σ_b d_K[b, S]) (and d_bias_v)
 //                                in float32; d_Q, d_K, d_V rounded to E
