@@ -679,6 +679,16 @@ HWY_INLINE void TileScoresDot(const AttentionArgs<float>& a, const QueryTileInpu
                                            t.st + j * bq, t.tmax);
 }
 
+// Whether a call's pairs down the keys (pairing keys 2p and 2p + 1 from
+// key 0) are a key tile [j0, j0 + keys)'s own pairs: the tile starts on an
+// even key and ends on one, or ends at S (an odd S's last pair has the
+// zero high that packing the tile gives). Otherwise (a window's or the
+// causal range's odd edge) the tile packs its own. The forward's V pairs
+// and the backward's K pairs (d_q) follow it.
+HWY_INLINE bool CallPairsFitTile(int64_t j0, size_t keys, int64_t kv_len) {
+  return j0 % 2 == 0 && (keys % 2 == 0 || j0 + static_cast<int64_t>(keys) == kv_len);
+}
+
 // AccumulateValues on bf16 pairs of keys: the probabilities rounded to bf16
 // and paired (pp), the key tile's V rows paired (vp, in vw's space).
 template <size_t NVQ, bool kNative>
@@ -689,13 +699,9 @@ HWY_INLINE void AccumulateValuesDot(const AttentionArgs<float>& a, const QueryTi
   constexpr size_t KR = BlockRows(NVQ);
   const size_t value_dim = static_cast<size_t>(a.value_dim);
   const size_t pairs = (keys + 1) / 2;
-  // The call's pairs (in.v_pairs) pair keys 2p and 2p + 1 from key 0: they
-  // are this tile's pairs when it starts on an even key and ends on one, or
-  // ends at S (an odd S's last pair has the zero high that packing the tile
-  // gives). Otherwise (a window's or the causal range's odd edge) the tile
-  // packs its own.
+  // The call's pairs (in.v_pairs) where they fit the tile (CallPairsFitTile).
   const uint32_t* HWY_RESTRICT vp;
-  if (in.v_pairs != nullptr && j0 % 2 == 0 && (keys % 2 == 0 || j0 + static_cast<int64_t>(keys) == a.kv_len)) {
+  if (in.v_pairs != nullptr && CallPairsFitTile(j0, keys, a.kv_len)) {
     vp = in.v_pairs + static_cast<size_t>(j0 / 2) * value_dim;
   } else {
     uint32_t* HWY_RESTRICT packed = reinterpret_cast<uint32_t*>(t.vw);

@@ -99,6 +99,27 @@ inline size_t BackwardPairScratchFloats(size_t nvq, size_t head_dim, size_t valu
 
 // ---- the d_k / d_v micro-kernel --------------------------------------------
 
+// acc[r][v] = c[r·ldc + v·lanes …] and back: the R×CV block of d_k (or
+// d_v) rows that OuterBlock and OuterBlockDot accumulate into.
+template <size_t R, size_t CV>
+HWY_INLINE void LoadBlock(DF32 df, const float* HWY_RESTRICT c, size_t ldc, VF32 (&acc)[R][CV]) {
+  const size_t lanes = hn::Lanes(df);
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < CV; ++v) acc[r][v] = hn::LoadU(df, c + r * ldc + v * lanes);
+  }
+}
+template <size_t R, size_t CV>
+HWY_INLINE void StoreBlock(DF32 df, const VF32 (&acc)[R][CV], float* HWY_RESTRICT c, size_t ldc) {
+  const size_t lanes = hn::Lanes(df);
+  HWY_UNROLL(8)
+  for (size_t r = 0; r < R; ++r) {
+    HWY_UNROLL(4)
+    for (size_t v = 0; v < CV; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + v * lanes);
+  }
+}
+
 // c[r][x] += Σ_{i < n} a[r·lda + i] · b[i·ldb + x]   for r < R, x < CV·lanes:
 // R rows of d_k (or d_v) for the keys of a block, over the n queries of the
 // tile (a = ds or p' [keys][bq], b = the query or d_out rows in place).
@@ -108,11 +129,7 @@ HWY_INLINE void OuterBlock(DF32 df, const float* HWY_RESTRICT a, size_t lda, con
                            size_t ldb, size_t n, float* HWY_RESTRICT c, size_t ldc) {
   const size_t lanes = hn::Lanes(df);
   VF32 acc[R][CV];
-  HWY_UNROLL(8)
-  for (size_t r = 0; r < R; ++r) {
-    HWY_UNROLL(4)
-    for (size_t v = 0; v < CV; ++v) acc[r][v] = hn::LoadU(df, c + r * ldc + v * lanes);
-  }
+  LoadBlock(df, c, ldc, acc);
   for (size_t i = 0; i < n; ++i) {
     VF32 bv[CV];
     HWY_UNROLL(4)
@@ -124,11 +141,7 @@ HWY_INLINE void OuterBlock(DF32 df, const float* HWY_RESTRICT a, size_t lda, con
       for (size_t v = 0; v < CV; ++v) acc[r][v] = hn::MulAdd(ab, bv[v], acc[r][v]);
     }
   }
-  HWY_UNROLL(8)
-  for (size_t r = 0; r < R; ++r) {
-    HWY_UNROLL(4)
-    for (size_t v = 0; v < CV; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + v * lanes);
-  }
+  StoreBlock(df, acc, c, ldc);
 }
 
 // All `width` columns of R rows: blocks of CV vectors, then single vectors,
@@ -179,19 +192,10 @@ HWY_INLINE void OuterAccumulate(const float* HWY_RESTRICT a, size_t lda, size_t 
 template <size_t R, size_t CV, bool kNative>
 HWY_INLINE void OuterBlockDot(DF32 df, const uint32_t* HWY_RESTRICT a, size_t lda, const uint32_t* HWY_RESTRICT b,
                               size_t ldb, size_t pairs, float* HWY_RESTRICT c, size_t ldc) {
-  const size_t lanes = hn::Lanes(df);
   VF32 acc[R][CV];
-  HWY_UNROLL(8)
-  for (size_t r = 0; r < R; ++r) {
-    HWY_UNROLL(4)
-    for (size_t v = 0; v < CV; ++v) acc[r][v] = hn::LoadU(df, c + r * ldc + v * lanes);
-  }
+  LoadBlock(df, c, ldc, acc);
   PairDotTile<CV, R, kNative>(df, a, lda, 1, pairs, b, ldb, acc);
-  HWY_UNROLL(8)
-  for (size_t r = 0; r < R; ++r) {
-    HWY_UNROLL(4)
-    for (size_t v = 0; v < CV; ++v) hn::StoreU(acc[r][v], df, c + r * ldc + v * lanes);
-  }
+  StoreBlock(df, acc, c, ldc);
 }
 
 // All `width` columns of R rows: blocks of CV vectors, single vectors, and
@@ -344,9 +348,9 @@ HWY_INLINE void ProductTileDot(const AttentionArgs<float>& a, const BackwardTile
 
 // AccumulateQueryGradient on pairs of keys: dqt [D][bq] += Σ_p
 // PairDot(kc[p][d], dsp[p][q]), the forward's AccumulateBlockDot with
-// alpha = 1 (exact). K's pairs down the keys are the call's when the tile
-// starts on an even key and ends on one or at S (as the forward's V
-// pairs: AccumulateValuesDot), else packed here from the float rows.
+// alpha = 1 (exact). K's pairs down the keys are the call's where they fit
+// the tile (CallPairsFitTile, as the forward's V pairs), else packed here
+// from the float rows.
 template <size_t NVQ, bool kNative>
 HWY_INLINE void AccumulateQueryGradientDot(const AttentionArgs<float>& a, const QueryTileInputs& in,
                                            const BackwardTile& bt, int64_t j0, size_t keys) {
@@ -356,7 +360,7 @@ HWY_INLINE void AccumulateQueryGradientDot(const AttentionArgs<float>& a, const 
   const size_t head_dim = static_cast<size_t>(a.head_dim);
   const size_t pairs = (keys + 1) / 2;
   const uint32_t* HWY_RESTRICT kc;
-  if (j0 % 2 == 0 && (keys % 2 == 0 || j0 + static_cast<int64_t>(keys) == a.kv_len)) {
+  if (CallPairsFitTile(j0, keys, a.kv_len)) {
     kc = bt.k_columns + static_cast<size_t>(j0 / 2) * head_dim;
   } else {
     PackColumnPairs(in.k + static_cast<size_t>(j0) * in.k_row, in.k_row, keys, head_dim, bt.kc, head_dim);
