@@ -174,14 +174,74 @@ TEST(Storage, AlignsSmallToCacheLineAndLargeToHugePage) {
   for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{63}, std::size_t{4097}}) {
     void* p = allocate_storage(bytes);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << bytes << " bytes";
-    free_storage(p);
+    free_storage(p, bytes);
   }
   const std::size_t big = (std::size_t{4} << 20) + 5;
   void* p = allocate_storage(big);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (std::size_t{2} << 20), 0u);
   std::memset(p, 1, big);  // the whole block is usable
-  free_storage(p);
+  free_storage(p, big);
+  // Just under 4 MiB rounds to the same 4 MiB as just over it, but is
+  // 64-byte aligned: a kept block of one must not serve the other.
+  const std::size_t under = (std::size_t{4} << 20) - 100;
+  void* small = allocate_storage(under);
+  free_storage(small, under);
+  void* again = allocate_storage(big);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(again) % (std::size_t{2} << 20), 0u);
+  free_storage(again, big);
   EXPECT_THROW(allocate_storage(SIZE_MAX - 1), std::bad_alloc);
+}
+
+// The kept blocks (multihead/tensor.hpp): reuse within a size class, the
+// limit (oldest kept blocks freed first), and nothing kept below 256 KiB.
+TEST(Storage, KeepsFreedBlocksWithinTheLimit) {
+  const std::size_t before = kept_storage().limit_bytes;
+  set_kept_storage_limit(std::size_t{64} << 20);
+  if (kept_storage().limit_bytes == 0) GTEST_SKIP() << "this build keeps nothing (AddressSanitizer)";
+  release_kept_storage();
+  const std::size_t mib = std::size_t{1} << 20, cls = std::size_t{64} << 10;
+
+  void* a = allocate_storage(mib + 5);
+  std::memset(a, 7, mib + 5);
+  free_storage(a, mib + 5);
+  EXPECT_EQ(kept_storage().blocks, 1u);
+  EXPECT_EQ(kept_storage().bytes, mib + cls);  // rounded up to its 64 KiB class
+  void* b = allocate_storage(mib + 100);       // the same class: the same block
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(kept_storage().bytes, 0u);
+  void* c = allocate_storage(3 * mib);  // another class: a fresh block
+  EXPECT_NE(c, b);
+  free_storage(b, mib + 100);
+  free_storage(c, 3 * mib);
+  EXPECT_EQ(kept_storage().blocks, 2u);
+  EXPECT_EQ(kept_storage().bytes, mib + cls + 3 * mib);
+
+  // Below 256 KiB, nothing is kept.
+  void* d = allocate_storage(100 << 10);
+  free_storage(d, 100 << 10);
+  EXPECT_EQ(kept_storage().blocks, 2u);
+
+  // Lowering the limit frees the oldest first; a block over the limit is
+  // freed, not kept; keeping one more frees the oldest to make room.
+  set_kept_storage_limit(4 * mib);
+  EXPECT_EQ(kept_storage().blocks, 1u);
+  EXPECT_EQ(kept_storage().bytes, 3 * mib);  // the 1 MiB block (older) went
+  void* e = allocate_storage(5 * mib);
+  free_storage(e, 5 * mib);  // 6 MiB (2 MiB classes from 4 MiB) > the limit
+  EXPECT_EQ(kept_storage().bytes, 3 * mib);
+  void* f = allocate_storage(2 * mib);
+  free_storage(f, 2 * mib);  // 3 + 2 > 4: the 3 MiB block makes room
+  EXPECT_EQ(kept_storage().blocks, 1u);
+  EXPECT_EQ(kept_storage().bytes, 2 * mib);
+  EXPECT_EQ(release_kept_storage(), 2 * mib);
+  EXPECT_EQ(kept_storage().bytes, 0u);
+  EXPECT_EQ(kept_storage().limit_bytes, 4 * mib);  // release keeps the limit
+
+  set_kept_storage_limit(0);  // keeps nothing
+  void* g = allocate_storage(mib);
+  free_storage(g, mib);
+  EXPECT_EQ(kept_storage().blocks, 0u);
+  set_kept_storage_limit(before);
 }
 
 TEST(Tensor, StorageConstructorChecksElementCount) {

@@ -24,7 +24,8 @@ The C++ library `multihead` through pybind11 (the extension `_multihead`):
 - explain (the HTML / text / bertviz report, as a string or a file) and
   inspect (what a safetensors or .npy file holds, as a dict).
 - set_threads, simd_target_force, kernel_force, ...: process-wide switches
-  (multihead/runtime.hpp).
+  (multihead/runtime.hpp); kept_storage, set_kept_storage_limit,
+  release_kept_storage: the freed blocks kept for reuse (multihead/tensor.hpp).
 
 C-contiguous float32/float64 arrays are read in place; other layouts and
 dtypes are converted once. dtype="bfloat16" / "float16" (MultiheadAttention,
@@ -58,6 +59,9 @@ from ._multihead import (  # noqa: F401
     scaled_dot_product_attention_backward,
     scaled_dot_product_attention_with_context,
     set_threads,
+    kept_storage,
+    set_kept_storage_limit,
+    release_kept_storage,
     simd_target_current,
     simd_target_force,
     bf16_dot_force,
@@ -93,6 +97,9 @@ __all__ = [
     "save_weights",
     "set_threads",
     "threads",
+    "kept_storage",
+    "set_kept_storage_limit",
+    "release_kept_storage",
     "blas_threads",
     "simd_targets_available",
     "simd_target_current",

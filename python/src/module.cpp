@@ -1147,6 +1147,34 @@ PYBIND11_MODULE(_multihead, m) {
         "set_threads(threads)\n\nThreads of the library's parallel loops and of its BLAS, for every later call;\n"
         "threads <= 0 leaves both as they are. A call's num_threads > 0 still wins for its own loops.");
   m.def("threads", &multihead::threads, "threads() -> int\n\nThreads the library's loops use for num_threads=0.");
+  // multihead/tensor.hpp: the kept storage blocks.
+  m.def(
+      "kept_storage",
+      [] {
+        const multihead::KeptStorage k = multihead::kept_storage();
+        py::dict d;
+        d["bytes"] = k.bytes;
+        d["blocks"] = k.blocks;
+        d["limit_bytes"] = k.limit_bytes;
+        return d;
+      },
+      "kept_storage() -> dict\n\nFreed storage blocks (256 KiB or more) the library keeps for reuse, so that a\n"
+      "loop allocating the same arrays every step does not fault their pages in again:\n"
+      "{'bytes', 'blocks', 'limit_bytes'}. The limit is MULTIHEAD_KEPT_STORAGE_MIB (default 256)\n"
+      "or set_kept_storage_limit().");
+  m.def(
+      "set_kept_storage_limit",
+      [](int64_t bytes) {
+        if (bytes < 0)
+          throw multihead::Error(multihead::Error::Kind::Value,
+                                 "set_kept_storage_limit: bytes must be >= 0, got " + std::to_string(bytes));
+        multihead::set_kept_storage_limit(static_cast<std::size_t>(bytes));
+      },
+      "bytes"_a,
+      "set_kept_storage_limit(bytes)\n\nAt most this many bytes of freed storage kept for reuse; 0 keeps nothing.\n"
+      "Kept blocks over the new limit are freed now, oldest first.");
+  m.def("release_kept_storage", &multihead::release_kept_storage,
+        "release_kept_storage() -> int\n\nFrees every kept storage block (the limit stays); returns the bytes freed.");
   m.def("blas_threads", &multihead::blas_threads, "blas_threads() -> int\n\nThreads the BLAS uses now.");
   m.def("simd_targets_available", &multihead::simd_targets_available,
         "simd_targets_available() -> list[str]\n\nSIMD targets compiled in that this CPU runs, best first.");

@@ -62,7 +62,7 @@ std::size_t ForwardContext<T>::bytes() const {
   const detail::SavedForward<T>& s = *saved_;
   const std::size_t n = s.ws.proj_q.capacity() + s.ws.proj_k.capacity() + s.ws.proj_v.capacity() +
                         s.ws.q.capacity() + s.ws.k.capacity() + s.ws.v.capacity() + s.ws.concat.capacity() +
-                        s.lse.capacity() + static_cast<std::size_t>(s.query.numel() + s.key.numel() + s.value.numel()) +
+                        s.lse.capacity() + static_cast<std::size_t>(s.saved_numel()) +
                         static_cast<std::size_t>(s.masks.attn_mask.numel() + s.masks.key_padding.numel()) +
                         s.masks.alibi_slopes.capacity();
   return n * sizeof(T);

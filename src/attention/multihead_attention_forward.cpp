@@ -463,16 +463,6 @@ Heads<T> fused_forward(const FusedCall<T>& f, const ProjectionWeights<T>& wt, T*
   return heads;
 }
 
-// The copy of an input the backward reads (reusing `dst`'s storage when it
-// has the shape already).
-template <class T>
-void keep_copy(const Tensor<T>& src, Tensor<T>& dst) {
-  if (dst.is_view() || dst.shape() != src.shape()) dst = Tensor<T>(src.shape());
-  std::copy_n(src.data(), src.numel(), dst.data());
-}
-
-bool same_tensor(const void* a, const Shape& sa, const void* b, const Shape& sb) { return a == b && sa == sb; }
-
 // The weights the call will hold must fit: the selection when recomputed,
 // else the kernel's full (B, H, L, S') (also what the materialized kernel
 // holds per slice even without weights).
@@ -543,12 +533,7 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
   check_weights_fit(plan, sizeof(T), options, s.kernel);
   s.masks = build_kernel_masks(plan, options);
   s.paths = choose_paths(config_, plan, options.paths, query, key, value);
-  s.key_is_query = same_tensor(key.data(), key.shape(), query.data(), query.shape());
-  s.value_is_query = same_tensor(value.data(), value.shape(), query.data(), query.shape());
-  s.value_is_key = same_tensor(value.data(), value.shape(), key.data(), key.shape());
-  keep_copy(query, s.query);
-  if (!s.key_is_query) keep_copy(key, s.key);
-  if (!s.value_is_query && !s.value_is_key) keep_copy(value, s.value);
+  s.keep_inputs(query, key, value);
   T* lse = ForwardWorkspace<T>::take(s.lse, static_cast<std::size_t>(plan.B * plan.H * plan.L));
   const FusedCall<T> f{config_, params_, plan, options, query, key, value,
                        in_weights(config_, params_, *weights_t_, s.paths.transposed), s.paths, s.ws, s.kernel,

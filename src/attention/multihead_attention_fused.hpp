@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attention/mha_plan.hpp"
+#include "attention/saved_inputs.hpp"
 #include "attention/workspace.hpp"
 #include "contract/attention_args.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -50,7 +51,7 @@ AttentionArgs<T> module_attention_args(const MultiheadAttentionConfig& config, c
 // What a training forward keeps (ForwardContext<T>'s contents). Every
 // pointer in `heads` points into `ws`, which only a later forward resizes.
 template <class T>
-struct SavedForward {
+struct SavedForward : SavedInputs<T> {  // the inputs' copies: query, saved_key(), saved_value()
   bool filled = false;
   uint64_t parameters_token = 0;  // the module's, at the forward
   ForwardPlan plan;
@@ -62,17 +63,10 @@ struct SavedForward {
   AttentionKernel kernel = AttentionKernel::Auto;  // the kernel the forward ran (resolve_forward_kernel)
   KernelMasks<T> masks;                            // as the forward's kernel read them
   Shape query_shape, key_shape, value_shape;
-  // Copies of the inputs (the in-projection's weight gradient reads them).
-  // key / value stay empty when they were the query tensor (or value the
-  // key): input(…) picks the one copy.
-  Tensor<T> query, key, value;
-  bool key_is_query = false, value_is_query = false, value_is_key = false;
   ForwardWorkspace<T> ws;  // the projections or head-major Q/K/V, and concat
   Storage<T> lse;          // [B·H][L], the kernel's row log-sum-exps
   Heads<T> heads;          // what the kernel read, views into ws
 
-  const Tensor<T>& saved_key() const { return key_is_query ? query : key; }
-  const Tensor<T>& saved_value() const { return value_is_query ? query : value_is_key ? saved_key() : value; }
   // The merged heads, token rows × E (the attention output before out_projection).
   const T* concat() const { return ws.concat.data(); }
 };

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "attention/attention_call.hpp"
@@ -36,15 +37,23 @@ namespace multihead {
 
 template <class E>
 Tensor<E> round_to(const Tensor<float>& t) {
+  // narrow_from_float's rule, vectorised and split across the library's
+  // threads (core/narrow_rows.hpp: the same bits on every target and
+  // thread count). The Python module rounds every float32 argument of a
+  // 16-bit call with this.
   Storage<E> out(static_cast<std::size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[static_cast<std::size_t>(i)] = narrow_from_float<E>(t[i]);
+  detail::round_rows(t.data(), 1, t.numel(), t.numel(), static_cast<const E*>(nullptr), out.data(), t.numel(), 0);
   return Tensor<E>(t.shape(), std::move(out));
 }
 
 template <class To, class E>
 Tensor<To> widen(const Tensor<E>& t) {
   Storage<To> out(static_cast<std::size_t>(t.numel()));
-  for (int64_t i = 0; i < t.numel(); ++i) out[static_cast<std::size_t>(i)] = static_cast<To>(to_float(t[i]));
+  if constexpr (std::is_same_v<To, float>) {  // vectorised and threaded, as round_to
+    detail::widen_rows(t.data(), 1, t.numel(), t.numel(), out.data(), t.numel(), 0);
+  } else {
+    for (int64_t i = 0; i < t.numel(); ++i) out[static_cast<std::size_t>(i)] = static_cast<To>(to_float(t[i]));
+  }
   return Tensor<To>(t.shape(), std::move(out));
 }
 
@@ -182,9 +191,7 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
     s->options = options;
     s->options.attn_mask = s->options.key_padding_mask = nullptr;
     s->query_shape = query.shape();
-    s->query = query;
-    s->key = key;
-    s->value = value;
+    s->keep_inputs(query, key, value);
   }
   Tensor<E> output(detail::output_shape(p, query.shape()));
   if (p.B == 0 || p.L == 0) {

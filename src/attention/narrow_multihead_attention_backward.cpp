@@ -59,7 +59,7 @@ template <class E>
 std::size_t NarrowForwardContext<E>::bytes() const {
   if (!saved_) return 0;
   const detail::NarrowSavedForward<E>& s = *saved_;
-  const std::size_t narrow = static_cast<std::size_t>(s.query.numel() + s.key.numel() + s.value.numel()) +
+  const std::size_t narrow = static_cast<std::size_t>(s.saved_numel()) +
                              s.q.size() + s.k.size() + s.v.size() + s.k_ext.size() + s.v_ext.size() + s.concat.size();
   const std::size_t wide = s.lse.size() + static_cast<std::size_t>(s.masks.attn_mask.numel() + s.masks.key_padding.numel()) +
                            s.masks.alibi_slopes.size();
@@ -143,8 +143,8 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   MultiheadAttentionGradients<E> g;
   MultiheadAttentionParameters<E> d = shape_gradients(config_, g);  // views of g.parameters, zeros
   g.query = Tensor<E>(s.query.shape());
-  g.key = Tensor<E>(s.key.shape());
-  g.value = Tensor<E>(s.value.shape());
+  g.key = Tensor<E>(s.saved_key().shape());
+  g.value = Tensor<E>(s.saved_value().shape());
   if (p.B == 0 || p.L == 0) return g;  // the forward did no work: every gradient is 0
   const int threads = s.options.attention.num_threads;
   const int64_t E_ = p.E, q_tokens = p.B * p.L, kv_tokens = p.B * p.S;
@@ -263,8 +263,8 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
                        lo);
   };
   part(q_tokens, E_, s.query, W_q, d_q.data(), g.query, d_W_q, d_b);
-  part(kv_tokens, p.Ek, s.key, W_k, d_k.data(), g.key, d_W_k, d_b ? d_b + E_ : nullptr);
-  part(kv_tokens, p.Ev, s.value, W_v, d_v.data(), g.value, d_W_v, d_b ? d_b + 2 * E_ : nullptr);
+  part(kv_tokens, p.Ek, s.saved_key(), W_k, d_k.data(), g.key, d_W_k, d_b ? d_b + E_ : nullptr);
+  part(kv_tokens, p.Ev, s.saved_value(), W_v, d_v.data(), g.value, d_W_v, d_b ? d_b + 2 * E_ : nullptr);
   return g;
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "attention/mha_plan.hpp"
+#include "attention/saved_inputs.hpp"
 #include "contract/attention_args.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
 #include "multihead/tensor.hpp"
@@ -29,7 +30,7 @@ AttentionArgs<float> narrow_attention_args(const MultiheadAttentionConfig& confi
                                            const ForwardOptions<float>& options, const KernelMasks<float>& masks);
 
 template <class E>
-struct NarrowSavedForward {
+struct NarrowSavedForward : SavedInputs<E> {  // the inputs' copies: query, saved_key(), saved_value()
   bool filled = false;
   uint64_t parameters_token = 0;  // the module's, at the forward
   ForwardPlan plan;
@@ -38,7 +39,6 @@ struct NarrowSavedForward {
   ForwardOptions<float> options;
   KernelMasks<float> masks;
   Shape query_shape;
-  Tensor<E> query, key, value;  // copies of the inputs (the in-projection's d_W reads them)
   Storage<E> q, k, v;           // the projections, (tokens, E) in the caller's token order
   Storage<E> k_ext, v_ext;      // (B, S', E) with bias_k / zero rows when S' > S, else empty
   Storage<E> concat;            // the merged heads, (B·L tokens, E), before out_projection

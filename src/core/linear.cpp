@@ -139,15 +139,22 @@ void narrow_linear_backward(const LinearRows<E>& x, const LinearWeight<E>& w, co
   // forward: y = round(x · Wᵀ + b)
   //   =>  d_x = round(d_y · W)      (rows × out · out × in)
   // (a product over K = 0 terms writes zeros: gemm's beta = 0)
+  // Each block of sums is rounded by the thread that made it, in cache (as
+  // the forward): the same rounding of the same sums, so the same bits.
+  const auto round_blocks = [&](E* dst, int64_t ld_dst) {
+    return [acc, in, dst, ld_dst](int64_t m0, int64_t block_rows, int64_t n0, int64_t cols) {
+      round_rows(acc + m0 * in + n0, block_rows, cols, in, static_cast<const E*>(nullptr), dst + m0 * ld_dst + n0,
+                 ld_dst, 1);
+    };
+  };
   if (g.d_x != nullptr) {
     gemm_blocked(Trans::No, w.transposed ? Trans::Yes : Trans::No, rows, in, out, d_y, ld_dy, w.data, w.ld, 0.0f,
-                 acc, in, o.threads);
-    round_rows(acc, rows, in, in, static_cast<const E*>(nullptr), g.d_x, g.ld_dx > 0 ? g.ld_dx : in, o.threads);
+                 acc, in, o.threads, round_blocks(g.d_x, g.ld_dx > 0 ? g.ld_dx : in));
   }
   //   =>  d_W = round(d_yᵀ · x)     (out × rows · rows × in)
   if (g.d_W != nullptr) {
-    gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, ldx, 0.0f, acc, in, o.threads);
-    round_rows(acc, out, in, in, static_cast<const E*>(nullptr), g.d_W, in, o.threads);
+    gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, ldx, 0.0f, acc, in, o.threads,
+                 round_blocks(g.d_W, in));
   }
   //   =>  d_b = round(Σ_rows d_y), summed in float32, rows in order
   if (g.d_b != nullptr) {

@@ -4,9 +4,13 @@
 
 #include <sys/mman.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <new>
 #include <utility>
+#include <vector>
 
 #include "multihead/error.hpp"
 
@@ -52,26 +56,194 @@ namespace {
 constexpr std::size_t kCacheLine = 64;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
 constexpr std::size_t kHugeThreshold = std::size_t{4} << 20;
+// Kept blocks (multihead/tensor.hpp): from 256 KiB, in size classes of
+// 64 KiB (2 MiB from kHugeThreshold, the huge-page rounding), so a request a
+// few bytes longer or shorter than last step's still finds its block. Pages
+// of a class's tail that nobody writes are never faulted in.
+constexpr std::size_t kKeepFrom = std::size_t{256} << 10;
+constexpr std::size_t kKeepClass = std::size_t{64} << 10;
+constexpr std::size_t kDefaultKeptMiB = 256;
 
-}  // namespace
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kKeepingBuilt = false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kKeepingBuilt = false;
+#else
+constexpr bool kKeepingBuilt = true;
+#endif
+#else
+constexpr bool kKeepingBuilt = true;
+#endif
 
-void* allocate_storage(std::size_t bytes) {
+// The alignment and the rounded size a request of `bytes` gets; the same
+// function for allocate_storage and free_storage, so both agree on a block's
+// size class.
+struct BlockSize {
+  std::size_t align;
+  std::size_t rounded;
+};
+
+BlockSize block_size(std::size_t bytes) {
   const std::size_t align = bytes >= kHugeThreshold ? kHugePage : kCacheLine;
+  const std::size_t unit = align == kHugePage ? kHugePage : bytes >= kKeepFrom ? kKeepClass : kCacheLine;
   // aligned_alloc wants a size that is a multiple of the alignment (C11
   // 7.22.3.1); a zero-byte request still gets a unique, freeable block.
-  if (bytes > SIZE_MAX - align) throw std::bad_alloc();
-  const std::size_t rounded = bytes == 0 ? align : (bytes + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, rounded);
+  if (bytes > SIZE_MAX - unit) throw std::bad_alloc();
+  return {align, bytes == 0 ? unit : (bytes + unit - 1) / unit * unit};
+}
+
+void* fresh_block(const BlockSize& b) {
+  void* p = std::aligned_alloc(b.align, b.rounded);
   if (p == nullptr) throw std::bad_alloc();
-  if (align == kHugePage) {
+  if (b.align == kHugePage) {
     // Advice only: kernels without THP (or with it disabled) refuse with
     // EINVAL, and the block is still perfectly usable with 4 KiB pages.
-    (void)madvise(p, rounded, MADV_HUGEPAGE);
+    (void)madvise(p, b.rounded, MADV_HUGEPAGE);
   }
   return p;
 }
 
-void free_storage(void* p) noexcept { std::free(p); }
+std::size_t limit_from_environment() {
+  const char* v = std::getenv("MULTIHEAD_KEPT_STORAGE_MIB");
+  if (v == nullptr || *v == '\0') return kDefaultKeptMiB << 20;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long mib = std::strtoull(v, &end, 10);
+  // Not a whole number of MiB (or absurdly large): keep the default rather
+  // than fail an allocation over a tuning knob.
+  if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || mib > (SIZE_MAX >> 21)) return kDefaultKeptMiB << 20;
+  return static_cast<std::size_t>(mib) << 20;
+}
+
+// The kept blocks, oldest first. Never destroyed: tensors in static
+// objects free their storage after main returns, and must find it alive.
+class KeptBlocks {
+ public:
+  static KeptBlocks& instance() {
+    static KeptBlocks* kept = new KeptBlocks();
+    return *kept;
+  }
+
+  // A kept block of exactly this class (the newest: its lines are the most
+  // likely still in cache), or null.
+  void* take(const BlockSize& b) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
+      if (blocks_[i].bytes == b.rounded && blocks_[i].align == b.align) {
+        void* found = blocks_[i].p;
+        bytes_ -= b.rounded;
+        blocks_.erase(blocks_.begin() + static_cast<std::ptrdiff_t>(i));
+        return found;
+      }
+    }
+    return nullptr;
+  }
+
+  // Keeps p (of size class b) if the limit allows, else frees it.
+  // Keeps p (of size class b), freeing the oldest kept blocks to stay
+  // within the limit; a block larger than the limit is freed.
+  void give(void* p, const BlockSize& b) noexcept {
+    std::vector<Block> evicted;
+    bool kept = false;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (b.rounded <= limit_) {
+        try {
+          std::size_t n = 0, freed = 0;
+          while (bytes_ - freed + b.rounded > limit_) freed += blocks_[n++].bytes;
+          evicted.assign(blocks_.begin(), blocks_.begin() + static_cast<std::ptrdiff_t>(n));
+          blocks_.erase(blocks_.begin(), blocks_.begin() + static_cast<std::ptrdiff_t>(n));
+          bytes_ -= freed;
+          blocks_.push_back({p, b.rounded, b.align});
+          bytes_ += b.rounded;
+          kept = true;
+        } catch (...) {  // no room to note it: free it instead
+        }
+      }
+    }
+    for (const Block& e : evicted) std::free(e.p);
+    if (!kept) std::free(p);
+  }
+
+  KeptStorage stats() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return {bytes_, blocks_.size(), limit_};
+  }
+
+  std::size_t set_limit(std::size_t limit) {
+    std::vector<Block> evicted;
+    std::size_t freed = 0;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      limit_ = limit;
+      std::size_t n = 0;
+      while (n < blocks_.size() && bytes_ - freed > limit_) freed += blocks_[n++].bytes;
+      evicted.assign(blocks_.begin(), blocks_.begin() + static_cast<std::ptrdiff_t>(n));
+      blocks_.erase(blocks_.begin(), blocks_.begin() + static_cast<std::ptrdiff_t>(n));
+      bytes_ -= freed;
+    }
+    for (const Block& b : evicted) std::free(b.p);
+    return freed;
+  }
+
+  std::size_t limit() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return limit_;
+  }
+
+ private:
+  struct Block {
+    void* p;
+    std::size_t bytes;
+    std::size_t align;
+  };
+  KeptBlocks() : limit_(kKeepingBuilt ? limit_from_environment() : 0) {}
+
+  std::mutex mutex_;
+  std::vector<Block> blocks_;
+  std::size_t bytes_ = 0;
+  std::size_t limit_;
+};
+
+bool keeps(std::size_t rounded) { return kKeepingBuilt && rounded >= kKeepFrom; }
+
+}  // namespace
+
+void* allocate_storage(std::size_t bytes) {
+  const BlockSize b = block_size(bytes);
+  if (keeps(b.rounded)) {
+    KeptBlocks& kept = KeptBlocks::instance();
+    if (kept.limit() > 0) {
+      if (void* p = kept.take(b)) return p;
+    }
+  }
+  return fresh_block(b);
+}
+
+void free_storage(void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) return;
+  if (bytes < SIZE_MAX - kHugePage) {
+    const BlockSize b = block_size(bytes);
+    if (keeps(b.rounded)) {
+      KeptBlocks::instance().give(p, b);
+      return;
+    }
+  }
+  std::free(p);
+}
+
+KeptStorage kept_storage() { return KeptBlocks::instance().stats(); }
+
+std::size_t release_kept_storage() {
+  KeptBlocks& kept = KeptBlocks::instance();
+  const std::size_t limit = kept.limit();
+  const std::size_t freed = kept.set_limit(0);
+  kept.set_limit(limit);
+  return freed;
+}
+
+void set_kept_storage_limit(std::size_t bytes) { KeptBlocks::instance().set_limit(kKeepingBuilt ? bytes : 0); }
 
 template <class T>
 Tensor<T>::Tensor(Shape shape, Storage<T> data) : shape_(std::move(shape)), data_(std::move(data)) {

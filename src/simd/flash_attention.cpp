@@ -73,7 +73,7 @@ HWY_EXPORT(FlashAttentionRowTile);
 HWY_EXPORT(FlashAttentionKeyTile);
 HWY_EXPORT(FlashAttentionTarget);
 
-FlashScratch::~FlashScratch() { free_storage(data_); }
+FlashScratch::~FlashScratch() { free_storage(data_, capacity_ * sizeof(float)); }
 
 float* FlashScratch::floats(std::size_t count) {
   if (count > capacity_) {
@@ -81,7 +81,7 @@ float* FlashScratch::floats(std::size_t count) {
     // O(log) times; never shrink.
     const std::size_t grown = std::max(count, capacity_ + capacity_ / 2);
     float* fresh = static_cast<float*>(allocate_storage(grown * sizeof(float)));
-    free_storage(data_);
+    free_storage(data_, capacity_ * sizeof(float));
     data_ = fresh;
     capacity_ = grown;
   }
