@@ -22,10 +22,26 @@ void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, boo
   constexpr int64_t kBlock = 64;  // columns per work item
   parallel_items((cols + kBlock - 1) / kBlock, requested_threads(threads), /*item_cost=*/rows * kBlock,
                  [&](int64_t blk) {
-                   const int64_t c0 = blk * kBlock, c1 = std::min(cols, c0 + kBlock);
-                   if (!accumulate) std::fill(out + c0, out + c1, T(0));
-                   for (int64_t r = 0; r < rows; ++r)
-                     for (int64_t c = c0; c < c1; ++c) out[c] += x[r * ld + c];
+                   const int64_t c0 = blk * kBlock, n = std::min(cols, c0 + kBlock) - c0;
+                   // The block's sums in a local array: out may alias x as far
+                   // as the compiler knows, and summing into out itself kept a
+                   // load and a store per element (column_sums was 2% of a
+                   // float32 step at (8, 128, 512, 8), 4.5 GB/s at L = 4096).
+                   // Each column still adds its rows in order: the same bits.
+                   T acc[kBlock];
+                   for (int64_t c = 0; c < n; ++c) acc[c] = accumulate ? out[c0 + c] : T(0);
+                   if (n == kBlock) {
+                     for (int64_t r = 0; r < rows; ++r) {
+                       const T* row = x + r * ld + c0;
+                       for (int64_t c = 0; c < kBlock; ++c) acc[c] += row[c];
+                     }
+                   } else {
+                     for (int64_t r = 0; r < rows; ++r) {
+                       const T* row = x + r * ld + c0;
+                       for (int64_t c = 0; c < n; ++c) acc[c] += row[c];
+                     }
+                   }
+                   std::copy_n(acc, n, out + c0);
                  });
 }
 
