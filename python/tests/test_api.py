@@ -397,3 +397,21 @@ def test_kept_storage_reuses_blocks_and_changes_no_bits():
             multihead.set_kept_storage_limit(-1)
     finally:
         multihead.set_kept_storage_limit(before)
+
+
+@pytest.mark.parametrize("value,limit,said", [("64", 64 << 20, False), ("0", 0, False), ("lots", 256 << 20, True),
+                                              ("-1", 256 << 20, True), ("", 256 << 20, False)])
+def test_kept_storage_limit_from_the_environment(value, limit, said):
+    """MULTIHEAD_KEPT_STORAGE_MIB sets the limit (read once); a value that is
+    not a whole number of MiB keeps the default and says so on stderr."""
+    import subprocess
+    import sys
+    env = dict(os.environ, MULTIHEAD_KEPT_STORAGE_MIB=value)
+    code = "import multihead; print(multihead.kept_storage()['limit_bytes'])"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    if int(r.stdout) == 0 and limit != 0:
+        pytest.skip("this build keeps nothing (AddressSanitizer)")
+    assert int(r.stdout) == limit
+    line = ("multihead: MULTIHEAD_KEPT_STORAGE_MIB: expected a whole number of MiB (0 keeps nothing), "
+            f"got '{value}'; using 256")
+    assert (line in r.stderr) == said, r.stderr

@@ -17,8 +17,13 @@
 #include "multihead/error.hpp"
 
 namespace multihead::detail {
-template <class T>
-void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, bool accumulate, int threads) {
+namespace {
+
+// out[c] (+)= Σ_r x[r·ld + c], each column's rows added in order into an
+// Acc sum (In widened to Acc: exact), in blocks of 64 columns across
+// threads: the same bits for any thread count.
+template <class In, class Acc>
+void column_block_sums(int64_t rows, int64_t cols, const In* x, int64_t ld, Acc* out, bool accumulate, int threads) {
   constexpr int64_t kBlock = 64;  // columns per work item
   parallel_items((cols + kBlock - 1) / kBlock, requested_threads(threads), /*item_cost=*/rows * kBlock,
                  [&](int64_t blk) {
@@ -27,22 +32,28 @@ void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, boo
                    // as the compiler knows, and summing into out itself kept a
                    // load and a store per element (column_sums was 2% of a
                    // float32 step at (8, 128, 512, 8), 4.5 GB/s at L = 4096).
-                   // Each column still adds its rows in order: the same bits.
-                   T acc[kBlock];
-                   for (int64_t c = 0; c < n; ++c) acc[c] = accumulate ? out[c0 + c] : T(0);
-                   if (n == kBlock) {
+                   Acc acc[kBlock];
+                   for (int64_t c = 0; c < n; ++c) acc[c] = accumulate ? out[c0 + c] : Acc(0);
+                   const auto add_rows = [&](int64_t width) {
                      for (int64_t r = 0; r < rows; ++r) {
-                       const T* row = x + r * ld + c0;
-                       for (int64_t c = 0; c < kBlock; ++c) acc[c] += row[c];
+                       const In* row = x + r * ld + c0;
+                       for (int64_t c = 0; c < width; ++c) {
+                         if constexpr (std::is_same_v<In, Acc>) acc[c] += row[c];
+                         else acc[c] += to_float(row[c]);
+                       }
                      }
-                   } else {
-                     for (int64_t r = 0; r < rows; ++r) {
-                       const T* row = x + r * ld + c0;
-                       for (int64_t c = 0; c < n; ++c) acc[c] += row[c];
-                     }
-                   }
+                   };
+                   if (n == kBlock) add_rows(kBlock);  // a constant trip count the compiler unrolls
+                   else add_rows(n);
                    std::copy_n(acc, n, out + c0);
                  });
+}
+
+}  // namespace
+
+template <class T>
+void column_sums(int64_t rows, int64_t cols, const T* x, int64_t ld, T* out, bool accumulate, int threads) {
+  column_block_sums(rows, cols, x, ld, out, accumulate, threads);
 }
 
 template <class T>
@@ -174,9 +185,7 @@ void narrow_linear_backward(const LinearRows<E>& x, const LinearWeight<E>& w, co
   }
   //   =>  d_b = round(Σ_rows d_y), summed in float32, rows in order
   if (g.d_b != nullptr) {
-    std::fill_n(acc, out, 0.0f);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < out; ++c) acc[static_cast<std::size_t>(c)] += to_float(d_y[r * ld_dy + c]);
+    column_block_sums(rows, out, d_y, ld_dy, acc, /*accumulate=*/false, o.threads);
     round_rows(acc, 1, out, out, static_cast<const E*>(nullptr), g.d_b, out, o.threads);
   }
 }

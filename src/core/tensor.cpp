@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <mutex>
@@ -110,9 +111,15 @@ std::size_t limit_from_environment() {
   char* end = nullptr;
   errno = 0;
   const unsigned long long mib = std::strtoull(v, &end, 10);
-  // Not a whole number of MiB (or absurdly large): keep the default rather
-  // than fail an allocation over a tuning knob.
-  if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || mib > (SIZE_MAX >> 21)) return kDefaultKeptMiB << 20;
+  // Not a whole number of MiB (or absurdly large): the default, said once
+  // on stderr, rather than failing an allocation over a tuning knob.
+  if (errno != 0 || end == v || *end != '\0' || v[0] == '-' || v[0] == '+' || mib > (SIZE_MAX >> 21)) {
+    std::fprintf(stderr,
+                 "multihead: MULTIHEAD_KEPT_STORAGE_MIB: expected a whole number of MiB (0 keeps nothing), got '%s'; "
+                 "using %zu\n",
+                 v, kDefaultKeptMiB);
+    return kDefaultKeptMiB << 20;
+  }
   return static_cast<std::size_t>(mib) << 20;
 }
 
