@@ -2,6 +2,7 @@
 // out-of-line members of Tensor<T>.
 #include "multihead/tensor.hpp"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <cerrno>
@@ -128,7 +129,16 @@ std::size_t limit_from_environment() {
 class KeptBlocks {
  public:
   static KeptBlocks& instance() {
-    static KeptBlocks* kept = new KeptBlocks();
+    static KeptBlocks* const kept = [] {
+      static KeptBlocks* made = new KeptBlocks();
+      // A fork() while another thread holds the lock (an OpenMP worker
+      // growing its flash scratch, say) would leave the child's copy locked
+      // forever: hold it across the fork, as malloc does its own, and
+      // release it on both sides.
+      (void)pthread_atfork([] { made->mutex_.lock(); }, [] { made->mutex_.unlock(); },
+                           [] { made->mutex_.unlock(); });
+      return made;
+    }();
     return *kept;
   }
 
