@@ -252,6 +252,14 @@ TEST(Storage, KeepsFreedBlocksWithinTheLimit) {
 // child that does not stops the loop). Without the fork handlers a child
 // forked while that thread held the lock hung (checked: 50 of 100 did).
 TEST(Storage, ForkedChildAllocatesWhileAnotherThreadDoes) {
+  // Under AddressSanitizer nothing is kept (no lock to hold), and clang 14's
+  // ASan allocator itself can leave a child of a busy multi-threaded parent
+  // hung (seen once in 100 forks): its fork handling, not ours, is tested.
+  const std::size_t before = kept_storage().limit_bytes;
+  set_kept_storage_limit(std::size_t{64} << 20);
+  const bool keeping = kept_storage().limit_bytes > 0;
+  set_kept_storage_limit(before);
+  if (!keeping) GTEST_SKIP() << "this build keeps nothing (AddressSanitizer)";
   std::atomic<bool> stop{false};
   std::thread busy([&] {
     while (!stop.load()) {
