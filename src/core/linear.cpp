@@ -119,6 +119,20 @@ bool use_narrow_gemv(const LinearWeight<E>& w, int64_t rows) {
   return !w.transposed && rows <= kNarrowGemvMaxRows && !native_16bit_gemm<E>() && narrow_gemv_allowed();
 }
 
+// gemm_blocked's epilogue for the 16-bit products: each block of float32
+// sums (acc, rows ld_acc apart) + bias, rounded once into y by the thread
+// that made it, while the block is in that core's cache. A second pass over
+// acc read it back from memory and cost ~9% of a (8, 128, 512, 8) bf16
+// forward (perf, AMD Zen 5). The same rounding of the same sums, so the
+// same bits.
+template <class E>
+BlockEpilogue round_each_block(const float* acc, int64_t ld_acc, const E* bias, E* y, int64_t ldy) {
+  return [=](int64_t m0, int64_t rows, int64_t n0, int64_t cols) {
+    round_rows(acc + m0 * ld_acc + n0, rows, cols, ld_acc, bias != nullptr ? bias + n0 : nullptr, y + m0 * ldy + n0,
+               ldy, 1);
+  };
+}
+
 // A: E, or float (exact copies of E values, linear_forward_widened: always
 // the gemm way).
 template <class A, class E>
@@ -139,16 +153,9 @@ void narrow_linear_forward(const LinearRows<A>& x, const LinearWeight<A>& w, con
   if constexpr (std::is_same_v<A, E>)
     if (gemv) narrow_gemv(rows, w.out, w.in, x.x, ldx, w.data, w.ld, acc, w.out, o.threads);
   if (gemv) return round_rows(acc, rows, w.out, w.out, b, y, ldy, o.threads);
-  // Each block of sums rounded (+ b) by the thread that made it, while it
-  // is in that core's cache: a second pass over acc (rows · out floats,
-  // 2 MiB at 1024 × 512) read it back from memory and cost ~9% of a
-  // (8, 128, 512, 8) bf16 forward (perf, AMD Zen 5). The same rounding of
-  // the same sums, so the same bits.
+  // Each block of sums (+ b) rounded in cache (round_each_block).
   gemm_blocked(Trans::No, w.transposed ? Trans::No : Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f, acc,
-               w.out, o.threads, [&](int64_t m0, int64_t block_rows, int64_t n0, int64_t cols) {
-                 round_rows(acc + m0 * w.out + n0, block_rows, cols, w.out, b != nullptr ? b + n0 : nullptr,
-                            y + m0 * ldy + n0, ldy, 1);
-               });
+               w.out, o.threads, round_each_block(acc, w.out, b, y, ldy));
 }
 
 template <class E>
@@ -166,22 +173,16 @@ void narrow_linear_backward(const LinearRows<E>& x, const LinearWeight<E>& w, co
   // forward: y = round(x · Wᵀ + b)
   //   =>  d_x = round(d_y · W)      (rows × out · out × in)
   // (a product over K = 0 terms writes zeros: gemm's beta = 0)
-  // Each block of sums is rounded by the thread that made it, in cache (as
-  // the forward): the same rounding of the same sums, so the same bits.
-  const auto round_blocks = [&](E* dst, int64_t ld_dst) {
-    return [acc, in, dst, ld_dst](int64_t m0, int64_t block_rows, int64_t n0, int64_t cols) {
-      round_rows(acc + m0 * in + n0, block_rows, cols, in, static_cast<const E*>(nullptr), dst + m0 * ld_dst + n0,
-                 ld_dst, 1);
-    };
-  };
+  // Each block of sums rounded in cache, as the forward's (round_each_block).
+  const E* no_bias = nullptr;
   if (g.d_x != nullptr) {
     gemm_blocked(Trans::No, w.transposed ? Trans::Yes : Trans::No, rows, in, out, d_y, ld_dy, w.data, w.ld, 0.0f,
-                 acc, in, o.threads, round_blocks(g.d_x, g.ld_dx > 0 ? g.ld_dx : in));
+                 acc, in, o.threads, round_each_block(acc, in, no_bias, g.d_x, g.ld_dx > 0 ? g.ld_dx : in));
   }
   //   =>  d_W = round(d_yᵀ · x)     (out × rows · rows × in)
   if (g.d_W != nullptr) {
     gemm_blocked(Trans::Yes, Trans::No, out, in, rows, d_y, ld_dy, x.x, ldx, 0.0f, acc, in, o.threads,
-                 round_blocks(g.d_W, in));
+                 round_each_block(acc, in, no_bias, g.d_W, in));
   }
   //   =>  d_b = round(Σ_rows d_y), summed in float32, rows in order
   if (g.d_b != nullptr) {

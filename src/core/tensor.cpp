@@ -230,10 +230,7 @@ bool keeps(std::size_t rounded) { return kKeepingBuilt && rounded >= kKeepFrom; 
 void* allocate_storage(std::size_t bytes) {
   const BlockSize b = block_size(bytes);
   if (keeps(b.rounded)) {
-    KeptBlocks& kept = KeptBlocks::instance();
-    if (kept.limit() > 0) {
-      if (void* p = kept.take(b)) return p;
-    }
+    if (void* p = KeptBlocks::instance().take(b)) return p;
   }
   return fresh_block(b);
 }
