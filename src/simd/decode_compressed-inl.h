@@ -110,27 +110,110 @@ struct DecodeRow {
 template <int R>
 inline constexpr int kSplit = R >= 4 ? 1 : (R >= 2 ? 2 : 4);
 
-// scores[r][jj] = <q_r, k_{j0 + jj}> for jj < jn. Each key's V row (and
-// its scales) is prefetched here, one block ahead of AccumulateBlock, which
-// reads the block's V rows column by column (64 rows D elements apart): left
-// to the hardware, those loads waited on memory for 80% of the time
-// (perf, 32 query rows on one K/V head), while the K rows, read whole in
-// order, stream.
+// The lane sums of a0 … a3, stored to out[0 … 3]. One key's reduction alone
+// (SumOfLanes, a shuffle and an add per halving, then a broadcast) cost a
+// third of DotBlock's time at one query row per K/V head (perf, int8 cache);
+// four at once share the shuffles: interleaving pairs of vectors adds their
+// lanes crosswise, so that each 128-bit block ends with [a0, a1, a2, a3]'s
+// partial sums, and the blocks are then added by halves.
+#if HWY_TARGET != HWY_SCALAR
+template <class D>
+HWY_INLINE void StoreBlockSums(D d, hn::Vec<D> t, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    StoreBlockSums(dh, hn::Add(hn::LowerHalf(dh, t), hn::UpperHalf(dh, t)), out);
+  } else {
+    hn::StoreU(t, d, out);
+  }
+}
+#endif
+HWY_INLINE void StoreSumsOfFour(VF32 a0, VF32 a1, VF32 a2, VF32 a3, float* HWY_RESTRICT out) {
+#if HWY_TARGET == HWY_SCALAR
+  out[0] = hn::GetLane(a0), out[1] = hn::GetLane(a1), out[2] = hn::GetLane(a2), out[3] = hn::GetLane(a3);
+#else
+  const DF32 df;
+  const hn::Repartition<double, DF32> dd;
+  // Per 128-bit block: s01 = [a0₀+a0₂, a1₀+a1₂, a0₁+a0₃, a1₁+a1₃], s23 alike.
+  const VF32 s01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
+  const VF32 s23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
+  const auto e01 = hn::BitCast(dd, s01), e23 = hn::BitCast(dd, s23);
+  // Per block: [Σ a0, Σ a1, Σ a2, Σ a3] over the block's four lanes.
+  const VF32 t = hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, e01, e23)),
+                         hn::BitCast(df, hn::InterleaveUpper(dd, e01, e23)));
+  StoreBlockSums(df, t, out);
+#endif
+}
+
+// Prefetches for key j: its V row (and scales), read column by column by
+// AccumulateBlock (64 rows D elements apart: left to the hardware, those
+// loads waited on memory for 80% of the time, perf, 32 query rows on one K/V
+// head), and the K row (and scales) one block ahead, key j + kKeyBlock, below
+// k_end. Without the K prefetch the int8 cache's K loads stalled on memory
+// for half of DotBlock's samples at one row per K/V head; with it, the int8
+// kernel at 32 K/V heads and 16,384 keys took 4.5 ms instead of 5.6 (median
+// of 3 alternated runs of bench/bench_kernels.cpp's DecodeCompressed), and
+// float32's 12.0 instead of 13.9.
+template <class W>
+HWY_INLINE void PrefetchKey(const typename W::Elem* k, const float* k_scales, const typename W::Elem* v,
+                            const float* v_scales, int64_t blocks, int64_t D, int64_t j, int64_t k_end) {
+  constexpr int64_t kLine = 64;  // bytes of a cache line
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(typename W::Elem));
+  const char* v_row = reinterpret_cast<const char*>(v + j * D);
+  for (int64_t b = 0; b < row_bytes; b += kLine) hwy::Prefetch(v_row + b);
+  if (v_scales) hwy::Prefetch(v_scales + j * blocks);
+  if (j + kKeyBlock < k_end) {
+    const char* k_row = reinterpret_cast<const char*>(k + (j + kKeyBlock) * D);
+    for (int64_t b = 0; b < row_bytes; b += kLine) hwy::Prefetch(k_row + b);
+    if (k_scales) hwy::Prefetch(k_scales + (j + kKeyBlock) * blocks);
+  }
+}
+
+// scores[r][jj] = <q_r, k_{j0 + jj}> for jj < jn. Up to 4 rows: four keys
+// at a time, one accumulator per row and key (the keys' chains are
+// independent) and StoreSumsOfFour; more rows, or the last jn mod 4 keys:
+// one key at a time, kSplit<R> accumulators per row.
 template <int R, class W>
 HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, const float* k_scales,
                            const typename W::Elem* v, const float* v_scales, int64_t blocks, int64_t D, int64_t j0,
-                           int64_t jn, float (*scores)[kKeyBlock]) {
+                           int64_t jn, int64_t k_end, float (*scores)[kKeyBlock]) {
   const DF32 df;
   constexpr int A = kSplit<R>;
-  constexpr int64_t kLine = 64;  // bytes of a cache line
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
-  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(typename W::Elem));
-  for (int64_t jj = 0; jj < jn; ++jj) {
-    const typename W::Elem* row = k + (j0 + jj) * D;
-    const float* scales = k_scales ? k_scales + (j0 + jj) * blocks : nullptr;
-    const char* v_row = reinterpret_cast<const char*>(v + (j0 + jj) * D);
-    for (int64_t b = 0; b < row_bytes; b += kLine) hwy::Prefetch(v_row + b);
-    if (v_scales) hwy::Prefetch(v_scales + (j0 + jj) * blocks);
+  int64_t jj = 0;
+  if constexpr (R <= 4) {
+    for (; jj + 4 <= jn; jj += 4) {
+      const typename W::Elem* row[4];
+      const float* scales[4];
+      for (int t = 0; t < 4; ++t) {
+        const int64_t j = j0 + jj + t;
+        PrefetchKey<W>(k, k_scales, v, v_scales, blocks, D, j, k_end);
+        row[t] = k + j * D;
+        scales[t] = k_scales ? k_scales + j * blocks : nullptr;
+      }
+      VF32 d[R][4];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < 4; ++t) d[r][t] = hn::Zero(df);
+      for (int64_t c = 0; c < Dv; c += N) {
+        VF32 q[R];
+        for (int r = 0; r < R; ++r) q[r] = hn::LoadU(df, rows[r].q + c);
+        for (int t = 0; t < 4; ++t) {
+          const VF32 kv = W::Vector(df, row[t], c, scales[t]);
+          for (int r = 0; r < R; ++r) d[r][t] = hn::MulAdd(q[r], kv, d[r][t]);
+        }
+      }
+      for (int r = 0; r < R; ++r) StoreSumsOfFour(d[r][0], d[r][1], d[r][2], d[r][3], scores[r] + jj);
+      for (int64_t c = Dv; c < D; ++c)
+        for (int t = 0; t < 4; ++t) {
+          const float kc = W::Scalar(row[t], c, scales[t]);
+          for (int r = 0; r < R; ++r) scores[r][jj + t] += rows[r].q[c] * kc;
+        }
+    }
+  }
+  for (; jj < jn; ++jj) {
+    const int64_t j = j0 + jj;
+    PrefetchKey<W>(k, k_scales, v, v_scales, blocks, D, j, k_end);
+    const typename W::Elem* row = k + j * D;
+    const float* scales = k_scales ? k_scales + j * blocks : nullptr;
     VF32 d[R][A];
     for (int r = 0; r < R; ++r)
       for (int s = 0; s < A; ++s) d[r][s] = hn::Zero(df);
@@ -254,7 +337,7 @@ void DecodeRowsOf(const AttentionArgs<float>& args, const CompressedKV& kv, int6
   const auto visit = [&](int64_t from, int64_t to) {
     for (int64_t j0 = from; j0 < to; j0 += kKeyBlock) {
       const int64_t jn = std::min(kKeyBlock, to - j0);
-      DotBlock<R, W>(rows, k, ks, v, vs, blocks, D, j0, jn, s);
+      DotBlock<R, W>(rows, k, ks, v, vs, blocks, D, j0, jn, to, s);
       for (int r = 0; r < R; ++r) SoftmaxBlock(rows[r], args.scale, S, j0, jn, s[r], D);
       AccumulateBlock<R, W>(rows, v, vs, blocks, D, j0, jn, s);
     }
