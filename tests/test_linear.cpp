@@ -232,5 +232,37 @@ TEST(Linear, ColumnBlocks_MatchFloat64Loops) {
     check_case<float>(c, 1e-5);
 }
 
+// column_sums's stated order (linear.hpp: each column's rows added in order
+// into a float sum), bit for bit against that loop written here: a change
+// of order (pairwise, or rows split across threads) would pass the float64
+// bounds above but change the bias gradients' bits, and with them every
+// run's trajectory. Columns around the 64-column work item, a padded
+// stride, write and accumulate, 1 and 2 threads.
+TEST(Linear, ColumnSumsAddRowsInOrder) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  for (int64_t rows : {1, 5, 301})
+    for (int64_t cols : {1, 63, 64, 65, 200})
+      for (bool accumulate : {false, true})
+        for (int threads : {1, 2}) {
+          const int64_t ld = cols + 3;
+          std::vector<float> x(static_cast<std::size_t>(rows * ld)), start(static_cast<std::size_t>(cols));
+          for (float& e : x) e = normal(rng);
+          for (float& e : start) e = normal(rng);
+          std::vector<float> expected = start, got = start;
+          for (int64_t c = 0; c < cols; ++c) {
+            float sum = accumulate ? start[static_cast<std::size_t>(c)] : 0.0f;
+            for (int64_t r = 0; r < rows; ++r) sum += x[static_cast<std::size_t>(r * ld + c)];
+            expected[static_cast<std::size_t>(c)] = sum;
+          }
+          const std::vector<float> x_before = x;
+          detail::column_sums<float>(rows, cols, x.data(), ld, got.data(), accumulate, threads);
+          const std::string label = "rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
+                                    (accumulate ? " accumulate" : " write") + " threads " + std::to_string(threads);
+          EXPECT_EQ(0, std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float))) << label;
+          EXPECT_EQ(x_before, x) << label << ": the input changed";
+        }
+}
+
 }  // namespace
 }  // namespace multihead::test
