@@ -106,7 +106,8 @@ struct DecodeRow {
 
 // Independent accumulators per row, so that few rows still keep enough
 // multiply-adds in flight (an FMA's latency is ~4 cycles, and one row's
-// chain alone would wait on it): R·kSplit <= 8 registers.
+// chain alone would wait on it): R·kSplit <= 8 registers. (DotBlock's
+// four-key path has its own count, kFourKeyRows.)
 template <int R>
 inline constexpr int kSplit = R >= 4 ? 1 : (R >= 2 ? 2 : 4);
 
@@ -132,7 +133,7 @@ HWY_INLINE void StoreSumsOfFour(VF32 a0, VF32 a1, VF32 a2, VF32 a3, float* HWY_R
   out[0] = hn::GetLane(a0), out[1] = hn::GetLane(a1), out[2] = hn::GetLane(a2), out[3] = hn::GetLane(a3);
 #else
   const DF32 df;
-  const hn::Repartition<double, DF32> dd;
+  const hn::Repartition<uint64_t, DF32> dd;  // pairs of lanes, moved as one
   // Per 128-bit block: s01 = [a0₀+a0₂, a1₀+a1₂, a0₁+a0₃, a1₁+a1₃], s23 alike.
   const VF32 s01 = hn::Add(hn::InterleaveLower(df, a0, a1), hn::InterleaveUpper(df, a0, a1));
   const VF32 s23 = hn::Add(hn::InterleaveLower(df, a2, a3), hn::InterleaveUpper(df, a2, a3));
@@ -149,10 +150,8 @@ HWY_INLINE void StoreSumsOfFour(VF32 a0, VF32 a1, VF32 a2, VF32 a3, float* HWY_R
 // loads waited on memory for 80% of the time, perf, 32 query rows on one K/V
 // head), and the K row (and scales) one block ahead, key j + kKeyBlock, below
 // k_end. Without the K prefetch the int8 cache's K loads stalled on memory
-// for half of DotBlock's samples at one row per K/V head; with it, the int8
-// kernel at 32 K/V heads and 16,384 keys took 4.5 ms instead of 5.6 (median
-// of 3 alternated runs of bench/bench_kernels.cpp's DecodeCompressed), and
-// float32's 12.0 instead of 13.9.
+// for half of DotBlock's samples at one row per K/V head (docs/decoding.md
+// has the measurements).
 template <class W>
 HWY_INLINE void PrefetchKey(const typename W::Elem* k, const float* k_scales, const typename W::Elem* v,
                             const float* v_scales, int64_t blocks, int64_t D, int64_t j, int64_t k_end) {
@@ -168,10 +167,21 @@ HWY_INLINE void PrefetchKey(const typename W::Elem* k, const float* k_scales, co
   }
 }
 
-// scores[r][jj] = <q_r, k_{j0 + jj}> for jj < jn. Up to 4 rows: four keys
-// at a time, one accumulator per row and key (the keys' chains are
+// Query rows per K/V head up to which DotBlock takes four keys at a time:
+// 4·R accumulators, R query vectors and a K vector must fit the registers,
+// 32 on AVX-512 (21 at R = 4), 16 on AVX2 and SSE4 (11 at R = 2). With the
+// four-key path at R = 4 on AVX2 (spilling), the int8 and bf16 caches at 8 of
+// 32 K/V heads took 3.6 and 3.7 ms a step against 3.3 and 3.3 one key at a
+// time (MULTIHEAD_SIMD_TARGET=AVX2, Zen 5, median of 3 alternated rounds).
+inline constexpr int kFourKeyRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
+
+// scores[r][jj] = <q_r, k_{j0 + jj}> for jj < jn. Up to kFourKeyRows rows:
+// four keys at a time, one accumulator per row and key (the keys' chains are
 // independent) and StoreSumsOfFour; more rows, or the last jn mod 4 keys:
-// one key at a time, kSplit<R> accumulators per row.
+// one key at a time, kSplit<R> accumulators per row. Either way a score is
+// its vector lanes' sum plus the scalar tail's (columns D − D mod N …), the
+// tail summed first; the two ways add the lanes in different orders, so a
+// key's score may differ in its last bits between them.
 template <int R, class W>
 HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, const float* k_scales,
                            const typename W::Elem* v, const float* v_scales, int64_t blocks, int64_t D, int64_t j0,
@@ -180,7 +190,7 @@ HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, con
   constexpr int A = kSplit<R>;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
   int64_t jj = 0;
-  if constexpr (R <= 4) {
+  if constexpr (R <= kFourKeyRows) {
     for (; jj + 4 <= jn; jj += 4) {
       const typename W::Elem* row[4];
       const float* scales[4];
@@ -201,12 +211,16 @@ HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, con
           for (int r = 0; r < R; ++r) d[r][t] = hn::MulAdd(q[r], kv, d[r][t]);
         }
       }
-      for (int r = 0; r < R; ++r) StoreSumsOfFour(d[r][0], d[r][1], d[r][2], d[r][3], scores[r] + jj);
+      float tail[R][4] = {};
       for (int64_t c = Dv; c < D; ++c)
         for (int t = 0; t < 4; ++t) {
           const float kc = W::Scalar(row[t], c, scales[t]);
-          for (int r = 0; r < R; ++r) scores[r][jj + t] += rows[r].q[c] * kc;
+          for (int r = 0; r < R; ++r) tail[r][t] += rows[r].q[c] * kc;
         }
+      for (int r = 0; r < R; ++r) {
+        StoreSumsOfFour(d[r][0], d[r][1], d[r][2], d[r][3], scores[r] + jj);
+        for (int t = 0; t < 4; ++t) scores[r][jj + t] += tail[r][t];
+      }
     }
   }
   for (; jj < jn; ++jj) {
