@@ -160,6 +160,46 @@ void BM_FlashBackward(benchmark::State& state) {
   report(state, 2.0 * p.flops());
 }
 
+// The bf16 module's flash backward (narrow_multihead_attention_backward.cpp)
+// at a training step's small shape, e.g. (8, 128, 512, 8): 64 slices of 128
+// queries and keys, D 64, operands holding bf16 values (float32 copies),
+// the float32 products (pairs 0) against the bf16 pair way (pairs 1,
+// AttentionBackwardArgs::bf16_operands; float32 where this CPU's bf16
+// forward does not run the pair way).
+void BM_FlashBackwardBf16(benchmark::State& state) {
+  Problem p(state.range(0), state.range(1), 64, false, static_cast<int>(state.range(3)));
+  const auto to_bf16_values = [](std::vector<float>& x) {
+    for (float& e : x) e = multihead::to_float(multihead::to_bfloat16(e));
+  };
+  to_bf16_values(p.q);
+  to_bf16_values(p.k);
+  to_bf16_values(p.v);
+  const size_t n = p.q.size();
+  std::vector<float> lse(static_cast<size_t>(p.args.slices * p.args.q_len)), d_out(n), d_q(n), d_k(n), d_v(n);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal;
+  for (float& e : d_out) e = normal(rng);
+  to_bf16_values(d_out);
+  p.args.lse = lse.data();
+  multihead::detail::attention_forward_flash(p.args);
+  to_bf16_values(p.out);
+  multihead::detail::AttentionBackwardArgs<float> b;
+  b.forward = p.args;
+  b.forward.lse = nullptr;
+  b.lse = lse.data();
+  b.d_out = d_out.data();
+  b.d_q = d_q.data();
+  b.d_k = d_k.data();
+  b.d_v = d_v.data();
+  b.bf16_operands = state.range(2) != 0;
+  multihead::detail::attention_backward_flash(b);  // warm-up: scratch, threads
+  for (auto _ : state) {
+    multihead::detail::attention_backward_flash(b);
+    benchmark::DoNotOptimize(d_q.data());
+  }
+  report(state, 2.0 * p.flops());
+}
+
 void BM_Materialized(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(2));
   multihead::detail::set_blas_threads(threads);
@@ -375,6 +415,12 @@ int main(int argc, char** argv) {
       for (int64_t threads : {1, 2}) fb->Args({L, causal, threads});
     }
   }
+  auto* fb16 = benchmark::RegisterBenchmark("FlashBackwardBf16", BM_FlashBackwardBf16);
+  fb16->ArgNames({"slices", "L", "pairs", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (int64_t pairs : {0, 1}) {
+    for (int64_t threads : {1, 2}) fb16->Args({64, 128, pairs, threads});
+  }
+  fb16->Args({12, 1024, 0, 2})->Args({12, 1024, 1, 2});
   auto* m = benchmark::RegisterBenchmark("Materialized", BM_Materialized);
   m->ArgNames({"L", "causal", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
   for (int64_t L : {512, 2048}) {

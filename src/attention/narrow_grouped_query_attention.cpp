@@ -167,7 +167,7 @@ Tensor<E> NarrowGroupedQueryAttention<E>::run(const Tensor<E>& x, const Attentio
     const Storage<float> qf = detail::widened(q.data(), static_cast<std::size_t>(q.numel()), threads);
     const Storage<float> kf = detail::widened(k.data(), static_cast<std::size_t>(k.numel()), threads);
     const Storage<float> vf = detail::widened(v.data(), static_cast<std::size_t>(v.numel()), threads);
-    Storage<float> merged_f(static_cast<std::size_t>(merged.numel()));
+    Storage<float> merged_f(static_cast<std::size_t>(merged.numel()), 0.0f);
     t.q = qf.data();
     t.out = merged_f.data();
     detail::AttentionArgs<float> a = detail::grouped_query_attention_args(config_, B, L, S, t, options, slopes);

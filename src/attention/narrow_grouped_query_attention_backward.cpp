@@ -72,7 +72,7 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
 
   // In the forward pass this was (out_projection):
   //   linear(merged, B·L, H·D, W_o, b_o, out)      out = round(merged W_oᵀ + b_o)
-  Storage<E> d_merged(static_cast<std::size_t>(T * HD));
+  Storage<E> d_merged(static_cast<std::size_t>(T * HD), E{});
   linear_backward<E>({T, saved.merged_.data(), HD}, LinearWeight<E>::stored(p.o_proj_weight.data(), E_, HD),
                      d_output.data(), E_, {d_merged.data(), HD, grad("o_proj.weight"), bias_grad("o_proj.bias")}, lo);
 
@@ -96,7 +96,7 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
   b.forward = grouped_query_attention_args(config_, B, L, L, t, options, slopes);
   b.lse = saved.lse_.data();
   b.d_out = dof.data();
-  Storage<float> dqf(qf.size()), dkf(kf.size()), dvf(vf.size());
+  Storage<float> dqf(qf.size(), 0.0f), dkf(kf.size(), 0.0f), dvf(vf.size(), 0.0f);
   b.d_q = dqf.data();
   b.d_k = dkf.data();
   b.d_v = dvf.data();
@@ -113,7 +113,7 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
   // d_q, d_k, d_v rounded once, side by side: row r of d_qkv is
   // [d_q (H·D) | d_k (Hkv·D) | d_v (Hkv·D)], for the one in-projection product.
   const int64_t QKV = HD + 2 * KD;
-  Storage<E> d_qkv(static_cast<std::size_t>(T * QKV));
+  Storage<E> d_qkv(static_cast<std::size_t>(T * QKV), E{});
   for (int64_t r = 0; r < T; ++r) {
     round_into(dqf.data() + r * HD, static_cast<std::size_t>(HD), d_qkv.data() + r * QKV, 1);
     round_into(dkf.data() + r * KD, static_cast<std::size_t>(KD), d_qkv.data() + r * QKV + HD, 1);
@@ -125,11 +125,11 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
   // i.e. [q k v] = x [W_q; W_k; W_v]ᵀ with its rows rounded: one product
   // gives d_x summed over the three in float32, and d_W, d_b of the stacked
   // weight, whose row blocks are d_W_q, d_W_k, d_W_v.
-  Storage<E> w_qkv(static_cast<std::size_t>(QKV * E_)), d_w_qkv(w_qkv.size());
+  Storage<E> w_qkv(static_cast<std::size_t>(QKV * E_), E{}), d_w_qkv(w_qkv.size(), E{});
   std::copy_n(p.q_proj_weight.data(), HD * E_, w_qkv.data());
   std::copy_n(p.k_proj_weight.data(), KD * E_, w_qkv.data() + HD * E_);
   std::copy_n(p.v_proj_weight.data(), KD * E_, w_qkv.data() + (HD + KD) * E_);
-  Storage<E> d_b_qkv(config_.bias ? static_cast<std::size_t>(QKV) : 0);
+  Storage<E> d_b_qkv(config_.bias ? static_cast<std::size_t>(QKV) : 0, E{});
   linear_backward<E>({T, saved.x_.data(), E_}, LinearWeight<E>::stored(w_qkv.data(), QKV, E_), d_qkv.data(), QKV,
                      {g.x.data(), E_, d_w_qkv.data(), config_.bias ? d_b_qkv.data() : nullptr}, lo);
   std::copy_n(d_w_qkv.data(), HD * E_, grad("q_proj.weight"));

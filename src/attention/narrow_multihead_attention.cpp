@@ -220,7 +220,7 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
   Storage<E> own_q, own_k, own_v, own_attn;
   const auto buffer = [&](Storage<E>& own, Storage<E>& kept, int64_t n) -> Storage<E>& {
     Storage<E>& b = s ? own : kept;
-    if (b.size() < static_cast<std::size_t>(n)) b.resize(static_cast<std::size_t>(n));
+    if (b.size() < static_cast<std::size_t>(n)) b.resize(static_cast<std::size_t>(n), E{});
     return b;
   };
   // With extra key rows (bias_k, the zero-attention key), K and V copied to
@@ -257,7 +257,7 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
     s->filled = true;
   };
   detail::KernelMasks<float> masks = detail::build_kernel_masks(p, options);
-  Storage<float> lse(s ? static_cast<std::size_t>(p.B * p.H * p.L) : 0);
+  Storage<float> lse(s ? static_cast<std::size_t>(p.B * p.H * p.L) : 0, 0.0f);
 
   // The float32 way, where every step of the 16-bit forward is a float32
   // step on exact widenings: each product the float32 gemm of float32
@@ -362,9 +362,19 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
   Storage<E>& q = buffer(own_q, kept_q, q_tokens * E_);
   Storage<E>& k = buffer(own_k, kept_k, kv_tokens * E_);
   Storage<E>& v = buffer(own_v, kept_v, kv_tokens * E_);
-  detail::linear_forward(LinearRows<E>{q_tokens, query.data(), 0}, wq, b_in, q.data(), 0, lo);
-  detail::linear_forward(LinearRows<E>{kv_tokens, key.data(), 0}, wk, b_in ? b_in + E_ : nullptr, k.data(), 0, lo);
-  detail::linear_forward(LinearRows<E>{kv_tokens, value.data(), 0}, wv, b_in ? b_in + 2 * E_ : nullptr, v.data(), 0, lo);
+  const bool self_attention = packed && query.data() == key.data() && query.data() == value.data() &&
+                              query.shape() == key.shape() && query.shape() == value.shape();
+  if (self_attention) {  // one product through in_proj_weight [W_q; W_k; W_v]
+    E* const parts[3] = {q.data(), k.data(), v.data()};
+    detail::linear_forward_stacked(LinearRows<E>{q_tokens, query.data(), 0},
+                                   LinearWeight<E>::stored(params_.in_proj_weight.data(), 3 * E_, E_), b_in, parts, 3,
+                                   lo);
+  } else {
+    detail::linear_forward(LinearRows<E>{q_tokens, query.data(), 0}, wq, b_in, q.data(), 0, lo);
+    detail::linear_forward(LinearRows<E>{kv_tokens, key.data(), 0}, wk, b_in ? b_in + E_ : nullptr, k.data(), 0, lo);
+    detail::linear_forward(LinearRows<E>{kv_tokens, value.data(), 0}, wv, b_in ? b_in + 2 * E_ : nullptr, v.data(), 0,
+                           lo);
+  }
 
   // 2. split_heads (narrow_attention_args: the layouts), K and V extended
   // when there are extra key rows.

@@ -142,17 +142,23 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   if (s.options.attention.check_finite) check_finite("d_output", d_output);
   MultiheadAttentionGradients<E> g;
   MultiheadAttentionParameters<E> d = shape_gradients(config_, g);  // views of g.parameters, zeros
-  g.query = Tensor<E>(s.query.shape());
-  g.key = Tensor<E>(s.saved_key().shape());
-  g.value = Tensor<E>(s.saved_value().shape());
-  if (p.B == 0 || p.L == 0) return g;  // the forward did no work: every gradient is 0
+  if (p.B == 0 || p.L == 0) {  // the forward did no work: every gradient is 0
+    g.query = Tensor<E>(s.query.shape());
+    g.key = Tensor<E>(s.saved_key().shape());
+    g.value = Tensor<E>(s.saved_value().shape());
+    return g;
+  }
+  // Written in full by step 1's products below (d_x of each linear_backward).
+  g.query = Tensor<E>::uninitialized(s.query.shape());
+  g.key = Tensor<E>::uninitialized(s.saved_key().shape());
+  g.value = Tensor<E>::uninitialized(s.saved_value().shape());
   const int threads = s.options.attention.num_threads;
   const int64_t E_ = p.E, q_tokens = p.B * p.L, kv_tokens = p.B * p.S;
   const LinearOptions lo{false, threads};
 
   // 4. In the forward pass this was (out_projection):
   //   linear_forward({B·L, attn, E}, W_O, b_O, output)   output = round(concat · W_Oᵀ + b_O)
-  Storage<E> d_concat(static_cast<std::size_t>(q_tokens * E_));
+  Storage<E> d_concat(static_cast<std::size_t>(q_tokens * E_));  // written in full (Storage(n): no fill)
   linear_backward<E>({q_tokens, s.concat.data(), E_}, LinearWeight<E>::stored(params_.out_proj_weight.data(), E_, E_),
                      d_output.data(), E_,
                      {d_concat.data(), E_, d.out_proj_weight.data(), config_.bias ? d.out_proj_bias.data() : nullptr},
@@ -219,15 +225,35 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   // row) appended. d_Q, d_K, d_V rounded to E in the projections' rows;
   // the bias_k row's gradient, summed over the batch in float32, is
   // d_bias_k (the zero row's is dropped: a constant).
-  Storage<E> d_q(qf.size()), d_k(static_cast<std::size_t>(kv_tokens * E_)), d_v(d_k.size());
+  //
+  // Self-attention (one input tensor, the packed in_proj_weight, no extra
+  // key rows): d_Q, d_K, d_V side by side in one (tokens × 3E) buffer, row
+  // r = [d_Q | d_K | d_V], so that step 1 takes d_W_in and d_b_in in one
+  // product through [W_q; W_k; W_v], as the forward's one in_projection
+  // product, in place of three (core/linear.hpp, linear_forward_stacked).
+  const bool packed = config_.same_embed_dim();
+  const bool stacked = packed && s.key_is_query && s.value_is_query && p.S_total == p.S;
+  const int64_t ld_d = stacked ? 3 * E_ : E_;  // rows of d_Q, d_K, d_V
+  // Written in full by each branch below (Storage(n): no fill).
+  Storage<E> d_qkv(stacked ? static_cast<std::size_t>(q_tokens * 3 * E_) : 0);
+  Storage<E> d_q(stacked ? 0 : qf.size()), d_k(stacked ? 0 : static_cast<std::size_t>(kv_tokens * E_)), d_v(d_k.size());
+  E* const dq = stacked ? d_qkv.data() : d_q.data();
+  E* const dk = stacked ? d_qkv.data() + E_ : d_k.data();
+  E* const dv = stacked ? d_qkv.data() + 2 * E_ : d_v.data();
+  // A token-row layout (rows E apart) with rows ld_d apart.
+  const auto in_rows = [&](SliceLayout l) {
+    l.batch = l.batch / E_ * ld_d;
+    l.row = l.row / E_ * ld_d;
+    return l;
+  };
   if (head_major) {  // merge_heads: back into the projections' rows
-    round_heads(dqf.data(), ql, slices, p.H, p.L, p.D, d_q.data(), threads);
-    round_heads(dkf.data(), kl, slices, p.H, p.S, p.D, d_k.data(), threads);
-    round_heads(dvf.data(), vl, slices, p.H, p.S, p.D, d_v.data(), threads);
+    round_heads(dqf.data(), in_rows(ql), slices, p.H, p.L, p.D, dq, threads);
+    round_heads(dkf.data(), in_rows(kl), slices, p.H, p.S, p.D, dk, threads);
+    round_heads(dvf.data(), in_rows(vl), slices, p.H, p.S, p.D, dv, threads);
   } else if (p.S_total == p.S) {
-    round_into(dqf.data(), dqf.size(), d_q.data(), threads);
-    round_into(dkf.data(), dkf.size(), d_k.data(), threads);
-    round_into(dvf.data(), dvf.size(), d_v.data(), threads);
+    round_rows(dqf.data(), q_tokens, E_, E_, static_cast<const E*>(nullptr), dq, ld_d, threads);
+    round_rows(dkf.data(), kv_tokens, E_, E_, static_cast<const E*>(nullptr), dk, ld_d, threads);
+    round_rows(dvf.data(), kv_tokens, E_, E_, static_cast<const E*>(nullptr), dv, ld_d, threads);
   } else {
     round_into(dqf.data(), dqf.size(), d_q.data(), threads);
     for (int64_t bb = 0; bb < p.B; ++bb)
@@ -248,8 +274,8 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
 
   // 1. In the forward pass this was (in_projection):
   //   linear_forward({tokens, query, E}, W_q, b_q, Q)   Q = round(query · W_qᵀ + b_q), K, V likewise
+  // (self-attention: one product through [W_q; W_k; W_v], linear_forward_stacked).
   // Each argument gets its own d_input (self-attention: the caller sums them).
-  const bool packed = config_.same_embed_dim();
   const E* W_q = packed ? params_.in_proj_weight.data() : params_.q_proj_weight.data();
   const E* W_k = packed ? W_q + E_ * E_ : params_.k_proj_weight.data();
   const E* W_v = packed ? W_q + 2 * E_ * E_ : params_.v_proj_weight.data();
@@ -259,12 +285,22 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   E* d_b = config_.bias ? d.in_proj_bias.data() : nullptr;
   const auto part = [&](int64_t rows, int64_t in, const Tensor<E>& x, const E* W, const E* d_y, Tensor<E>& d_x,
                         E* d_W, E* d_bias) {
-    linear_backward<E>({rows, x.data(), in}, LinearWeight<E>::stored(W, E_, in), d_y, E_, {d_x.data(), in, d_W, d_bias},
-                       lo);
+    linear_backward<E>({rows, x.data(), in}, LinearWeight<E>::stored(W, E_, in), d_y, ld_d,
+                       {d_x.data(), in, d_W, d_bias}, lo);
   };
-  part(q_tokens, E_, s.query, W_q, d_q.data(), g.query, d_W_q, d_b);
-  part(kv_tokens, p.Ek, s.saved_key(), W_k, d_k.data(), g.key, d_W_k, d_b ? d_b + E_ : nullptr);
-  part(kv_tokens, p.Ev, s.saved_value(), W_v, d_v.data(), g.value, d_W_v, d_b ? d_b + 2 * E_ : nullptr);
+  if (stacked) {
+    // d_W_in = round(d_QKVᵀ · x) and d_b_in = round(Σ d_QKV): one product
+    // and one column sum over the 3E columns; then each d_input alone.
+    linear_backward<E>({q_tokens, s.query.data(), E_}, LinearWeight<E>::stored(W_q, 3 * E_, E_), d_qkv.data(), ld_d,
+                       {nullptr, 0, d_W_q, d_b}, lo);
+    part(q_tokens, E_, s.query, W_q, dq, g.query, nullptr, nullptr);
+    part(kv_tokens, E_, s.saved_key(), W_k, dk, g.key, nullptr, nullptr);
+    part(kv_tokens, E_, s.saved_value(), W_v, dv, g.value, nullptr, nullptr);
+    return g;
+  }
+  part(q_tokens, E_, s.query, W_q, dq, g.query, d_W_q, d_b);
+  part(kv_tokens, p.Ek, s.saved_key(), W_k, dk, g.key, d_W_k, d_b ? d_b + E_ : nullptr);
+  part(kv_tokens, p.Ev, s.saved_value(), W_v, dv, g.value, d_W_v, d_b ? d_b + 2 * E_ : nullptr);
   return g;
 }
 

@@ -39,7 +39,7 @@ struct SavedInputs {
  private:
   static bool same(const Tensor<T>& a, const Tensor<T>& b) { return a.data() == b.data() && a.shape() == b.shape(); }
   static void keep(const Tensor<T>& src, Tensor<T>& dst) {
-    if (dst.is_view() || dst.shape() != src.shape()) dst = Tensor<T>(src.shape());
+    if (dst.is_view() || dst.shape() != src.shape()) dst = Tensor<T>::uninitialized(src.shape());  // copied next
     std::copy_n(src.data(), src.numel(), dst.data());
   }
 };

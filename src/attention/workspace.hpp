@@ -26,7 +26,7 @@ struct ForwardWorkspace {
 
   // The first n elements of `buf`, growing it if needed (never shrinking).
   static T* take(Storage<T>& buf, std::size_t n) {
-    if (buf.size() < n) buf.resize(n);
+    if (buf.size() < n) buf.resize(n, T{});
     return buf.data();
   }
 };

@@ -218,6 +218,40 @@ void linear_forward<float16>(const LinearRows<float16>& x, const LinearWeight<fl
 }
 
 template <class E>
+void linear_forward_stacked(const LinearRows<E>& x, const LinearWeight<E>& w, const E* b, E* const* y, int64_t parts,
+                            const LinearOptions& o) {
+  if (parts <= 0 || w.transposed || w.out % parts != 0)
+    throw Error(Error::Kind::Value, "linear_forward_stacked: expected W as stored with out a multiple of parts (" +
+                                        std::to_string(parts) + "), got out " + std::to_string(w.out));
+  if (o.accumulate)
+    throw Error(Error::Kind::Value, "linear_forward: accumulate=true is not supported with 16-bit outputs");
+  const int64_t n = w.out / parts, rows = x.rows, ldx = x.ldx > 0 ? x.ldx : w.in;
+  if (use_narrow_gemv(w, rows)) {
+    for (int64_t j = 0; j < parts; ++j)
+      narrow_linear_forward(x, LinearWeight<E>::stored(w.data + j * n * w.ld, n, w.in, w.ld),
+                            b != nullptr ? b + j * n : nullptr, y[j], n, o);
+    return;
+  }
+  if (rows == 0 || n == 0) return;
+  thread_local ThreadScratch scratch;
+  float* acc = scratch.take(static_cast<std::size_t>(rows * w.out));
+  // Each block of sums (+ b) rounded in cache into the parts it spans.
+  gemm_blocked(Trans::No, Trans::Yes, rows, w.out, w.in, x.x, ldx, w.data, w.ld, 0.0f, acc, w.out, o.threads,
+               [&](int64_t m0, int64_t block_rows, int64_t n0, int64_t cols) {
+                 for (int64_t c = n0; c < n0 + cols;) {
+                   const int64_t j = c / n, end = std::min(n0 + cols, (j + 1) * n);
+                   round_rows(acc + m0 * w.out + c, block_rows, end - c, w.out, b != nullptr ? b + c : nullptr,
+                              y[j] + m0 * n + (c - j * n), n, 1);
+                   c = end;
+                 }
+               });
+}
+template void linear_forward_stacked<bfloat16>(const LinearRows<bfloat16>&, const LinearWeight<bfloat16>&,
+                                               const bfloat16*, bfloat16* const*, int64_t, const LinearOptions&);
+template void linear_forward_stacked<float16>(const LinearRows<float16>&, const LinearWeight<float16>&,
+                                              const float16*, float16* const*, int64_t, const LinearOptions&);
+
+template <class E>
 void linear_forward_widened(const LinearRows<float>& x, const LinearWeight<float>& w, const E* b, E* y, int64_t ldy,
                             const LinearOptions& o) {
   narrow_linear_forward(x, w, b, y, ldy, o);

@@ -81,6 +81,19 @@ template <>
 void linear_forward<float16>(const LinearRows<float16>& x, const LinearWeight<float16>& w, const float16* b,
                              float16* y, int64_t ldy, const LinearOptions& options);
 
+// The 16-bit layer through a stacked weight, e.g. self-attention's
+// in_projection [W_q; W_k; W_v]: w (parts·n × in), one product x · Wᵀ,
+// each column block j of its sums (+ b's block j) rounded into y[j]
+// (rows × n, packed). The same float32 sums and one rounding per element
+// as `parts` calls of linear_forward<E>, one per block of W; one product
+// with wider blocks in place of `parts` products and parallel regions (the
+// bf16 forward at (1, 128, 512, 8) ran three in_projection products of
+// 128 × 512 × 512). Where linear_forward<E> takes the few-row product, this
+// is those calls. w is W as stored (not transposed); parts > 0 divides w.out.
+template <class E>
+void linear_forward_stacked(const LinearRows<E>& x, const LinearWeight<E>& w, const E* b, E* const* y, int64_t parts,
+                            const LinearOptions& options = {});
+
 // The rows up to which the 16-bit forward takes the few-row product: a
 // decoding step's batch. Measured (docs/decoding.md, "16-bit weights"; AVX2,
 // E 2048, bf16): a step took 2.9 ms against the gemm way's 8.5-10.3 at 1

@@ -270,6 +270,12 @@ Tensor<T>::Tensor(Shape shape, Storage<T> data) : shape_(std::move(shape)), data
 }
 
 template <class T>
+Tensor<T> Tensor<T>::uninitialized(Shape shape) {
+  Storage<T> data(checked_size(shape));  // Storage(n): no fill (StorageAllocator)
+  return Tensor(std::move(shape), std::move(data));
+}
+
+template <class T>
 Tensor<T> Tensor<T>::view(Shape shape, T* data) {
   const int64_t n = shape_numel(shape);
   if (data == nullptr && n > 0)

@@ -91,7 +91,7 @@ void attention_forward_materialized(const AttentionArgs<T>& a) {
   check_kv_heads(a);
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim, Hkv = a.kv_heads_or_heads();
   // One L×S buffer reused for every slice when weights are not kept.
-  Storage<T> scratch(a.weights ? 0 : static_cast<std::size_t>(L * S));
+  Storage<T> scratch(a.weights ? 0 : static_cast<std::size_t>(L * S), T(0));
   const ExpRow<T> exp_row = exp_row_for_current_target<T>();
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
   const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
@@ -160,7 +160,7 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& b) {
   check_kv_heads(a);
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim, Hkv = a.kv_heads_or_heads();
   const int64_t group = a.heads / Hkv;  // query heads per K/V head
-  Storage<T> weights(static_cast<std::size_t>(L * S)), d_scores(static_cast<std::size_t>(L * S));
+  Storage<T> weights(static_cast<std::size_t>(L * S), T(0)), d_scores(static_cast<std::size_t>(L * S), T(0));
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
   const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
   const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
