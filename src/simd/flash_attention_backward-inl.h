@@ -52,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "contract/score_rule.hpp"
 #include "hwy/highway.h"
@@ -524,21 +525,51 @@ HWY_INLINE void PairTile(const AttentionBackwardArgs<float>& b, int64_t slice, B
   bt.kc = reinterpret_cast<uint32_t*>(regions + r.qc + r.oc + 2 * r.pr + r.dsp);
   bt.ldq = r.ldq;
   bt.ldo = r.ldo;
-  // Along the widths, transposed: [pair][query], padding queries 0.
-  const auto transposed_pairs = [&](const float* src, size_t ld, size_t width, uint32_t* HWY_RESTRICT dst) {
-    const size_t pairs = (width + 1) / 2;
-    std::fill(dst, dst + pairs * bq, 0u);
+  // Each of the tile's query and d_out rows rounded once (RoundToBf16Bits,
+  // to_bfloat16's vector twin) into bf16 bits, [rows][width↑2] (an odd
+  // width's pad 0), then both pair layouts taken from those bits by integer
+  // moves: along the widths, transposed, [pair][query] (padding queries
+  // 0), and down the queries, [ceil(rows/2)][ld] (padding columns 0). The
+  // scalar rounding of every element twice here was ~a fifth of this
+  // kernel at 128 keys (FlashBackwardBf16/slices:64/L:128, AMD Zen 5).
+  thread_local std::vector<uint16_t> bits;
+  const auto pair_layouts = [&](const float* src, size_t ld, size_t width, uint32_t* HWY_RESTRICT along,
+                                uint32_t* HWY_RESTRICT down, size_t ld_down) {
+    const DF32 df;
+    const hn::RebindToSigned<DF32> di;
+    const hn::Rebind<uint16_t, DF32> d16;
+    const size_t lanes = hn::Lanes(df), pairs = (width + 1) / 2, row_bits = 2 * pairs;
+    bits.resize(std::max<size_t>(1, rows * row_bits));
     for (size_t q = 0; q < rows; ++q) {
-      const float* row = src + q * ld;
-      for (size_t p = 0; p < pairs; ++p)
-        dst[p * bq + q] = PackPair(to_bfloat16(row[2 * p]).bits, 2 * p + 1 < width ? to_bfloat16(row[2 * p + 1]).bits
-                                                                                   : uint16_t{0});
+      const float* HWY_RESTRICT row = src + q * ld;
+      uint16_t* HWY_RESTRICT out = bits.data() + q * row_bits;
+      size_t c = 0;
+      for (; c + lanes <= width; c += lanes) {
+        const auto b16 = hn::BitCast(di, RoundToBf16Bits(df, hn::LoadU(df, row + c)));
+        hn::StoreU(hn::DemoteTo(d16, b16), d16, out + c);  // values <= 0xFFFF: exact
+      }
+      for (; c < width; ++c) out[c] = to_bfloat16(row[c]).bits;
+      if (width % 2 != 0) out[width] = 0;
+    }
+    std::fill(along, along + pairs * bq, 0u);
+    for (size_t q = 0; q < rows; ++q) {
+      const uint16_t* HWY_RESTRICT in = bits.data() + q * row_bits;
+      for (size_t p = 0; p < pairs; ++p) along[p * bq + q] = PackPair(in[2 * p], in[2 * p + 1]);
+    }
+    for (size_t p = 0; p < (rows + 1) / 2; ++p) {
+      const uint16_t* HWY_RESTRICT even = bits.data() + 2 * p * row_bits;
+      uint32_t* HWY_RESTRICT d = down + p * ld_down;
+      if (2 * p + 1 < rows) {
+        const uint16_t* HWY_RESTRICT odd = even + row_bits;
+        for (size_t c = 0; c < width; ++c) d[c] = PackPair(even[c], odd[c]);
+      } else {
+        for (size_t c = 0; c < width; ++c) d[c] = PackPair(even[c], 0);
+      }
+      for (size_t c = width; c < ld_down; ++c) d[c] = 0;
     }
   };
-  transposed_pairs(bt.q, bt.q_row, head_dim, reinterpret_cast<uint32_t*>(qt));
-  transposed_pairs(bt.d_out, bt.out_row, value_dim, reinterpret_cast<uint32_t*>(bt.dot));
-  PackColumnPairs(bt.q, bt.q_row, rows, head_dim, bt.qc, bt.ldq);
-  PackColumnPairs(bt.d_out, bt.out_row, rows, value_dim, bt.oc, bt.ldo);
+  pair_layouts(bt.q, bt.q_row, head_dim, reinterpret_cast<uint32_t*>(qt), bt.qc, bt.ldq);
+  pair_layouts(bt.d_out, bt.out_row, value_dim, reinterpret_cast<uint32_t*>(bt.dot), bt.oc, bt.ldo);
   const int64_t Hkv = a.kv_heads_or_heads(), S = a.kv_len;
   const SliceLayout kc_layout = resolve_layout(SliceLayout{}, Hkv, (S + 1) / 2, a.head_dim);
   const SliceLayout vr_layout = resolve_layout(SliceLayout{}, Hkv, S, (a.value_dim + 1) / 2);
@@ -595,7 +626,7 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   // and fill per lane.
   if constexpr (!kDot) PackQueryTile<NVQ>(a, slice, i0, rows, qt);
   std::fill(bt.dqt, bt.dqt + head_dim * bq, 0.0f);
-  std::fill(bt.dot, bt.dot + value_dim * bq, 0.0f);
+  if constexpr (!kDot) std::fill(bt.dot, bt.dot + value_dim * bq, 0.0f);
   const float inf = std::numeric_limits<float>::infinity();
   std::fill(bt.lse, bt.lse + bq, inf);
   std::fill(bt.fill, bt.fill + bq, 0.0f);
@@ -605,11 +636,12 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   for (size_t r = 0; r < rows; ++r) {
     const float* HWY_RESTRICT g = bt.d_out + r * bt.out_row;
     const float* HWY_RESTRICT o = out + r * bt.out_row;
-    // delta = <d_out, out> (the contract's form; = Σ_j p dp).
+    // delta = <d_out, out> (the contract's form; = Σ_j p dp), summed in
+    // this order on every target.
     float delta = 0.0f;
-    for (size_t c = 0; c < value_dim; ++c) {
-      bt.dot[c * bq + r] = g[c];
-      delta += g[c] * o[c];
+    for (size_t c = 0; c < value_dim; ++c) delta += g[c] * o[c];
+    if constexpr (!kDot) {  // the pair way's dot holds d_out's pairs (PairTile)
+      for (size_t c = 0; c < value_dim; ++c) bt.dot[c * bq + r] = g[c];
     }
     bt.delta[r] = delta;
     const float lse = b.lse[slice * a.q_len + i0 + static_cast<int64_t>(r)];
