@@ -9,6 +9,11 @@
 // the views way is the one the precision tests check against float64
 // (tests/precision/test_precision_backward.cpp, S <= 130). A wrong head, row
 // or stride in a copy or a rounding back moves whole rows: not the same bits.
+//
+// bf16 where the flash backward runs the pair way reads the saved bf16
+// operands themselves, with no float32 copies (MULTIHEAD_BF16_BACKWARD=copies
+// forces the copies): the same values, so again the same bits, here with the
+// pair way forced (bf16_dot_force), so on every host.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +23,7 @@
 #include <string>
 
 #include "multihead/narrow_multihead_attention.hpp"
+#include "simd/targets.hpp"
 #include "test_util.hpp"
 
 namespace multihead {
@@ -27,6 +33,7 @@ struct Case {
   const char* name;
   int64_t E, H, B, L, S, kdim, vdim;
   bool self, batch_first, causal, padding;
+  bool bias_kv = false, zero_attn = false;
 };
 
 // Self-attention at S = 512 (the rule's edge), packed weights, causal,
@@ -39,7 +46,8 @@ const Case kCases[] = {
 };
 
 template <class E>
-MultiheadAttentionGradients<E> step(const NarrowMultiheadAttention<E>& m, const Case& c, const char* heads) {
+MultiheadAttentionGradients<E> step(const NarrowMultiheadAttention<E>& m, const Case& c, const char* heads,
+                                    const char* bf16_backward = "auto") {
   std::mt19937_64 rng(5);
   const int64_t Ek = c.kdim > 0 ? c.kdim : c.E, Ev = c.vdim > 0 ? c.vdim : c.E;
   const auto shape = [&](int64_t len, int64_t width) {
@@ -60,8 +68,10 @@ MultiheadAttentionGradients<E> step(const NarrowMultiheadAttention<E>& m, const 
   Tensor<E> d_y(y.shape());
   for (int64_t i = 0; i < d_y.numel(); ++i) d_y[i] = narrow_from_float<E>(std::sin(0.61f * static_cast<float>(i)));
   setenv("MULTIHEAD_BACKWARD_HEADS", heads, 1);
+  setenv("MULTIHEAD_BF16_BACKWARD", bf16_backward, 1);
   MultiheadAttentionGradients<E> g = m.backward(ctx, d_y);
   unsetenv("MULTIHEAD_BACKWARD_HEADS");
+  unsetenv("MULTIHEAD_BF16_BACKWARD");
   return g;
 }
 
@@ -72,34 +82,73 @@ void expect_same_bits(const Tensor<E>& a, const Tensor<E>& b, const std::string&
 }
 
 template <class E>
+NarrowMultiheadAttention<E> module_for(const Case& c) {
+  MultiheadAttentionConfig config;
+  config.embed_dim = c.E;
+  config.num_heads = c.H;
+  config.kdim = c.kdim;
+  config.vdim = c.vdim;
+  config.batch_first = c.batch_first;
+  config.add_bias_kv = c.bias_kv;
+  config.add_zero_attn = c.zero_attn;
+  return NarrowMultiheadAttention<E>::rounded(config, MultiheadAttention(config, 7).parameters());
+}
+
+// Every gradient of two backwards the same bits; and not all zero.
+template <class E>
+void expect_same_gradients(const Case& c, const MultiheadAttentionGradients<E>& copied,
+                           const MultiheadAttentionGradients<E>& in_place, const std::string& label) {
+  expect_same_bits(copied.query, in_place.query, label + " d_query");
+  if (!c.self) {
+    expect_same_bits(copied.key, in_place.key, label + " d_key");
+    expect_same_bits(copied.value, in_place.value, label + " d_value");
+  }
+  ASSERT_EQ(copied.parameters.size(), in_place.parameters.size()) << label;
+  for (const auto& [name, t] : in_place.parameters) expect_same_bits(copied.parameters.at(name), t, label + " d_" + name);
+  double norm = 0;
+  for (int64_t i = 0; i < copied.query.numel(); ++i) norm += std::abs(to_float(copied.query[i]));
+  EXPECT_GT(norm, 0.0) << label;
+}
+
+template <class E>
 void check_head_major_matches_views() {
   for (const Case& c : kCases) {
     const std::string label = std::string(c.name) + (std::is_same_v<E, bfloat16> ? " bf16" : " f16");
-    MultiheadAttentionConfig config;
-    config.embed_dim = c.E;
-    config.num_heads = c.H;
-    config.kdim = c.kdim;
-    config.vdim = c.vdim;
-    config.batch_first = c.batch_first;
-    const auto m = NarrowMultiheadAttention<E>::rounded(config, MultiheadAttention(config, 7).parameters());
-    const MultiheadAttentionGradients<E> copied = step(m, c, "auto"), in_place = step(m, c, "views");
-    expect_same_bits(copied.query, in_place.query, label + " d_query");
-    if (!c.self) {
-      expect_same_bits(copied.key, in_place.key, label + " d_key");
-      expect_same_bits(copied.value, in_place.value, label + " d_value");
-    }
-    ASSERT_EQ(copied.parameters.size(), in_place.parameters.size()) << label;
-    for (const auto& [name, t] : in_place.parameters) expect_same_bits(copied.parameters.at(name), t, label + " d_" + name);
-    // Not vacuous: the gradients are not all zero.
-    double norm = 0;
-    for (int64_t i = 0; i < copied.query.numel(); ++i) norm += std::abs(to_float(copied.query[i]));
-    EXPECT_GT(norm, 0.0) << label;
+    const auto m = module_for<E>(c);
+    // bf16: the copies (MULTIHEAD_BF16_BACKWARD=copies), whose layout the rule picks.
+    const MultiheadAttentionGradients<E> copied = step(m, c, "auto", "copies"), in_place = step(m, c, "views", "copies");
+    expect_same_gradients(c, copied, in_place, label);
   }
 }
 
 TEST(NarrowBackward, HeadMajorCopiesGiveTheViewsBits) {
   check_head_major_matches_views<bfloat16>();
   check_head_major_matches_views<float16>();
+}
+
+// The bf16 operands in place against float32 copies, head-major (S >= 512,
+// where the rule keeps the copies) and as views: self-attention (the stacked in_projection gradient),
+// cross-attention with kdim/vdim, bias_k/v and the zero-attention row (K', V'
+// copies with extra rows), an odd head width (pairs with a zero high) and an
+// odd key count.
+TEST(NarrowBackward, Bf16OperandsGiveTheCopiesBits) {
+  const Case cases[] = {
+      kCases[0],
+      kCases[1],
+      {"self_S128", 64, 4, 3, 128, 128, 0, 0, true, false, false, false},
+      {"cross_bias_kv_zero_attn_odd_S", 40, 4, 2, 19, 33, 0, 0, false, false, true, true, true, true},
+      {"odd_head_width_batch_first", 30, 2, 2, 21, 21, 0, 0, true, true, false, false},
+  };
+  detail::bf16_dot_force("dpbf16");  // the pair way, natively or emulated
+  for (const Case& c : cases) {
+    const auto m = module_for<bfloat16>(c);
+    const auto in_place = step(m, c, "auto", "auto");
+    expect_same_gradients(c, step(m, c, "auto", "copies"), in_place, std::string(c.name) + " head rule");
+    expect_same_gradients(c, step(m, c, "views", "copies"), in_place, std::string(c.name) + " views");
+    // From 512 keys the rule takes the head-major copies; views read in place.
+    expect_same_gradients(c, step(m, c, "views", "auto"), in_place, std::string(c.name) + " views in place");
+  }
+  detail::bf16_dot_force("");
 }
 
 }  // namespace

@@ -249,4 +249,12 @@ bool backward_reads_views() {
               std::string("MULTIHEAD_BACKWARD_HEADS: expected one of auto, views; got '") + env + "'");
 }
 
+bool backward_widens_bf16() {
+  const char* env = std::getenv("MULTIHEAD_BF16_BACKWARD");
+  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return false;
+  if (std::strcmp(env, "copies") == 0) return true;
+  throw Error(Error::Kind::Value,
+              std::string("MULTIHEAD_BF16_BACKWARD: expected one of auto, copies; got '") + env + "'");
+}
+
 }  // namespace multihead::detail

@@ -143,4 +143,13 @@ inline constexpr int64_t kBackwardHeadMajorFromKeys = 512;
 // multihead::Error naming the variable for any other value.
 bool backward_reads_views();
 
+// The bf16 module's backward, where the flash backward runs bf16's pair way
+// (flash_backward_reads_bf16, kernels/kernel.hpp), hands the kernel its
+// saved bf16 operands themselves; MULTIHEAD_BF16_BACKWARD=copies makes it
+// widen them into float32 copies first, as on other hosts (the same values,
+// so the same bits: the reference way, for tests and timing); "auto" or
+// unset leaves the rule. Read on every call; any other value throws
+// multihead::Error naming the variable.
+bool backward_widens_bf16();
+
 }  // namespace multihead::detail

@@ -176,9 +176,25 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   // from 0.95x to 1.20x our float32 step with this and the kept buffers
   // below; bench/bench_precision.py --train, AMD Zen 5). Same values, same arithmetic, same
   // bits (NarrowBackward.HeadMajorCopiesGiveTheViewsBits).
+  //
+  // bf16 where the flash backward runs its pair way (flash_backward_reads_bf16:
+  // the products read only bf16 pairs) reads the saved bf16 Q, K', V', concat
+  // and d_concat themselves (AttentionBackwardArgs::d_out_bf16): no float32
+  // copies, in the token-row layouts (the pair way packs its operands per
+  // call and per tile) where the views are read anyway. The same
+  // values, so the same bits as on the copies (NarrowBackward.
+  // Bf16OperandsGiveTheCopiesBits); the bf16 step at (8, 128, 512, 8) ran
+  // ~5% faster without these five widenings (bench/bench_precision.py's
+  // step, alternated with the copies' build, AMD Zen 5).
   AttentionBackwardArgs<float> b;
   b.forward = narrow_attention_args(config_, p, s.options, s.masks);
+  // From kBackwardHeadMajorFromKeys keys on the head-major float32 copies
+  // stay: the kernel's d_k, d_v rows E apart cost more there than the
+  // copies (bf16 step at (1, 1024, 768, 12): 50.0 ms in place against 48.7
+  // with the copies, alternated, median of 3).
   const bool head_major = p.S_total == p.S && p.S >= kBackwardHeadMajorFromKeys && !backward_reads_views();
+  const bool bf16_in =
+      std::is_same_v<E, bfloat16> && !head_major && flash_backward_reads_bf16() && !backward_widens_bf16();
   const int64_t slices = p.B * p.H;
   const SliceLayout ql = resolve_layout(b.forward.q_layout, p.H, p.L, p.D);
   const SliceLayout kl = resolve_layout(b.forward.k_layout, p.H, p.S, p.D);
@@ -201,19 +217,28 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
     }
     return dst;
   };
-  const KeptFloats qf = copy(s.q.data(), s.q.size(), ql, p.L, 0);
-  const KeptFloats kf = copy(s.k_heads(), s.k_heads_size(), kl, p.S, 1);
-  const KeptFloats vf = copy(s.v_heads(), s.k_heads_size(), vl, p.S, 2);
-  const KeptFloats of = copy(s.concat.data(), s.concat.size(), ol, p.L, 3);
-  const KeptFloats dof = copy(d_concat.data(), d_concat.size(), ol, p.L, 4);
-  const KeptFloats dqf = take(5, qf.size()), dkf = take(6, kf.size()), dvf = take(7, vf.size());
-  if (head_major) b.forward.q_layout = b.forward.k_layout = b.forward.v_layout = b.forward.out_layout = SliceLayout{};
-  b.forward.q = qf.data();
-  b.forward.k = kf.data();
-  b.forward.v = vf.data();
-  b.forward.out = of.data();  // read only: delta_i = <d_out_i, out_i>
+  const KeptFloats dqf = take(5, s.q.size()), dkf = take(6, s.k_heads_size()), dvf = take(7, s.k_heads_size());
+  if constexpr (std::is_same_v<E, bfloat16>) {
+    if (bf16_in) {
+      // concat is read only (delta_i = <d_out_i, out_i>).
+      b.forward.narrow = {ComputeDtype::BF16, s.q.data(), s.k_heads(), s.v_heads(), const_cast<E*>(s.concat.data())};
+      b.d_out_bf16 = d_concat.data();
+    }
+  }
+  if (!bf16_in) {
+    const KeptFloats qf = copy(s.q.data(), s.q.size(), ql, p.L, 0);
+    const KeptFloats kf = copy(s.k_heads(), s.k_heads_size(), kl, p.S, 1);
+    const KeptFloats vf = copy(s.v_heads(), s.k_heads_size(), vl, p.S, 2);
+    const KeptFloats of = copy(s.concat.data(), s.concat.size(), ol, p.L, 3);
+    const KeptFloats dof = copy(d_concat.data(), d_concat.size(), ol, p.L, 4);
+    if (head_major) b.forward.q_layout = b.forward.k_layout = b.forward.v_layout = b.forward.out_layout = SliceLayout{};
+    b.forward.q = qf.data();
+    b.forward.k = kf.data();
+    b.forward.v = vf.data();
+    b.forward.out = of.data();  // read only: delta_i = <d_out_i, out_i>
+    b.d_out = dof.data();
+  }
   b.lse = s.lse.data();
-  b.d_out = dof.data();
   b.d_q = dqf.data();
   b.d_k = dkf.data();
   b.d_v = dvf.data();
@@ -236,7 +261,7 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   const int64_t ld_d = stacked ? 3 * E_ : E_;  // rows of d_Q, d_K, d_V
   // Written in full by each branch below (Storage(n): no fill).
   Storage<E> d_qkv(stacked ? static_cast<std::size_t>(q_tokens * 3 * E_) : 0);
-  Storage<E> d_q(stacked ? 0 : qf.size()), d_k(stacked ? 0 : static_cast<std::size_t>(kv_tokens * E_)), d_v(d_k.size());
+  Storage<E> d_q(stacked ? 0 : dqf.size()), d_k(stacked ? 0 : static_cast<std::size_t>(kv_tokens * E_)), d_v(d_k.size());
   E* const dq = stacked ? d_qkv.data() : d_q.data();
   E* const dk = stacked ? d_qkv.data() + E_ : d_k.data();
   E* const dv = stacked ? d_qkv.data() + 2 * E_ : d_v.data();

@@ -117,6 +117,8 @@ void run_attention_backward(const AttentionBackwardArgs<T>& args, AttentionKerne
       throw Error(Error::Kind::Value,
                   "kernel: flash runs in float32 only; this backward is float64 (use kernel=materialized)");
   }
+  if (args.d_out_bf16 != nullptr && kernel != AttentionKernel::Flash)
+    throw Error(Error::Kind::Value, "kernel: a backward on bf16 operands (d_out_bf16) runs on flash only");
   switch (kernel) {
     case AttentionKernel::Reference:
       return attention_backward_reference(args);

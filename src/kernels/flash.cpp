@@ -359,10 +359,20 @@ void validate_backward(const AttentionBackwardArgs<float>& b) {
   rows_apart(a.k_layout, a.head_dim, "d_k (k_layout)");
   rows_apart(a.v_layout, a.value_dim, "d_v (v_layout)");
   if (a.slices == 0) return;
-  if (a.q_len > 0 && (a.q == nullptr || b.lse == nullptr || b.d_q == nullptr || b.d_out == nullptr ||
-                      (a.value_dim > 0 && a.out == nullptr)))
+  // The bf16 operands themselves (d_out_bf16) in place of the float ones.
+  const bool bf16 = b.d_out_bf16 != nullptr;
+  if (bf16 && (!b.bf16_operands || a.narrow.dtype != ComputeDtype::BF16 || !flash_backward_reads_bf16()))
+    fail("d_out_bf16 needs bf16_operands, forward.narrow in bf16 and a host whose bf16 backward runs the pair way");
+  if (!bf16 && a.narrow.dtype != ComputeDtype::F32) fail("forward.narrow is read only with d_out_bf16");
+  const void* q = bf16 ? a.narrow.q : a.q;
+  const void* out = bf16 ? a.narrow.out : a.out;
+  const void* d_out = bf16 ? static_cast<const void*>(b.d_out_bf16) : b.d_out;
+  if (a.q_len > 0 && (q == nullptr || b.lse == nullptr || b.d_q == nullptr || d_out == nullptr ||
+                      (a.value_dim > 0 && out == nullptr)))
     fail("q, out, lse, d_out and d_q must not be nullptr");
-  if (a.kv_len > 0 && (a.k == nullptr || a.v == nullptr || b.d_k == nullptr || b.d_v == nullptr))
+  const void* k = bf16 ? a.narrow.k : a.k;
+  const void* v = bf16 ? a.narrow.v : a.v;
+  if (a.kv_len > 0 && (k == nullptr || v == nullptr || b.d_k == nullptr || b.d_v == nullptr))
     fail("k, v, d_k and d_v must not be nullptr");
 }
 
@@ -400,9 +410,17 @@ AttentionBackwardArgs<float> with_bf16_pairs(const AttentionBackwardArgs<float>&
   // words; K's column pairs are packed from those rows.
   parallel_items(kv_slices, threads, /*item_cost=*/S * (2 * D + Dv), [&](int64_t g) {
     thread_local std::vector<bfloat16> rows;
+    const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+    if (b.d_out_bf16 != nullptr) {  // the bf16 rows themselves: no rounding
+      const auto* k16 = static_cast<const bfloat16*>(a.narrow.k) + (g / Hkv) * kl.batch + (g % Hkv) * kl.head;
+      const auto* v16 = static_cast<const bfloat16*>(a.narrow.v) + (g / Hkv) * vl.batch + (g % Hkv) * vl.head;
+      PackRowPairs(k16, n(kl.row), n(S), n(D), kp + g * S * key_pairs);
+      PackColumnPairs(k16, n(kl.row), n(S), n(D), kc + g * key_row_pairs * D);
+      PackRowPairs(v16, n(vl.row), n(S), n(Dv), vp + g * S * value_pairs);
+      return;
+    }
     const float* k = a.k + (g / Hkv) * kl.batch + (g % Hkv) * kl.head;
     const float* v = a.v + (g / Hkv) * vl.batch + (g % Hkv) * vl.head;
-    const auto n = [](int64_t x) { return static_cast<size_t>(x); };
     const auto row_pairs = [&](const float* src, int64_t ld, int64_t width, int64_t pairs, uint32_t* dst) {
       if constexpr (std::endian::native != std::endian::little) {
         PackRowPairs(src, n(ld), n(S), n(width), dst);
@@ -430,6 +448,8 @@ AttentionBackwardArgs<float> with_bf16_pairs(const AttentionBackwardArgs<float>&
 }
 
 }  // namespace
+
+bool flash_backward_reads_bf16() { return bf16_dot_choice(simd_target_bit()).dpbf16; }
 
 void attention_backward_flash(const AttentionBackwardArgs<float>& args_in) {
   validate_backward(args_in);

@@ -107,6 +107,10 @@ void attention_backward_materialized(const AttentionBackwardArgs<T>& args);
 // tile, no L×S storage; deterministic for any thread count. float only.
 // Defined in src/kernels/flash.cpp, beside the forward.
 void attention_backward_flash(const AttentionBackwardArgs<float>& args);
+// Whether attention_backward_flash runs bf16's pair way on this host (for a
+// backward with bf16_operands): then it can read the bf16 operands
+// themselves (AttentionBackwardArgs::d_out_bf16).
+bool flash_backward_reads_bf16();
 
 // The backward of a chosen kernel (resolve_forward_kernel chose it), and
 // both steps at once (for a caller with a single backward call: the kernel tests).

@@ -278,6 +278,10 @@ struct BackwardTile {
   bool nan_rows;                   // some row of the tile has fill NaN
   const float* q;                  // query row i0, rows q_row apart (unscaled)
   const float* d_out;              // d_out row i0, rows out_row apart
+  // The pair way on the bf16 operands themselves (AttentionBackwardArgs::
+  // d_out_bf16; q and d_out above are then nullptr): their bits, the same rows.
+  const uint16_t* q16 = nullptr;
+  const uint16_t* d_out16 = nullptr;
   size_t q_row, out_row;
   // The bf16 pair way only (Bf16Way::Dot; BackwardQueryTile fills them):
   // t.qt holds qp [ceil(D/2)][bq] (the forward's PackQueryPairs layout),
@@ -363,8 +367,12 @@ HWY_INLINE void AccumulateQueryGradientDot(const AttentionArgs<float>& a, const 
   const uint32_t* HWY_RESTRICT kc;
   if (CallPairsFitTile(j0, keys, a.kv_len)) {
     kc = bt.k_columns + static_cast<size_t>(j0 / 2) * head_dim;
-  } else {
+  } else if (in.k != nullptr) {
     PackColumnPairs(in.k + static_cast<size_t>(j0) * in.k_row, in.k_row, keys, head_dim, bt.kc, head_dim);
+    kc = bt.kc;
+  } else {  // the bf16 operands themselves (AttentionBackwardArgs::d_out_bf16)
+    PackColumnPairs(static_cast<const bfloat16*>(in.k_narrow) + static_cast<size_t>(j0) * in.k_row, in.k_row, keys,
+                    head_dim, bt.kc);
     kc = bt.kc;
   }
   PackRoundedColumnPairs(df, bt.dst, keys, bq, bt.dsp);
@@ -533,16 +541,21 @@ HWY_INLINE void PairTile(const AttentionBackwardArgs<float>& b, int64_t slice, B
   // scalar rounding of every element twice here was ~a fifth of this
   // kernel at 128 keys (FlashBackwardBf16/slices:64/L:128, AMD Zen 5).
   thread_local std::vector<uint16_t> bits;
-  const auto pair_layouts = [&](const float* src, size_t ld, size_t width, uint32_t* HWY_RESTRICT along,
-                                uint32_t* HWY_RESTRICT down, size_t ld_down) {
+  const auto pair_layouts = [&](const float* src, const uint16_t* src16, size_t ld, size_t width,
+                                uint32_t* HWY_RESTRICT along, uint32_t* HWY_RESTRICT down, size_t ld_down) {
     const DF32 df;
     const hn::RebindToSigned<DF32> di;
     const hn::Rebind<uint16_t, DF32> d16;
     const size_t lanes = hn::Lanes(df), pairs = (width + 1) / 2, row_bits = 2 * pairs;
     bits.resize(std::max<size_t>(1, rows * row_bits));
     for (size_t q = 0; q < rows; ++q) {
-      const float* HWY_RESTRICT row = src + q * ld;
       uint16_t* HWY_RESTRICT out = bits.data() + q * row_bits;
+      if (src16 != nullptr) {  // bf16 rows: their bits as they are
+        std::copy_n(src16 + q * ld, width, out);
+        if (width % 2 != 0) out[width] = 0;
+        continue;
+      }
+      const float* HWY_RESTRICT row = src + q * ld;
       size_t c = 0;
       for (; c + lanes <= width; c += lanes) {
         const auto b16 = hn::BitCast(di, RoundToBf16Bits(df, hn::LoadU(df, row + c)));
@@ -568,8 +581,8 @@ HWY_INLINE void PairTile(const AttentionBackwardArgs<float>& b, int64_t slice, B
       for (size_t c = width; c < ld_down; ++c) d[c] = 0;
     }
   };
-  pair_layouts(bt.q, bt.q_row, head_dim, reinterpret_cast<uint32_t*>(qt), bt.qc, bt.ldq);
-  pair_layouts(bt.d_out, bt.out_row, value_dim, reinterpret_cast<uint32_t*>(bt.dot), bt.oc, bt.ldo);
+  pair_layouts(bt.q, bt.q16, bt.q_row, head_dim, reinterpret_cast<uint32_t*>(qt), bt.qc, bt.ldq);
+  pair_layouts(bt.d_out, bt.d_out16, bt.out_row, value_dim, reinterpret_cast<uint32_t*>(bt.dot), bt.oc, bt.ldo);
   const int64_t Hkv = a.kv_heads_or_heads(), S = a.kv_len;
   const SliceLayout kc_layout = resolve_layout(SliceLayout{}, Hkv, (S + 1) / 2, a.head_dim);
   const SliceLayout vr_layout = resolve_layout(SliceLayout{}, Hkv, S, (a.value_dim + 1) / 2);
@@ -616,11 +629,23 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   bt.t.qt = qt;
   bt.t.ot = nullptr;
   bt.t.m = bt.t.l = bt.t.alpha = nullptr;
-  bt.q = slice_start(a.q, ql, slice, a.heads) + i0 * ql.row;
+  // Row i0 of slice `slice` in a layout, or nullptr for a tensor this call
+  // does not have (the float ones, on bf16 operands).
+  const auto row_i0 = [&](auto* base, const SliceLayout& l) -> decltype(base) {
+    return base == nullptr ? nullptr : slice_start(base, l, slice, a.heads) + i0 * l.row;
+  };
+  const bool bf16_in = kDot && b.d_out_bf16 != nullptr;
+  bt.q = row_i0(a.q, ql);
   bt.q_row = static_cast<size_t>(ql.row);
-  bt.d_out = slice_start(b.d_out, ol, slice, a.heads) + i0 * ol.row;
+  bt.d_out = row_i0(b.d_out, ol);
   bt.out_row = static_cast<size_t>(ol.row);
-  const float* out = slice_start(a.out, ol, slice, a.heads) + i0 * ol.row;
+  const float* out = row_i0(a.out, ol);
+  const uint16_t* out16 = nullptr;
+  if (bf16_in) {
+    bt.q16 = row_i0(static_cast<const uint16_t*>(a.narrow.q), ql);
+    bt.d_out16 = row_i0(reinterpret_cast<const uint16_t*>(b.d_out_bf16), ol);
+    out16 = row_i0(static_cast<const uint16_t*>(a.narrow.out), ol);
+  }
 
   // qt as the forward's (PackQueryTile); dot [Dv][bq] = d_outᵀ, delta, lse
   // and fill per lane.
@@ -633,15 +658,23 @@ HWY_NOINLINE void BackwardQueryTile(const AttentionBackwardArgs<float>& b, int64
   std::fill(bt.delta, bt.delta + bq, 0.0f);
   std::fill(bt.ones, bt.ones + bq, 1.0f);
   bt.nan_rows = false;
+  const auto widened = [](uint16_t bits) { return to_float(bfloat16{bits}); };
   for (size_t r = 0; r < rows; ++r) {
-    const float* HWY_RESTRICT g = bt.d_out + r * bt.out_row;
-    const float* HWY_RESTRICT o = out + r * bt.out_row;
     // delta = <d_out, out> (the contract's form; = Σ_j p dp), summed in
-    // this order on every target.
+    // this order on every target; from bf16 operands, of their exact
+    // widenings (the values the float copies would hold).
     float delta = 0.0f;
-    for (size_t c = 0; c < value_dim; ++c) delta += g[c] * o[c];
-    if constexpr (!kDot) {  // the pair way's dot holds d_out's pairs (PairTile)
-      for (size_t c = 0; c < value_dim; ++c) bt.dot[c * bq + r] = g[c];
+    if (bf16_in) {
+      const uint16_t* HWY_RESTRICT g = bt.d_out16 + r * bt.out_row;
+      const uint16_t* HWY_RESTRICT o = out16 + r * bt.out_row;
+      for (size_t c = 0; c < value_dim; ++c) delta += widened(g[c]) * widened(o[c]);
+    } else {
+      const float* HWY_RESTRICT g = bt.d_out + r * bt.out_row;
+      const float* HWY_RESTRICT o = out + r * bt.out_row;
+      for (size_t c = 0; c < value_dim; ++c) delta += g[c] * o[c];
+      if constexpr (!kDot) {  // the pair way's dot holds d_out's pairs (PairTile)
+        for (size_t c = 0; c < value_dim; ++c) bt.dot[c * bq + r] = g[c];
+      }
     }
     bt.delta[r] = delta;
     const float lse = b.lse[slice * a.q_len + i0 + static_cast<int64_t>(r)];
