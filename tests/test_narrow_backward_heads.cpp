@@ -149,6 +149,16 @@ TEST(NarrowBackward, Bf16OperandsGiveTheCopiesBits) {
     expect_same_gradients(c, step(m, c, "views", "auto"), in_place, std::string(c.name) + " views in place");
   }
   detail::bf16_dot_force("");
+  // A bad value of the switch is named, on any bf16 backward.
+  const auto m = module_for<bfloat16>(cases[2]);
+  try {
+    step(m, cases[2], "auto", "copy");
+    ADD_FAILURE() << "MULTIHEAD_BF16_BACKWARD=copy was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "MULTIHEAD_BF16_BACKWARD: expected one of auto, copies; got 'copy'");
+  }
+  unsetenv("MULTIHEAD_BACKWARD_HEADS");
+  unsetenv("MULTIHEAD_BF16_BACKWARD");
 }
 
 }  // namespace
