@@ -22,6 +22,7 @@
 #include <random>
 #include <string>
 
+#include "multihead/error.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
 #include "simd/targets.hpp"
 #include "test_util.hpp"
