@@ -23,6 +23,7 @@
 #include <string>
 
 #include "multihead/error.hpp"
+#include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
 #include "simd/targets.hpp"
 #include "test_util.hpp"
@@ -160,6 +161,69 @@ TEST(NarrowBackward, Bf16OperandsGiveTheCopiesBits) {
   }
   unsetenv("MULTIHEAD_BACKWARD_HEADS");
   unsetenv("MULTIHEAD_BF16_BACKWARD");
+}
+
+// The grouped-query module's bf16 backward: the saved bf16 q, k, v, merged
+// and d_merged read in place against float32 copies (MULTIHEAD_BF16_BACKWARD=
+// copies), the pair way forced: groups of 2 and 4 query heads per K/V head,
+// multi-query, RoPE in both conventions, biases, causal and not, an odd
+// head width, a sliding window with ALiBi and a soft cap.
+TEST(NarrowBackward, GqaBf16OperandsGiveTheCopiesBits) {
+  struct GqaCase {
+    const char* name;
+    int64_t E, H, Hkv, D, B, L;
+    bool bias, causal, rope, rope_half;
+    int64_t window;
+    bool alibi;
+    float softcap;
+  };
+  const GqaCase cases[] = {
+      {"groups2_rope_bias_causal", 64, 4, 2, 16, 2, 37, true, true, true, false, 0, false, 0.0f},
+      {"multi_query_rope_half", 48, 6, 1, 8, 1, 70, false, true, true, true, 0, false, 0.0f},
+      {"groups4_odd_D_not_causal", 40, 8, 2, 5, 2, 29, true, false, false, false, 0, false, 0.0f},
+      {"window_alibi_softcap", 32, 4, 4, 8, 2, 45, false, true, false, false, 9, true, 30.0f},
+  };
+  detail::bf16_dot_force("dpbf16");  // the pair way, natively or emulated
+  for (const GqaCase& c : cases) {
+    GroupedQueryAttentionConfig config;
+    config.embed_dim = c.E;
+    config.num_heads = c.H;
+    config.num_kv_heads = c.Hkv;
+    config.head_dim = c.D;
+    config.bias = c.bias;
+    config.causal = c.causal;
+    if (c.rope) {
+      RopeOptions r;
+      r.convention = c.rope_half ? RopeConvention::HalfSplit : RopeConvention::Interleaved;
+      config.rope = r;
+    }
+    const auto m = NarrowGroupedQueryAttention<bfloat16>::rounded(config, GroupedQueryAttention<float>(config, 11).parameters());
+    std::mt19937_64 rng(9);
+    const Tensor<bfloat16> x = round_to<bfloat16>(test::random_tensor<float>(Shape{c.B, c.L, c.E}, rng));
+    AttentionOptions options;
+    if (c.window > 0) options.window = c.window;
+    if (c.softcap > 0.0f) options.softcap = c.softcap;
+    if (c.alibi) options.alibi_slopes = alibi_slopes(c.H);
+    NarrowGroupedQueryForwardContext<bfloat16> ctx;
+    const Tensor<bfloat16> y = m.forward(x, options, ctx);
+    Tensor<bfloat16> d_y(y.shape());
+    for (int64_t i = 0; i < d_y.numel(); ++i) d_y[i] = to_bfloat16(std::cos(0.37f * static_cast<float>(i)));
+    const auto run = [&](const char* way) {
+      setenv("MULTIHEAD_BF16_BACKWARD", way, 1);
+      GroupedQueryAttentionGradients<bfloat16> g = m.backward(ctx, d_y);
+      unsetenv("MULTIHEAD_BF16_BACKWARD");
+      return g;
+    };
+    const GroupedQueryAttentionGradients<bfloat16> in_place = run("auto"), copied = run("copies");
+    const std::string label = c.name;
+    expect_same_bits(copied.x, in_place.x, label + " d_x");
+    ASSERT_EQ(copied.parameters.size(), in_place.parameters.size()) << label;
+    for (const auto& [name, t] : in_place.parameters) expect_same_bits(copied.parameters.at(name), t, label + " d_" + name);
+    double norm = 0;
+    for (int64_t i = 0; i < in_place.x.numel(); ++i) norm += std::abs(to_float(in_place.x[i]));
+    EXPECT_GT(norm, 0.0) << label;
+  }
+  detail::bf16_dot_force("");
 }
 
 }  // namespace

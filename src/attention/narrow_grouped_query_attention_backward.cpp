@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "attention/grouped_query_steps.hpp"
+#include "attention/mha_plan.hpp"
 #include "attention/narrow_convert.hpp"
 #include "attention/rope.hpp"
 #include "core/check.hpp"
@@ -78,25 +79,46 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
 
   // In the forward pass this was (attention, flash on the 16-bit operands):
   //   a = grouped_query_attention_args(config, B, L, L, t, options); a.narrow = {q, k, v, merged}
-  // The same arguments on float32 copies; the float32 flash backward.
-  const Storage<float> qf = widened(saved.q_.data(), static_cast<std::size_t>(saved.q_.numel()), threads);
-  const Storage<float> kf = widened(saved.k_.data(), static_cast<std::size_t>(saved.k_.numel()), threads);
-  const Storage<float> vf = widened(saved.v_.data(), static_cast<std::size_t>(saved.v_.numel()), threads);
-  const Storage<float> of = widened(saved.merged_.data(), static_cast<std::size_t>(saved.merged_.numel()), threads);
-  const Storage<float> dof = widened(d_merged.data(), d_merged.size(), threads);
+  // The same arguments on float32 copies; the float32 flash backward. bf16
+  // where the flash backward runs its pair way reads the saved bf16 q, k,
+  // v, merged and d_merged themselves instead (AttentionBackwardArgs::
+  // d_out_bf16; the same values, so the same bits: NarrowBackward.
+  // GqaBf16OperandsGiveTheCopiesBits), as the multi-head module's does;
+  // MULTIHEAD_BF16_BACKWARD=copies forces the copies (attention/mha_plan.hpp).
+  const bool forced_copies = std::is_same_v<E, bfloat16> && backward_widens_bf16();  // read (and checked) each call
+  const bool bf16_in = std::is_same_v<E, bfloat16> && !forced_copies && flash_backward_reads_bf16();
+  const auto copy = [&](const E* src, int64_t n) {
+    return bf16_in ? Storage<float>() : widened(src, static_cast<std::size_t>(n), threads);
+  };
+  const Storage<float> qf = copy(saved.q_.data(), saved.q_.numel());
+  const Storage<float> kf = copy(saved.k_.data(), saved.k_.numel());
+  const Storage<float> vf = copy(saved.v_.data(), saved.v_.numel());
+  const Storage<float> of = copy(saved.merged_.data(), saved.merged_.numel());
+  const Storage<float> dof = copy(d_merged.data(), static_cast<int64_t>(d_merged.size()));
   AttentionTensors<float> t;
-  t.q = qf.data();
-  t.k = kf.data();
-  t.v = vf.data();
-  t.out = const_cast<float*>(of.data());  // read only: delta_i = <d_out_i, out_i>
+  if (!bf16_in) {
+    t.q = qf.data();
+    t.k = kf.data();
+    t.v = vf.data();
+    t.out = const_cast<float*>(of.data());  // read only: delta_i = <d_out_i, out_i>
+  }
   t.q_layout = t.out_layout = SliceLayout{L * HD, D, HD};
   t.k_layout = t.v_layout = SliceLayout{L * KD, D, KD};
   std::vector<float> slopes;
   AttentionBackwardArgs<float> b;
   b.forward = grouped_query_attention_args(config_, B, L, L, t, options, slopes);
   b.lse = saved.lse_.data();
-  b.d_out = dof.data();
-  Storage<float> dqf(qf.size(), 0.0f), dkf(kf.size(), 0.0f), dvf(vf.size(), 0.0f);
+  if constexpr (std::is_same_v<E, bfloat16>) {
+    if (bf16_in) {
+      b.forward.narrow = {ComputeDtype::BF16, saved.q_.data(), saved.k_.data(), saved.v_.data(),
+                          const_cast<E*>(saved.merged_.data())};  // merged: read only
+      b.d_out_bf16 = d_merged.data();
+    }
+  }
+  if (!bf16_in) b.d_out = dof.data();
+  // Written in full by the kernel (Storage(n): no fill).
+  Storage<float> dqf(static_cast<std::size_t>(saved.q_.numel())), dkf(static_cast<std::size_t>(saved.k_.numel())),
+      dvf(static_cast<std::size_t>(saved.v_.numel()));
   b.d_q = dqf.data();
   b.d_k = dkf.data();
   b.d_v = dvf.data();
