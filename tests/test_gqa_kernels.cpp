@@ -322,6 +322,37 @@ TEST_P(GqaKernel, EqualsRepeatedKvHeads) {
 INSTANTIATE_TEST_SUITE_P(Table, GqaKernel, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<Param>& info) { return param_name(info.param); });
 
+// A decoded token's attention with fewer K/V heads than threads: the flash
+// kernel cuts each group's query rows into items of whole vectors so that
+// the threads share the lone slice (src/kernels/flash.cpp, item_rows), but
+// only as far as every row keeps its key tiling. So the bits are the same
+// for any thread count, on every target: groups of 32 (cut on AVX-512: two
+// one-vector tiles instead of one of two vectors), 48 and 64 (one tile of
+// four vectors on AVX-512, whose key tile differs: not cut), and 2 K/V
+// heads for 3 and 4 threads. S = 300 spans several key tiles.
+TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
+  const GqaCase cases[] = {
+      {1, 32, 1, 1, 300, 64, 64, true},  {1, 48, 1, 1, 300, 16, 16, true},
+      {1, 64, 1, 1, 300, 16, 8, true},   {1, 32, 2, 1, 300, 32, 32, true, true},
+      {2, 24, 1, 1, 257, 8, 8, false},
+  };
+  for (const std::string& target : detail::simd_targets_available()) {
+    const ScopedTarget scoped(target);
+    for (const GqaCase& c : cases) {
+      const Inputs in = make_inputs(c);
+      const std::vector<float> one = run(Kernel::Flash, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
+      const std::vector<float> k_rep = repeat_kv(in.k, c, c.D), v_rep = repeat_kv(in.v, c, c.Dv);
+      const Check r = check(c, one, oracle(in, k_rep, v_rep));
+      EXPECT_EQ(r.failures, 0) << target << " " << case_name(c) << ": " << r.first;
+      for (int threads : {2, 3, 4}) {
+        const std::vector<float> got = run(Kernel::Flash, c, in.q, in.k, in.v, c.Hkv, in.scale, threads);
+        EXPECT_EQ(0, std::memcmp(got.data(), one.data(), got.size() * sizeof(float)))
+            << target << " " << case_name(c) << ": " << threads << " threads differ from 1";
+      }
+    }
+  }
+}
+
 // The check can fail: one perturbed element, and the wrong grouping
 // (query head h reading K/V head h % Hkv instead of h / (H / Hkv)).
 TEST(GqaKernelChecker, CatchesPerturbationAndWrongGrouping) {

@@ -282,13 +282,32 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
 
 namespace {
 
+// Rows per work item: the kernel's widest tile, unless the slices are fewer
+// than the threads and each holds at most kernel.same_bits_rows rows. That
+// is a decoding step with few K/V heads, where grouped_decode_args makes
+// each K/V head's H/Hkv query rows one slice (32 rows on one slice at
+// H = 32, Hkv = 1: one item, so one thread computed the step's attention
+// while the other waited). Then each slice's rows are cut into whole
+// vectors, up to threads / slices items, which leaves every row's key
+// tiling and so its bits unchanged (FlashAttentionKernel::same_bits_rows):
+// the outputs are the same for any thread count. Each item reads its
+// slice's K/V, so the threads read them side by side.
+int64_t item_rows(const FlashAttentionKernel& kernel, int64_t slices, int64_t q_len, int threads) {
+  if (slices >= threads || q_len > kernel.same_bits_rows) return kernel.row_tile;
+  const int64_t parts = (threads + slices - 1) / slices;
+  const int64_t per = (q_len + parts - 1) / parts;
+  return std::max(kernel.vector_rows, (per + kernel.vector_rows - 1) / kernel.vector_rows * kernel.vector_rows);
+}
+
 void run_flash(const AttentionArgs<float>& args) {
   // Dispatch once per call: the target's kernel, and its query tile height.
   const FlashAttentionKernel kernel = flash_attention_kernel_for(simd_target_bit());
   const auto rows = args.narrow.dtype == ComputeDtype::BF16  ? kernel.rows_bf16
                     : args.narrow.dtype == ComputeDtype::F16 ? kernel.rows_f16
                                                              : kernel.rows;
-  const int64_t tiles_per_slice = (args.q_len + kernel.row_tile - 1) / kernel.row_tile;
+  const int threads = requested_threads(args.num_threads);
+  const int64_t tile_rows = item_rows(kernel, args.slices, args.q_len, threads);
+  const int64_t tiles_per_slice = (args.q_len + tile_rows - 1) / tile_rows;
   const int64_t items = args.slices * tiles_per_slice;
 
   // Work item `it` = (slice, query tile), slice-major so that consecutive
@@ -296,15 +315,15 @@ void run_flash(const AttentionArgs<float>& args) {
   // grows with its index; within a slice the tiles go heaviest first so
   // that the dynamic schedule ends on small items.
   // An item's work: its rows' scores and values, row_tile·S·(D + Dv).
-  const int64_t item_cost = std::min(args.q_len, kernel.row_tile) * args.kv_len * (args.head_dim + args.value_dim);
-  parallel_items(items, requested_threads(args.num_threads), item_cost, [&](int64_t it) {
+  const int64_t item_cost = std::min(args.q_len, tile_rows) * args.kv_len * (args.head_dim + args.value_dim);
+  parallel_items(items, threads, item_cost, [&](int64_t it) {
     // Per-thread scratch, grown on demand and kept for the next call.
     thread_local FlashScratch scratch;
     const int64_t slice = it / tiles_per_slice;
     int64_t tile = it % tiles_per_slice;
     if (args.modifiers.causal.enabled) tile = tiles_per_slice - 1 - tile;
-    const int64_t row_begin = tile * kernel.row_tile;
-    const int64_t row_end = std::min(args.q_len, row_begin + kernel.row_tile);
+    const int64_t row_begin = tile * tile_rows;
+    const int64_t row_end = std::min(args.q_len, row_begin + tile_rows);
     rows(args, slice, row_begin, row_end, scratch);
   });
 }

@@ -54,6 +54,12 @@ void FlashAttentionRowsF16(const AttentionArgs<float>& args, int64_t slice, int6
 }
 int64_t FlashAttentionRowTile() { return FlashAttentionRowTileF32(); }
 int64_t FlashAttentionKeyTile() { return static_cast<int64_t>(KeyTile(kMaxQueryVectors)); }
+int64_t FlashAttentionVectorRows() { return static_cast<int64_t>(hn::Lanes(DF32())); }
+int64_t FlashAttentionSameBitsRows() {
+  size_t nvq = 1;
+  while (nvq < kMaxQueryVectors && KeyTile(nvq + 1) == KeyTile(1)) ++nvq;
+  return static_cast<int64_t>(nvq * hn::Lanes(DF32()));
+}
 int64_t FlashAttentionTarget() { return HWY_TARGET; }
 
 }  // namespace HWY_NAMESPACE
@@ -71,6 +77,8 @@ HWY_EXPORT(FlashAttentionRowsBF16DotNative);
 HWY_EXPORT(FlashAttentionBf16DotRateRatio);
 HWY_EXPORT(FlashAttentionRowTile);
 HWY_EXPORT(FlashAttentionKeyTile);
+HWY_EXPORT(FlashAttentionVectorRows);
+HWY_EXPORT(FlashAttentionSameBitsRows);
 HWY_EXPORT(FlashAttentionTarget);
 
 FlashScratch::~FlashScratch() { free_storage(data_, capacity_ * sizeof(float)); }
@@ -139,6 +147,8 @@ FlashAttentionKernel flash_attention_kernel_for(int64_t target_bit) {
   kernel.rows_f16 = HWY_DISPATCH_TABLE(FlashAttentionRowsF16)[i];
   kernel.row_tile = HWY_DISPATCH_TABLE(FlashAttentionRowTile)[i]();
   kernel.key_tile = HWY_DISPATCH_TABLE(FlashAttentionKeyTile)[i]();
+  kernel.vector_rows = HWY_DISPATCH_TABLE(FlashAttentionVectorRows)[i]();
+  kernel.same_bits_rows = HWY_DISPATCH_TABLE(FlashAttentionSameBitsRows)[i]();
   return kernel;
 }
 

@@ -32,8 +32,10 @@ class FlashScratch {
 struct FlashAttentionKernel {
   // Writes out rows [row_begin, row_end) of slice `slice`, as kernel.hpp's
   // contract (src/contract/attention_args.hpp) says. Reads args.q/k/v/masks, never args.weights. Rows are
-  // independent: the result of a row does not depend on which other rows
-  // share the call, so any partition gives bit-identical outputs.
+  // independent: a row's result depends on the other rows of its call only
+  // through the query tile its row falls in, whose vector count sets the key
+  // tiling (same_bits_rows below). Calls cut at the same multiples of
+  // row_tile give bit-identical outputs.
   void (*rows)(const AttentionArgs<float>& args, int64_t slice, int64_t row_begin, int64_t row_end,
                FlashScratch& scratch);
   // The same with 16-bit storage (args.narrow.dtype BF16 or F16).
@@ -46,6 +48,15 @@ struct FlashAttentionKernel {
   // Keys per key tile with that query tile (the last may take a quarter
   // more); tests put lengths on either side of it.
   int64_t key_tile;
+  // Query rows of one vector (the float lanes).
+  int64_t vector_rows;
+  // A row's bits depend on its query tile only through the key tiling,
+  // which follows the tile's vector count; this many rows (a multiple of
+  // vector_rows) is the widest tile whose key tiling is a one-vector
+  // tile's. Rows of a call with q_len at most this may be cut into tiles of
+  // any whole vectors and keep their bits (flash.cpp's run_flash cuts a
+  // decoding step's lone slice so that two threads share it).
+  int64_t same_bits_rows;
 };
 
 // The kernel compiled for Highway target `target_bit` (see targets.hpp);
