@@ -314,7 +314,7 @@ void run_flash(const AttentionArgs<float>& args) {
   // items share K and V in cache. With causal masking a query tile's cost
   // grows with its index; within a slice the tiles go heaviest first so
   // that the dynamic schedule ends on small items.
-  // An item's work: its rows' scores and values, row_tile·S·(D + Dv).
+  // An item's work: its rows' scores and values, tile_rows·S·(D + Dv).
   const int64_t item_cost = std::min(args.q_len, tile_rows) * args.kv_len * (args.head_dim + args.value_dim);
   parallel_items(items, threads, item_cost, [&](int64_t it) {
     // Per-thread scratch, grown on demand and kept for the next call.
