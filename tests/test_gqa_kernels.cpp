@@ -1,6 +1,7 @@
 // tests/test_gqa_kernels.cpp: grouped-query attention at the kernel level.
 //
-// Every kernel (reference, materialized, flash), on every SIMD target this
+// Every kernel (reference, materialized, flash, and decoding's: the decode
+// kernel of every KV-cache dtype, on a float32 cache), on every SIMD target this
 // machine runs, at 1 and 2 threads, called with kv_heads K/V heads
 // (AttentionArgs::kv_heads, the mapping kv_slice() in
 // src/contract/attention_args.hpp), is checked two ways:
@@ -44,7 +45,8 @@ struct GqaCase {
   int64_t B, H, Hkv, L, S, D, Dv;
   bool causal = false;   // bottom-right: the last query sees every key (decoding)
   bool strided = false;  // K/V as views into (B, S, Hkv·width), Q/out into (B, L, H·width)
-  int64_t window = 0;    // sliding window; query i at position i + S − L either way
+  int64_t window = 0;    // sliding window; query i at position i + cols − L either way
+  int64_t cols = 0;      // keys with a position (0: all S); keys j >= cols have none and are always seen
 };
 
 std::string case_name(const GqaCase& c) {
@@ -54,6 +56,7 @@ std::string case_name(const GqaCase& c) {
   if (c.causal) n += "_causalBR";
   if (c.strided) n += "_strided";
   if (c.window) n += "_window" + std::to_string(c.window);
+  if (c.cols) n += "_cols" + std::to_string(c.cols);
   return n;
 }
 
@@ -77,12 +80,30 @@ const GqaCase kCases[] = {
     {2, 8, 2, 1, 200, 32, 32, true, true, 50},
     {1, 8, 4, 1, 90, 16, 16, false, false, 30},
     {1, 4, 2, 1, 40, 8, 8, true, false, 100},
+    // Groups the decode kernel cuts into calls of up to 8 rows and, on
+    // AVX-512, into DotBlock's groups of 4 (src/simd/decode_compressed-inl.h):
+    // 6 rows (4 + 2) over 150 keys (a last block of 22: 2 keys one at a
+    // time); 3 queries x 8 heads (24 rows with their own causal ends, D 8:
+    // no full vector on AVX-512); 2 x 5 rows with a window and 10 keys
+    // without a position (the [rest, S) range); 4 x 8 rows, causal, 10 such
+    // keys.
+    {1, 6, 1, 1, 150, 16, 16, true},
+    {1, 16, 2, 3, 77, 8, 8, true},
+    {2, 10, 2, 2, 100, 24, 24, true, false, 40, 90},
+    {1, 8, 1, 4, 70, 20, 20, true, false, 0, 60},
 };
 
-enum class Kernel { Reference, Materialized, Flash };
+// Decode: the decode kernel of every KV-cache dtype, on a float32 cache
+// (attention_forward_compressed with KVCacheDType::Native); it reads K/V as
+// [B·Hkv][S][D], so only contiguous cases with Dv = D.
+enum class Kernel { Reference, Materialized, Flash, Decode };
 const char* kernel_name(Kernel k) {
-  return k == Kernel::Reference ? "reference" : k == Kernel::Materialized ? "materialized" : "flash";
+  return k == Kernel::Reference      ? "reference"
+         : k == Kernel::Materialized ? "materialized"
+         : k == Kernel::Flash        ? "flash"
+                                     : "decode";
 }
+bool decode_serves(const GqaCase& c) { return !c.strided && c.D == c.Dv; }
 
 struct Param {
   GqaCase c;
@@ -174,7 +195,7 @@ std::vector<float> run(Kernel kernel, const GqaCase& c, const std::vector<float>
   a.value_dim = c.Dv;
   a.scale = scale;
   a.num_threads = threads;
-  a.modifiers.causal = detail::CausalRule{c.causal, CausalAlignment::BottomRight, 0, c.S};
+  a.modifiers.causal = detail::CausalRule{c.causal, CausalAlignment::BottomRight, 0, c.cols ? c.cols : c.S};
   a.modifiers.window = c.window;
   std::vector<float> qs = q, ks = k, vs = v;
   if (c.strided) {
@@ -200,6 +221,10 @@ std::vector<float> run(Kernel kernel, const GqaCase& c, const std::vector<float>
       break;
     case Kernel::Flash:
       detail::attention_forward_flash(a);
+      break;
+    case Kernel::Decode:
+      detail::attention_forward_compressed(
+          a, detail::CompressedKV{KVCacheDType::Native, ks.data(), vs.data(), nullptr, nullptr, c.S});
       break;
   }
   return c.strided ? unpack(out, c.B, c.H, c.L, c.Dv) : out;
@@ -237,9 +262,10 @@ Oracle oracle(const Inputs& in, const std::vector<float>& k_rep, const std::vect
           dot += static_cast<double>(qi[d]) * K[j * c.D + d];
           abs_dot += std::abs(static_cast<double>(qi[d]) * K[j * c.D + d]);
         }
-        const int64_t p = i + (c.S - c.L);  // the query's position
-        const bool visible = (!c.causal || j <= p) &&
-                             (c.window == 0 || (j > p - c.window && (c.causal || j < p + c.window)));
+        const int64_t cols = c.cols ? c.cols : c.S;
+        const int64_t p = i + (cols - c.L);  // the query's position
+        const bool visible = j >= cols || ((!c.causal || j <= p) &&
+                                           (c.window == 0 || (j > p - c.window && (c.causal || j < p + c.window))));
         s[j] = visible ? dot * scale : -INFINITY;
         if (visible) {
           m = std::max(m, s[j]);
@@ -289,8 +315,9 @@ std::vector<Param> params() {
   std::vector<Param> p;
   for (const std::string& target : detail::simd_targets_available())
     for (const GqaCase& c : kCases)
-      for (Kernel k : {Kernel::Reference, Kernel::Materialized, Kernel::Flash})
-        for (int threads : {1, 2}) p.push_back({c, k, threads, target});
+      for (Kernel k : {Kernel::Reference, Kernel::Materialized, Kernel::Flash, Kernel::Decode})
+        if (k != Kernel::Decode || decode_serves(c))
+          for (int threads : {1, 2}) p.push_back({c, k, threads, target});
   return p;
 }
 
@@ -308,8 +335,11 @@ TEST_P(GqaKernel, EqualsRepeatedKvHeads) {
   EXPECT_EQ(r.failures, 0) << r.first;
   RecordProperty("worst_error_over_bound", fmt(r.worst_ratio));
   // Flash packs a decoded token's query heads per group (L = 1), which
-  // changes its key tiling: only the bound above holds there.
-  const bool packed = p.kernel == Kernel::Flash && c.L == 1 && c.Hkv != c.H;
+  // changes its key tiling, and the decode kernel takes a group's rows
+  // together (four keys at a time up to 8 rows on AVX-512, one at a time
+  // for a lone row's last keys), which changes the order of a dot product's
+  // lane sums: only the bound above holds there.
+  const bool packed = (p.kernel == Kernel::Flash && c.L == 1 && c.Hkv != c.H) || p.kernel == Kernel::Decode;
   if (p.kernel != Kernel::Materialized && !packed) {
     // Same arithmetic on the same values; only the K/V addresses differ.
     // (Materialized goes through BLAS, whose blocking we do not own.)
@@ -329,7 +359,8 @@ INSTANTIATE_TEST_SUITE_P(Table, GqaKernel, ::testing::ValuesIn(params()),
 // for any thread count, on every target: groups of 32 (cut on AVX-512: two
 // one-vector tiles instead of one of two vectors), 48 and 64 (one tile of
 // four vectors on AVX-512, whose key tile differs: not cut), and 2 K/V
-// heads for 3 and 4 threads. S = 300 spans several key tiles.
+// heads for 3 and 4 threads. S = 300 spans several key tiles. The decode
+// kernel (contiguous cases) cuts its calls by shape alone: same bits too.
 TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
   const GqaCase cases[] = {
       {1, 32, 1, 1, 300, 64, 64, true},  {1, 48, 1, 1, 300, 16, 16, true},
@@ -338,18 +369,21 @@ TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
   };
   for (const std::string& target : detail::simd_targets_available()) {
     const ScopedTarget scoped(target);
-    for (const GqaCase& c : cases) {
-      const Inputs in = make_inputs(c);
-      const std::vector<float> one = run(Kernel::Flash, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
-      const std::vector<float> k_rep = repeat_kv(in.k, c, c.D), v_rep = repeat_kv(in.v, c, c.Dv);
-      const Check r = check(c, one, oracle(in, k_rep, v_rep));
-      EXPECT_EQ(r.failures, 0) << target << " " << case_name(c) << ": " << r.first;
-      for (int threads : {2, 3, 4}) {
-        const std::vector<float> got = run(Kernel::Flash, c, in.q, in.k, in.v, c.Hkv, in.scale, threads);
-        EXPECT_EQ(0, std::memcmp(got.data(), one.data(), got.size() * sizeof(float)))
-            << target << " " << case_name(c) << ": " << threads << " threads differ from 1";
+    for (const GqaCase& c : cases)
+      for (Kernel kernel : {Kernel::Flash, Kernel::Decode}) {
+        if (kernel == Kernel::Decode && !decode_serves(c)) continue;
+        const std::string name = case_name(c) + "_" + kernel_name(kernel);
+        const Inputs in = make_inputs(c);
+        const std::vector<float> one = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
+        const std::vector<float> k_rep = repeat_kv(in.k, c, c.D), v_rep = repeat_kv(in.v, c, c.Dv);
+        const Check r = check(c, one, oracle(in, k_rep, v_rep));
+        EXPECT_EQ(r.failures, 0) << target << " " << name << ": " << r.first;
+        for (int threads : {2, 3, 4}) {
+          const std::vector<float> got = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, threads);
+          EXPECT_EQ(0, std::memcmp(got.data(), one.data(), got.size() * sizeof(float)))
+              << target << " " << name << ": " << threads << " threads differ from 1";
+        }
       }
-    }
   }
 }
 

@@ -12,7 +12,12 @@
 
 namespace multihead::detail {
 
-void attention_forward_compressed(const AttentionArgs<float>& args, const CompressedKV& kv) {
+void attention_forward_compressed(const AttentionArgs<float>& call, const CompressedKV& kv) {
+  // q and out as AttentionArgs says (unset layouts: contiguous); the kernel
+  // reads them resolved. K/V are the cache's [B·Hkv][capacity][D].
+  AttentionArgs<float> args = call;
+  args.q_layout = resolve_layout(call.q_layout, call.heads, call.q_len, call.head_dim);
+  args.out_layout = resolve_layout(call.out_layout, call.heads, call.q_len, call.head_dim);
   const int64_t H = args.heads, Hkv = args.kv_heads_or_heads(), L = args.q_len;
   const int64_t kv_slices = kv_slice_count(args.slices, H, Hkv);
   const int64_t group_rows = H / Hkv * L;  // the query rows reading one K/V slice

@@ -167,21 +167,81 @@ HWY_INLINE void PrefetchKey(const typename W::Elem* k, const float* k_scales, co
   }
 }
 
-// Query rows per K/V head up to which DotBlock takes four keys at a time:
-// 4·R accumulators, R query vectors and a K vector must fit the registers,
-// 32 on AVX-512 (21 at R = 4), 16 on AVX2 and SSE4 (11 at R = 2). With the
-// four-key path at R = 4 on AVX2 (spilling), the int8 and bf16 caches at 8 of
-// 32 K/V heads took 3.6 and 3.7 ms a step against 3.3 and 3.3 one key at a
-// time (MULTIHEAD_SIMD_TARGET=AVX2, Zen 5, median of 3 alternated rounds).
+// Query rows DotFourKeys takes at once: 4·R accumulators, R query vectors
+// and a K vector must fit the registers, 32 on AVX-512 (21 at R = 4), 16 on
+// AVX2 and SSE4 (11 at R = 2). With R = 4 on AVX2 (spilling), the int8 and
+// bf16 caches at 8 of 32 K/V heads took 3.6 and 3.7 ms a step against 3.3 and
+// 3.3 one key at a time (MULTIHEAD_SIMD_TARGET=AVX2, Zen 5, median of 3
+// alternated rounds).
 inline constexpr int kFourKeyRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
-// scores[r][jj] = <q_r, k_{j0 + jj}> for jj < jn. Up to kFourKeyRows rows:
-// four keys at a time, one accumulator per row and key (the keys' chains are
-// independent) and StoreSumsOfFour; more rows, or the last jn mod 4 keys:
-// one key at a time, kSplit<R> accumulators per row. Either way a score is
-// its vector lanes' sum plus the scalar tail's (columns D − D mod N …), the
-// tail summed first; the two ways add the lanes in different orders, so a
-// key's score may differ in its last bits between them.
+// Groups of kFourKeyRows up to which DotBlock takes four keys at a time,
+// per cache element type W: a call of R rows runs DotFourKeys on
+// ceil(R / kFourKeyRows) groups of rows, each re-reading the four K rows
+// (from L1). On AVX-512 with a 16-bit or int8 cache, 8 rows one key at a
+// time spent about as many instructions on the 8 lane sums per key
+// (SumOfLanes: a shuffle and an add per halving) as on the multiply-adds;
+// two groups of four share the sums' shuffles. 32 query rows on one K/V
+// head, S 16384, one thread (multihead_bench_kernels DecodeCompressed,
+// kv_heads:1, Zen 4, alternated, 3 rounds, with the vector softmax below on
+// both sides): bf16 4.0/3.3/3.2 ms against 3.2-… one group; see
+// docs/decoding.md. With a float32 cache two groups measured slower (8.2
+// against 4.6 ms), so float32 keeps one; so do the 16-register targets,
+// where more groups re-read K too often.
+template <class W>
+inline constexpr int kFourKeyGroups = HWY_TARGET <= HWY_AVX3 && sizeof(typename W::Elem) < 4 ? 2 : 1;
+
+// scores[r][jj … jj + 3] = <q_r, k_t> for the four K rows k_t = krow[t], r <
+// R <= kFourKeyRows: one accumulator per row and key (the keys' chains are
+// independent), the lanes summed by StoreSumsOfFour, then the scalar tail's
+// columns (D − D mod N …) added.
+template <int R, class W>
+HWY_INLINE void DotFourKeys(const DecodeRow* rows, const typename W::Elem* const krow[4], const float* const kscales[4],
+                            int64_t D, int64_t jj, float (*scores)[kKeyBlock]) {
+  const DF32 df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
+  VF32 d[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < 4; ++t) d[r][t] = hn::Zero(df);
+  for (int64_t c = 0; c < Dv; c += N) {
+    VF32 q[R];
+    for (int r = 0; r < R; ++r) q[r] = hn::LoadU(df, rows[r].q + c);
+    for (int t = 0; t < 4; ++t) {
+      const VF32 kv = W::Vector(df, krow[t], c, kscales[t]);
+      for (int r = 0; r < R; ++r) d[r][t] = hn::MulAdd(q[r], kv, d[r][t]);
+    }
+  }
+  float tail[R][4] = {};
+  for (int64_t c = Dv; c < D; ++c)
+    for (int t = 0; t < 4; ++t) {
+      const float kc = W::Scalar(krow[t], c, kscales[t]);
+      for (int r = 0; r < R; ++r) tail[r][t] += rows[r].q[c] * kc;
+    }
+  for (int r = 0; r < R; ++r) {
+    StoreSumsOfFour(d[r][0], d[r][1], d[r][2], d[r][3], scores[r] + jj);
+    for (int t = 0; t < 4; ++t) scores[r][jj + t] += tail[r][t];
+  }
+}
+
+// DotFourKeys over rows 0 … R − 1 in groups of kFourKeyRows (the last one
+// shorter).
+template <int R, class W>
+HWY_INLINE void DotFourKeysGrouped(const DecodeRow* rows, const typename W::Elem* const krow[4],
+                                   const float* const kscales[4], int64_t D, int64_t jj,
+                                   float (*scores)[kKeyBlock]) {
+  constexpr int G = R < kFourKeyRows ? R : kFourKeyRows;
+  DotFourKeys<G, W>(rows, krow, kscales, D, jj, scores);
+  if constexpr (R > G) DotFourKeysGrouped<R - G, W>(rows + G, krow, kscales, D, jj, scores + G);
+}
+
+// scores[r][jj] = <q_r, k_{j0 + jj}> for jj < jn. Up to kFourKeyRows ·
+// kFourKeyGroups<W> rows: four keys at a time (DotFourKeysGrouped); more rows,
+// or the last jn mod 4 keys: one key at a time, kSplit<R> accumulators per
+// row. Either way a score is its vector lanes' sum plus the scalar tail's
+// (columns D − D mod N …), the tail summed first; the two ways add the lanes
+// in different orders, so a key's score may differ in its last bits between
+// them. Which way a key takes depends on R, jn and the target only, so the
+// bits do not depend on the thread count (calls are cut by shape).
 template <int R, class W>
 HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, const float* k_scales,
                            const typename W::Elem* v, const float* v_scales, int64_t blocks, int64_t D, int64_t j0,
@@ -190,37 +250,17 @@ HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, con
   constexpr int A = kSplit<R>;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
   int64_t jj = 0;
-  if constexpr (R <= kFourKeyRows) {
+  if constexpr (R <= kFourKeyRows * kFourKeyGroups<W>) {
     for (; jj + 4 <= jn; jj += 4) {
-      const typename W::Elem* row[4];
-      const float* scales[4];
+      const typename W::Elem* krow[4];
+      const float* kscales[4];
       for (int t = 0; t < 4; ++t) {
         const int64_t j = j0 + jj + t;
         PrefetchKey<W>(k, k_scales, v, v_scales, blocks, D, j, k_end);
-        row[t] = k + j * D;
-        scales[t] = k_scales ? k_scales + j * blocks : nullptr;
+        krow[t] = k + j * D;
+        kscales[t] = k_scales ? k_scales + j * blocks : nullptr;
       }
-      VF32 d[R][4];
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < 4; ++t) d[r][t] = hn::Zero(df);
-      for (int64_t c = 0; c < Dv; c += N) {
-        VF32 q[R];
-        for (int r = 0; r < R; ++r) q[r] = hn::LoadU(df, rows[r].q + c);
-        for (int t = 0; t < 4; ++t) {
-          const VF32 kv = W::Vector(df, row[t], c, scales[t]);
-          for (int r = 0; r < R; ++r) d[r][t] = hn::MulAdd(q[r], kv, d[r][t]);
-        }
-      }
-      float tail[R][4] = {};
-      for (int64_t c = Dv; c < D; ++c)
-        for (int t = 0; t < 4; ++t) {
-          const float kc = W::Scalar(row[t], c, scales[t]);
-          for (int r = 0; r < R; ++r) tail[r][t] += rows[r].q[c] * kc;
-        }
-      for (int r = 0; r < R; ++r) {
-        StoreSumsOfFour(d[r][0], d[r][1], d[r][2], d[r][3], scores[r] + jj);
-        for (int t = 0; t < 4; ++t) scores[r][jj + t] += tail[r][t];
-      }
+      DotFourKeysGrouped<R, W>(rows, krow, kscales, D, jj, scores);
     }
   }
   for (; jj < jn; ++jj) {
@@ -296,19 +336,36 @@ HWY_NOINLINE void AccumulateBlock(DecodeRow* rows, const typename W::Elem* v, co
 // so far keeps m = −inf and gets weights 0.
 HWY_INLINE void SoftmaxBlock(DecodeRow& row, float scale, int64_t S, int64_t j0, int64_t jn, float* s, int64_t D) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const DF32 df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   float block_max = kNegInf;
-  for (int64_t jj = 0; jj < jn; ++jj) {
-    const int64_t j = j0 + jj;
-    const float dot = scale * s[jj];
-    float score;
-    if (row.plain)
-      score = (j >= row.begin && j < row.end) || j >= row.rest ? dot : kNegInf;
-    else
-      score = modified_score(row.modifiers, S, row.i, j, dot);
-    s[jj] = score;
-    block_max = std::fmax(block_max, score);
+  if (row.plain) {
+    // score = scale · dot where visible, −inf elsewhere, N keys at a time:
+    // the block's visible keys are [a, b) ∪ [c, jn) relative to j0 (the same
+    // products and the same max as the scalar form below: 32 rows per K/V
+    // head spent a quarter of the decode kernel's time in that loop, perf).
+    const hn::RebindToSigned<DF32> di;
+    const auto at = [&](int64_t x) { return static_cast<int32_t>(std::clamp<int64_t>(x - j0, 0, jn)); };
+    // (x >= a as x > a − 1: Highway 1.0 has no signed-integer Ge on x86.)
+    const auto a1 = hn::Set(di, at(row.begin) - 1), b = hn::Set(di, at(row.end));
+    const auto c1 = hn::Set(di, at(row.rest) - 1), n = hn::Set(di, static_cast<int32_t>(jn));
+    const VF32 vscale = hn::Set(df, scale), neg_inf = hn::Set(df, kNegInf);
+    VF32 vmax = neg_inf;
+    for (int64_t jj = 0; jj < kKeyBlock; jj += N) {
+      const auto x = hn::Iota(di, static_cast<int32_t>(jj));
+      const auto visible = hn::And(hn::Lt(x, n), hn::Or(hn::And(hn::Gt(x, a1), hn::Lt(x, b)), hn::Gt(x, c1)));
+      const VF32 score = hn::IfThenElse(hn::RebindMask(df, visible), hn::Mul(vscale, hn::LoadU(df, s + jj)), neg_inf);
+      hn::StoreU(score, df, s + jj);
+      vmax = hn::Max(vmax, score);
+    }
+    block_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  } else {
+    for (int64_t jj = 0; jj < jn; ++jj) {
+      s[jj] = modified_score(row.modifiers, S, row.i, j0 + jj, scale * s[jj]);
+      block_max = std::fmax(block_max, s[jj]);
+    }
+    for (int64_t jj = jn; jj < kKeyBlock; ++jj) s[jj] = kNegInf;
   }
-  for (int64_t jj = jn; jj < kKeyBlock; ++jj) s[jj] = kNegInf;
   const float m_new = std::fmax(row.m, block_max);
   if (m_new == kNegInf) {
     for (int64_t jj = 0; jj < kKeyBlock; ++jj) s[jj] = 0.0f;
@@ -320,8 +377,6 @@ HWY_INLINE void SoftmaxBlock(DecodeRow& row, float scale, int64_t S, int64_t j0,
     for (int64_t c = 0; c < D; ++c) row.acc[c] *= alpha;
     row.m = m_new;
   }
-  const DF32 df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const VF32 log2e = hn::Set(df, 1.44269504088896341f), vm = hn::Set(df, m_new);
   VF32 sum = hn::Zero(df);
   for (int64_t jj = 0; jj < kKeyBlock; jj += N) {
