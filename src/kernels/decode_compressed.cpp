@@ -1,7 +1,7 @@
 // src/kernels/decode_compressed.cpp: attention over a compressed KV cache
 // (kernel.hpp, attention_forward_compressed): the rows of each K/V head's
-// group cut into calls of at most kDecodeMaxRows, threaded over those calls;
-// the per-target kernel is src/simd/decode_compressed-inl.h.
+// group cut into calls of whole chunks (kDecodeMaxRows rows), threaded over
+// those calls; the per-target kernel is src/simd/decode_compressed-inl.h.
 #include <algorithm>
 #include <cstdint>
 
@@ -21,15 +21,24 @@ void attention_forward_compressed(const AttentionArgs<float>& call, const Compre
   const int64_t H = args.heads, Hkv = args.kv_heads_or_heads(), L = args.q_len;
   const int64_t kv_slices = kv_slice_count(args.slices, H, Hkv);
   const int64_t group_rows = H / Hkv * L;  // the query rows reading one K/V slice
-  const int64_t calls = (group_rows + kDecodeMaxRows - 1) / kDecodeMaxRows;
+  const int64_t chunks = (group_rows + kDecodeMaxRows - 1) / kDecodeMaxRows;
   if (kv_slices == 0 || L == 0) return;
   const DecodeCompressedKernel kernel = decode_compressed_kernel_for(simd_target_bit());
+  // Each call reads its K/V slice once for all its chunks (the kernel takes a
+  // block of keys chunk by chunk while it is in cache), so a group's chunks
+  // are cut into as few calls as keep every thread busy: one per slice when
+  // there are as many slices as threads, and with fewer (one K/V head, 32
+  // query heads: 4 chunks) up to threads / slices calls of whole chunks. A
+  // row's bits do not depend on the cut (decode_compressed-inl.h).
+  const int threads = requested_threads(args.num_threads);
+  const int64_t parts = std::clamp<int64_t>((threads + kv_slices - 1) / kv_slices, 1, chunks);
   // A call's work: its rows' dot products and weighted sums over S keys.
-  const int64_t item_cost = std::min(group_rows, kDecodeMaxRows) * std::max<int64_t>(args.kv_len, 1) *
-                            std::max<int64_t>(args.head_dim, 1) * 2;
-  parallel_items(kv_slices * calls, requested_threads(args.num_threads), item_cost, [&](int64_t it) {
-    const int64_t slice = it / calls, begin = it % calls * kDecodeMaxRows;
-    kernel.rows(args, kv, slice, begin, std::min(group_rows, begin + kDecodeMaxRows));
+  const int64_t item_cost = std::min(group_rows, (chunks + parts - 1) / parts * kDecodeMaxRows) *
+                            std::max<int64_t>(args.kv_len, 1) * std::max<int64_t>(args.head_dim, 1) * 2;
+  parallel_items(kv_slices * parts, threads, item_cost, [&](int64_t it) {
+    const int64_t slice = it / parts, part = it % parts;
+    const int64_t first = part * chunks / parts * kDecodeMaxRows, last = (part + 1) * chunks / parts * kDecodeMaxRows;
+    kernel.rows(args, kv, slice, first, std::min(group_rows, last));
   });
 }
 

@@ -10,8 +10,9 @@
 // The cache is read where it lies and widened in registers: each K row is
 // loaded D/N vectors at a time in its own type, widened to float32 (core/narrow_lanes-inl.h)
 // (float32: as loaded; int8: converted, times its block's scale) and multiplied into the rows'
-// dot products at once, so a K/V head is read once for the up to
-// kDecodeMaxRows query rows of its group that share the call. Nothing of the
+// dot products at once, so a K/V head is read once for all the query rows
+// of its group that share the call (in chunks of kDecodeMaxRows, each block
+// of keys taken by every chunk while it is in L1/L2). Nothing of the
 // cache is written back as float32. Softmax is FlashAttention's online form
 // (Dao et al. 2022) over blocks of kKeyBlock keys, all in float32: the
 // block's scores, the running max m and sum l per row, the output
@@ -183,11 +184,11 @@ inline constexpr int kFourKeyRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 // (SumOfLanes: a shuffle and an add per halving) as on the multiply-adds;
 // two groups of four share the sums' shuffles. 32 query rows on one K/V
 // head, S 16384, one thread (multihead_bench_kernels DecodeCompressed,
-// kv_heads:1, Zen 4, alternated, 3 rounds, with the vector softmax below on
-// both sides): bf16 4.0/3.3/3.2 ms against 3.2-… one group; see
-// docs/decoding.md. With a float32 cache two groups measured slower (8.2
-// against 4.6 ms), so float32 keeps one; so do the 16-register targets,
-// where more groups re-read K too often.
+// kv_heads:1, AMD Zen 4, median of 3 alternated rounds, the vector softmax
+// below on both sides): bf16 3.63 ms against 4.35 in one group, f16 3.75
+// against 4.12, int8 3.85 against 4.18. With a float32 cache two groups
+// measured slower (7.6-8.4 against 4.5-6.6 ms), so float32 keeps one; so do
+// the 16-register targets, where more groups re-read K too often.
 template <class W>
 inline constexpr int kFourKeyGroups = HWY_TARGET <= HWY_AVX3 && sizeof(typename W::Elem) < 4 ? 2 : 1;
 
@@ -387,47 +388,86 @@ HWY_INLINE void SoftmaxBlock(DecodeRow& row, float scale, int64_t S, int64_t j0,
   row.l += hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
+// One K/V slice's cache, as the kernel reads it.
+template <class W>
+struct SliceCache {
+  const typename W::Elem *k, *v;
+  const float *k_scales, *v_scales;  // int8 only
+  int64_t blocks, D, S;
+};
+
+// Key block [j0, j0 + jn) for R rows: their scores, the online-softmax step
+// and the weighted sum of V.
 template <int R, class W>
-void DecodeRowsOf(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, DecodeRow* rows) {
-  using Elem = typename W::Elem;
-  const int64_t D = args.head_dim, S = args.kv_len, blocks = int8_blocks(D);
-  const Elem* k = static_cast<const Elem*>(kv.k) + kv_slice * kv.capacity * D;
-  const Elem* v = static_cast<const Elem*>(kv.v) + kv_slice * kv.capacity * D;
-  const float* ks = kv.k_scales ? kv.k_scales + kv_slice * kv.capacity * blocks : nullptr;
-  const float* vs = kv.v_scales ? kv.v_scales + kv_slice * kv.capacity * blocks : nullptr;
-  // The keys any row sees: [lo, hi) ∪ [max(rest, hi), S).
-  int64_t lo = S, hi = 0;
-  for (int r = 0; r < R; ++r) {
-    lo = std::min(lo, rows[r].begin);
-    hi = std::max(hi, rows[r].end);
-  }
-  const int64_t rest = std::max(rows[0].rest, hi);
+void BlockOfRows(const SliceCache<W>& c, float scale, int64_t j0, int64_t jn, DecodeRow* rows) {
   HWY_ALIGN float s[R][kKeyBlock];
-  const auto visit = [&](int64_t from, int64_t to) {
-    for (int64_t j0 = from; j0 < to; j0 += kKeyBlock) {
-      const int64_t jn = std::min(kKeyBlock, to - j0);
-      DotBlock<R, W>(rows, k, ks, v, vs, blocks, D, j0, jn, to, s);
-      for (int r = 0; r < R; ++r) SoftmaxBlock(rows[r], args.scale, S, j0, jn, s[r], D);
-      AccumulateBlock<R, W>(rows, v, vs, blocks, D, j0, jn, s);
-    }
-  };
-  visit(lo, hi);
-  visit(rest, S);
+  DotBlock<R, W>(rows, c.k, c.k_scales, c.v, c.v_scales, c.blocks, c.D, j0, jn, c.S, s);
+  for (int r = 0; r < R; ++r) SoftmaxBlock(rows[r], scale, c.S, j0, jn, s[r], c.D);
+  AccumulateBlock<R, W>(rows, c.v, c.v_scales, c.blocks, c.D, j0, jn, s);
 }
 
 template <class W>
+void BlockOf(int64_t count, const SliceCache<W>& c, float scale, int64_t j0, int64_t jn, DecodeRow* rows) {
+  switch (count) {
+    case 1: return BlockOfRows<1, W>(c, scale, j0, jn, rows);
+    case 2: return BlockOfRows<2, W>(c, scale, j0, jn, rows);
+    case 3: return BlockOfRows<3, W>(c, scale, j0, jn, rows);
+    case 4: return BlockOfRows<4, W>(c, scale, j0, jn, rows);
+    case 5: return BlockOfRows<5, W>(c, scale, j0, jn, rows);
+    case 6: return BlockOfRows<6, W>(c, scale, j0, jn, rows);
+    case 7: return BlockOfRows<7, W>(c, scale, j0, jn, rows);
+    default: return BlockOfRows<8, W>(c, scale, j0, jn, rows);
+  }
+}
+
+// The call's rows, cut from the first into chunks of kDecodeMaxRows (the
+// last one shorter), over one grid of key blocks [64·b, 64·b + 64) ∩ [0, S):
+// for each block that some row of the call sees, every chunk that sees it
+// takes it (BlockOf) while its K/V rows are in L1/L2. So a group of 32 rows
+// reads the cache once, not once per chunk, and a row's arithmetic depends
+// only on its chunk and the grid, never on which chunks share the call:
+// attention_forward_compressed may cut a group's chunks into calls by the
+// thread count and the bits stay the same. A chunk's keys outside a row's
+// range, inside a block it takes, get weight 0 (SoftmaxBlock's mask).
+template <class W>
 void DecodeRowsW(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, DecodeRow* rows,
                  int64_t count) {
-  switch (count) {
-    case 1: return DecodeRowsOf<1, W>(args, kv, kv_slice, rows);
-    case 2: return DecodeRowsOf<2, W>(args, kv, kv_slice, rows);
-    case 3: return DecodeRowsOf<3, W>(args, kv, kv_slice, rows);
-    case 4: return DecodeRowsOf<4, W>(args, kv, kv_slice, rows);
-    case 5: return DecodeRowsOf<5, W>(args, kv, kv_slice, rows);
-    case 6: return DecodeRowsOf<6, W>(args, kv, kv_slice, rows);
-    case 7: return DecodeRowsOf<7, W>(args, kv, kv_slice, rows);
-    default: return DecodeRowsOf<8, W>(args, kv, kv_slice, rows);
+  using Elem = typename W::Elem;
+  const int64_t D = args.head_dim, S = args.kv_len, blocks = int8_blocks(D);
+  const SliceCache<W> c{static_cast<const Elem*>(kv.k) + kv_slice * kv.capacity * D,
+                        static_cast<const Elem*>(kv.v) + kv_slice * kv.capacity * D,
+                        kv.k_scales ? kv.k_scales + kv_slice * kv.capacity * blocks : nullptr,
+                        kv.v_scales ? kv.v_scales + kv_slice * kv.capacity * blocks : nullptr,
+                        blocks,
+                        D,
+                        S};
+  // Each chunk's keys: [lo, hi) ∪ [rest, S) (rest, the position-less keys,
+  // is the same for every row); the call's, their union.
+  struct Chunk {
+    int64_t first, count, lo, hi;
+  };
+  std::vector<Chunk> chunks;
+  int64_t lo = S, hi = 0;
+  for (int64_t first = 0; first < count; first += kDecodeMaxRows) {
+    Chunk ch{first, std::min(kDecodeMaxRows, count - first), S, 0};
+    for (int64_t r = first; r < first + ch.count; ++r) {
+      ch.lo = std::min(ch.lo, rows[r].begin);
+      ch.hi = std::max(ch.hi, rows[r].end);
+    }
+    lo = std::min(lo, ch.lo);
+    hi = std::max(hi, ch.hi);
+    chunks.push_back(ch);
   }
+  const int64_t rest = count > 0 ? rows[0].rest : S;
+  const auto visit = [&](int64_t b) {
+    const int64_t j0 = b * kKeyBlock, j1 = std::min(j0 + kKeyBlock, S);
+    for (const Chunk& ch : chunks)
+      if ((ch.lo < j1 && j0 < ch.hi) || rest < j1) BlockOf<W>(ch.count, c, args.scale, j0, j1 - j0, rows + ch.first);
+  };
+  const int64_t block_hi = lo < hi ? (hi + kKeyBlock - 1) / kKeyBlock : 0;
+  if (lo < hi)
+    for (int64_t b = lo / kKeyBlock; b < block_hi; ++b) visit(b);
+  for (int64_t b = std::max(rest / kKeyBlock, block_hi); b < (S + kKeyBlock - 1) / kKeyBlock; ++b) visit(b);
 }
 
 // decode_compressed.hpp's DecodeCompressedKernel::rows.
@@ -436,7 +476,7 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
   const int64_t H = args.heads, Hkv = args.kv_heads_or_heads(), L = args.q_len, S = args.kv_len;
   const int64_t D = args.head_dim, count = row_end - row_begin;
   std::vector<float> acc(static_cast<std::size_t>(count * D), 0.0f);
-  DecodeRow rows[kDecodeMaxRows];
+  std::vector<DecodeRow> rows(static_cast<std::size_t>(count));
   const ScoreModifiers<float>& mod = args.modifiers;
   for (int64_t r = 0; r < count; ++r) {
     const int64_t rho = row_begin + r, i = rho % L, n = group_query_slice(kv_slice, rho / L, H, Hkv);
@@ -456,10 +496,10 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
     row.l = 0.0f;
   }
   switch (kv.dtype) {
-    case KVCacheDType::Native: DecodeRowsW<WidenF32>(args, kv, kv_slice, rows, count); break;
-    case KVCacheDType::BFloat16: DecodeRowsW<WidenBf16>(args, kv, kv_slice, rows, count); break;
-    case KVCacheDType::Float16: DecodeRowsW<WidenF16>(args, kv, kv_slice, rows, count); break;
-    case KVCacheDType::Int8: DecodeRowsW<WidenInt8>(args, kv, kv_slice, rows, count); break;
+    case KVCacheDType::Native: DecodeRowsW<WidenF32>(args, kv, kv_slice, rows.data(), count); break;
+    case KVCacheDType::BFloat16: DecodeRowsW<WidenBf16>(args, kv, kv_slice, rows.data(), count); break;
+    case KVCacheDType::Float16: DecodeRowsW<WidenF16>(args, kv, kv_slice, rows.data(), count); break;
+    case KVCacheDType::Int8: DecodeRowsW<WidenInt8>(args, kv, kv_slice, rows.data(), count); break;
   }
   for (int64_t r = 0; r < count; ++r) {
     const DecodeRow& row = rows[r];

@@ -26,12 +26,15 @@ struct CompressedKV {
   int64_t capacity = 0;
 };
 
-// The most query rows one call handles: their dot-product accumulators and
-// one widened K/V vector stay in registers (8 + 1 of AVX-512's 32).
+// The query rows the kernel takes together over a block of keys (a chunk):
+// their dot-product accumulators and one widened K/V vector stay in
+// registers (8 + 1 of AVX-512's 32). A call's rows are cut into chunks from
+// its first row, so calls must begin at multiples of it within a group for
+// the bits to be the same however a group's rows are cut into calls.
 inline constexpr int64_t kDecodeMaxRows = 8;
 
 struct DecodeCompressedKernel {
-  // Rows [row_begin, row_end) (at most kDecodeMaxRows) of K/V slice
+  // Rows [row_begin, row_end) (row_begin a multiple of kDecodeMaxRows) of K/V slice
   // kv_slice = b·Hkv + g: row ρ is query i = ρ % L of query head
   // g·G + ρ / L (slice n = b·H + g·G + ρ / L). Reads args' q, layouts,
   // scale, modifiers (causal, window, softcap, ALiBi; no masks) and writes
