@@ -28,6 +28,7 @@
 
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
+#include "simd/narrow_types.hpp"
 #include "simd/targets.hpp"
 #include "test_util.hpp"
 
@@ -80,11 +81,10 @@ const GqaCase kCases[] = {
     {2, 8, 2, 1, 200, 32, 32, true, true, 50},
     {1, 8, 4, 1, 90, 16, 16, false, false, 30},
     {1, 4, 2, 1, 40, 8, 8, true, false, 100},
-    // Groups the decode kernel cuts into calls of up to 8 rows and, on
-    // AVX-512, into DotBlock's groups of 4 (src/simd/decode_compressed-inl.h):
-    // 6 rows (4 + 2) over 150 keys (a last block of 22: 2 keys one at a
-    // time); 3 queries x 8 heads (24 rows with their own causal ends, D 8:
-    // no full vector on AVX-512); 2 x 5 rows with a window and 10 keys
+    // Groups the decode kernel cuts into chunks of up to 8 rows
+    // (src/simd/decode_compressed-inl.h): 6 rows over 150 keys (a last
+    // block of 22); 3 queries x 8 heads (24 rows with their own causal ends,
+    // D 8: no full vector on AVX-512); 2 x 5 rows with a window and 10 keys
     // without a position (the [rest, S) range); 4 x 8 rows, causal, 10 such
     // keys.
     {1, 6, 1, 1, 150, 16, 16, true},
@@ -96,12 +96,15 @@ const GqaCase kCases[] = {
 // Decode: the decode kernel of every KV-cache dtype, on a float32 cache
 // (attention_forward_compressed with KVCacheDType::Native); it reads K/V as
 // [B·Hkv][S][D], so only contiguous cases with Dv = D.
-enum class Kernel { Reference, Materialized, Flash, Decode };
+// DecodeBf16: the same kernel on a bf16 cache holding K/V's bits rounded
+// (callers pass K/V that bf16 represents exactly, so the oracle holds).
+enum class Kernel { Reference, Materialized, Flash, Decode, DecodeBf16 };
 const char* kernel_name(Kernel k) {
   return k == Kernel::Reference      ? "reference"
          : k == Kernel::Materialized ? "materialized"
          : k == Kernel::Flash        ? "flash"
-                                     : "decode";
+         : k == Kernel::Decode       ? "decode"
+                                     : "decode_bf16";
 }
 bool decode_serves(const GqaCase& c) { return !c.strided && c.D == c.Dv; }
 
@@ -226,6 +229,14 @@ std::vector<float> run(Kernel kernel, const GqaCase& c, const std::vector<float>
       detail::attention_forward_compressed(
           a, detail::CompressedKV{KVCacheDType::Native, ks.data(), vs.data(), nullptr, nullptr, c.S});
       break;
+    case Kernel::DecodeBf16: {
+      std::vector<uint16_t> kb(ks.size()), vb(vs.size());
+      for (std::size_t e = 0; e < ks.size(); ++e) kb[e] = detail::float_to_bfloat16_bits(ks[e]);
+      for (std::size_t e = 0; e < vs.size(); ++e) vb[e] = detail::float_to_bfloat16_bits(vs[e]);
+      detail::attention_forward_compressed(
+          a, detail::CompressedKV{KVCacheDType::BFloat16, kb.data(), vb.data(), nullptr, nullptr, c.S});
+      break;
+    }
   }
   return c.strided ? unpack(out, c.B, c.H, c.L, c.Dv) : out;
 }
@@ -336,9 +347,9 @@ TEST_P(GqaKernel, EqualsRepeatedKvHeads) {
   RecordProperty("worst_error_over_bound", fmt(r.worst_ratio));
   // Flash packs a decoded token's query heads per group (L = 1), which
   // changes its key tiling, and the decode kernel takes a group's rows
-  // together (four keys at a time up to 8 rows on AVX-512, one at a time
-  // for a lone row's last keys), which changes the order of a dot product's
-  // lane sums: only the bound above holds there.
+  // together (four keys at a time for up to 4 rows on AVX-512, 2 on AVX2,
+  // else one at a time), which changes the order of a dot product's lane
+  // sums: only the bound above holds there.
   const bool packed = (p.kernel == Kernel::Flash && c.L == 1 && c.Hkv != c.H) || p.kernel == Kernel::Decode;
   if (p.kernel != Kernel::Materialized && !packed) {
     // Same arithmetic on the same values; only the K/V addresses differ.
@@ -360,7 +371,12 @@ INSTANTIATE_TEST_SUITE_P(Table, GqaKernel, ::testing::ValuesIn(params()),
 // one-vector tiles instead of one of two vectors), 48 and 64 (one tile of
 // four vectors on AVX-512, whose key tile differs: not cut), and 2 K/V
 // heads for 3 and 4 threads. S = 300 spans several key tiles. The decode
-// kernel (contiguous cases) cuts its calls by shape alone: same bits too.
+// kernel cuts a group into chunks of 8 rows by shape and the chunks into
+// calls by the thread count; a row's bits depend on its chunk alone, so they
+// are the same too: the contiguous cases above, and groups whose rows are
+// not a multiple of 8, with several queries and a window (chunks that skip
+// different key blocks) and with position-less keys, on a float32 and on a
+// bf16 cache (where up to 8 rows take four keys at a time on AVX-512).
 TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
   const GqaCase cases[] = {
       {1, 32, 1, 1, 300, 64, 64, true},  {1, 48, 1, 1, 300, 16, 16, true},
@@ -375,6 +391,7 @@ TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
         const std::string name = case_name(c) + "_" + kernel_name(kernel);
         const Inputs in = make_inputs(c);
         const std::vector<float> one = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
+        ASSERT_EQ(one.size(), static_cast<std::size_t>(c.B * c.H * c.L * c.Dv));
         const std::vector<float> k_rep = repeat_kv(in.k, c, c.D), v_rep = repeat_kv(in.v, c, c.Dv);
         const Check r = check(c, one, oracle(in, k_rep, v_rep));
         EXPECT_EQ(r.failures, 0) << target << " " << name << ": " << r.first;
@@ -384,6 +401,56 @@ TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
               << target << " " << name << ": " << threads << " threads differ from 1";
         }
       }
+    const GqaCase decode_cases[] = {
+        {1, 20, 1, 3, 300, 16, 16, true, false, 50},  // 60 rows: 7 chunks and a half
+        {1, 2, 1, 16, 300, 16, 16, true, false, 100},  // 4 chunks, each with its own first key
+        {2, 12, 2, 2, 257, 24, 24, true, false, 0, 240},
+        {1, 32, 1, 1, 300, 64, 64, true},
+        {1, 6, 1, 1, 150, 16, 16, true},
+    };
+    for (const GqaCase& c : decode_cases)
+      for (Kernel kernel : {Kernel::Decode, Kernel::DecodeBf16}) {
+        const std::string name = case_name(c) + "_" + kernel_name(kernel);
+        Inputs in = make_inputs(c);
+        if (kernel == Kernel::DecodeBf16)
+          for (std::vector<float>* x : {&in.k, &in.v})
+            for (float& e : *x) e = detail::bfloat16_bits_to_float(detail::float_to_bfloat16_bits(e));
+        const std::vector<float> one = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
+        const Check r = check(c, one, oracle(in, repeat_kv(in.k, c, c.D), repeat_kv(in.v, c, c.Dv)));
+        EXPECT_EQ(r.failures, 0) << target << " " << name << ": " << r.first;
+        for (int threads : {2, 3, 4}) {
+          const std::vector<float> got = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, threads);
+          EXPECT_EQ(0, std::memcmp(got.data(), one.data(), got.size() * sizeof(float)))
+              << target << " " << name << ": " << threads << " threads differ from 1";
+        }
+      }
+  }
+}
+
+// A NaN in the cache makes NaN the output of every row that sees it, on
+// the decode kernel as on the reference (fmax's rule for the block max: the
+// NaN score is not the max, its weight exp(NaN) is NaN); rows that do not
+// see it stay finite. The NaN sits at every key in turn (every lane of
+// every vector of the blocks, where a lane-order max would keep or drop
+// it), on a float32 and a bf16 cache, for 1 and 8 rows.
+TEST(GqaDecodeNaN, PropagatesToTheRowsThatSeeIt) {
+  for (const std::string& target : detail::simd_targets_available()) {
+    const ScopedTarget scoped(target);
+    for (const GqaCase& c : {GqaCase{1, 8, 1, 2, 150, 32, 32, true, false, 40}, GqaCase{1, 1, 1, 1, 150, 32, 32, true}})
+      for (int64_t key = 0; key < c.S; ++key)
+        for (Kernel kernel : {Kernel::Decode, Kernel::DecodeBf16}) {
+          Inputs in = make_inputs(c);
+          in.k[static_cast<std::size_t>(key * c.D + c.D - 1)] = std::numeric_limits<float>::quiet_NaN();
+          const std::vector<float> got = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
+          const std::vector<float> ref = run(Kernel::Reference, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
+          for (std::size_t e = 0; e < got.size(); ++e) {
+            const int64_t i = static_cast<int64_t>(e / c.Dv) % c.L, p = i + c.S - c.L;  // the query's position
+            const bool sees = key <= p && key > p - (c.window ? c.window : p + 1);
+            ASSERT_EQ(std::isnan(got[e]), sees) << target << " " << case_name(c) << " " << kernel_name(kernel)
+                                                << " NaN at key " << key << ", element " << e << ": " << got[e];
+            ASSERT_EQ(std::isnan(ref[e]), sees) << "reference, element " << e;
+          }
+        }
   }
 }
 

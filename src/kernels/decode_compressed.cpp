@@ -26,12 +26,17 @@ void attention_forward_compressed(const AttentionArgs<float>& call, const Compre
   const DecodeCompressedKernel kernel = decode_compressed_kernel_for(simd_target_bit());
   // Each call reads its K/V slice once for all its chunks (the kernel takes a
   // block of keys chunk by chunk while it is in cache), so a group's chunks
-  // are cut into as few calls as keep every thread busy: one per slice when
-  // there are as many slices as threads, and with fewer (one K/V head, 32
-  // query heads: 4 chunks) up to threads / slices calls of whole chunks. A
-  // row's bits do not depend on the cut (decode_compressed-inl.h).
+  // are cut into few calls: one per slice when there are at least as many
+  // slices as threads, and with fewer (one K/V head, 32 query heads: 4
+  // chunks) up to threads / slices calls of whole chunks; never more than
+  // kMaxCallChunks chunks a call, which bounds a call's accumulators (64 rows
+  // × D floats) when a prompt runs over a compressed cache. A row's bits do
+  // not depend on the cut (decode_compressed-inl.h, DecodeRowsW).
+  constexpr int64_t kMaxCallChunks = 8;
   const int threads = requested_threads(args.num_threads);
-  const int64_t parts = std::clamp<int64_t>((threads + kv_slices - 1) / kv_slices, 1, chunks);
+  const int64_t parts = std::clamp<int64_t>(
+      std::max<int64_t>((threads + kv_slices - 1) / kv_slices, (chunks + kMaxCallChunks - 1) / kMaxCallChunks), 1,
+      chunks);
   // A call's work: its rows' dot products and weighted sums over S keys.
   const int64_t item_cost = std::min(group_rows, (chunks + parts - 1) / parts * kDecodeMaxRows) *
                             std::max<int64_t>(args.kv_len, 1) * std::max<int64_t>(args.head_dim, 1) * 2;

@@ -177,7 +177,7 @@ HWY_INLINE void PrefetchKey(const typename W::Elem* k, const float* k_scales, co
 inline constexpr int kFourKeyRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
 // Groups of kFourKeyRows up to which DotBlock takes four keys at a time,
-// per cache element type W: a call of R rows runs DotFourKeys on
+// per cache element type W: a chunk of R rows runs DotFourKeys on
 // ceil(R / kFourKeyRows) groups of rows, each re-reading the four K rows
 // (from L1). On AVX-512 with a 16-bit or int8 cache, 8 rows one key at a
 // time spent about as many instructions on the 8 lane sums per key
@@ -241,8 +241,9 @@ HWY_INLINE void DotFourKeysGrouped(const DecodeRow* rows, const typename W::Elem
 // row. Either way a score is its vector lanes' sum plus the scalar tail's
 // (columns D − D mod N …), the tail summed first; the two ways add the lanes
 // in different orders, so a key's score may differ in its last bits between
-// them. Which way a key takes depends on R, jn and the target only, so the
-// bits do not depend on the thread count (calls are cut by shape).
+// them. Which way a key takes depends on R, jn, W and the target only, so
+// the bits do not depend on the thread count (chunks are cut by shape;
+// DecodeRowsW).
 template <int R, class W>
 HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, const float* k_scales,
                            const typename W::Elem* v, const float* v_scales, int64_t blocks, int64_t D, int64_t j0,
@@ -343,8 +344,10 @@ HWY_INLINE void SoftmaxBlock(DecodeRow& row, float scale, int64_t S, int64_t j0,
   if (row.plain) {
     // score = scale · dot where visible, −inf elsewhere, N keys at a time:
     // the block's visible keys are [a, b) ∪ [c, jn) relative to j0 (the same
-    // products and the same max as the scalar form below: 32 rows per K/V
-    // head spent a quarter of the decode kernel's time in that loop, perf).
+    // products and the same max, NaN included, as the scalar form below: 32
+    // rows per K/V head spent a quarter of the decode kernel's time in that
+    // loop, perf). Lanes from jn on are read but not used (BlockOfRows
+    // zeroes them).
     const hn::RebindToSigned<DF32> di;
     const auto at = [&](int64_t x) { return static_cast<int32_t>(std::clamp<int64_t>(x - j0, 0, jn)); };
     // (x >= a as x > a − 1: Highway 1.0 has no signed-integer Ge on x86.)
@@ -357,7 +360,10 @@ HWY_INLINE void SoftmaxBlock(DecodeRow& row, float scale, int64_t S, int64_t j0,
       const auto visible = hn::And(hn::Lt(x, n), hn::Or(hn::And(hn::Gt(x, a1), hn::Lt(x, b)), hn::Gt(x, c1)));
       const VF32 score = hn::IfThenElse(hn::RebindMask(df, visible), hn::Mul(vscale, hn::LoadU(df, s + jj)), neg_inf);
       hn::StoreU(score, df, s + jj);
-      vmax = hn::Max(vmax, score);
+      // fmax's rule: a NaN score does not become the max (Highway's Max
+      // keeps or drops it by lane order); its weight exp(NaN) = NaN then
+      // makes the row NaN, as with the scalar form.
+      vmax = hn::Max(vmax, hn::IfThenElse(hn::IsNaN(score), neg_inf, score));
     }
     block_max = hn::GetLane(hn::MaxOfLanes(df, vmax));
   } else {
@@ -401,6 +407,8 @@ struct SliceCache {
 template <int R, class W>
 void BlockOfRows(const SliceCache<W>& c, float scale, int64_t j0, int64_t jn, DecodeRow* rows) {
   HWY_ALIGN float s[R][kKeyBlock];
+  if (jn < kKeyBlock)  // the scores past the last key: defined, never used
+    for (int r = 0; r < R; ++r) std::fill(s[r] + jn, s[r] + kKeyBlock, 0.0f);
   DotBlock<R, W>(rows, c.k, c.k_scales, c.v, c.v_scales, c.blocks, c.D, j0, jn, c.S, s);
   for (int r = 0; r < R; ++r) SoftmaxBlock(rows[r], scale, c.S, j0, jn, s[r], c.D);
   AccumulateBlock<R, W>(rows, c.v, c.v_scales, c.blocks, c.D, j0, jn, s);
