@@ -28,6 +28,7 @@
 
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
+#include "simd/decode_compressed.hpp"
 #include "simd/narrow_types.hpp"
 #include "simd/targets.hpp"
 #include "test_util.hpp"
@@ -98,13 +99,18 @@ const GqaCase kCases[] = {
 // [B·Hkv][S][D], so only contiguous cases with Dv = D.
 // DecodeBf16: the same kernel on a bf16 cache holding K/V's bits rounded
 // (callers pass K/V that bf16 represents exactly, so the oracle holds).
-enum class Kernel { Reference, Materialized, Flash, Decode, DecodeBf16 };
+// DecodeOneCall: the per-target decode kernel called once per K/V slice with
+// the slice's whole group of rows (more than kDecodeMaxCallChunks chunks for
+// a large group: the kernel's own passes), not attention_forward_compressed's
+// cut into calls.
+enum class Kernel { Reference, Materialized, Flash, Decode, DecodeBf16, DecodeOneCall };
 const char* kernel_name(Kernel k) {
   return k == Kernel::Reference      ? "reference"
          : k == Kernel::Materialized ? "materialized"
          : k == Kernel::Flash        ? "flash"
          : k == Kernel::Decode       ? "decode"
-                                     : "decode_bf16";
+         : k == Kernel::DecodeBf16   ? "decode_bf16"
+                                     : "decode_one_call";
 }
 bool decode_serves(const GqaCase& c) { return !c.strided && c.D == c.Dv; }
 
@@ -229,6 +235,14 @@ std::vector<float> run(Kernel kernel, const GqaCase& c, const std::vector<float>
       detail::attention_forward_compressed(
           a, detail::CompressedKV{KVCacheDType::Native, ks.data(), vs.data(), nullptr, nullptr, c.S});
       break;
+    case Kernel::DecodeOneCall: {
+      a.q_layout = detail::resolve_layout(a.q_layout, c.H, c.L, c.D);
+      a.out_layout = detail::resolve_layout(a.out_layout, c.H, c.L, c.Dv);
+      const detail::DecodeCompressedKernel k = detail::decode_compressed_kernel_for(detail::simd_target_bit());
+      const detail::CompressedKV kv{KVCacheDType::Native, ks.data(), vs.data(), nullptr, nullptr, c.S};
+      for (int64_t slice = 0; slice < c.B * kv_heads; ++slice) k.rows(a, kv, slice, 0, c.H / kv_heads * c.L);
+      break;
+    }
     case Kernel::DecodeBf16: {
       std::vector<uint16_t> kb(ks.size()), vb(vs.size());
       for (std::size_t e = 0; e < ks.size(); ++e) kb[e] = detail::float_to_bfloat16_bits(ks[e]);
@@ -407,6 +421,7 @@ TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
         {2, 12, 2, 2, 257, 24, 24, true, false, 0, 240},
         {1, 32, 1, 1, 300, 64, 64, true},
         {1, 6, 1, 1, 150, 16, 16, true},
+        {1, 36, 1, 4, 300, 16, 16, true, false, 80},  // 144 rows: 18 chunks, more than one call's 8
     };
     for (const GqaCase& c : decode_cases)
       for (Kernel kernel : {Kernel::Decode, Kernel::DecodeBf16}) {
@@ -422,6 +437,11 @@ TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
           const std::vector<float> got = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, threads);
           EXPECT_EQ(0, std::memcmp(got.data(), one.data(), got.size() * sizeof(float)))
               << target << " " << name << ": " << threads << " threads differ from 1";
+        }
+        if (kernel == Kernel::Decode) {  // one call per slice: the same bits as the driver's cut
+          const std::vector<float> whole = run(Kernel::DecodeOneCall, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
+          EXPECT_EQ(0, std::memcmp(whole.data(), one.data(), whole.size() * sizeof(float)))
+              << target << " " << name << ": one call per K/V slice differs from the driver's calls";
         }
       }
   }

@@ -29,17 +29,19 @@ void attention_forward_compressed(const AttentionArgs<float>& call, const Compre
   // are cut into few calls: one per slice when there are at least as many
   // slices as threads, and with fewer (one K/V head, 32 query heads: 4
   // chunks) up to threads / slices calls of whole chunks; never more than
-  // kMaxCallChunks chunks a call, which bounds a call's accumulators (64 rows
-  // × D floats) when a prompt runs over a compressed cache. A row's bits do
-  // not depend on the cut (decode_compressed-inl.h, DecodeRowsW).
-  constexpr int64_t kMaxCallChunks = 8;
+  // kDecodeMaxCallChunks chunks a call, which bounds a call's accumulators
+  // (64 rows × D floats) when a prompt runs over a compressed cache. A step
+  // under the parallel grain runs on one thread (parallel_team), and then
+  // cutting a slice would only read it again. A row's bits do not depend on
+  // the cut (decode_compressed-inl.h, DecodeRowsW).
   const int threads = requested_threads(args.num_threads);
+  const int64_t row_cost = std::max<int64_t>(args.kv_len, 1) * std::max<int64_t>(args.head_dim, 1) * 2;
+  const bool one_thread = parallel_team(kv_slices * chunks, threads, kDecodeMaxRows * row_cost) == 1;
+  const int64_t least_parts = (chunks + kDecodeMaxCallChunks - 1) / kDecodeMaxCallChunks;
   const int64_t parts = std::clamp<int64_t>(
-      std::max<int64_t>((threads + kv_slices - 1) / kv_slices, (chunks + kMaxCallChunks - 1) / kMaxCallChunks), 1,
-      chunks);
+      std::max<int64_t>(one_thread ? 1 : (threads + kv_slices - 1) / kv_slices, least_parts), 1, chunks);
   // A call's work: its rows' dot products and weighted sums over S keys.
-  const int64_t item_cost = std::min(group_rows, (chunks + parts - 1) / parts * kDecodeMaxRows) *
-                            std::max<int64_t>(args.kv_len, 1) * std::max<int64_t>(args.head_dim, 1) * 2;
+  const int64_t item_cost = std::min(group_rows, (chunks + parts - 1) / parts * kDecodeMaxRows) * row_cost;
   parallel_items(kv_slices * parts, threads, item_cost, [&](int64_t it) {
     const int64_t slice = it / parts, part = it % parts;
     const int64_t first = part * chunks / parts * kDecodeMaxRows, last = (part + 1) * chunks / parts * kDecodeMaxRows;

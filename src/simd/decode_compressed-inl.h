@@ -32,6 +32,7 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -192,6 +193,19 @@ inline constexpr int kFourKeyRows = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 template <class W>
 inline constexpr int kFourKeyGroups = HWY_TARGET <= HWY_AVX3 && sizeof(typename W::Elem) < 4 ? 2 : 1;
 
+// tail[r] = Σ_{Dv <= c < D} q_r[c] · k[c], in column order: the scalar tail
+// of a score (columns D − D mod N …, none when N divides D), the same sum
+// whichever way (DotFourKeys or one key at a time) the key takes.
+template <int R, class W>
+HWY_INLINE void TailDots(const DecodeRow* rows, const typename W::Elem* krow, const float* kscales, int64_t Dv,
+                         int64_t D, float* HWY_RESTRICT tail) {
+  for (int r = 0; r < R; ++r) tail[r] = 0.0f;
+  for (int64_t c = Dv; c < D; ++c) {
+    const float kc = W::Scalar(krow, c, kscales);
+    for (int r = 0; r < R; ++r) tail[r] += rows[r].q[c] * kc;
+  }
+}
+
 // scores[r][jj … jj + 3] = <q_r, k_t> for the four K rows k_t = krow[t], r <
 // R <= kFourKeyRows: one accumulator per row and key (the keys' chains are
 // independent), the lanes summed by StoreSumsOfFour, then the scalar tail's
@@ -212,15 +226,11 @@ HWY_INLINE void DotFourKeys(const DecodeRow* rows, const typename W::Elem* const
       for (int r = 0; r < R; ++r) d[r][t] = hn::MulAdd(q[r], kv, d[r][t]);
     }
   }
-  float tail[R][4] = {};
-  for (int64_t c = Dv; c < D; ++c)
-    for (int t = 0; t < 4; ++t) {
-      const float kc = W::Scalar(krow[t], c, kscales[t]);
-      for (int r = 0; r < R; ++r) tail[r][t] += rows[r].q[c] * kc;
-    }
+  float tail[4][R];
+  for (int t = 0; t < 4; ++t) TailDots<R, W>(rows, krow[t], kscales[t], Dv, D, tail[t]);
   for (int r = 0; r < R; ++r) {
     StoreSumsOfFour(d[r][0], d[r][1], d[r][2], d[r][3], scores[r] + jj);
-    for (int t = 0; t < 4; ++t) scores[r][jj + t] += tail[r][t];
+    for (int t = 0; t < 4; ++t) scores[r][jj + t] += tail[t][r];
   }
 }
 
@@ -283,11 +293,8 @@ HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, con
       const VF32 kv = W::Vector(df, row, c, scales);
       for (int r = 0; r < R; ++r) d[r][0] = hn::MulAdd(hn::LoadU(df, rows[r].q + c), kv, d[r][0]);
     }
-    float tail[R] = {};
-    for (c = Dv; c < D; ++c) {
-      const float kc = W::Scalar(row, c, scales);
-      for (int r = 0; r < R; ++r) tail[r] += rows[r].q[c] * kc;
-    }
+    float tail[R];
+    TailDots<R, W>(rows, row, scales, Dv, D, tail);
     for (int r = 0; r < R; ++r) {
       for (int s = 1; s < A; ++s) d[r][0] = hn::Add(d[r][0], d[r][s]);
       scores[r][jj] = hn::GetLane(hn::SumOfLanes(df, d[r][0])) + tail[r];
@@ -450,32 +457,39 @@ void DecodeRowsW(const AttentionArgs<float>& args, const CompressedKV& kv, int64
                         D,
                         S};
   // Each chunk's keys: [lo, hi) ∪ [rest, S) (rest, the position-less keys,
-  // is the same for every row); the call's, their union.
+  // is the same for every row); a pass's, their union. A call of more than
+  // kDecodeMaxCallChunks chunks (which attention_forward_compressed never
+  // makes) runs as several passes, with the same bits.
   struct Chunk {
     int64_t first, count, lo, hi;
   };
-  std::vector<Chunk> chunks;
-  int64_t lo = S, hi = 0;
-  for (int64_t first = 0; first < count; first += kDecodeMaxRows) {
-    Chunk ch{first, std::min(kDecodeMaxRows, count - first), S, 0};
-    for (int64_t r = first; r < first + ch.count; ++r) {
-      ch.lo = std::min(ch.lo, rows[r].begin);
-      ch.hi = std::max(ch.hi, rows[r].end);
-    }
-    lo = std::min(lo, ch.lo);
-    hi = std::max(hi, ch.hi);
-    chunks.push_back(ch);
-  }
   const int64_t rest = count > 0 ? rows[0].rest : S;
-  const auto visit = [&](int64_t b) {
-    const int64_t j0 = b * kKeyBlock, j1 = std::min(j0 + kKeyBlock, S);
-    for (const Chunk& ch : chunks)
-      if ((ch.lo < j1 && j0 < ch.hi) || rest < j1) BlockOf<W>(ch.count, c, args.scale, j0, j1 - j0, rows + ch.first);
-  };
-  const int64_t block_hi = lo < hi ? (hi + kKeyBlock - 1) / kKeyBlock : 0;
-  if (lo < hi)
-    for (int64_t b = lo / kKeyBlock; b < block_hi; ++b) visit(b);
-  for (int64_t b = std::max(rest / kKeyBlock, block_hi); b < (S + kKeyBlock - 1) / kKeyBlock; ++b) visit(b);
+  for (int64_t pass_first = 0; pass_first < count; pass_first += kDecodeMaxCallChunks * kDecodeMaxRows) {
+    const int64_t pass_end = std::min(count, pass_first + kDecodeMaxCallChunks * kDecodeMaxRows);
+    std::array<Chunk, kDecodeMaxCallChunks> chunks;
+    int64_t n_chunks = 0, lo = S, hi = 0;
+    for (int64_t first = pass_first; first < pass_end; first += kDecodeMaxRows) {
+      Chunk ch{first, std::min(kDecodeMaxRows, pass_end - first), S, 0};
+      for (int64_t r = first; r < first + ch.count; ++r) {
+        ch.lo = std::min(ch.lo, rows[r].begin);
+        ch.hi = std::max(ch.hi, rows[r].end);
+      }
+      lo = std::min(lo, ch.lo);
+      hi = std::max(hi, ch.hi);
+      chunks[static_cast<std::size_t>(n_chunks++)] = ch;
+    }
+    const auto visit = [&](int64_t b) {
+      const int64_t j0 = b * kKeyBlock, j1 = std::min(j0 + kKeyBlock, S);
+      for (int64_t i = 0; i < n_chunks; ++i) {
+        const Chunk& ch = chunks[static_cast<std::size_t>(i)];
+        if ((ch.lo < j1 && j0 < ch.hi) || rest < j1) BlockOf<W>(ch.count, c, args.scale, j0, j1 - j0, rows + ch.first);
+      }
+    };
+    const int64_t block_hi = lo < hi ? (hi + kKeyBlock - 1) / kKeyBlock : 0;
+    if (lo < hi)
+      for (int64_t b = lo / kKeyBlock; b < block_hi; ++b) visit(b);
+    for (int64_t b = std::max(rest / kKeyBlock, block_hi); b < (S + kKeyBlock - 1) / kKeyBlock; ++b) visit(b);
+  }
 }
 
 // decode_compressed.hpp's DecodeCompressedKernel::rows.

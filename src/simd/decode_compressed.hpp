@@ -33,6 +33,13 @@ struct CompressedKV {
 // the bits to be the same however a group's rows are cut into calls.
 inline constexpr int64_t kDecodeMaxRows = 8;
 
+// Chunks a call takes over one pass of the cache (decode_compressed-inl.h's
+// DecodeRowsW): this many chunks' accumulators (64 rows × D floats) and
+// online-softmax states live together. attention_forward_compressed cuts a
+// group's chunks into calls of at most this many; a longer call still runs,
+// as several passes, with the same bits.
+inline constexpr int64_t kDecodeMaxCallChunks = 8;
+
 struct DecodeCompressedKernel {
   // Rows [row_begin, row_end) (row_begin a multiple of kDecodeMaxRows) of K/V slice
   // kv_slice = b·Hkv + g: row ρ is query i = ρ % L of query head
