@@ -11,7 +11,8 @@
 //    written with 17 significant digits (exact round trip); a 16-bit run
 //    also "compute_dtype" (bf16, f16: the parameters stay the float32
 //    master weights) and, f16, the loss scaler's state "loss_scale" and
-//    "loss_scale_clean_steps"; and
+//    "loss_scale_clean_steps" and AdamW's own step count "optimizer_steps"
+//    (the steps not skipped for an overflow); and
 //    "blocks.i.attn.num_heads" / "batch_first" / "add_zero_attn" for the
 //    weights loader.
 // Nothing else evolves during a run (batches and dropout masks are hashes
@@ -39,7 +40,8 @@ constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
 constexpr const char* kPerExample = "per_example";  // metadata "gradients" of a PerExample run
 
 std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOptions& o, const std::string& task,
-                                            int64_t step, const train::LossScaler& scaler = {}) {
+                                            int64_t step, const train::LossScaler& scaler = {},
+                                            int64_t optimizer_steps = 0) {
   std::map<std::string, std::string> out = {{"format", kCheckpointFormat},
           {"task", task},
           {"seed", std::to_string(o.seed)},
@@ -62,6 +64,7 @@ std::map<std::string, std::string> metadata(const ModelConfig& m, const TrainOpt
   if (scaler.enabled()) {
     out["loss_scale"] = to_exact_string(scaler.scale());
     out["loss_scale_clean_steps"] = std::to_string(scaler.clean_steps());
+    out["optimizer_steps"] = std::to_string(optimizer_steps);
   }
   train::write_model_config(m, out);
   // Each attention module's settings under its prefix, as the weights
@@ -156,7 +159,12 @@ class TrainerImpl {
   TrainOptions options;
   std::unique_ptr<train::Model<float>> model;
   std::map<std::string, train::AdamWMoments<float>> moments;
-  int64_t step = 0;
+  int64_t step = 0;  // steps done: the next batch, dropout masks and learning rate follow it
+  // AdamW's t before this step: the updates applied. A step the loss
+  // scaler skips (an overflowed gradient) leaves the parameters, the
+  // moments and this count as they were, as torch.cuda.amp.GradScaler
+  // skips optimizer.step(); the batch and the schedule still move on.
+  int64_t optimizer_steps = 0;
   train::LossScaler scaler;  // enabled for F16 only
 
   TrainerImpl(std::shared_ptr<const Task> t, const ModelConfig& m, const TrainOptions& o)
@@ -297,7 +305,7 @@ StepStats update(TrainerImpl& t, std::map<std::string, Tensor<float>>& gradients
     s.loss_scale = t.scaler.scale();
     const bool finite = train::unscale_gradients(gradients, s.loss_scale);
     s.skipped = !t.scaler.update(finite);
-    if (s.skipped) {
+    if (s.skipped) {  // nothing updated, AdamW's t included
       s.grad_norm = std::numeric_limits<double>::infinity();
       t.step += 1;
       return s;
@@ -305,10 +313,11 @@ StepStats update(TrainerImpl& t, std::map<std::string, Tensor<float>>& gradients
   }
   s.grad_norm = train::clip_gradients(gradients, t.options.clip);
   train::AdamWSettings a{s.lr, t.options.beta1, t.options.beta2, t.options.eps, t.options.weight_decay};
-  const int64_t steps_done = t.step + 1;  // AdamW's t, this step included
+  const int64_t adam_t = t.optimizer_steps + 1;  // AdamW's t, this update included
   t.model->update_parameters([&](const std::string& name, Tensor<float>& p) {
-    train::adamw_update(p, gradients.at(name), t.moments.at(name), a, train::decays(name), steps_done);
+    train::adamw_update(p, gradients.at(name), t.moments.at(name), a, train::decays(name), adam_t);
   });
+  t.optimizer_steps += 1;
   t.step += 1;
   return s;
 }
@@ -395,7 +404,8 @@ std::string Trainer::serialize_checkpoint() const {
     tensors[kExpAvg + name] = m.m;
     tensors[kExpAvgSq + name] = m.v;
   }
-  return serialize_safetensors(tensors, metadata(t.model_config, t.options, t.task->name(), t.step, t.scaler));
+  return serialize_safetensors(
+      tensors, metadata(t.model_config, t.options, t.task->name(), t.step, t.scaler, t.optimizer_steps));
 }
 
 void Trainer::save_checkpoint(const std::string& path) const { write_file_atomic(path, serialize_checkpoint()); }
@@ -433,6 +443,7 @@ Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> tas
                                             to_string(t.dtype) + ")");
   impl->model = std::make_unique<train::Model<float>>(impl->model_config, params);
   impl->step = ck.step;
+  impl->optimizer_steps = ck.step;  // no step skipped: float32 and bf16 runs
   if (impl->scaler.enabled()) {
     // The scaler where the run left it (else the resumed steps would run
     // at another scale and skip other steps).
@@ -445,6 +456,15 @@ Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> tas
       r.fail("'loss_scale_clean_steps': expected 0 to " + std::to_string(train::LossScaler::kGrowthInterval - 1) +
              ", got " + std::to_string(clean));
     impl->scaler = train::LossScaler(true, scale, clean);
+    // A file written before the count was kept counted every step (its
+    // AdamW took t = step + 1).
+    if (file.metadata.count("optimizer_steps") != 0) {
+      const int64_t updates = r.integer("optimizer_steps");
+      if (updates < 0 || updates > ck.step)
+        r.fail("'optimizer_steps': expected 0 to the " + std::to_string(ck.step) + " steps done, got " +
+               std::to_string(updates));
+      impl->optimizer_steps = updates;
+    }
   }
   return Trainer(std::move(impl));
 }

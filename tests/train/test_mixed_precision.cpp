@@ -361,6 +361,90 @@ std::string temp_path(const std::string& name) { return temp_checkpoint_path(nam
 TrainOptions quick(int64_t steps, ComputeDtype dtype) { return quick_run(steps, 1, dtype); }
 ModelConfig run_model() { return small_dropout_model(2); }
 
+// An f16 run whose loss scale overflows the gradient skips the step: the
+// parameters and AdamW's moments stay as they were, and so does AdamW's t,
+// as torch.cuda.amp.GradScaler skips optimizer.step(). The run starts from a
+// fresh model's checkpoint edited to a loss scale of 2^40 (every gradient
+// overflows in f16 until the scale has halved to a finite one); the first
+// update after the skips must then be AdamW's first, t = 1, which the test
+// computes from the moments it wrote: m = (1 − β1)·g, v = (1 − β2)·g², so
+// Δp = −lr·(m / (1 − β1)) / (sqrt(v / (1 − β2)) + eps) (weight decay 0).
+// Counting the skipped steps (t = skips + 1) would scale that by about a
+// half after ~25 skips. Tolerance: the update is computed in float32 (a few
+// roundings of relative size 2^-24 on a value of size lr) and p is rounded
+// to float32 (half an ulp of |p|): 1e-4·|Δ| + 2^-23·max(|p|, 1).
+TEST(MixedPrecisionTraining, SkippedStepsLeaveParametersMomentsAndAdamWsStep) {
+  const std::shared_ptr<const Task> task = make_task("reverse", 7, 6);
+  TrainOptions o = quick(80, ComputeDtype::F16);
+  o.weight_decay = 0.0;
+  const std::string path = temp_path("mixed-skip");
+  {
+    const Trainer fresh(task, run_model(), o);
+    fresh.save_checkpoint(path);
+  }
+  {
+    const SafetensorsFile file = read_safetensors(path);
+    std::map<std::string, Tensor<float>> tensors;
+    for (const auto& [name, t] : file.tensors) {
+      Tensor<float> f(t.values.shape());
+      for (int64_t e = 0; e < f.numel(); ++e) f.data()[e] = static_cast<float>(t.values.data()[e]);
+      tensors[name] = std::move(f);
+    }
+    std::map<std::string, std::string> metadata = file.metadata;
+    ASSERT_EQ(metadata.at("optimizer_steps"), "0");
+    // More updates than steps done is refused, naming the field.
+    metadata["optimizer_steps"] = "5";
+    write_safetensors(path, tensors, metadata);
+    try {
+      (void)Trainer::resume(path, task, run_model(), o);
+      ADD_FAILURE() << "optimizer_steps 5 after 0 steps was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'optimizer_steps': expected 0 to the 0 steps done, got 5"),
+                std::string::npos)
+          << e.what();
+    }
+    metadata["optimizer_steps"] = "0";
+    metadata["loss_scale"] = to_exact_string(std::ldexp(1.0, 40));
+    write_safetensors(path, tensors, metadata);
+  }
+  Trainer run = Trainer::resume(path, task, run_model(), o);
+  std::remove(path.c_str());
+  const std::map<std::string, Tensor<float>> before = run.parameters();
+  int64_t skipped = 0;
+  StepStats s;
+  while (run.step() < o.steps) {
+    s = run.train_step();
+    if (!s.skipped) break;
+    ++skipped;
+    for (const auto& [name, p] : run.parameters())
+      ASSERT_EQ(0, std::memcmp(p.data(), before.at(name).data(), sizeof(float) * p.numel())) << name;
+  }
+  ASSERT_GE(skipped, 10) << "the scale of 2^40 should overflow f16 for many steps";
+  ASSERT_FALSE(s.skipped) << "no step was finite";
+  const std::string after_path = temp_path("mixed-skip-after");
+  run.save_checkpoint(after_path);
+  const SafetensorsFile after = read_safetensors(after_path);
+  std::remove(after_path.c_str());
+  EXPECT_EQ(after.metadata.at("optimizer_steps"), "1");
+  EXPECT_EQ(after.metadata.at("step"), std::to_string(skipped + 1));
+  const double b1 = o.beta1, b2 = o.beta2, eps = o.eps;
+  int64_t moved = 0;
+  for (const auto& [name, p] : run.parameters()) {
+    const Tensor<double>& m = after.tensors.at("optimizer.exp_avg." + name).values;
+    const Tensor<double>& v = after.tensors.at("optimizer.exp_avg_sq." + name).values;
+    const Tensor<float>& p0 = before.at(name);
+    for (int64_t e = 0; e < p.numel(); ++e) {
+      const double want = -s.lr * (m.data()[e] / (1 - b1)) / (std::sqrt(v.data()[e] / (1 - b2)) + eps);
+      const double got = double(p.data()[e]) - double(p0.data()[e]);
+      const double tol = 1e-4 * std::abs(want) + std::ldexp(1.0, -23) * std::max(std::abs(double(p0.data()[e])), 1.0);
+      ASSERT_LE(std::abs(got - want), tol) << name << "[" << e << "]: moved " << got << ", AdamW at t = 1 gives " << want
+                                           << " (" << skipped << " steps skipped before)";
+      if (want != 0) ++moved;
+    }
+  }
+  EXPECT_GT(moved, 0);
+}
+
 // 3 steps, checkpoint, resume for 3 more == 6 steps uninterrupted, at bf16
 // and f16 (whose loss scale and clean-step count the checkpoint carries);
 // the file holds float32 parameters and moments and names the compute type.
