@@ -43,4 +43,17 @@ std::string layout_hint(const MultiheadAttentionConfig& config, const InputShape
          (other ? "true: pass --batch-first" : "false: pass --no-batch-first");
 }
 
+std::string widened_weights_note(std::optional<DType> stored, const std::string& computed_in) {
+  if (!stored || (*stored != DType::BF16 && *stored != DType::F16)) return "";
+  return "--weights holds " + to_string(*stored) + " parameters; computed in " + computed_in +
+         " from their exact values (--dtype " + (*stored == DType::BF16 ? "bf16" : "f16") + " computes in " +
+         to_string(*stored) + ")";
+}
+
+std::string rounded_weights_note(std::optional<DType> stored, DType own, const std::string& dtype_flag) {
+  if (stored == own) return "";
+  return "--weights holds " + (stored ? to_string(*stored) : std::string("mixed-dtype")) + " parameters; rounded once to " +
+         to_string(own) + " (nearest even) for --dtype " + dtype_flag;
+}
+
 }  // namespace multihead::cli

@@ -26,4 +26,15 @@ struct InputShapes {
 // other layout, else "".
 std::string layout_hint(const MultiheadAttentionConfig& config, const InputShapes& shapes);
 
+// The line a run prints (after its outputs are written, so that a failed
+// run prints one line) when --weights' stored dtype is not the compute type:
+//  - widened: 16-bit parameters computed in `computed_in` ("float32",
+//    "float64") from their exact values, naming the --dtype that computes
+//    in their type; "" for any other stored dtype;
+//  - rounded: parameters of another dtype (or of mixed dtypes) rounded once
+//    into the 16-bit module `own` (BF16 or F16) of --dtype `dtype_flag`; ""
+//    when they were stored as `own`.
+std::string widened_weights_note(std::optional<DType> stored, const std::string& computed_in);
+std::string rounded_weights_note(std::optional<DType> stored, DType own, const std::string& dtype_flag);
+
 }  // namespace multihead::cli

@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "checkpoint_hints.hpp"
 #include "cli_manners.hpp"
 #include "commands.hpp"
 #include "file_flags.hpp"
@@ -56,12 +57,14 @@ struct DecodeArgs {
 
 [[noreturn]] void fail(const std::string& message) { throw Error(Error::Kind::Value, message); }
 
-GroupedQueryAttention<float> make_module(const DecodeArgs& a) {
+// `stored` receives --weights' parameter dtype (nullopt for random weights).
+GroupedQueryAttention<float> make_module(const DecodeArgs& a, std::optional<DType>& stored) {
+  stored.reset();
   if (!a.weights.empty()) {
     for (const auto& [flag, given] : {std::pair{"--embed-dim", a.embed_dim.has_value()},
                                       {"--head-dim", a.head_dim.has_value()}})
       if (given) fail(std::string(flag) + ": not used with --weights (the weights' shapes give it)");
-    return load_gqa<float>(a.weights, a.prefix, a.num_heads, a.gqa, true);
+    return load_gqa<float>(a.weights, a.prefix, a.num_heads, a.gqa, true, &stored);
   }
   if (!a.embed_dim || !a.num_heads)
     fail("--weights: expected a weights file, or --embed-dim and --num-heads for seeded random weights");
@@ -215,21 +218,36 @@ void run_decode(const DecodeArgs& a, const Module& m) {
 // The 16-bit module: make_module's parameters rounded once to E (the
 // float32 module is freed on return).
 template <class E>
-NarrowGroupedQueryAttention<E> make_narrow_module(const DecodeArgs& a) {
-  const GroupedQueryAttention<float> m = make_module(a);
+NarrowGroupedQueryAttention<E> make_narrow_module(const DecodeArgs& a, std::optional<DType>& stored) {
+  const GroupedQueryAttention<float> m = make_module(a, stored);
   return NarrowGroupedQueryAttention<E>::rounded(m.config(), m.parameters());
 }
 
 // --dtype: the float32 module, or its parameters rounded once to 16 bits.
+// The notes `multihead forward` prints, after the run (so that a failed run
+// prints one line): the compute path (compute_dtype_note), then how
+// --weights' dtype met the compute type.
 void run_decode(const DecodeArgs& a) {
   const ComputeDtype dtype = parse_compute_dtype(a.dtype, "--dtype");
   if (dtype != ComputeDtype::F32 && a.kernel != "auto" && a.kernel != "flash")
     fail("--kernel: " + a.kernel + " is not available with --dtype " + a.dtype +
          " (the 16-bit module runs the flash kernel on the prompt and the decode kernel on each step: auto or "
          "flash)");
-  if (dtype == ComputeDtype::BF16) return run_decode<bfloat16>(a, make_narrow_module<bfloat16>(a));
-  if (dtype == ComputeDtype::F16) return run_decode<float16>(a, make_narrow_module<float16>(a));
-  run_decode<float>(a, make_module(a));
+  std::optional<DType> stored;
+  std::vector<std::string> notes;
+  if (dtype == ComputeDtype::F32) {
+    run_decode<float>(a, make_module(a, stored));
+    notes.push_back(widened_weights_note(stored, "float32"));
+  } else {
+    if (dtype == ComputeDtype::BF16) run_decode<bfloat16>(a, make_narrow_module<bfloat16>(a, stored));
+    else run_decode<float16>(a, make_narrow_module<float16>(a, stored));
+    if (const std::string path = compute_dtype_note(dtype); !path.empty())
+      notes.push_back("--dtype " + a.dtype + ": " + path);
+    if (!a.weights.empty())
+      notes.push_back(rounded_weights_note(stored, dtype == ComputeDtype::BF16 ? DType::BF16 : DType::F16, a.dtype));
+  }
+  for (const std::string& note : notes)
+    if (!note.empty()) std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
 }
 
 }  // namespace

@@ -267,10 +267,8 @@ void load_and_run_narrow(const ForwardArgs& args, const LoadOptions& load) {
   const std::vector<AssumedSetting> assumed = w.assumed;
   run_narrow_forward<E>(args, std::move(w), query);
   const DType own = kDtype == ComputeDtype::BF16 ? DType::BF16 : DType::F16;
-  if (stored != own && writes_outputs())
-    std::fprintf(stderr, "multihead: note: --weights holds %s parameters; rounded once to %s (nearest even) for "
-                 "--dtype %s\n",
-                 stored ? to_string(*stored).c_str() : "mixed-dtype", to_string(own).c_str(), args.dtype.c_str());
+  if (const std::string note = rounded_weights_note(stored, own, args.dtype); !note.empty() && writes_outputs())
+    std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
   if (const std::string note = assumed_settings_note(assumed, args.weights); !note.empty() && writes_outputs())
     std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
 }
@@ -280,9 +278,10 @@ void load_and_run_narrow(const ForwardArgs& args, const LoadOptions& load) {
 template <class T>
 void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
   std::optional<GroupedQueryAttention<T>> module;
+  std::optional<DType> stored;  // the parameters' dtype on disk
   Tensor<T> x = as<T>(query_file);
   agree_on(args.parallel, [&] {
-    module.emplace(load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal));
+    module.emplace(load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored));
     const int64_t E = module->config().embed_dim;
     if ((x.dim() != 2 && x.dim() != 3) || x.size(-1) != E)
       throw Error(Error::Kind::Shape, "query: expected (B, L, " + std::to_string(E) + ") (batch first) or (L, " +
@@ -323,6 +322,9 @@ void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
                  static_cast<long long>(m.kv_heads()), static_cast<long long>(m.head_dim()),
                  args.gqa.rope.empty() ? "" : (", rope " + args.gqa.rope).c_str(), args.kernel.c_str(), ms,
                  args.repeat, args.repeat == 1 ? "" : "es");
+  // After the run, so that a failed one still prints exactly one line.
+  if (const std::string note = widened_weights_note(stored, sizeof(T) == 8 ? "float64" : "float32"); !note.empty())
+    std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
 }
 
 // Flags of nn.MultiheadAttention that the grouped-query module does not have.
@@ -508,12 +510,10 @@ Runner add_forward_command(CLI::App& app) {
     });
     if (query.dtype == DType::F64) run_forward<double>(*args, w, query, load);
     else run_forward<float>(*args, w, query, load);
-    if (w.parameter_dtype && writes_outputs() &&
-        (*w.parameter_dtype == DType::BF16 || *w.parameter_dtype == DType::F16))
-      std::fprintf(stderr, "multihead: note: --weights holds %s parameters; computed in %s from their exact values "
-                   "(--dtype %s computes in %s)\n",
-                   to_string(*w.parameter_dtype).c_str(), query.dtype == DType::F64 ? "float64" : "float32",
-                   *w.parameter_dtype == DType::BF16 ? "bf16" : "f16", to_string(*w.parameter_dtype).c_str());
+    if (const std::string note =
+            widened_weights_note(w.parameter_dtype, query.dtype == DType::F64 ? "float64" : "float32");
+        !note.empty() && writes_outputs())
+      std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
     // After the run, so that a failed one still prints exactly one line.
     if (const std::string note = assumed_settings_note(w.assumed, args->weights); !note.empty() && writes_outputs())
       std::fprintf(stderr, "multihead: note: %s\n", note.c_str());

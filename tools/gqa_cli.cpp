@@ -53,7 +53,8 @@ GroupedQueryAttentionConfig gqa_config(int64_t embed_dim, int64_t num_heads, int
 
 template <class T>
 GroupedQueryAttention<T> load_gqa(const std::string& path, const std::string& prefix,
-                                  std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal) {
+                                  std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal,
+                                  std::optional<DType>* stored) {
   GqaLoadOptions options;
   options.prefix = prefix;
   options.num_heads = num_heads;
@@ -73,12 +74,14 @@ GroupedQueryAttention<T> load_gqa(const std::string& path, const std::string& pr
   check_gqa_flags(flags, w.config.num_heads, w.config.head_dim);
   if (!flags.rope.empty())
     w.config.rope = RopeOptions{parse_rope_convention(flags.rope, "--rope"), flags.rope_theta, 0};
+  if (stored != nullptr) *stored = w.parameter_dtype;
   return w.module<T>();
 }
 
 template GroupedQueryAttention<float> load_gqa<float>(const std::string&, const std::string&, std::optional<int64_t>,
-                                                      const GqaFlags&, bool);
+                                                      const GqaFlags&, bool, std::optional<DType>*);
 template GroupedQueryAttention<double> load_gqa<double>(const std::string&, const std::string&,
-                                                        std::optional<int64_t>, const GqaFlags&, bool);
+                                                        std::optional<int64_t>, const GqaFlags&, bool,
+                                                        std::optional<DType>*);
 
 }  // namespace multihead::cli

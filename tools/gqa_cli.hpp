@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 
 #include "multihead/grouped_query_attention.hpp"
+#include "multihead/io.hpp"
 
 namespace multihead::cli {
 
@@ -36,10 +37,13 @@ void check_gqa_flags(const GqaFlags& flags, int64_t num_heads, int64_t head_dim)
 
 // The module from a safetensors file (float64 or float32 weights as T):
 // load_gqa_weights with --prefix, --num-heads and --num-kv-heads (else the
-// file's num_kv_heads), then --rope.
+// file's num_kv_heads), then --rope. `stored`, if given, receives the
+// parameters' dtype on disk (LoadedGqaWeights::parameter_dtype), for the
+// notes of checkpoint_hints.hpp.
 template <class T>
 GroupedQueryAttention<T> load_gqa(const std::string& path, const std::string& prefix,
-                                  std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal);
+                                  std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal,
+                                  std::optional<DType>* stored = nullptr);
 
 // The configuration the flags describe (RoPE included).
 GroupedQueryAttentionConfig gqa_config(int64_t embed_dim, int64_t num_heads, int64_t head_dim,

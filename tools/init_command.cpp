@@ -23,7 +23,7 @@ namespace multihead::cli {
 namespace {
 
 template <class Args>
-void write_gqa(const Args& a) {
+void write_gqa(const Args& a, ComputeDtype dtype) {
   for (const auto& [flag, given] : {std::pair{"--kdim", a.config.kdim != 0}, {"--vdim", a.config.vdim != 0},
                                     {"--add-bias-kv", a.config.add_bias_kv}, {"--add-zero-attn", a.config.add_zero_attn},
                                     {"--batch-first", a.config.batch_first}, {"--dropout", a.dropout_given}})
@@ -35,13 +35,19 @@ void write_gqa(const Args& a) {
     throw multihead::Error(multihead::Error::Kind::Value, "--num-heads: " + std::to_string(H) + " does not divide --embed-dim " +
                                         std::to_string(E) + " (or give --head-dim)");
   const GroupedQueryAttention<float> m(gqa_config(E, H, a.head_dim.value_or(E / H), a.gqa, !a.no_bias, true), a.seed);
-  std::string bytes = serialize_gqa_weights(m);
+  // --dtype bf16 / f16: the float32 initialisation rounded to nearest even.
+  std::string bytes = dtype == ComputeDtype::BF16
+                          ? serialize_gqa_weights(NarrowGroupedQueryAttention<bfloat16>::rounded(m.config(), m.parameters()))
+                      : dtype == ComputeDtype::F16
+                          ? serialize_gqa_weights(NarrowGroupedQueryAttention<float16>::rounded(m.config(), m.parameters()))
+                          : serialize_gqa_weights(m);
   const std::size_t size = bytes.size();
   write_outputs({{{"--out", a.out}, std::move(bytes)}});
   if (a.verbose)
-    std::fprintf(stderr, "multihead init: wrote %s: grouped-query, %zu bytes, float32; embed_dim %lld, num_heads %lld, "
+    std::fprintf(stderr, "multihead init: wrote %s: grouped-query, %zu bytes, %s; embed_dim %lld, num_heads %lld, "
                  "num_kv_heads %lld, head_dim %lld, seed %llu\n",
-                 a.out == "-" ? "standard output" : a.out.c_str(), size, static_cast<long long>(E),
+                 a.out == "-" ? "standard output" : a.out.c_str(), size,
+                 dtype == ComputeDtype::F32 ? "float32" : to_string(dtype).c_str(), static_cast<long long>(E),
                  static_cast<long long>(H), static_cast<long long>(m.kv_heads()), static_cast<long long>(m.head_dim()),
                  static_cast<unsigned long long>(a.seed));
 }
@@ -97,10 +103,7 @@ Runner add_init_command(CLI::App& app) {
                              "num_heads)");
     const ComputeDtype dtype = parse_compute_dtype(a->dtype, "--dtype");
     check_files({}, {{"--out", a->out}});
-    if (a->gqa.num_kv_heads && dtype != ComputeDtype::F32)
-      throw multihead::Error(multihead::Error::Kind::Value, "--dtype: only f32 with --num-kv-heads (the grouped-query "
-                                                            "module has no 16-bit form yet), got " + a->dtype);
-    if (a->gqa.num_kv_heads) return write_gqa(*a);
+    if (a->gqa.num_kv_heads) return write_gqa(*a, dtype);
     const auto t0 = std::chrono::steady_clock::now();
     MultiheadAttentionConfig config = a->config;
     config.bias = !a->no_bias;

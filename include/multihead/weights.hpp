@@ -27,6 +27,7 @@
 #include "multihead/grouped_query_attention.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
 
 namespace multihead {
@@ -175,6 +176,9 @@ struct LoadedGqaWeights {
   std::map<std::string, Tensor<double>> tensors;  // prefix + name
   std::map<std::string, std::string> metadata;
   std::string prefix;
+  // The parameters' dtype on disk when they all share one (F32, BF16, F16,
+  // F64), else nullopt, as BasicLoadedWeights::parameter_dtype.
+  std::optional<DType> parameter_dtype;
   // GroupedQueryAttention<T>::from_tensors(config, tensors as T, prefix).
   template <class T>
   GroupedQueryAttention<T> module() const;
@@ -196,6 +200,10 @@ LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string
 std::map<std::string, std::string> gqa_config_metadata(const GroupedQueryAttention<float>& module);
 std::string serialize_gqa_weights(const GroupedQueryAttention<float>& module);
 void save_gqa_weights(const std::string& path, const GroupedQueryAttention<float>& module);
+// A 16-bit module's parameters as they are, BF16 (F16) tensors, with the
+// same metadata: load_gqa_weights reads their values back exactly.
+std::string serialize_gqa_weights(const NarrowGroupedQueryAttention<bfloat16>& module);
+std::string serialize_gqa_weights(const NarrowGroupedQueryAttention<float16>& module);
 
 // Parameters converted to another element type (e.g. the double a file
 // loads to, into the float a float32 forward runs in).

@@ -51,7 +51,7 @@ NarrowGroupedQueryAttention<E> NarrowGroupedQueryAttention<E>::rounded(
   detail::check_parameters(config, parameters);  // names a misshapen float32 tensor before rounding it
   GroupedQueryAttentionParameters<E> p;
   detail::grouped_query_attention_parameter_table(config, [&](const ParameterInfo& info, auto get) {
-    if (info.present) get(p) = round_to<E>(get(parameters));
+    if (info.present) get(p) = detail::rounded_parameter<E>(info.name, get(parameters));
   });
   return NarrowGroupedQueryAttention(config, std::move(p));
 }

@@ -110,7 +110,7 @@ NarrowMultiheadAttention<E> NarrowMultiheadAttention<E>::rounded(const Multihead
                                                                  const MultiheadAttentionParameters<float>& parameters) {
   MultiheadAttentionParameters<E> p;
   detail::multihead_attention_parameter_table(config, [&](const ParameterInfo& info, auto get) {
-    if (info.present) get(p) = round_to<E>(get(parameters));
+    if (info.present) get(p) = detail::rounded_parameter<E>(info.name, get(parameters));
   });
   return NarrowMultiheadAttention(config, std::move(p));
 }

@@ -126,9 +126,13 @@ LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string
   // found say `bias` (from_tensors checks they are all there or none).
   GroupedQueryAttentionConfig every_row = r.config;
   every_row.bias = true;
+  bool first = true;
   for_each_parameter(every_row, [&](const ParameterInfo& info) {
     const auto it = file.tensors.find(p + info.name);
     if (it == file.tensors.end()) return;
+    if (first) r.parameter_dtype = it->second.dtype;
+    else if (r.parameter_dtype != it->second.dtype) r.parameter_dtype.reset();
+    first = false;
     r.tensors.emplace(p + info.name, it->second.values);
     r.config.bias = r.config.bias || std::string(info.name).ends_with(".bias");
   });
@@ -147,16 +151,27 @@ GroupedQueryAttention<T> LoadedGqaWeights::module() const {
   return GroupedQueryAttention<T>::from_tensors(config, cast, prefix);
 }
 
-std::map<std::string, std::string> gqa_config_metadata(const GroupedQueryAttention<float>& module) {
-  const GroupedQueryAttentionConfig& c = module.config();
+namespace {
+std::map<std::string, std::string> gqa_metadata(const GroupedQueryAttentionConfig& c) {
   return {{"module", "grouped_query_attention"},
           {"num_heads", std::to_string(c.num_heads)},
-          {"num_kv_heads", std::to_string(module.kv_heads())},
-          {"head_dim", std::to_string(module.head_dim())}};
+          {"num_kv_heads", std::to_string(c.resolved_kv_heads())},
+          {"head_dim", std::to_string(c.resolved_head_dim())}};
+}
+}  // namespace
+
+std::map<std::string, std::string> gqa_config_metadata(const GroupedQueryAttention<float>& module) {
+  return gqa_metadata(module.config());
 }
 
 std::string serialize_gqa_weights(const GroupedQueryAttention<float>& module) {
   return serialize_safetensors(module.state_dict(), gqa_config_metadata(module));
+}
+std::string serialize_gqa_weights(const NarrowGroupedQueryAttention<bfloat16>& module) {
+  return serialize_safetensors_narrow(module.state_dict(), gqa_metadata(module.config()));
+}
+std::string serialize_gqa_weights(const NarrowGroupedQueryAttention<float16>& module) {
+  return serialize_safetensors_narrow(module.state_dict(), gqa_metadata(module.config()));
 }
 
 void save_gqa_weights(const std::string& path, const GroupedQueryAttention<float>& module) {

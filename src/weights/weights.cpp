@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "attention/narrow_convert.hpp"
 #include "core/check.hpp"
 #include "core/parameters.hpp"
 #include "io/metadata.hpp"
@@ -242,33 +243,34 @@ bool has_tensor(const SafetensorsFile& file, const std::string& name) {
 
 // The tensor `name` (known to be real-valued) moved out of the file as
 // element type T: as stored when the file holds it as T, else converted
-// (exactly to double; to a 16-bit T rounded once: weights.hpp).
+// (exactly to double; to a 16-bit T rounded once: weights.hpp; a finite
+// value float16 cannot hold is refused, naming the tensor and the file:
+// attention/narrow_convert.hpp's rounded_parameter).
 template <class T, class From>
-Tensor<T> convert_tensor(const Tensor<From>& t) {
+Tensor<T> convert_tensor(const Tensor<From>& t, const std::string& name, const std::string& where) {
   if constexpr (std::is_same_v<T, double>) {
     return widen<double>(t);
   } else if constexpr (std::is_same_v<From, double>) {
-    Storage<T> out(static_cast<std::size_t>(t.numel()));
-    for (int64_t i = 0; i < t.numel(); ++i)
-      out[static_cast<std::size_t>(i)] = narrow_from_float<T>(static_cast<float>(t[i]));
-    return Tensor<T>(t.shape(), std::move(out));
+    Tensor<float> f(t.shape());
+    for (int64_t i = 0; i < t.numel(); ++i) f.data()[i] = static_cast<float>(t[i]);
+    return detail::rounded_parameter<T>(name, f, where);
   } else {
-    return round_to<T>(widen<float>(t));
+    return detail::rounded_parameter<T>(name, widen<float>(t), where);
   }
 }
 template <class T>
-Tensor<T> take_tensor(SafetensorsFile& file, const std::string& name) {
+Tensor<T> take_tensor(SafetensorsFile& file, const std::string& name, const std::string& where) {
   auto take = [&](auto& map) {
     auto node = map.extract(name);
     using From = typename std::decay_t<decltype(node.mapped())>::value_type;
     if constexpr (std::is_same_v<From, T>) return std::move(node.mapped());
-    else return convert_tensor<T>(node.mapped());
+    else return convert_tensor<T>(node.mapped(), name, where);
   };
   if (file.bf16_tensors.count(name)) return take(file.bf16_tensors);
   if (file.f16_tensors.count(name)) return take(file.f16_tensors);
   auto node = file.tensors.extract(name);
   if constexpr (std::is_same_v<T, double>) return std::move(node.mapped().values);
-  else return convert_tensor<T>(node.mapped().values);
+  else return convert_tensor<T>(node.mapped().values, name, where);
 }
 
 // A parameter is real-valued; an integer tensor under a parameter's name is
@@ -326,7 +328,8 @@ std::map<std::string, Tensor<T>> take_module(SafetensorsFile& file, const Source
     throw Error(Error::Kind::Missing, "--prefix " + quote_input(src.prefix) + ": no tensor in " + src.path +
                                           " starts with it" + module_prefixes_hint(file, src));
   std::map<std::string, Tensor<T>> out;
-  for (const std::string& name : names) out.emplace(name.substr(src.prefix.size()), take_tensor<T>(file, name));
+  for (const std::string& name : names)
+    out.emplace(name.substr(src.prefix.size()), take_tensor<T>(file, name, src.in_file()));
   return out;
 }
 

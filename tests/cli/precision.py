@@ -154,6 +154,66 @@ def main():
     check("bf16 checkpoint with --dtype f16: one note that it was rounded once to float16",
           r.returncode == 0 and len(notes) == 1 and "bfloat16 parameters; rounded once to float16" in notes[0], r.stderr)
 
+    # a finite weight float16 cannot hold (|x| > 65504) is refused for --dtype f16, naming the tensor and the
+    # file, with no output written; bf16 (float32's range) and f32 run it
+    big, meta = safetensors_io.read(p("w_bf16.safetensors"))
+    bias = big["out_proj.bias"][0].copy()
+    bias[3] = 1.0e6
+    big["out_proj.bias"] = (bias, "BF16")
+    safetensors_io.write(p("w_big.safetensors"), big, meta)
+    r = run(cli, "forward", "--weights", p("w_big.safetensors"), "--query", p("q.npy"), "--out", p("o_big.npy"),
+            "--dtype", "f16")
+    lines = r.stderr.strip().splitlines()
+    check("a bf16 weight of 1e6 with --dtype f16: exit 2, one line naming the tensor, element, 65504 and the file",
+          r.returncode == 2 and len(lines) == 1 and "out_proj.bias" in lines[0] and "65504" in lines[0]
+          and "element 3" in lines[0] and "w_big.safetensors" in lines[0] and not os.path.exists(p("o_big.npy")),
+          f"rc {r.returncode}, stderr {r.stderr!r}")
+    for dt in ("bf16", "f32"):
+        r = run(cli, "forward", "--weights", p("w_big.safetensors"), "--query", p("q.npy"), "--out",
+                p(f"o_big_{dt}.npy"), "--dtype", dt)
+        check(f"a bf16 weight of 1e6 with --dtype {dt}: runs, finite output",
+              r.returncode == 0 and np.isfinite(np.load(p(f"o_big_{dt}.npy"))).all(), r.stderr)
+
+    # the grouped-query module (forward --num-kv-heads, decode) says the same notes: a bf16 file computed in
+    # float32, the compute path of --dtype f16, a file of another dtype rounded into the 16-bit module; none
+    # when the file holds the module's own dtype. Each note once, after a successful run.
+    r = run(cli, "init", "--embed-dim", "16", "--num-heads", "4", "--num-kv-heads", "2", "--seed", "5",
+            "--out", p("g_f32.safetensors"))
+    check("init --num-kv-heads (f32)", r.returncode == 0, r.stderr)
+    g32, gmeta = safetensors_io.read(p("g_f32.safetensors"))
+    for dt, tag in (("bf16", "BF16"), ("f16", "F16")):
+        r = run(cli, "init", "--embed-dim", "16", "--num-heads", "4", "--num-kv-heads", "2", "--seed", "5",
+                "--dtype", dt, "--out", p(f"g_{dt}.safetensors"))
+        t, meta = (safetensors_io.read(p(f"g_{dt}.safetensors")) if r.returncode == 0 else ({}, {}))
+        check(f"init --num-kv-heads --dtype {dt}: every tensor {tag}, the f32 values rounded, the same metadata",
+              r.returncode == 0 and set(t) == set(g32) and all(t[k][1] == tag for k in t) and meta == gmeta
+              and all(np.array_equal(t[k][0], safetensors_io.round_to_dtype(g32[k][0], tag)) for k in t), r.stderr)
+    np.save(p("gq.npy"), rng.randn(2, 5, 16).astype(np.float32))
+    widened = "--weights holds bfloat16 parameters; computed in float32 from their exact values"
+    compute = "this CPU has no AVX512_FP16" if not has_fp16 else "no fp16-FMA kernel is built"
+    for name, args, want in (
+            ("forward --num-kv-heads, bf16 file", ["forward", "--weights", p("g_bf16.safetensors"), "--num-kv-heads",
+                                                  "2", "--query", p("gq.npy"), "--out", p("go.npy")], [widened]),
+            ("decode, bf16 file", ["decode", "--weights", p("g_bf16.safetensors")], [widened]),
+            ("decode --dtype bf16, bf16 file", ["decode", "--weights", p("g_bf16.safetensors"), "--dtype", "bf16"], []),
+            ("decode --dtype bf16, f32 file", ["decode", "--weights", p("g_f32.safetensors"), "--dtype", "bf16"],
+             ["--weights holds float32 parameters; rounded once to bfloat16 (nearest even) for --dtype bf16"]),
+            ("decode --dtype f16, bf16 file", ["decode", "--weights", p("g_bf16.safetensors"), "--dtype", "f16"],
+             [compute, "--weights holds bfloat16 parameters; rounded once to float16 (nearest even) for --dtype f16"]),
+    ):
+        if args[0] == "decode":
+            args = args + ["--prompt-len", "4", "--tokens", "2"]
+        r = run(cli, *args)
+        notes = [line for line in r.stderr.splitlines() if line.startswith("multihead: note: ")]
+        check(f"{name}: notes {len(want)}", r.returncode == 0 and len(notes) == len(want)
+              and len(r.stderr.splitlines()) == len(want) and all(w in n for w, n in zip(want, notes)),
+              f"rc {r.returncode}, stderr {r.stderr!r}")
+    # a failed run prints its error alone
+    r = run(cli, "decode", "--weights", p("g_bf16.safetensors"), "--dtype", "f16", "--prompt", p("q.npy"),
+            "--tokens", "2")
+    check("decode --dtype f16 with a bad prompt: one line, the error", r.returncode == 2
+          and len(r.stderr.strip().splitlines()) == 1 and "prompt" in r.stderr, f"rc {r.returncode}, {r.stderr!r}")
+
     # the two bf16 dot ways, forced by the environment
     for way in ("dpbf16", "fma"):
         env = dict(os.environ, MULTIHEAD_BF16_DOT=way)

@@ -16,11 +16,13 @@
 // (PrecisionGqaChecker.BoundsOwnValuesAgree), which checks that the bound
 // is about the right numbers (RoPE's pairs, the window, ALiBi's sign,
 // dropout's keep decisions).
+#include <limits>
 #include <map>
 #include <set>
 
 #include "multihead/grouped_query_attention.hpp"
 #include "multihead/narrow_grouped_query_attention.hpp"
+#include "multihead/narrow_multihead_attention.hpp"
 #include "multihead/runtime.hpp"
 #include "precision/backward_bound.hpp"
 #include "precision/precision_cases.hpp"
@@ -999,6 +1001,32 @@ TEST(PrecisionGqaBadInput, ShapesCachesOptionsAndContexts) {
   });
   wide.o_proj_weight = Tensor<float>(Shape{32, 31});
   expect_one_line(thrown([&] { NarrowGroupedQueryAttention<bfloat16>::rounded(p.config, wide); }), "o_proj.weight");
+  // a finite float32 value float16 cannot hold (it would round to inf) is
+  // refused by rounded<float16>, naming the parameter and the element; bf16
+  // holds it; 65504 itself is float16's largest value and is kept
+  wide.o_proj_weight = Tensor<float>(Shape{32, 32});
+  wide.v_proj_weight[5] = 70000.0f;
+  expect_one_line(thrown([&] { NarrowGroupedQueryAttention<float16>::rounded(p.config, wide); }),
+                  "v_proj.weight: a float16 module holds values of magnitude <= 65504, got 70000.000000 at element 5");
+  EXPECT_NO_THROW(NarrowGroupedQueryAttention<bfloat16>::rounded(p.config, wide));
+  wide.v_proj_weight[5] = -65504.0f;
+  EXPECT_EQ(NarrowGroupedQueryAttention<float16>::rounded(p.config, wide).parameters().v_proj_weight[5].bits, 0xfbff);
+  {
+    MultiheadAttentionConfig mc;
+    mc.embed_dim = 8;
+    mc.num_heads = 2;
+    MultiheadAttentionParameters<float> mp;
+    for_each_parameter(mc, mp, [](const ParameterInfo& info, Tensor<float>& t) {
+      if (info.present) t = Tensor<float>(info.shape, 0.5f);
+    });
+    mp.out_proj_bias[7] = -1.0e6f;
+    expect_one_line(thrown([&] { NarrowMultiheadAttention<float16>::rounded(mc, mp); }),
+                    "out_proj.bias: a float16 module holds values of magnitude <= 65504, got -1000000.000000 at "
+                    "element 7");
+    EXPECT_NO_THROW(NarrowMultiheadAttention<bfloat16>::rounded(mc, mp));
+    mp.out_proj_bias[7] = std::numeric_limits<float>::infinity();  // already infinite: kept as it is
+    EXPECT_NO_THROW(NarrowMultiheadAttention<float16>::rounded(mc, mp));
+  }
   // the configuration: the float module's messages
   GroupedQueryAttentionConfig cfg = p.config;
   cfg.num_kv_heads = 3;
