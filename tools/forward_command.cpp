@@ -29,6 +29,7 @@
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/multihead_attention.hpp"
+#include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
 #include "multihead/runtime.hpp"
 #include "multihead/weights.hpp"
@@ -253,19 +254,19 @@ void run_narrow_forward(const ForwardArgs& args, BasicLoadedWeights<E> w, const 
 }
 
 // --dtype bf16 / f16 from the reading of the files on: the weights read
-// straight into E (load_weights_narrow), and the notes, each printed once:
-// the compute path (compute_dtype_note), then, after the run (so a failed
-// run prints one line), a checkpoint of another dtype rounded to E.
+// straight into E (load_weights_narrow), and the notes, each printed once
+// after the run (so a failed run prints one line): the compute path
+// (compute_dtype_note), then a checkpoint of another dtype rounded to E.
 template <class E>
 void load_and_run_narrow(const ForwardArgs& args, const LoadOptions& load) {
   constexpr ComputeDtype kDtype = compute_dtype_of<E>();
   BasicLoadedWeights<E> w = load_weights_narrow<E>(args.weights, load);
   const LoadedTensor query = read_input(args.query, "query");
-  if (const std::string note = compute_dtype_note(kDtype); !note.empty())
-    std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", args.dtype.c_str(), note.c_str());
   const std::optional<DType> stored = w.parameter_dtype;
   const std::vector<AssumedSetting> assumed = w.assumed;
   run_narrow_forward<E>(args, std::move(w), query);
+  if (const std::string note = compute_dtype_note(kDtype); !note.empty() && writes_outputs())
+    std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", args.dtype.c_str(), note.c_str());
   const DType own = kDtype == ComputeDtype::BF16 ? DType::BF16 : DType::F16;
   if (const std::string note = rounded_weights_note(stored, own, args.dtype); !note.empty() && writes_outputs())
     std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
@@ -274,21 +275,38 @@ void load_and_run_narrow(const ForwardArgs& args, const LoadOptions& load) {
 }
 
 // --num-kv-heads: the grouped-query module (multihead/grouped_query_attention.hpp,
-// weights as tools/gqa_cli.hpp reads them) on a batch-first query, self-attention.
+// weights as tools/gqa_cli.hpp reads them) on a batch-first query,
+// self-attention. T: float or double (a float64 --query), or bfloat16 /
+// float16 (--dtype): the 16-bit module (NarrowGroupedQueryAttention) with the
+// file's parameters rounded once to T (exact for a file of T), the query
+// rounded on the way in and the output widened to float32 on the way out;
+// the notes as the multi-head module's 16-bit path says them.
+template <class T>
+using GqaModule = std::conditional_t<std::is_floating_point_v<T>, GroupedQueryAttention<T>, NarrowGroupedQueryAttention<T>>;
+
 template <class T>
 void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
-  std::optional<GroupedQueryAttention<T>> module;
+  constexpr bool kNarrow = !std::is_floating_point_v<T>;
+  std::optional<GqaModule<T>> module;
   std::optional<DType> stored;  // the parameters' dtype on disk
-  Tensor<T> x = as<T>(query_file);
+  Tensor<T> x;
+  if constexpr (kNarrow) x = round_to<T>(as<float>(query_file));
+  else x = as<T>(query_file);
   agree_on(args.parallel, [&] {
-    module.emplace(load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored));
+    if constexpr (kNarrow) {
+      const GroupedQueryAttention<float> wide =
+          load_gqa<float>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored);
+      module.emplace(NarrowGroupedQueryAttention<T>::rounded(wide.config(), wide.parameters()));
+    } else {
+      module.emplace(load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored));
+    }
     const int64_t E = module->config().embed_dim;
     if ((x.dim() != 2 && x.dim() != 3) || x.size(-1) != E)
       throw Error(Error::Kind::Shape, "query: expected (B, L, " + std::to_string(E) + ") (batch first) or (L, " +
                                           std::to_string(E) + ") for the grouped-query module, got " +
                                           shape_to_string(x.shape()));
   });
-  const GroupedQueryAttention<T>& m = *module;
+  const GqaModule<T>& m = *module;
   const int64_t E = m.config().embed_dim;
   const bool unbatched = x.dim() == 2;
   if (unbatched) {
@@ -305,26 +323,42 @@ void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
   o.check_finite = args.check_finite;
   Tensor<T> out;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int r = 0; r < args.repeat; ++r)
-    out = args.parallel.empty() ? m.forward(x, o) : parallel_gqa_forward<T>(args.parallel, m, x, o);
+  for (int r = 0; r < args.repeat; ++r) {
+    if constexpr (kNarrow) out = m.forward(x, o);  // --parallel is refused with --dtype
+    else out = args.parallel.empty() ? m.forward(x, o) : parallel_gqa_forward<T>(args.parallel, m, x, o);
+  }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (unbatched) {
     const int64_t L = out.size(1);
     out = std::move(out).reshaped({L, E});
   }
   if (!writes_outputs()) return;
-  write_outputs({{{"--out", args.out}, serialize_npy(out)}});
+  std::string bytes;
+  if constexpr (kNarrow) bytes = serialize_npy(widen<float>(out));
+  else bytes = serialize_npy(out);
+  write_outputs({{{"--out", args.out}, std::move(bytes)}});
+  const std::string type = kNarrow ? to_string(compute_dtype_of<T>()) + " (written as float32)"
+                           : sizeof(T) == 8 ? "float64" : "float32";
   if (args.verbose)
     std::fprintf(stderr, "multihead forward: output %s, %s; grouped-query, embed_dim %lld, num_heads %lld, "
                  "num_kv_heads %lld, head_dim %lld%s; kernel %s; %.3f ms for %d forward pass%s\n",
-                 shape_to_string(out.shape()).c_str(), sizeof(T) == 8 ? "float64" : "float32",
+                 shape_to_string(out.shape()).c_str(), type.c_str(),
                  static_cast<long long>(E), static_cast<long long>(m.config().num_heads),
                  static_cast<long long>(m.kv_heads()), static_cast<long long>(m.head_dim()),
                  args.gqa.rope.empty() ? "" : (", rope " + args.gqa.rope).c_str(), args.kernel.c_str(), ms,
                  args.repeat, args.repeat == 1 ? "" : "es");
   // After the run, so that a failed one still prints exactly one line.
-  if (const std::string note = widened_weights_note(stored, sizeof(T) == 8 ? "float64" : "float32"); !note.empty())
-    std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
+  std::vector<std::string> notes;
+  if constexpr (kNarrow) {
+    if (const std::string path = compute_dtype_note(compute_dtype_of<T>()); !path.empty())
+      notes.push_back("--dtype " + args.dtype + ": " + path);
+    notes.push_back(rounded_weights_note(
+        stored, compute_dtype_of<T>() == ComputeDtype::BF16 ? DType::BF16 : DType::F16, args.dtype));
+  } else {
+    notes.push_back(widened_weights_note(stored, sizeof(T) == 8 ? "float64" : "float32"));
+  }
+  for (const std::string& note : notes)
+    if (!note.empty()) std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
 }
 
 // Flags of nn.MultiheadAttention that the grouped-query module does not have.
@@ -460,13 +494,12 @@ Runner add_forward_command(CLI::App& app) {
     if (dtype != ComputeDtype::F32) {
       const std::pair<const char*, bool> refused[] = {
           {"--attn-weights-out", !args->attn_weights_out.empty()}, {"--need-weights", args->need_weights},
-          {"--form textbook", args->form == "textbook"}, {"--num-kv-heads", args->gqa.num_kv_heads.has_value()},
-          {"--parallel", !args->parallel.empty()}};
+          {"--form textbook", args->form == "textbook"}, {"--parallel", !args->parallel.empty()}};
       for (const auto& [flag, given] : refused)
         if (given)
           throw Error(Error::Kind::Value, std::string(flag) + ": not available with --dtype " + args->dtype +
-                                              " (the 16-bit module runs the fused form on the flash kernel, "
-                                              "multi-head, without attention weights, in one process)");
+                                              " (the 16-bit modules run the fused form on the flash kernel, "
+                                              "without attention weights, in one process)");
     }
     if (!args->parallel.empty() && args->form == "textbook")
       throw Error(Error::Kind::Value, "--form textbook: not used with --parallel (the ranks run the fused form)");
@@ -485,7 +518,9 @@ Runner add_forward_command(CLI::App& app) {
       refuse_mha_only_flags(*args, batch_first, add_zero_attn);
       LoadedTensor query;
       agree_on(args->parallel, [&] { query = read_input(args->query, "query"); });
-      if (query.dtype == DType::F64) run_gqa_forward<double>(*args, query);
+      if (dtype == ComputeDtype::BF16) run_gqa_forward<bfloat16>(*args, query);
+      else if (dtype == ComputeDtype::F16) run_gqa_forward<float16>(*args, query);
+      else if (query.dtype == DType::F64) run_gqa_forward<double>(*args, query);
       else run_gqa_forward<float>(*args, query);
       return;
     }

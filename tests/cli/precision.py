@@ -208,6 +208,60 @@ def main():
         check(f"{name}: notes {len(want)}", r.returncode == 0 and len(notes) == len(want)
               and len(r.stderr.splitlines()) == len(want) and all(w in n for w, n in zip(want, notes)),
               f"rc {r.returncode}, stderr {r.stderr!r}")
+    # forward --num-kv-heads --dtype bf16|f16: the 16-bit grouped-query module, against a float64 NumPy
+    # grouped-query attention (written here: projections, half-split RoPE, causal window of 3, K/V heads shared
+    # by query-head groups) on the file's values rounded to the dtype and the query rounded the same way. The
+    # reference is first checked against our float32 run (1e-5: float32 sums over E = 16 terms). Bound: the
+    # 16-bit module rounds q/k/v, the rotated q/k, the merged heads and the output, each within u of its value,
+    # and every product and sum is float32; 8 u · max|y| holds those few roundings with room (the library's
+    # derived per-case bounds are tests/precision/test_precision_gqa.cpp's).
+    def gqa_reference(t, xq, H, Hkv, window):
+        W = {k: v[0] for k, v in t.items()}
+        Bq, Lq, Eq = xq.shape
+        D = W["q_proj.weight"].shape[0] // H
+        proj = lambda name: xq @ W[name + ".weight"].T + W[name + ".bias"]  # noqa: E731
+        q = proj("q_proj").reshape(Bq, Lq, H, D)
+        k = proj("k_proj").reshape(Bq, Lq, Hkv, D)
+        v = proj("v_proj").reshape(Bq, Lq, Hkv, D)
+        inv = 10000.0 ** (-np.arange(0, D // 2) * 2.0 / D)
+        ang = np.arange(Lq)[:, None] * inv[None, :]
+        cos, sin = np.cos(ang)[None, :, None, :], np.sin(ang)[None, :, None, :]
+        rot = lambda a: np.concatenate([a[..., :D // 2] * cos - a[..., D // 2:] * sin,  # noqa: E731
+                                        a[..., D // 2:] * cos + a[..., :D // 2] * sin], axis=-1)
+        q, k = rot(q), rot(k)
+        i, j = np.arange(Lq)[:, None], np.arange(Lq)[None, :]
+        visible = (j <= i) & (i - j < window)
+        out = np.zeros((Bq, Lq, H, D))
+        for h in range(H):
+            g = h // (H // Hkv)
+            sc = np.einsum("bid,bjd->bij", q[:, :, h], k[:, :, g]) / np.sqrt(D)
+            sc = np.where(visible[None], sc, -np.inf)
+            pr = np.exp(sc - sc.max(-1, keepdims=True))
+            pr /= pr.sum(-1, keepdims=True)
+            out[:, :, h] = np.einsum("bij,bjd->bid", pr, v[:, :, g])
+        return out.reshape(Bq, Lq, H * D) @ W["o_proj.weight"].T + W["o_proj.bias"]
+
+    xg = np.load(p("gq.npy")).astype(np.float64)
+    gflags = ["--num-kv-heads", "2", "--query", p("gq.npy"), "--is-causal", "--window", "3", "--rope", "half-split"]
+    r = run(cli, "forward", "--weights", p("g_f32.safetensors"), *gflags, "--out", p("gref32.npy"))
+    ref32 = gqa_reference(g32, xg, 4, 2, 3)
+    err32 = float(np.abs(np.load(p("gref32.npy")) - ref32).max()) if r.returncode == 0 else float("inf")
+    check(f"the NumPy grouped-query reference against our float32 forward: {err32:.1e} <= 1e-5", err32 <= 1e-5,
+          r.stderr)
+    for dt, tag, u in (("bf16", "BF16", 2.0 ** -8), ("f16", "F16", 2.0 ** -11)):
+        t16, _ = safetensors_io.read(p(f"g_{dt}.safetensors"))
+        r = run(cli, "forward", "--weights", p(f"g_{dt}.safetensors"), *gflags, "--out", p(f"g16_{dt}.npy"),
+                "--dtype", dt)
+        gref = gqa_reference(t16, safetensors_io.round_to_dtype(xg, tag), 4, 2, 3)
+        gerr = float(np.abs(np.load(p(f"g16_{dt}.npy")) - gref).max()) if r.returncode == 0 else float("inf")
+        gbound = 8 * u * float(np.abs(gref).max())
+        check(f"forward --num-kv-heads --dtype {dt}: max error {gerr:.2e} <= 8 u max|y| = {gbound:.2e}",
+              gerr <= gbound, r.stderr)
+        far = float(np.abs(np.load(p(f"g16_{dt}.npy")) - gqa_reference(t16, xg, 4, 2, 6)).max()) \
+            if r.returncode == 0 else 0.0
+        check(f"forward --num-kv-heads --dtype {dt}: the window matters ({far:.2e} from a window of 6)",
+              far > 10 * gbound)
+
     # a failed run prints its error alone
     r = run(cli, "decode", "--weights", p("g_bf16.safetensors"), "--dtype", "f16", "--prompt", p("q.npy"),
             "--tokens", "2")
