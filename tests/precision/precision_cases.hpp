@@ -100,7 +100,36 @@ struct Problem {
   bool bottom_right = false;
   double dropout = 0.0;
   uint64_t dropout_seed = 0;
+  // Score modifiers only the modifiers table draws (test_precision.cpp,
+  // PrecisionModifiers; the oracle has none, forward_trace computes their
+  // float64 values): a sliding window of this many positions (0: none), the
+  // logit soft-cap c·tanh(x / c) (0: none), ALiBi with the paper's slopes
+  // (alibi_slopes_paper). Window and ALiBi place query i at position
+  // i + (S − L if bottom_right else 0); the appended keys (bias_k, the zero
+  // key) have no position: neither applies to them.
+  int64_t window = 0;
+  double softcap = 0.0;
+  bool alibi = false;
 };
+
+// ALiBi's slopes as Press et al. (2022) define them (their reference code's
+// get_slopes): for H a power of two, 2^(−8(h+1)/H); else the slopes of the
+// power of two below H, then every other slope of twice that power.
+inline std::vector<double> alibi_slopes_paper(int64_t H) {
+  const auto power_of_two = [](int64_t n) {
+    std::vector<double> r;
+    const double start = std::pow(2.0, -8.0 / static_cast<double>(n));
+    for (int64_t h = 0; h < n; ++h) r.push_back(std::pow(start, static_cast<double>(h + 1)));
+    return r;
+  };
+  int64_t below = 1;
+  while (below * 2 <= H) below *= 2;
+  std::vector<double> r = power_of_two(below);
+  if (below == H) return r;
+  const std::vector<double> twice = alibi_slopes_paper(2 * below);
+  for (int64_t h = 0; static_cast<int64_t>(r.size()) < H; h += 2) r.push_back(twice[static_cast<std::size_t>(h)]);
+  return r;
+}
 
 // Every number rounded to E first (so the oracle and the library, and
 // PyTorch, compute from the same values). No row is fully masked: key 0 is
@@ -249,6 +278,9 @@ struct SliceTrace {
   // (|d slope / dx| <= 2 / c, and the float32 evaluation), for the backward.
   double softcap = 0;
   std::vector<double> slope, eslope;
+  // Float32 additions beyond the dot product's D − 1, the scale and the
+  // mask's (ALiBi's bias: 1): γ_{D+2+extra_adds}.
+  int extra_adds = 0;
   // Filled by trace_slice_forward: p_ij (before dropout), [L][S']; ε_i, the
   // bound on |p̂_ij − p_ij| / p_ij: exp(2 max_j e_s,ij + γ_{2S'+8}) − 1
   // (each p_ij = exp(s_ij − lse_i), both within max_j e_s plus the float32
@@ -285,7 +317,8 @@ inline void trace_slice_forward(SliceTrace& t, double u) {
       const double capped = t.softcap > 0 ? t.softcap * std::tanh(x / t.softcap) : x;
       s[static_cast<std::size_t>(j)] = capped + m;
       es[static_cast<std::size_t>(j)] =
-          t.scale * e + gamma32(static_cast<double>(D + 2)) * (t.scale * dot_abs + (std::isfinite(m) ? std::abs(m) : 0.0)) +
+          t.scale * e +
+          gamma32(static_cast<double>(D + 2 + t.extra_adds)) * (t.scale * dot_abs + (std::isfinite(m) ? std::abs(m) : 0.0)) +
           (t.pair_way ? t.scale * static_cast<double>(D) * flush : 0.0);
       if (t.softcap > 0) {
         const double ex = es[static_cast<std::size_t>(j)], th = std::tanh(x / t.softcap);
@@ -333,6 +366,7 @@ struct ForwardTrace {
   std::vector<SliceTrace> slices;    // n = b·H + h
   Traced O;                          // the merged heads before out_projection, (L, B, E)
   std::vector<double> output_bound;  // the caller's layout
+  std::vector<double> output_value;  // the float64 output, the caller's layout
   // (len, B, width) index -> the caller's layout.
   std::size_t caller(int64_t l, int64_t b, int64_t w, int64_t len, int64_t width) const {
     return static_cast<std::size_t>(batch_first && !unbatched ? (b * len + l) * width + w : (l * B + b) * width + w);
@@ -396,6 +430,7 @@ ForwardTrace forward_trace(const Problem& p, const std::vector<double>* keep = n
   t.K = project(t.xk, p.params.k_proj_weight, E_, Ek);
   t.V = project(t.xv, p.params.v_proj_weight, 2 * E_, Ev);
   const int64_t shift = p.bottom_right ? S - L : 0;  // causal: query i sees key j <= i + shift
+  const std::vector<double> slopes = p.alibi ? alibi_slopes_paper(H) : std::vector<double>();
   // Additive mask of (b, h, i, j): the caller's attn_mask, key padding, causal.
   auto mask_at = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
     if (j >= S) return 0.0;
@@ -412,6 +447,10 @@ ForwardTrace forward_trace(const Problem& p, const std::vector<double>* keep = n
       m += kp.kind == MaskKind::Bool ? (kp.bools.v[at] ? -INFINITY : 0.0) : kp.floats.v[at];
     }
     if (p.call.is_causal && j > i + shift) m = -INFINITY;
+    // The window: position i + shift sees keys (p − w, p] when causal, (p − w, p + w) when not.
+    const int64_t pos = i + shift;
+    if (p.window > 0 && !(j > pos - p.window && (p.call.is_causal || j < pos + p.window))) m = -INFINITY;
+    if (p.alibi) m += -slopes[static_cast<std::size_t>(h)] * static_cast<double>(std::abs(pos - j));
     return m;
   };
   // Key row j < S of batch b is projected; row S is bias_k (exact) with
@@ -454,6 +493,8 @@ ForwardTrace forward_trace(const Problem& p, const std::vector<double>* keep = n
                                           keep->begin() + static_cast<std::ptrdiff_t>(k0 + s.mask.size()))
                     : std::vector<double>(s.mask.size(), 1.0);
       s.pair_way = way == Way::Pair;
+      s.softcap = p.softcap;
+      s.extra_adds = p.alibi ? 1 : 0;
       trace_slice_forward(s, u);
       for (int64_t i = 0; i < L; ++i)
         for (int64_t d = 0; d < D; ++d) {
@@ -465,6 +506,7 @@ ForwardTrace forward_trace(const Problem& p, const std::vector<double>* keep = n
   // out_projection, then back to the caller's layout.
   const Array<double>& Wo = p.params.out_proj_weight;
   t.output_bound.assign(static_cast<std::size_t>(L * B * E_), 0.0);
+  t.output_value.assign(t.output_bound.size(), 0.0);
   for (int64_t i = 0; i < L; ++i)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t e = 0; e < E_; ++e) {
@@ -479,6 +521,7 @@ ForwardTrace forward_trace(const Problem& p, const std::vector<double>* keep = n
         }
         const double ey = prop + gamma32(static_cast<double>(E_ + 1)) * sums + u * std::abs(y);
         t.output_bound[t.caller(i, b, e, L, E_)] = 1.05 * ey;
+        t.output_value[t.caller(i, b, e, L, E_)] = y;
       }
   return t;
 }
@@ -522,6 +565,9 @@ struct CallOptions {
     options.attention.causal_alignment = p.bottom_right ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
     options.training = p.dropout > 0;
     options.attention.dropout_seed = p.dropout_seed;
+    if (p.window > 0) options.attention.window = p.window;
+    if (p.softcap > 0) options.attention.softcap = p.softcap;
+    options.alibi = p.alibi;
   }
 };
 

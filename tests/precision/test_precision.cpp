@@ -47,6 +47,92 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrecisionOracle, ::testing::Range(0, kCaseCount)
                            return "case" + std::to_string(info.param) + "_" + case_at(info.param).name();
                          });
 
+// The score modifiers in 16 bits: the same 240 cases, each with a window,
+// a soft-cap, ALiBi and bottom-right placement drawn per case (seeded by
+// the case index), against forward_trace's float64 values (the trace is the
+// forward written out in the test: projections, the masks, window, ALiBi
+// with the paper's slopes, soft-cap, softmax, PV, out-projection) within
+// its derived bound (precision_cases.hpp, "the bound": the window only
+// hides keys; ALiBi's bias is one more float32 addition to the score,
+// γ_{D+3}; the cap is 1-Lipschitz plus its float32 evaluation, 8·u32·|x|).
+// The oracle has none of these, so the trace's value is checked against
+// the oracle on the same case with every modifier off
+// (PrecisionModifiers.TraceIsTheOracleWithoutModifiers), and the modifiers
+// move the output by far more than the bound (no case passes by ignoring
+// them: PrecisionModifiers.ModifiersMatter).
+Problem modified_problem(int i, const Problem& base) {
+  std::mt19937 rng(static_cast<unsigned>(7000 + i));
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  Problem p = base;
+  const int64_t S = case_at(i).shape.S;
+  if (pick(2) == 0) p.window = 1 + pick(static_cast<int>(S));
+  const int cap = pick(3);
+  p.softcap = cap == 0 ? 0.0 : cap == 1 ? 1.5 : 4.0;
+  p.alibi = pick(3) == 0;
+  if (p.window == 0 && p.softcap == 0 && !p.alibi) p.alibi = true;  // every case modified
+  p.bottom_right = (p.call.is_causal || p.window > 0 || p.alibi) && pick(2) == 0;
+  return p;
+}
+
+std::string modifiers_name(const Problem& p) {
+  char b[96];
+  std::snprintf(b, sizeof b, "_w%lld_cap%d%s%s", static_cast<long long>(p.window), static_cast<int>(p.softcap * 10),
+                p.alibi ? "_alibi" : "",
+                p.bottom_right ? "_bottomright" : "");
+  return b;
+}
+
+class PrecisionModifiers : public ::testing::TestWithParam<int> {};
+
+template <class E>
+void check_modified_case(int i) {
+  const Case c = case_at(i);
+  const Problem p = modified_problem(i, make_problem<E>(c));
+  const ForwardTrace t = forward_trace<E>(p);
+  const Verdict v = compare(widened(run_library<E>(p)), t.output_value, t.output_bound);
+  ::testing::Test::RecordProperty("worst", std::to_string(v.worst));
+  EXPECT_TRUE(v.ok) << c.name() << modifiers_name(p) << " " << to_string(compute_dtype_of<E>()) << ": " << v.message;
+}
+
+TEST_P(PrecisionModifiers, BF16) { check_modified_case<bfloat16>(GetParam()); }
+TEST_P(PrecisionModifiers, F16) { check_modified_case<float16>(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, PrecisionModifiers, ::testing::Range(0, kCaseCount),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "case" + std::to_string(info.param) + "_" + case_at(info.param).name() +
+                                  modifiers_name(modified_problem(info.param, make_problem<bfloat16>(case_at(info.param))));
+                         });
+
+TEST(PrecisionModifiersChecks, TraceIsTheOracleWithoutModifiers) {
+  for (int i = 0; i < kCaseCount; i += 7) {
+    const Problem p = make_problem<bfloat16>(case_at(i));
+    const std::vector<double> want = oracle::multi_head_attention_forward(p.config, p.params, p.call).output.v;
+    const std::vector<double> got = forward_trace<bfloat16>(p).output_value;
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t e = 0; e < want.size(); ++e)
+      ASSERT_NEAR(got[e], want[e], 1e-12 * (1 + std::abs(want[e]))) << case_at(i).name() << " element " << e;
+  }
+}
+
+TEST(PrecisionModifiersChecks, ModifiersMatter) {
+  int moved = 0, cases = 0;
+  for (int i = 0; i < kCaseCount; i += 5) {
+    const Problem base = make_problem<bfloat16>(case_at(i));
+    const Problem p = modified_problem(i, base);
+    const ForwardTrace with = forward_trace<bfloat16>(p), without = forward_trace<bfloat16>(base);
+    double far = 0, bound = 0;
+    for (std::size_t e = 0; e < with.output_value.size(); ++e) {
+      far = std::max(far, std::abs(with.output_value[e] - without.output_value[e]));
+      bound = std::max(bound, with.output_bound[e]);
+    }
+    ++cases;
+    moved += far > 2 * bound;
+  }
+  // A window wider than every row's reach, or a cap far above the scores,
+  // changes nothing; most draws must move the output.
+  EXPECT_GE(moved, cases * 3 / 4) << moved << " of " << cases << " cases moved by more than twice the bound";
+}
+
 // The checker fails on an output one bound away from the oracle's.
 TEST(PrecisionChecker, FailsWhenOneElementMovesByTheBound) {
   const Problem p = make_problem<bfloat16>(case_at(3));
