@@ -208,6 +208,33 @@ Problem make_problem(const Case& c) {
   return p;
 }
 
+// The score modifiers of case i (test_precision.cpp's PrecisionModifiers,
+// test_precision_backward.cpp's PrecisionBackwardModifiers): a window (half
+// the cases, 1 … S), a soft-cap (1.5 or 4.0, two thirds), ALiBi (a third,
+// and every case that drew neither other), bottom-right placement (half of
+// those with a position rule), from a generator of their own.
+inline Problem modified_problem(int i, const Problem& base) {
+  std::mt19937 rng(static_cast<unsigned>(9000 + i));
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  Problem p = base;
+  const int64_t S = case_at(i).shape.S;
+  if (pick(2) == 0) p.window = 1 + pick(static_cast<int>(S));
+  const int cap = pick(3);
+  p.softcap = cap == 0 ? 0.0 : cap == 1 ? 1.5 : 4.0;
+  p.alibi = pick(3) == 0;
+  if (p.window == 0 && p.softcap == 0 && !p.alibi) p.alibi = true;  // every case modified
+  p.bottom_right = (p.call.is_causal || p.window > 0 || p.alibi) && pick(2) == 0;
+  return p;
+}
+
+inline std::string modifiers_name(const Problem& p) {
+  char b[96];
+  std::snprintf(b, sizeof b, "_w%lld_cap%d%s%s", static_cast<long long>(p.window), static_cast<int>(p.softcap * 10),
+                p.alibi ? "_alibi" : "",
+                p.bottom_right ? "_bottomright" : "");
+  return b;
+}
+
 // ---- the bound --------------------------------------------------------------
 //
 // Per output element, first order in the roundings, from the steps of

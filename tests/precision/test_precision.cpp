@@ -60,28 +60,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrecisionOracle, ::testing::Range(0, kCaseCount)
 // (PrecisionModifiers.TraceIsTheOracleWithoutModifiers), and the modifiers
 // move the output by far more than the bound (no case passes by ignoring
 // them: PrecisionModifiers.ModifiersMatter).
-Problem modified_problem(int i, const Problem& base) {
-  std::mt19937 rng(static_cast<unsigned>(7000 + i));
-  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
-  Problem p = base;
-  const int64_t S = case_at(i).shape.S;
-  if (pick(2) == 0) p.window = 1 + pick(static_cast<int>(S));
-  const int cap = pick(3);
-  p.softcap = cap == 0 ? 0.0 : cap == 1 ? 1.5 : 4.0;
-  p.alibi = pick(3) == 0;
-  if (p.window == 0 && p.softcap == 0 && !p.alibi) p.alibi = true;  // every case modified
-  p.bottom_right = (p.call.is_causal || p.window > 0 || p.alibi) && pick(2) == 0;
-  return p;
-}
-
-std::string modifiers_name(const Problem& p) {
-  char b[96];
-  std::snprintf(b, sizeof b, "_w%lld_cap%d%s%s", static_cast<long long>(p.window), static_cast<int>(p.softcap * 10),
-                p.alibi ? "_alibi" : "",
-                p.bottom_right ? "_bottomright" : "");
-  return b;
-}
-
 class PrecisionModifiers : public ::testing::TestWithParam<int> {};
 
 template <class E>

@@ -359,6 +359,69 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrecisionBackward, ::testing::Range(0, kCaseCoun
                            return "case" + std::to_string(info.param) + "_" + backward_case_at(info.param).name();
                          });
 
+// The score modifiers in the backward: each case's backward variants
+// (dropout, bottom-right) with modified_problem's window, soft-cap, ALiBi
+// and placement on top, every gradient against the float64 module's within
+// the traced bound (the cap's slope enters ds: backward_bound.hpp).
+BackwardProblem modified_backward_problem(int i, const BackwardProblem& base) {
+  BackwardProblem b = base;
+  const bool dropout = b.p.dropout > 0;
+  const double rate = b.p.dropout;
+  const uint64_t seed = b.p.dropout_seed;
+  b.p = modified_problem(i, b.p);
+  b.p.dropout = dropout ? rate : 0.0;
+  b.p.dropout_seed = seed;
+  return b;
+}
+
+class PrecisionBackwardModifiers : public ::testing::TestWithParam<int> {};
+
+template <class E>
+void check_backward_modified_case(int i) {
+  const BackwardCase c = backward_case_at(i);
+  const BackwardProblem b = modified_backward_problem(i, make_backward_problem<E>(c));
+  const Gradients want = reference_gradients(b), got = library_gradients<E>(b);
+  const TracedGradients traced = trace_backward<E>(b);
+  ASSERT_EQ(got.size(), want.size()) << c.name();
+  double worst = 0;
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name) && traced.bound.count(name)) << c.name() << ": " << name << " missing";
+    const Verdict v = compare(got.at(name), w, traced.bound.at(name));
+    worst = std::max(worst, v.worst);
+    EXPECT_TRUE(v.ok) << c.name() << modifiers_name(b.p) << " " << to_string(compute_dtype_of<E>()) << " d_" << name
+                      << ": " << v.message;
+  }
+  ::testing::Test::RecordProperty("worst", std::to_string(worst));
+}
+
+TEST_P(PrecisionBackwardModifiers, BF16) { check_backward_modified_case<bfloat16>(GetParam()); }
+TEST_P(PrecisionBackwardModifiers, F16) { check_backward_modified_case<float16>(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Cases, PrecisionBackwardModifiers, ::testing::Range(0, kCaseCount),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           const int i = info.param;
+                           return "case" + std::to_string(i) + "_" + backward_case_at(i).name() +
+                                  modifiers_name(modified_problem(i, make_problem<bfloat16>(case_at(i))));
+                         });
+
+// The trace's own float64 gradients agree with the float64 module's on the
+// modified cases too (every fifth), so the bound is about the right values.
+TEST(PrecisionBackwardChecker, BoundsOwnGradientsAgreeWithModifiers) {
+  for (int i = 0; i < kCaseCount; i += 5) {
+    const BackwardProblem b = modified_backward_problem(i, make_backward_problem<bfloat16>(backward_case_at(i)));
+    const Gradients want = reference_gradients(b);
+    const TracedGradients traced = trace_backward<bfloat16>(b);
+    for (const auto& [name, w] : want) {
+      double scale = 0;
+      for (double x : w) scale = std::max(scale, std::abs(x));
+      const std::vector<double>& mine = traced.value.at(name);
+      for (std::size_t k = 0; k < w.size(); ++k)
+        ASSERT_NEAR(mine[k], w[k], 1e-9 * std::max(scale, 1.0))
+            << backward_case_at(i).name() << modifiers_name(b.p) << " d_" << name << "[" << k << "]";
+    }
+  }
+}
+
 // The bound's own float64 gradients (plain loops over the trace) agree with
 // the float64 module's: the bound is computed about the right values, on
 // every fifth case (dropout and bottom-right among them).
