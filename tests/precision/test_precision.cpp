@@ -304,6 +304,153 @@ void check_sdpa(int64_t N, int64_t L, int64_t S, int64_t D, bool causal) {
     }
 }
 
+// The 16-bit scaled_dot_product_attention over a table: 240 cases, each
+// drawing N, L, S, D around the kernel's tiles, a mask (none, bool or
+// additive, shared (L, S) or per slice (N, L, S)), causal with either
+// alignment, a window, a soft-cap, ALiBi (a slope per slice), an explicit
+// scale, seeded by the case index. Reference and bound: precision_cases.hpp's
+// SliceTrace per slice on the exact 16-bit inputs (no projection error), the
+// mask and the position rules written out here (docs/semantics.md), the
+// output rounded once to E (the trace's u·|o|), times 1.05 for the second
+// order, as the module's bound.
+struct SdpaCase {
+  int64_t N, L, S, D;
+  int mask;  // 0 none, 1 bool (L, S), 2 additive (L, S), 3 bool (N, L, S), 4 additive (N, L, S)
+  bool causal, bottom_right, alibi;
+  int64_t window;
+  double softcap, scale;  // 0: unset
+  std::string name() const {
+    char b[160];
+    std::snprintf(b, sizeof b, "N%lld_L%lld_S%lld_D%lld_mask%d%s%s_w%lld_cap%d%s_scale%d",
+                  static_cast<long long>(N), static_cast<long long>(L), static_cast<long long>(S),
+                  static_cast<long long>(D), mask, causal ? "_causal" : "", bottom_right ? "_bottomright" : "",
+                  static_cast<long long>(window), static_cast<int>(softcap * 10), alibi ? "_alibi" : "",
+                  static_cast<int>(scale * 100));
+    return b;
+  }
+};
+
+SdpaCase sdpa_case_at(int i) {
+  std::mt19937 rng(static_cast<unsigned>(11000 + i));
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  static const int64_t Ls[] = {1, 2, 5, 17, 63, 65, 70}, Ss[] = {1, 3, 7, 33, 125, 126, 130, 300},
+                       Ds[] = {1, 3, 8, 16, 32, 64, 100};
+  SdpaCase c;
+  c.N = 1 + pick(3);
+  c.L = Ls[pick(7)];
+  c.S = Ss[pick(8)];
+  c.D = Ds[pick(7)];
+  c.mask = pick(5);
+  c.causal = pick(2) == 0;
+  c.window = pick(3) == 0 ? 1 + pick(static_cast<int>(c.S)) : 0;
+  c.alibi = pick(3) == 0;
+  c.bottom_right = (c.causal || c.window > 0 || c.alibi) && pick(2) == 0;
+  const int cap = pick(3);
+  c.softcap = cap == 0 ? 0.0 : cap == 1 ? 1.5 : 4.0;
+  c.scale = pick(4) == 0 ? 0.25 : 0.0;
+  return c;
+}
+
+template <class E>
+void check_sdpa_case(int i) {
+  const SdpaCase c = sdpa_case_at(i);
+  std::mt19937_64 rng(static_cast<uint64_t>(20261205 + i));
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::bernoulli_distribution hide(0.3);
+  auto fill = [&](Shape shape) {
+    Tensor<E> t(shape);
+    for (int64_t e = 0; e < t.numel(); ++e) t[e] = narrow_from_float<E>(static_cast<float>(normal(rng)));
+    return t;
+  };
+  const int64_t N = c.N, L = c.L, S = c.S, D = c.D;
+  const Tensor<E> q = fill({N, L, D}), k = fill({N, S, D}), v = fill({N, S, D});
+  const bool per_slice = c.mask >= 3, boolean = c.mask == 1 || c.mask == 3;
+  const int64_t mask_slices = per_slice ? N : 1;
+  std::vector<double> additive(static_cast<std::size_t>(mask_slices * L * S), 0.0);
+  std::unique_ptr<Mask<float>> mask;
+  if (c.mask != 0) {
+    const Shape shape = per_slice ? Shape{N, L, S} : Shape{L, S};
+    if (boolean) {
+      Tensor<uint8_t> m(shape);
+      for (int64_t e = 0; e < m.numel(); ++e) {
+        m[e] = hide(rng) ? 1 : 0;
+        additive[static_cast<std::size_t>(e)] = m[e] ? -INFINITY : 0.0;
+      }
+      mask = std::make_unique<Mask<float>>(Mask<float>::boolean(std::move(m)));
+    } else {
+      Tensor<float> m(shape);
+      for (int64_t e = 0; e < m.numel(); ++e) {
+        m[e] = to_float(narrow_from_float<E>(static_cast<float>(normal(rng))));
+        additive[static_cast<std::size_t>(e)] = m[e];
+      }
+      mask = std::make_unique<Mask<float>>(Mask<float>::additive(std::move(m)));
+    }
+  }
+  std::vector<double> slopes(static_cast<std::size_t>(N));
+  for (int64_t n = 0; n < N; ++n) slopes[static_cast<std::size_t>(n)] = 0.125 * static_cast<double>(1 + n);
+  AttentionOptions o;
+  o.is_causal = c.causal;
+  o.causal_alignment = c.bottom_right ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
+  if (c.window > 0) o.window = c.window;
+  if (c.softcap > 0) o.softcap = c.softcap;
+  if (c.scale > 0) o.scale = c.scale;
+  if (c.alibi) o.alibi_slopes = slopes;
+  const Tensor<E> out = scaled_dot_product_attention(q, k, v, mask.get(), o);
+  ASSERT_EQ(out.shape(), (Shape{N, L, D})) << c.name();
+  const double u = unit_roundoff(compute_dtype_of<E>());
+  const int64_t shift = c.bottom_right ? S - L : 0;
+  double worst = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    SliceTrace t;
+    t.L = L;
+    t.St = S;
+    t.D = D;
+    t.scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(D));
+    t.softcap = c.softcap;
+    t.extra_adds = c.alibi ? 1 : 0;
+    t.pair_way = current_way_of<E>() == Way::Pair;
+    t.q.resize(static_cast<std::size_t>(L * D));
+    t.k.resize(static_cast<std::size_t>(S * D));
+    t.v.resize(t.k.size());
+    for (int64_t e = 0; e < L * D; ++e) t.q[static_cast<std::size_t>(e)] = to_float(q[n * L * D + e]);
+    for (int64_t e = 0; e < S * D; ++e) {
+      t.k[static_cast<std::size_t>(e)] = to_float(k[n * S * D + e]);
+      t.v[static_cast<std::size_t>(e)] = to_float(v[n * S * D + e]);
+    }
+    t.eq.assign(t.q.size(), 0.0);
+    t.ek.assign(t.k.size(), 0.0);
+    t.ev.assign(t.v.size(), 0.0);
+    t.keep.assign(static_cast<std::size_t>(L * S), 1.0);
+    t.mask.assign(static_cast<std::size_t>(L * S), 0.0);
+    for (int64_t i = 0; i < L; ++i)
+      for (int64_t j = 0; j < S; ++j) {
+        const int64_t pos = i + shift;
+        double m = c.mask != 0 ? additive[static_cast<std::size_t>(((per_slice ? n : 0) * L + i) * S + j)] : 0.0;
+        if (c.causal && j > pos) m = -INFINITY;
+        if (c.window > 0 && !(j > pos - c.window && (c.causal || j < pos + c.window))) m = -INFINITY;
+        if (c.alibi) m += -slopes[static_cast<std::size_t>(n)] * static_cast<double>(std::abs(pos - j));
+        t.mask[static_cast<std::size_t>(i * S + j)] = m;
+      }
+    trace_slice_forward(t, u);
+    for (int64_t e = 0; e < L * D; ++e) {
+      const double got = to_float(out[n * L * D + e]), want = t.o[static_cast<std::size_t>(e)];
+      const double bound = 1.05 * t.eo[static_cast<std::size_t>(e)], err = std::abs(got - want);
+      if (bound > 0) worst = std::max(worst, err / bound);
+      ASSERT_LE(err, bound) << c.name() << " " << to_string(compute_dtype_of<E>()) << " slice " << n << " row "
+                            << e / D << " column " << e % D << ": library " << got << ", float64 " << want;
+    }
+  }
+  ::testing::Test::RecordProperty("worst", std::to_string(worst));
+}
+
+class PrecisionSdpaTable : public ::testing::TestWithParam<int> {};
+TEST_P(PrecisionSdpaTable, BF16) { check_sdpa_case<bfloat16>(GetParam()); }
+TEST_P(PrecisionSdpaTable, F16) { check_sdpa_case<float16>(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Cases, PrecisionSdpaTable, ::testing::Range(0, kCaseCount),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "case" + std::to_string(info.param) + "_" + sdpa_case_at(info.param).name();
+                         });
+
 TEST(PrecisionSdpa, BF16_N3_L70_S130_D16) { check_sdpa<bfloat16>(3, 70, 130, 16, false); }
 TEST(PrecisionSdpa, BF16_N2_L65_S65_D7_causal) { check_sdpa<bfloat16>(2, 65, 65, 7, true); }
 TEST(PrecisionSdpa, F16_N3_L70_S130_D16) { check_sdpa<float16>(3, 70, 130, 16, false); }
