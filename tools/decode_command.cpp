@@ -105,10 +105,15 @@ KVCacheDType parse_cache_dtype(const std::string& name) {
   fail("--cache-dtype: expected one of f32, bf16, f16, int8; got " + name);
 }
 
-// The library names the cache's length max_len; here it is --max-len.
-[[noreturn]] void rethrow_as_flag(const Error& e) {
+// The longest cache a run may ask for (the library's KVCache limit, and
+// --max-len's): positions 1 to 2^40.
+constexpr int64_t kMaxCacheLen = int64_t{1} << 40;
+
+// The library names the cache's length max_len; here it is --max-len, or
+// "the prompt and --tokens" when --max-len was not given (`length_flag`).
+[[noreturn]] void rethrow_as_flag(const Error& e, const std::string& length_flag) {
   const std::string what = e.what();
-  if (what.rfind("max_len: ", 0) == 0) throw Error(e.kind(), "--max-len: " + what.substr(9));
+  if (what.rfind("max_len: ", 0) == 0) throw Error(e.kind(), length_flag + ": " + what.substr(9));
   throw e;
 }
 
@@ -116,16 +121,17 @@ KVCacheDType parse_cache_dtype(const std::string& name) {
 // (the library's check); an allocation that fails anyway (a ulimit below
 // the machine's memory) names the flag and the bytes too.
 template <class Module>
-KVCache<float> make_cache(const Module& m, int64_t batch, int64_t max_len, bool grow, KVCacheDType dtype) {
+KVCache<float> make_cache(const Module& m, int64_t batch, int64_t max_len, bool grow, KVCacheDType dtype,
+                          const std::string& length_flag) {
   try {
     return m.make_cache(batch, max_len, grow, dtype);
   } catch (const Error& e) {
-    rethrow_as_flag(e);
+    rethrow_as_flag(e, length_flag);
   } catch (const std::bad_alloc&) {
     char msg[96];
     std::snprintf(msg, sizeof msg, "%.0f bytes",
                   KVCache<float>::bytes_for(batch, m.kv_heads(), m.head_dim(), max_len, dtype));
-    fail("--max-len: a KV cache of " + std::to_string(max_len) + " positions needs " + msg +
+    fail(length_flag + ": a KV cache of " + std::to_string(max_len) + " positions needs " + msg +
          ", and allocating them failed: out of memory");
   }
 }
@@ -135,7 +141,7 @@ KVCache<float> make_cache(const Module& m, int64_t batch, int64_t max_len, bool 
 template <class T>
 Tensor<T> to_module_type(Tensor<float> x) {
   if constexpr (std::is_same_v<T, float>) return x;
-  else return round_to<T>(x);
+  else return round_to<T>(x, "prompt");
 }
 template <class T>
 Tensor<float> to_float32(Tensor<T> x) {
@@ -157,8 +163,12 @@ template <class T, class Module>
 void run_decode(const DecodeArgs& a, const Module& m) {
   const int64_t E = m.config().embed_dim;
   const Tensor<T> prompt = to_module_type<T>(make_prompt(a, E));
-  const int64_t B = prompt.size(0), P = prompt.size(1), N = a.tokens;
+  const int64_t B = prompt.size(0), P = prompt.size(1), N = a.tokens;  // each at most 2^40: no overflow below
+  if (!a.max_len && P + N > kMaxCacheLen)
+    fail("--tokens: the prompt (" + std::to_string(P) + ") and --tokens " + std::to_string(N) + " need a cache of " +
+         std::to_string(P + N) + " positions, beyond the 2^40 a cache may hold");
   const int64_t max_len = a.max_len.value_or(P + N);
+  const std::string length_flag = a.max_len ? "--max-len" : "--tokens (with the prompt)";
   if (max_len < P + N && !a.grow)
     fail("--max-len: the cache holds " + std::to_string(max_len) + " tokens, but the prompt (" + std::to_string(P) +
          ") and --tokens " + std::to_string(N) + " need " + std::to_string(P + N) +
@@ -169,7 +179,7 @@ void run_decode(const DecodeArgs& a, const Module& m) {
   if (a.alibi) o.alibi_slopes = alibi_slopes(m.config().num_heads);
   o.kernel = parse_attention_kernel(a.kernel);
   o.num_threads = a.threads;
-  KVCache<float> cache = make_cache(m, B, max_len, a.grow, parse_cache_dtype(a.cache_dtype));
+  KVCache<float> cache = make_cache(m, B, max_len, a.grow, parse_cache_dtype(a.cache_dtype), length_flag);
 
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -179,7 +189,7 @@ void run_decode(const DecodeArgs& a, const Module& m) {
     try {
       return m.forward(x, o, &cache);
     } catch (const Error& e) {
-      rethrow_as_flag(e);
+      rethrow_as_flag(e, length_flag);
     }
   };
   const Tensor<T> prefill = forward(prompt);
@@ -275,12 +285,14 @@ Runner add_decode_command(CLI::App& app) {
   add_gqa_flags(*c, a->gqa, "K/V heads (divides the heads; 1 = multi-query; default: from the weights' metadata or k_proj.weight; random weights: the heads)");
   c->add_option("--prompt", a->prompt, ".npy prompt embeddings (L, E) or (B, L, E)")->check(path());
   c->add_option("--prompt-len", a->prompt_len, "A seeded random prompt of this many tokens instead of --prompt")
-      ->check(positive_integer());
+      ->check(integer_in(1, kMaxCacheLen, "a prompt of 1 to 2^40 tokens"));
   c->add_option("--batch", a->batch, "Sequences decoded together, with --prompt-len (default 1)")
       ->check(positive_integer());
-  c->add_option("--tokens", a->tokens, "Tokens to generate")->required()->check(non_negative_integer());
+  c->add_option("--tokens", a->tokens, "Tokens to generate")
+      ->required()
+      ->check(integer_in(0, kMaxCacheLen, "0 to 2^40 tokens"));
   c->add_option("--max-len", a->max_len, "Cache length, preallocated (default: prompt + tokens)")
-      ->check(integer_in(1, int64_t{1} << 40, "a cache length of 1 to 2^40 tokens"));
+      ->check(integer_in(1, kMaxCacheLen, "a cache length of 1 to 2^40 tokens"));
   c->add_flag("--grow", a->grow,
               "Let the cache grow when full instead of failing: to max(2 x capacity, positions needed)");
   c->add_option("--window", a->window, "Sliding window: each token sees its own and the W-1 previous positions")

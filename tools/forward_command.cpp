@@ -206,10 +206,10 @@ void run_forward(const ForwardArgs& args, LoadedWeights& w, const LoadedTensor& 
 // float32.
 template <class E>
 void run_narrow_forward(const ForwardArgs& args, BasicLoadedWeights<E> w, const LoadedTensor& query_file) {
-  const Tensor<E> query = round_to<E>(as<float>(query_file));
+  const Tensor<E> query = round_to<E>(as<float>(query_file), "query");
   std::optional<Tensor<E>> key, value;
-  if (!args.key.empty()) key = round_to<E>(as<float>(read_input(args.key, "key")));
-  if (!args.value.empty()) value = round_to<E>(as<float>(read_input(args.value, "value")));
+  if (!args.key.empty()) key = round_to<E>(as<float>(read_input(args.key, "key")), "key");
+  if (!args.value.empty()) value = round_to<E>(as<float>(read_input(args.value, "value")), "value");
   const Tensor<E>& k = key ? *key : query;
   const Tensor<E>& v = value ? *value : (key && args.value.empty() ? *key : query);
   const auto key_padding_mask = read_mask<float>(args.key_padding_mask, "key_padding_mask");
@@ -290,7 +290,7 @@ void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
   std::optional<GqaModule<T>> module;
   std::optional<DType> stored;  // the parameters' dtype on disk
   Tensor<T> x;
-  if constexpr (kNarrow) x = round_to<T>(as<float>(query_file));
+  if constexpr (kNarrow) x = round_to<T>(as<float>(query_file), "query");
   else x = as<T>(query_file);
   agree_on(args.parallel, [&] {
     if constexpr (kNarrow) {

@@ -8,6 +8,7 @@
 #include "interrupts.hpp"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 
@@ -17,11 +18,21 @@ namespace {
 constexpr unsigned kCountMask = 0xffffu;
 constexpr unsigned kSignalShift = 16;
 
+// Every catchable signal whose default action ends the process, except the
+// profiling timers (SIGPROF, SIGVTALRM: a profiler's, never sent to end a
+// run) and the synchronous faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL: a bug,
+// where deferring would only run on in a broken state). SIGPIPE and SIGXFSZ
+// arrive during a write itself; deferred, the write fails with EPIPE or
+// EFBIG instead, its temporary is removed, and the signal is raised after.
+constexpr int kDeferredSignals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGPIPE, SIGALRM,
+                                    SIGUSR1, SIGUSR2, SIGXCPU, SIGXFSZ};
+
 std::atomic<unsigned> g_state{0};
 static_assert(std::atomic<unsigned>::is_always_lock_free);
 
-// The default action: for SIGINT and SIGTERM, the end of the process, with
-// the status a shell reports as killed by that signal.
+// The default action: for each of kDeferredSignals, the end of the process
+// (SIGQUIT and SIGXCPU, SIGXFSZ with a core file where the limits allow
+// one), with the status a shell reports as killed by that signal.
 void raise_default(int sig) {
   ::signal(sig, SIG_DFL);
   ::raise(sig);
@@ -36,10 +47,34 @@ void on_interrupt(int sig) {
   }
 }
 
+// SIGBUS with BUS_ADRERR: a touch of a mapped file's page that no longer
+// exists, i.e. an input (src/io/file_util.hpp maps them) truncated in place
+// by another program while it was read. One line and status 2, as any bad
+// input, rather than a crash; write(2) and _exit(2) are async-signal-safe.
+// Any other SIGBUS (a bug) keeps its default action.
+void on_bus_error(int sig, siginfo_t* info, void*) {
+  if (info != nullptr && info->si_code == BUS_ADRERR) {
+    static const char kMessage[] =
+        "multihead: error: an input file became shorter while it was read (another program truncated or rewrote "
+        "it in place); nothing was written\n";
+    const ssize_t ignored = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+    (void)ignored;
+    ::_exit(2);
+  }
+  raise_default(sig);
+}
+
 }  // namespace
 
 void install_interrupt_handlers() {
-  for (int sig : {SIGINT, SIGTERM}) {
+  {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_bus_error;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO;
+    ::sigaction(SIGBUS, &sa, nullptr);
+  }
+  for (int sig : kDeferredSignals) {
     struct sigaction old {};
     if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
     struct sigaction sa {};

@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <stdexcept>
 #include <new>
 #include <string>
 #include <system_error>
@@ -103,6 +104,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    // Every tuning variable before any work, whatever the command reads.
+    if (!app.get_subcommands().empty()) multihead::check_environment();
     if (app.got_subcommand("forward")) forward();
     else if (app.got_subcommand("demo")) demo();
     else if (app.got_subcommand("init")) init();
@@ -119,6 +122,12 @@ int main(int argc, char** argv) {
     return error_exit(&e, 2);
   } catch (const std::bad_alloc&) {
     std::cerr << "multihead: error: out of memory\n";
+    return error_exit(nullptr, 2);
+  } catch (const std::length_error&) {
+    // A container asked for more elements than it can hold (a size flag such
+    // as --embed-dim 2147483648): the same resource limit as bad_alloc.
+    std::cerr << "multihead: error: out of memory (a buffer beyond what this machine can address was asked for: "
+                 "check the size flags)\n";
     return error_exit(nullptr, 2);
   } catch (const std::exception& e) {
     std::cerr << "multihead: internal error: " << cut_long_words(e.what()) << "\n";

@@ -16,6 +16,17 @@ namespace multihead {
 // leaves both as they are. A call's options.num_threads, when > 0, still
 // wins for that call's own loops. Throws multihead::Error above max_threads().
 void set_threads(int threads);
+
+// Reads every MULTIHEAD_* tuning variable the library reads (
+// MULTIHEAD_SIMD_TARGET, MULTIHEAD_BF16_DOT, MULTIHEAD_KERNEL,
+// MULTIHEAD_NARROW_GEMV, MULTIHEAD_FUSED_PATHS, MULTIHEAD_BACKWARD_HEADS,
+// MULTIHEAD_BF16_BACKWARD) and throws multihead::Error, naming the first
+// one with an unknown value and the values it takes, as the call that reads
+// it would. Each is otherwise read only by the calls it steers, so a bad
+// value would fail some commands and pass others; the command line checks
+// them all before any work. (MULTIHEAD_KEPT_STORAGE_MIB, a memory knob,
+// falls back to its default with a note instead.)
+void check_environment();
 // The most threads set_threads and AttentionOptions::num_threads accept:
 // 8 per processor this process may run on. Far more threads than cores only
 // slows the kernels down, and a thread count the system cannot start makes

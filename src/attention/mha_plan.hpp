@@ -152,4 +152,8 @@ bool backward_reads_views();
 // multihead::Error naming the variable.
 bool backward_widens_bf16();
 
+// Throws multihead::Error naming MULTIHEAD_FUSED_PATHS if it holds neither
+// auto nor plain (multihead_attention_forward.cpp; check_environment).
+void check_fused_paths_environment();
+
 }  // namespace multihead::detail

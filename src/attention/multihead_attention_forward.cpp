@@ -348,6 +348,8 @@ std::optional<Tensor<T>> attend(const FusedCall<T>& f, const Heads<T>& heads, T*
 
 }  // namespace
 
+void check_fused_paths_environment() { (void)paths_from_environment(FusedPaths{}); }
+
 template <class T>
 AttentionArgs<T> module_attention_args(const MultiheadAttentionConfig& config, const ForwardPlan& plan,
                                        const ForwardOptions<T>& options, const Heads<T>& heads,

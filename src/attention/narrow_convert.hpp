@@ -7,7 +7,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -18,7 +17,6 @@
 #include "multihead/narrow.hpp"
 #include "multihead/narrow_multihead_attention.hpp"  // round_to
 #include "multihead/tensor.hpp"
-#include "simd/narrow_types.hpp"                     // kFloat16Max
 
 namespace multihead::detail {
 
@@ -39,22 +37,17 @@ void round_into(const float* src, std::size_t n, E* dst, int threads) {
 }
 
 // A float32 module's parameter `name` rounded to E for a 16-bit module
-// (NarrowMultiheadAttention::rounded, NarrowGroupedQueryAttention::rounded):
-// round_to's rule, but a finite value float16 cannot hold (|x| > 65504,
-// which would round to an infinity and make every output it touches inf or
-// NaN) is refused, naming the parameter, the element and its value, as a
-// float16 KV cache refuses one. bf16 holds float32's range; infinities and
-// NaNs already in the float32 parameter pass through as they are.
-// `where` ends the message (e.g. " (in FILE)").
+// (NarrowMultiheadAttention::rounded, NarrowGroupedQueryAttention::rounded,
+// load_weights_narrow): round_to(t, name)'s rule (a finite value float16
+// cannot hold is refused, naming it), the message ended by `where` (e.g.
+// " (in FILE)").
 template <class E>
 Tensor<E> rounded_parameter(const std::string& name, const Tensor<float>& t, const std::string& where = "") {
-  if constexpr (std::is_same_v<E, float16>)
-    for (int64_t e = 0; e < t.numel(); ++e)
-      if (std::isfinite(t.data()[e]) && !(std::fabs(t.data()[e]) <= kFloat16Max))
-        throw Error(Error::Kind::Value, name + ": a float16 module holds values of magnitude <= 65504, got " +
-                                            std::to_string(t.data()[e]) + " at element " + std::to_string(e) +
-                                            " (flat index); a bf16 or f32 module holds it" + where);
-  return round_to<E>(t);
+  try {
+    return round_to<E>(t, name);
+  } catch (const Error& e) {
+    throw Error(e.kind(), e.what() + where);
+  }
 }
 
 }  // namespace multihead::detail

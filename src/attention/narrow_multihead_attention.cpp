@@ -15,7 +15,10 @@
 #include "multihead/narrow_multihead_attention.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -31,6 +34,7 @@
 #include "core/parameters.hpp"
 #include "core/thread_scratch.hpp"
 #include "kernels/kernel.hpp"
+#include "simd/narrow_types.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {
@@ -44,6 +48,26 @@ Tensor<E> round_to(const Tensor<float>& t) {
   Storage<E> out(static_cast<std::size_t>(t.numel()));
   detail::round_rows(t.data(), 1, t.numel(), t.numel(), static_cast<const E*>(nullptr), out.data(), t.numel(), 0);
   return Tensor<E>(t.shape(), std::move(out));
+}
+
+template <class E>
+Tensor<E> round_to(const Tensor<float>& t, const std::string& name) {
+  if constexpr (std::is_same_v<E, float16>)
+    for (int64_t e = 0; e < t.numel(); ++e)
+      if (std::isfinite(t.data()[e]) && !(std::fabs(t.data()[e]) <= detail::kFloat16Max)) {
+        std::string index = "(";
+        for (int64_t d = 0, rest = e; d < t.dim(); ++d) {
+          int64_t stride = 1;
+          for (int64_t k = d + 1; k < t.dim(); ++k) stride *= t.size(k);
+          index += (d ? ", " : "") + std::to_string(rest / stride);
+          rest %= stride;
+        }
+        char value[32];
+        std::snprintf(value, sizeof value, "%.9g", static_cast<double>(t.data()[e]));
+        throw Error(Error::Kind::Value, name + ": float16 holds values of magnitude <= 65504, got " + value +
+                                            " at index " + index + ")" + "; bf16 or f32 holds it");
+      }
+  return round_to<E>(t);
 }
 
 template <class To, class E>
@@ -415,6 +439,8 @@ template class NarrowMultiheadAttention<bfloat16>;
 template class NarrowMultiheadAttention<float16>;
 template Tensor<bfloat16> round_to<bfloat16>(const Tensor<float>&);
 template Tensor<float16> round_to<float16>(const Tensor<float>&);
+template Tensor<bfloat16> round_to<bfloat16>(const Tensor<float>&, const std::string&);
+template Tensor<float16> round_to<float16>(const Tensor<float>&, const std::string&);
 template Tensor<float> widen<float, bfloat16>(const Tensor<bfloat16>&);
 template Tensor<float> widen<float, float16>(const Tensor<float16>&);
 template Tensor<double> widen<double, bfloat16>(const Tensor<bfloat16>&);

@@ -7,13 +7,24 @@
 
 #include <omp.h>
 
+#include "attention/mha_plan.hpp"
 #include "core/gemm.hpp"
+#include "core/linear.hpp"
 #include "kernels/kernel_force.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_attention.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead {
+
+void check_environment() {
+  detail::check_simd_environment();
+  detail::check_kernel_environment();
+  detail::check_narrow_gemv_environment();
+  detail::check_fused_paths_environment();
+  (void)detail::backward_reads_views();
+  (void)detail::backward_widens_bf16();
+}
 
 void set_threads(int threads) {
   if (threads <= 0) return;

@@ -195,6 +195,8 @@ void narrow_linear_backward(const LinearRows<E>& x, const LinearWeight<E>& w, co
 
 void narrow_gemv_enabled(bool enabled) { narrow_gemv_switch().store(enabled, std::memory_order_relaxed); }
 
+void check_narrow_gemv_environment() { (void)narrow_gemv_allowed(); }
+
 template <>
 void linear_backward<bfloat16>(const LinearRows<bfloat16>& x, const LinearWeight<bfloat16>& w, const bfloat16* d_y,
                                int64_t ld_dy, const LinearGradients<bfloat16>& g, const LinearOptions& o) {

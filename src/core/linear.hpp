@@ -103,6 +103,9 @@ inline constexpr int64_t kNarrowGemvMaxRows = 8;
 // tests compare the two ways with); true (the default) allows the few-row
 // product where it applies.
 void narrow_gemv_enabled(bool enabled);
+// Throws multihead::Error naming MULTIHEAD_NARROW_GEMV if it holds neither
+// auto nor gemm (multihead::check_environment).
+void check_narrow_gemv_environment();
 
 // The 16-bit layer from exact float32 copies of its operands: y =
 // round(x · Wᵀ + b), x (rows packed, ldx = in) and W (as stored, out × in,

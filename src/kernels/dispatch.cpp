@@ -22,9 +22,7 @@ namespace {
 // kernel for the whole process, so one binary can check its fast path
 // against its reference ("reference", "materialized", "flash", "auto").
 // Read on every call: cheap, and tests may change it.
-AttentionKernel forced_or(AttentionKernel requested) {
-  const AttentionKernel forced = forced_kernel().load(std::memory_order_relaxed);
-  if (forced != AttentionKernel::Auto) return forced;
+AttentionKernel kernel_from_environment(AttentionKernel requested) {
   const char* env = std::getenv("MULTIHEAD_KERNEL");
   if (env == nullptr || *env == '\0') return requested;
   try {
@@ -32,6 +30,12 @@ AttentionKernel forced_or(AttentionKernel requested) {
   } catch (const Error& e) {
     throw Error(Error::Kind::Value, std::string("MULTIHEAD_KERNEL: ") + e.what());
   }
+}
+
+AttentionKernel forced_or(AttentionKernel requested) {
+  const AttentionKernel forced = forced_kernel().load(std::memory_order_relaxed);
+  if (forced != AttentionKernel::Auto) return forced;
+  return kernel_from_environment(requested);
 }
 
 template <class T>
@@ -44,6 +48,8 @@ bool flash_can_serve(const AttentionArgs<T>& a) {
 }
 
 }  // namespace
+
+void check_kernel_environment() { (void)kernel_from_environment(AttentionKernel::Auto); }
 
 template <class T>
 AttentionKernel resolve_forward_kernel(AttentionKernel requested, bool stores_weights) {

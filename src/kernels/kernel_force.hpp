@@ -12,4 +12,8 @@ namespace multihead::detail {
 // Auto = nothing forced.
 std::atomic<AttentionKernel>& forced_kernel();
 
+// Throws multihead::Error (naming MULTIHEAD_KERNEL) if the variable holds no
+// kernel's name; what every call would throw (multihead::check_environment).
+void check_kernel_environment();
+
 }  // namespace multihead::detail

@@ -158,6 +158,11 @@ std::atomic<int> g_forced_bf16_dot{static_cast<int>(Bf16Dot::Auto)};
 
 }  // namespace
 
+void check_simd_environment() {
+  (void)default_target();
+  (void)env_bf16_dot();
+}
+
 Bf16Dot bf16_dot_setting() {
   const auto forced = static_cast<Bf16Dot>(g_forced_bf16_dot.load(std::memory_order_relaxed));
   return forced != Bf16Dot::Auto ? forced : env_bf16_dot();

@@ -61,6 +61,10 @@ inline constexpr double kBf16DotMinRatio = 1.2;
 // fma or dpbf16, read once per process), else Auto. Throws multihead::Error naming
 // the variable, the value and the accepted names for a bad value.
 Bf16Dot bf16_dot_setting();
+
+// Throws multihead::Error naming MULTIHEAD_SIMD_TARGET or MULTIHEAD_BF16_DOT
+// if either holds an unknown value (multihead::check_environment).
+void check_simd_environment();
 // Forces "fma", "dpbf16" or "measure" for every later call; "" or "auto" returns to
 // MULTIHEAD_BF16_DOT or Auto. Throws multihead::Error for another name.
 void bf16_dot_force(const std::string& name);

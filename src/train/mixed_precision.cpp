@@ -27,6 +27,22 @@ std::vector<E> rounded(const T* x, int64_t count) {
   return out;
 }
 
+// The master parameters rounded to E as they are (round_to without a name):
+// in training a master weight beyond float16's range becomes inf, the loss
+// becomes non-finite, and the run stops with "training diverged" (or f16's
+// loss scaler skips the step), rather than the refusal the modules'
+// rounded() gives a loaded checkpoint.
+template <class E, class Config, class Parameters>
+auto rounded_parameters(const Config& config, const Parameters& master) {
+  using Narrow = std::conditional_t<std::is_same_v<Parameters, MultiheadAttentionParameters<float>>,
+                                    MultiheadAttentionParameters<E>, GroupedQueryAttentionParameters<E>>;
+  Narrow out;
+  for_each_parameter(config, out, master, [](const ParameterInfo& info, Tensor<E>& to, const Tensor<float>& from) {
+    if (info.present) to = round_to<E>(from);
+  });
+  return out;
+}
+
 template <class E>
 void narrow_forward(int64_t rows, const float* x, const float* W, int64_t out, int64_t in, const float* b, float* y,
                     int threads) {
@@ -69,7 +85,7 @@ template <class E>
 class NarrowAttentionOf final : public NarrowBlockAttention {
  public:
   explicit NarrowAttentionOf(const BasicMultiheadAttention<float>& master)
-      : module_(NarrowMultiheadAttention<E>::rounded(master.config(), master.parameters())) {}
+      : module_(master.config(), rounded_parameters<E>(master.config(), master.parameters())) {}
 
   Tensor<float> forward(const Tensor<float>& a, const ForwardOptions<float>& options) override {
     const Tensor<E> a16 = round_to<E>(a);
@@ -102,7 +118,7 @@ template <class E>
 class NarrowGroupedQueryOf final : public NarrowBlockAttention {
  public:
   NarrowGroupedQueryOf(const GroupedQueryAttention<float>& master, double dropout)
-      : module_(NarrowGroupedQueryAttention<E>::rounded(master.config(), master.parameters())), dropout_(dropout) {}
+      : module_(master.config(), rounded_parameters<E>(master.config(), master.parameters())), dropout_(dropout) {}
 
   Tensor<float> forward(const Tensor<float>& a, const ForwardOptions<float>& options) override {
     // ForwardOptions is MultiheadAttention's: its fields without a

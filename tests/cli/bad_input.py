@@ -730,6 +730,45 @@ def decode(ctx, extra):
             *extra, "--out", ctx.out]
 
 
+@case("decode --tokens 2^62", "--tokens", "2^40", "4611686018427387904")
+def _(ctx):
+    return [ctx.cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--prompt-len", "3", "--tokens",
+            str(1 << 62), "--out", ctx.out]
+
+
+@case("decode --prompt-len 2^62", "--prompt-len", "2^40")
+def _(ctx):
+    return [ctx.cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--prompt-len", str(1 << 62),
+            "--tokens", "1", "--out", ctx.out]
+
+
+@case("decode --dtype f16, a prompt value of 1e5", "prompt", "65504", "100000", "index (0, 1, 2)")
+def _(ctx):
+    x = ctx.randn(1, 3, E)
+    x[0, 1, 2] = 1e5
+    return [ctx.cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--prompt", ctx.npy("p.npy", x),
+            "--tokens", "2", "--dtype", "f16", "--out", ctx.out]
+
+
+@case("forward --dtype f16, a query value of -1e5", "query", "65504", "-100000")
+def _(ctx):
+    q = ctx.randn(L, B, E)
+    q[2, 1, 3] = -1e5
+    return ctx.args(query=ctx.npy("q.npy", q), extra=("--dtype", "f16"), need_weights=False)
+
+
+@case("forward --dtype f16, a key value of 7e4", "key", "65504", "70000")
+def _(ctx):
+    k = ctx.randn(S, B, E)
+    k[0, 0, 0] = 7e4
+    return ctx.args(key=ctx.npy("k.npy", k), extra=("--dtype", "f16"), need_weights=False)
+
+
+@case("init --embed-dim 2^31 --dtype bf16", "out of memory", "size flags")
+def _(ctx):
+    return [ctx.cli, "init", "--embed-dim", str(1 << 31), "--num-heads", "1", "--dtype", "bf16", "--out", ctx.out]
+
+
 @case("forward --num-kv-heads 3 with 2 heads", "--num-kv-heads", "divisor", "num_heads 2", "got 3")
 def _(ctx):
     return gqa_forward(ctx, ["--num-kv-heads", "3"])

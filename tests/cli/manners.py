@@ -10,7 +10,11 @@ Checks, each with its exit code and message text:
     help of the subcommand it was typed in;
   - enum values are accepted in any case, and mean the same as lower case;
   - `multihead` alone prints a short usage and exits 0 (it is not the demo);
-  - `--verbose` prints one summary line on stderr, and only with --verbose.
+  - `--verbose` prints one summary line on stderr, and only with --verbose;
+  - a MULTIHEAD_* tuning variable with an unknown value fails every command
+    the same way (one line naming it), whatever path the command takes;
+  - an input file truncated in place while multihead reads it (mapped) ends
+    the run with one line and status 2, never SIGBUS.
 
 Usage: /usr/bin/python3 tests/cli/manners.py --multihead PATH --cmakelists PATH --workdir DIR
 """
@@ -210,6 +214,49 @@ def test_full_stdout(cli, work):
         check(f"multihead {' '.join(args) or '(no arguments)'} > /dev/full: exit 2", not problem, problem)
 
 
+def test_environment(cli, work):
+    w, q, _ = make_inputs(cli, work)
+    commands = {
+        "forward f32": ["forward", "--weights", w, "--query", q, "--out", os.path.join(work, "e.npy")],
+        "forward bf16": ["forward", "--weights", w, "--query", q, "--out", os.path.join(work, "e.npy"), "--dtype", "bf16"],
+        "decode": ["decode", "--embed-dim", "8", "--num-heads", "2", "--prompt-len", "2", "--tokens", "1"],
+        "bench": ["bench", "--seq-len", "4", "--embed-dim", "8", "--num-heads", "2", "--repeat", "1", "--warmup", "0"],
+    }
+    for var, values in (("MULTIHEAD_NARROW_GEMV", "auto, gemm"), ("MULTIHEAD_FUSED_PATHS", "auto, plain"),
+                        ("MULTIHEAD_KERNEL", "flash"), ("MULTIHEAD_SIMD_TARGET", "garbage"),
+                        ("MULTIHEAD_BF16_DOT", "dpbf16"), ("MULTIHEAD_BACKWARD_HEADS", "auto, views"),
+                        ("MULTIHEAD_BF16_BACKWARD", "auto, copies")):
+        env = dict(os.environ, **{var: "garbage"})
+        for name, argv in commands.items():
+            r = subprocess.run([cli, *argv], capture_output=True, text=True, timeout=120, env=env)
+            problem = one_error_line(r.returncode, r.stderr, var, "garbage")
+            check(f"{var}=garbage fails {name} in one line naming it", not problem, problem)
+
+
+def test_truncated_while_read(cli, work):
+    """A 40 MB weights file truncated 0.05 s after `decode` starts reading it: status 0 (it finished first) or 2
+    with one line, never a signal (the mapped pages vanish: SIGBUS, which the CLI turns into an error)."""
+    import time
+    big = os.path.join(work, "big.safetensors")
+    subprocess.run([cli, "init", "--embed-dim", "2048", "--num-heads", "16", "--num-kv-heads", "16", "--out", big],
+                   check=True)
+    data = open(big, "rb").read()
+    outcomes = []
+    for delay in (0.02, 0.05, 0.1):
+        victim = os.path.join(work, "victim.safetensors")
+        with open(victim, "wb") as f:
+            f.write(data)
+        p = subprocess.Popen([cli, "decode", "--weights", victim, "--prompt-len", "2", "--tokens", "1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        os.truncate(victim, 1000000)
+        _, err = p.communicate(timeout=120)
+        outcomes.append((p.returncode, err.strip()))
+    bad = [o for o in outcomes if not (o[0] == 0 or (o[0] == 2 and len(o[1].splitlines()) == 1))]
+    check("an input truncated while read: status 0 or one line and status 2, never a signal", not bad,
+          f"{bad} (all: {outcomes})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--multihead", required=True)
@@ -228,6 +275,8 @@ def main():
     test_no_args(cli)
     test_verbose(cli, work)
     test_full_stdout(cli, work)
+    test_environment(cli, work)
+    test_truncated_while_read(cli, work)
     print(f"\n{len(PASSED)} passed, {len(FAILURES)} failed")
     return 1 if FAILURES else 0
 

@@ -164,9 +164,9 @@ def main():
     r = run(cli, "forward", "--weights", p("w_big.safetensors"), "--query", p("q.npy"), "--out", p("o_big.npy"),
             "--dtype", "f16")
     lines = r.stderr.strip().splitlines()
-    check("a bf16 weight of 1e6 with --dtype f16: exit 2, one line naming the tensor, element, 65504 and the file",
+    check("a bf16 weight of 1e6 with --dtype f16: exit 2, one line naming the tensor, index, 65504 and the file",
           r.returncode == 2 and len(lines) == 1 and "out_proj.bias" in lines[0] and "65504" in lines[0]
-          and "element 3" in lines[0] and "w_big.safetensors" in lines[0] and not os.path.exists(p("o_big.npy")),
+          and "index (3)" in lines[0] and "w_big.safetensors" in lines[0] and not os.path.exists(p("o_big.npy")),
           f"rc {r.returncode}, stderr {r.stderr!r}")
     for dt in ("bf16", "f32"):
         r = run(cli, "forward", "--weights", p("w_big.safetensors"), "--query", p("q.npy"), "--out",

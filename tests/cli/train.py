@@ -20,7 +20,7 @@ Good runs (stdout is a pipe here, so never a terminal):
   - on a (pseudo-)terminal, and with --progress bar, a bar drawn with carriage
     returns; --help names every option.
 Interrupts: `train --checkpoint-every 1` (a 4.8 MB checkpoint written every
-step) stopped 20 times by SIGINT and 10 times by SIGTERM at delays from 0.1
+step) stopped 20 times by SIGINT, 10 times by SIGTERM, 6 by SIGHUP and 3 by SIGUSR1 at delays from 0.1
 to 0.5 s: killed by that signal each time, no out.safetensors.tmp.* left
 behind, and the checkpoint, when one was written, complete (inspect reads it).
 Before the fix about one run in five left a temporary.
@@ -231,7 +231,7 @@ def test_interrupts(cli, work):
     code, _, err = run(cli, "--steps", "5", "--d-model", "128", "--heads", "4", "--layers", "2", "--ff", "512",
                        "--batch", "2", "--checkpoint-out", ck)
     assert code == 0, err
-    for sig, runs in ((signal.SIGINT, 20), (signal.SIGTERM, 10)):
+    for sig, runs in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGHUP, 6), (signal.SIGUSR1, 3)):
         problems = []
         for i in range(runs):
             for f in glob.glob(out + "*"):
