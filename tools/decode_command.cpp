@@ -79,11 +79,12 @@ Tensor<float> make_prompt(const DecodeArgs& a, int64_t E) {
   if (!a.prompt.empty()) {
     if (a.prompt_len) fail("--prompt-len: not used with --prompt (the file gives the length)");
     const LoadedTensor t = read_npy(a.prompt, "prompt");
-    if (t.dtype == DType::Bool) fail("prompt: expected dtype float32 or float64, got bool (" + a.prompt + ")");
+    if (t.dtype == DType::Bool)  // '|b1' or '|u1', which the reader decodes as mask values
+      fail("prompt: expected dtype float32, float64 or float16, got a boolean or uint8 array (" + a.prompt + ")");
     Tensor<float> x = tensor_cast<float>(t.values);
-    if ((x.dim() != 2 && x.dim() != 3) || x.size(-1) != E || x.size(-2) < 1)
+    if ((x.dim() != 2 && x.dim() != 3) || x.size(-1) != E || x.size(-2) < 1 || (x.dim() == 3 && x.size(0) < 1))
       throw Error(Error::Kind::Shape, "prompt: expected (L, " + std::to_string(E) + ") or (B, L, " +
-                                          std::to_string(E) + ") with L >= 1, got " + shape_to_string(x.shape()));
+                                          std::to_string(E) + ") with B, L >= 1, got " + shape_to_string(x.shape()));
     if (x.dim() == 2) {
       const int64_t L = x.size(0);
       x = std::move(x).reshaped({1, L, E});

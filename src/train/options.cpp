@@ -34,7 +34,9 @@ void ModelConfig::validate() const {
   if (ff < 0 || ff > 1 << 20) bad("ff", "0 (none) to 2^20", std::to_string(ff));
   if (!(dropout >= 0.0 && dropout < 1.0)) bad("dropout", "a probability in [0, 1)", num(dropout));
   if (positions == Positions::Rope && (d_model / heads) % 2 != 0)
-    bad("heads", "a head width d_model/heads that is even (RoPE rotates pairs)", std::to_string(heads));
+    bad("heads", "a count that leaves an even head width d_model/heads (RoPE rotates pairs)",
+        std::to_string(heads) + " (head width " + std::to_string(d_model) + "/" + std::to_string(heads) + " = " +
+            std::to_string(d_model / heads) + ")");
 }
 
 void TrainOptions::validate() const {
