@@ -231,7 +231,7 @@ void run_decode(const DecodeArgs& a, const Module& m) {
 template <class E>
 NarrowGroupedQueryAttention<E> make_narrow_module(const DecodeArgs& a, std::optional<DType>& stored) {
   const GroupedQueryAttention<float> m = make_module(a, stored);
-  return NarrowGroupedQueryAttention<E>::rounded(m.config(), m.parameters());
+  return rounded_gqa<E>(m, a.weights, a.prefix);
 }
 
 // --dtype: the float32 module, or its parameters rounded once to 16 bits.

@@ -296,7 +296,7 @@ void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
     if constexpr (kNarrow) {
       const GroupedQueryAttention<float> wide =
           load_gqa<float>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored);
-      module.emplace(NarrowGroupedQueryAttention<T>::rounded(wide.config(), wide.parameters()));
+      module.emplace(rounded_gqa<T>(wide, args.weights, args.prefix));
     } else {
       module.emplace(load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored));
     }

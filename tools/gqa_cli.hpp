@@ -15,7 +15,9 @@
 #include <CLI/CLI.hpp>
 
 #include "multihead/grouped_query_attention.hpp"
+#include "multihead/error.hpp"
 #include "multihead/io.hpp"
+#include "multihead/narrow_grouped_query_attention.hpp"
 
 namespace multihead::cli {
 
@@ -44,6 +46,21 @@ template <class T>
 GroupedQueryAttention<T> load_gqa(const std::string& path, const std::string& prefix,
                                   std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal,
                                   std::optional<DType>* stored = nullptr);
+
+// The 16-bit module of a float32 one read from `path` (empty: random
+// weights): NarrowGroupedQueryAttention<E>::rounded, a refused parameter
+// (beyond float16's range) named with the --prefix and the file, as the
+// multi-head module's loader names it.
+template <class E>
+NarrowGroupedQueryAttention<E> rounded_gqa(const GroupedQueryAttention<float>& module, const std::string& path,
+                                           const std::string& prefix) {
+  try {
+    return NarrowGroupedQueryAttention<E>::rounded(module.config(), module.parameters());
+  } catch (const Error& e) {
+    if (path.empty()) throw;
+    throw Error(e.kind(), prefix + e.what() + " (in " + path + ")");
+  }
+}
 
 // The configuration the flags describe (RoPE included).
 GroupedQueryAttentionConfig gqa_config(int64_t embed_dim, int64_t num_heads, int64_t head_dim,

@@ -12,16 +12,20 @@
 
 #include <atomic>
 
+#include "multihead/io.hpp"
+
 namespace multihead::cli {
 namespace {
 
 constexpr unsigned kCountMask = 0xffffu;
 constexpr unsigned kSignalShift = 16;
 
-// Every catchable signal whose default action ends the process, except the
-// profiling timers (SIGPROF, SIGVTALRM: a profiler's, never sent to end a
-// run) and the synchronous faults (SIGSEGV, SIGBUS, SIGFPE, SIGILL: a bug,
-// where deferring would only run on in a broken state). SIGPIPE and SIGXFSZ
+// The signals a user, a terminal, a shell, a batch system or a resource
+// limit sends to end a process (each ends it by default). Not deferred: the
+// profiling timers (SIGPROF, SIGVTALRM), the synchronous faults (SIGSEGV,
+// SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS: a bug, where deferring would only
+// run on in a broken state), and signals nobody sends to stop a job
+// (SIGIO/SIGPOLL, SIGPWR, SIGSTKFLT, the real-time signals). SIGPIPE and SIGXFSZ
 // arrive during a write itself; deferred, the write fails with EPIPE or
 // EFBIG instead, its temporary is removed, and the signal is raised after.
 constexpr int kDeferredSignals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGPIPE, SIGALRM,
@@ -47,13 +51,17 @@ void on_interrupt(int sig) {
   }
 }
 
-// SIGBUS with BUS_ADRERR: a touch of a mapped file's page that no longer
-// exists, i.e. an input (src/io/file_util.hpp maps them) truncated in place
-// by another program while it was read. One line and status 2, as any bad
-// input, rather than a crash; write(2) and _exit(2) are async-signal-safe.
-// Any other SIGBUS (a bug) keeps its default action.
-void on_bus_error(int sig, siginfo_t* info, void*) {
-  if (info != nullptr && info->si_code == BUS_ADRERR) {
+// SIGBUS with BUS_ADRERR at an address inside a mapped input
+// (multihead::address_in_mapped_input: src/io maps .npy and safetensors
+// files): a page of an input truncated in place by another program while
+// it was read. One line and status 2, as any bad input, rather than a
+// crash; write(2) and _exit(2) are async-signal-safe. Any other SIGBUS (a
+// full /dev/shm under Open MPI, a bug) goes to the handler installed before
+// ours, or keeps its default action.
+struct sigaction g_previous_bus {};  // the handler before ours (Open MPI's stack trace, under a launcher)
+
+void on_bus_error(int sig, siginfo_t* info, void* context) {
+  if (info != nullptr && info->si_code == BUS_ADRERR && multihead::address_in_mapped_input(info->si_addr)) {
     static const char kMessage[] =
         "multihead: error: an input file became shorter while it was read (another program truncated or rewrote "
         "it in place); nothing was written\n";
@@ -61,19 +69,27 @@ void on_bus_error(int sig, siginfo_t* info, void*) {
     (void)ignored;
     ::_exit(2);
   }
+  // Any other SIGBUS: the handler that was there before (if one), else the
+  // default action.
+  if ((g_previous_bus.sa_flags & SA_SIGINFO) != 0 && g_previous_bus.sa_sigaction != nullptr)
+    return g_previous_bus.sa_sigaction(sig, info, context);
+  if ((g_previous_bus.sa_flags & SA_SIGINFO) == 0 && g_previous_bus.sa_handler != SIG_DFL &&
+      g_previous_bus.sa_handler != SIG_IGN && g_previous_bus.sa_handler != nullptr)
+    return g_previous_bus.sa_handler(sig);
   raise_default(sig);
 }
 
 }  // namespace
 
+void install_bus_error_handler() {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_bus_error;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_SIGINFO;
+  ::sigaction(SIGBUS, &sa, &g_previous_bus);
+}
+
 void install_interrupt_handlers() {
-  {
-    struct sigaction sa {};
-    sa.sa_sigaction = on_bus_error;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_SIGINFO;
-    ::sigaction(SIGBUS, &sa, nullptr);
-  }
   for (int sig : kDeferredSignals) {
     struct sigaction old {};
     if (::sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;

@@ -1,6 +1,6 @@
-// tools/interrupts.hpp: SIGINT, SIGTERM and the other signals that end a
-// process by default (SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2,
-// SIGXCPU, SIGXFSZ: interrupts.cpp) never leave a temporary file.
+// tools/interrupts.hpp: SIGINT, SIGTERM and the other signals sent to end
+// a process (SIGHUP, SIGQUIT, SIGPIPE, SIGALRM, SIGUSR1, SIGUSR2, SIGXCPU,
+// SIGXFSZ: interrupts.cpp) never leave a temporary file.
 //
 // An output is written under a temporary name (NAME.tmp.XXXXXX) and renamed
 // into place (write_files_atomic). The default action of such a signal
@@ -21,14 +21,17 @@
 
 namespace multihead::cli {
 
-// Also SIGBUS from an input file truncated in place while it is mapped
-// (BUS_ADRERR): one line, "an input file became shorter while it was read",
-// and status 2 instead of a crash (interrupts.cpp).
-//
 // Installs the handler for those signals (a signal ignored when the program
 // started, as SIGHUP under nohup or SIGINT for a background job, stays
 // ignored). Call once, from main, before any work.
 void install_interrupt_handlers();
+
+// SIGBUS from an input file truncated in place while it is mapped
+// (BUS_ADRERR inside multihead::address_in_mapped_input's ranges): one line,
+// "an input file became shorter while it was read", and status 2 instead of
+// a crash; any other SIGBUS goes to the handler that was installed before
+// (Open MPI's, under a launcher: call this after MPI_Init) or its default.
+void install_bus_error_handler();
 
 // A scope in which those signals wait for the end of the scope.
 class DeferInterrupts {

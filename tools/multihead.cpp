@@ -35,6 +35,7 @@
 #include "commands.hpp"
 #include "interrupts.hpp"
 #include "mpi_session.hpp"
+#include "parallel.hpp"
 #include "multihead/error.hpp"
 #include "multihead/version.hpp"
 #include "multihead/runtime.hpp"
@@ -70,6 +71,7 @@ int main(int argc, char** argv) {
   using namespace multihead::cli;
   install_interrupt_handlers();
   const MpiSession mpi(argc, argv);  // MPI_Init under a launcher; MPI_Finalize on return
+  install_bus_error_handler();       // after MPI_Init: Open MPI's SIGBUS handler stays behind ours
   CLI::App app{"multihead: exact, fast multi-head attention (torch.nn.MultiheadAttention on the CPU)",
                "multihead"};
   app.require_subcommand(0, 1);
@@ -105,7 +107,9 @@ int main(int argc, char** argv) {
   }
   try {
     // Every tuning variable before any work, whatever the command reads.
-    if (!app.get_subcommands().empty()) multihead::check_environment();
+    // Under mpirun every rank sees the same variables: one line, from rank 0.
+    if (!app.get_subcommands().empty())
+      agree_on(world_size() > 1 ? "environment" : "", [] { multihead::check_environment(); });
     if (app.got_subcommand("forward")) forward();
     else if (app.got_subcommand("demo")) demo();
     else if (app.got_subcommand("init")) init();

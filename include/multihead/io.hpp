@@ -37,6 +37,16 @@ enum class DType { Bool, F16, BF16, F32, F64, U8, I8, U16, I16, U32, I32, U64, I
 // NumPy's names: "bool", "float16", "bfloat16", "float32", "float64",
 // "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64".
 std::string to_string(DType dtype);
+
+// Whether `address` lies in an input file this process has mapped to read
+// it (read_npy, read_safetensors: a regular file is memory-mapped, its pages
+// read on first touch), for a host's SIGBUS handler: another program that
+// truncates such a file in place while it is read makes the next touch of a
+// lost page raise SIGBUS (si_addr in the mapping), the caveat every mmap
+// reader shares. Async-signal-safe (it reads a fixed table of atomics); at
+// most 64 mappings at once are recorded. The command line turns such a
+// SIGBUS into a one-line error (tools/interrupts.hpp).
+bool address_in_mapped_input(const void* address) noexcept;
 // U8 … I64; not Bool, which is decoded.
 bool is_integer(DType dtype);
 

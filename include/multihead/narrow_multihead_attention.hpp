@@ -171,13 +171,15 @@ extern template class NarrowMultiheadAttention<float16>;
 // widening back (16-bit -> float, or double).
 template <class E>
 Tensor<E> round_to(const Tensor<float>& t);
-// The same for a named input or parameter: a finite value float16 cannot
-// hold (|x| > 65504, which would round to an infinity and make every output
-// it reaches inf or NaN) is refused with a multihead::Error naming `name`,
-// the element's index and its value. bfloat16 holds float32's range: for it
-// this is round_to(t). The command line and the Python module round every
-// float32 input of a 16-bit call with this; NarrowMultiheadAttention::rounded
-// and NarrowGroupedQueryAttention::rounded every parameter.
+// The same for a named input or parameter: a finite value beyond float16's
+// largest, |x| > 65504 (from 65520 on it rounds to an infinity, which makes
+// every output it reaches inf or NaN; between, it would be clipped to
+// 65504), is refused with a multihead::Error naming `name`, the element's
+// index and its value: the float16 KV cache's rule. bfloat16 holds
+// float32's range: for it this is round_to(t). The command line rounds every
+// float32 input of a 16-bit call with this, and NarrowMultiheadAttention::
+// rounded and NarrowGroupedQueryAttention::rounded every parameter; the
+// Python module keeps torch's .half() (overflow to ±inf: docs/precision.md).
 template <class E>
 Tensor<E> round_to(const Tensor<float>& t, const std::string& name);
 template <class To, class E>

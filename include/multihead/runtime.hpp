@@ -22,7 +22,8 @@ void set_threads(int threads);
 // MULTIHEAD_NARROW_GEMV, MULTIHEAD_FUSED_PATHS, MULTIHEAD_BACKWARD_HEADS,
 // MULTIHEAD_BF16_BACKWARD) and throws multihead::Error, naming the first
 // one with an unknown value and the values it takes, as the call that reads
-// it would. Each is otherwise read only by the calls it steers, so a bad
+// it would (a SIMD target compiled in but not run by this CPU passes here
+// and fails where it is dispatched). Each is otherwise read only by the calls it steers, so a bad
 // value would fail some commands and pass others; the command line checks
 // them all before any work. (MULTIHEAD_KEPT_STORAGE_MIB, a memory knob,
 // falls back to its default with a note instead.)

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <limits>
 #include <optional>
 #include <system_error>
@@ -47,6 +49,39 @@ struct Fd {
 
 Error::Kind kind_of(int err) { return (err == ENOENT || err == ENOTDIR) ? Error::Kind::Missing : Error::Kind::IO; }
 
+// The mapped inputs' address ranges, for address_in_mapped_input (io.hpp):
+// a fixed table of atomics, so that a signal handler can read it. A slot is
+// claimed by a compare-exchange of its begin from 0; a mapping beyond the
+// table's slots (more than kSlots inputs mapped at once) is simply not
+// recorded, and a SIGBUS in it stays a crash.
+constexpr std::size_t kSlots = 64;
+struct MappedRange {
+  std::atomic<uintptr_t> begin{0}, end{0};
+};
+MappedRange g_mapped[kSlots];
+static_assert(std::atomic<uintptr_t>::is_always_lock_free);
+
+void record_mapping(const void* map, std::size_t size) {
+  const auto begin = reinterpret_cast<uintptr_t>(map);
+  for (MappedRange& r : g_mapped) {
+    uintptr_t expected = 0;
+    if (r.begin.compare_exchange_strong(expected, begin)) {
+      r.end.store(begin + size);
+      return;
+    }
+  }
+}
+
+void forget_mapping(const void* map) {
+  const auto begin = reinterpret_cast<uintptr_t>(map);
+  for (MappedRange& r : g_mapped)
+    if (r.begin.load() == begin) {
+      r.end.store(0);
+      r.begin.store(0);
+      return;
+    }
+}
+
 }  // namespace
 
 FileBytes::FileBytes(FileBytes&& other) noexcept
@@ -65,7 +100,10 @@ FileBytes& FileBytes::operator=(FileBytes&& other) noexcept {
 }
 
 FileBytes::~FileBytes() {
-  if (map_) ::munmap(map_, map_size_);
+  if (map_) {
+    forget_mapping(map_);
+    ::munmap(map_, map_size_);
+  }
 }
 
 FileBytes map_file(const std::string& path, const std::string& name, const ExpectedSize& expected) {
@@ -91,6 +129,7 @@ FileBytes map_file(const std::string& path, const std::string& name, const Expec
     if (map != MAP_FAILED) {
       out.map_ = map;
       out.map_size_ = size;
+      record_mapping(map, size);
       return out;
     }
   }
@@ -149,6 +188,15 @@ void check_input_file(const std::string& path) {
     throw Error(Error::Kind::IO, where + refusal);
   if (::faccessat(AT_FDCWD, path.c_str(), R_OK, AT_EACCESS) != 0)
     throw Error(Error::Kind::IO, where + detail::errno_text(errno));
+}
+
+bool address_in_mapped_input(const void* address) noexcept {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  for (const detail::MappedRange& r : detail::g_mapped) {
+    const uintptr_t begin = r.begin.load(), end = r.end.load();
+    if (begin != 0 && begin <= a && a < end) return true;
+  }
+  return false;
 }
 
 }  // namespace multihead

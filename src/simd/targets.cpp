@@ -159,7 +159,15 @@ std::atomic<int> g_forced_bf16_dot{static_cast<int>(Bf16Dot::Auto)};
 }  // namespace
 
 void check_simd_environment() {
-  (void)default_target();
+  // The target's name only: whether this CPU runs it is checked where it is
+  // used (a command that never dispatches, or bench --simd-target, which
+  // overrides it, still runs), with simd_target_parse's message.
+  if (const char* env = std::getenv("MULTIHEAD_SIMD_TARGET"); env != nullptr && *env != '\0') {
+    const std::string want = upper(env);
+    bool known = want == "SCALAR" || want == "EMU128";
+    for (int64_t bits = HWY_TARGETS; bits != 0 && !known; bits &= bits - 1) known = want == hwy::TargetName(bits & -bits);
+    if (!known) (void)simd_target_parse(env, "MULTIHEAD_SIMD_TARGET");  // throws: unknown, naming the targets
+  }
   (void)env_bf16_dot();
 }
 

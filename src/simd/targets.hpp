@@ -63,7 +63,8 @@ inline constexpr double kBf16DotMinRatio = 1.2;
 Bf16Dot bf16_dot_setting();
 
 // Throws multihead::Error naming MULTIHEAD_SIMD_TARGET or MULTIHEAD_BF16_DOT
-// if either holds an unknown value (multihead::check_environment).
+// if either holds an unknown value (multihead::check_environment; a target
+// compiled in but not run by this CPU fails where it is used instead).
 void check_simd_environment();
 // Forces "fma", "dpbf16" or "measure" for every later call; "" or "auto" returns to
 // MULTIHEAD_BF16_DOT or Auto. Throws multihead::Error for another name.

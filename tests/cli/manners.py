@@ -252,7 +252,8 @@ def test_truncated_while_read(cli, work):
         os.truncate(victim, 1000000)
         _, err = p.communicate(timeout=120)
         outcomes.append((p.returncode, err.strip()))
-    bad = [o for o in outcomes if not (o[0] == 0 or (o[0] == 2 and len(o[1].splitlines()) == 1))]
+    bad = [o for o in outcomes if not (o[0] == 0 or (o[0] == 2 and len(o[1].splitlines()) == 1 and (
+        "became shorter while it was read" in o[1] or "victim.safetensors" in o[1])))]
     check("an input truncated while read: status 0 or one line and status 2, never a signal", not bad,
           f"{bad} (all: {outcomes})")
 
