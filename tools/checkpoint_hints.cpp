@@ -1,6 +1,7 @@
 // tools/checkpoint_hints.cpp: see checkpoint_hints.hpp.
 #include "checkpoint_hints.hpp"
 
+#include <cstdio>
 #include <map>
 
 namespace multihead::cli {
@@ -54,6 +55,22 @@ std::string rounded_weights_note(std::optional<DType> stored, DType own, const s
   if (stored == own) return "";
   return "--weights holds " + (stored ? to_string(*stored) : std::string("mixed-dtype")) + " parameters; rounded once to " +
          to_string(own) + " (nearest even) for --dtype " + dtype_flag;
+}
+
+std::vector<std::string> dtype_notes(ComputeDtype compute, const std::string& dtype_flag,
+                                     std::optional<DType> stored, const std::string& wide, bool from_file) {
+  if (compute == ComputeDtype::F32) return {from_file ? widened_weights_note(stored, wide) : ""};
+  std::vector<std::string> notes;
+  if (const std::string path = compute_dtype_note(compute); !path.empty())
+    notes.push_back("--dtype " + dtype_flag + ": " + path);
+  if (from_file)
+    notes.push_back(rounded_weights_note(stored, compute == ComputeDtype::BF16 ? DType::BF16 : DType::F16, dtype_flag));
+  return notes;
+}
+
+void print_notes(const std::vector<std::string>& notes) {
+  for (const std::string& note : notes)
+    if (!note.empty()) std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
 }
 
 }  // namespace multihead::cli

@@ -6,8 +6,10 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "multihead/multihead_attention.hpp"
+#include "multihead/narrow.hpp"
 #include "multihead/weights.hpp"
 
 namespace multihead::cli {
@@ -36,5 +38,21 @@ std::string layout_hint(const MultiheadAttentionConfig& config, const InputShape
 //    when they were stored as `own`.
 std::string widened_weights_note(std::optional<DType> stored, const std::string& computed_in);
 std::string rounded_weights_note(std::optional<DType> stored, DType own, const std::string& dtype_flag);
+
+// The notes of a run's types, in the order it prints them: for a 16-bit run
+// (`compute` BF16 or F16, asked as --dtype `dtype_flag`) the compute path
+// (compute_dtype_note), then --weights' parameters rounded to it; for a
+// float32 or float64 run (`compute` F32, `wide` "float32" or "float64")
+// 16-bit parameters widened. `stored`: the parameters' dtype on disk
+// (nullopt: mixed); `from_file` false when no --weights was read (the
+// parameters were drawn), which says nothing of them.
+std::vector<std::string> dtype_notes(ComputeDtype compute, const std::string& dtype_flag,
+                                     std::optional<DType> stored, const std::string& wide = "float32",
+                                     bool from_file = true);
+
+// Each non-empty note as one "multihead: note: ..." line on stderr. A run
+// prints them after its outputs are written, so that a failed run prints
+// exactly one line.
+void print_notes(const std::vector<std::string>& notes);
 
 }  // namespace multihead::cli

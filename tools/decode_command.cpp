@@ -245,20 +245,10 @@ void run_decode(const DecodeArgs& a) {
          " (the 16-bit module runs the flash kernel on the prompt and the decode kernel on each step: auto or "
          "flash)");
   std::optional<DType> stored;
-  std::vector<std::string> notes;
-  if (dtype == ComputeDtype::F32) {
-    run_decode<float>(a, make_module(a, stored));
-    notes.push_back(widened_weights_note(stored, "float32"));
-  } else {
-    if (dtype == ComputeDtype::BF16) run_decode<bfloat16>(a, make_narrow_module<bfloat16>(a, stored));
-    else run_decode<float16>(a, make_narrow_module<float16>(a, stored));
-    if (const std::string path = compute_dtype_note(dtype); !path.empty())
-      notes.push_back("--dtype " + a.dtype + ": " + path);
-    if (!a.weights.empty())
-      notes.push_back(rounded_weights_note(stored, dtype == ComputeDtype::BF16 ? DType::BF16 : DType::F16, a.dtype));
-  }
-  for (const std::string& note : notes)
-    if (!note.empty()) std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
+  if (dtype == ComputeDtype::F32) run_decode<float>(a, make_module(a, stored));
+  else if (dtype == ComputeDtype::BF16) run_decode<bfloat16>(a, make_narrow_module<bfloat16>(a, stored));
+  else run_decode<float16>(a, make_narrow_module<float16>(a, stored));
+  print_notes(dtype_notes(dtype, a.dtype, stored, "float32", !a.weights.empty()));
 }
 
 }  // namespace

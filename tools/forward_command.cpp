@@ -265,13 +265,10 @@ void load_and_run_narrow(const ForwardArgs& args, const LoadOptions& load) {
   const std::optional<DType> stored = w.parameter_dtype;
   const std::vector<AssumedSetting> assumed = w.assumed;
   run_narrow_forward<E>(args, std::move(w), query);
-  if (const std::string note = compute_dtype_note(kDtype); !note.empty() && writes_outputs())
-    std::fprintf(stderr, "multihead: note: --dtype %s: %s\n", args.dtype.c_str(), note.c_str());
-  const DType own = kDtype == ComputeDtype::BF16 ? DType::BF16 : DType::F16;
-  if (const std::string note = rounded_weights_note(stored, own, args.dtype); !note.empty() && writes_outputs())
-    std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
-  if (const std::string note = assumed_settings_note(assumed, args.weights); !note.empty() && writes_outputs())
-    std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
+  if (!writes_outputs()) return;
+  std::vector<std::string> notes = dtype_notes(kDtype, args.dtype, stored);
+  notes.push_back(assumed_settings_note(assumed, args.weights));
+  print_notes(notes);
 }
 
 // --num-kv-heads: the grouped-query module (multihead/grouped_query_attention.hpp,
@@ -347,18 +344,7 @@ void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
                  static_cast<long long>(m.kv_heads()), static_cast<long long>(m.head_dim()),
                  args.gqa.rope.empty() ? "" : (", rope " + args.gqa.rope).c_str(), args.kernel.c_str(), ms,
                  args.repeat, args.repeat == 1 ? "" : "es");
-  // After the run, so that a failed one still prints exactly one line.
-  std::vector<std::string> notes;
-  if constexpr (kNarrow) {
-    if (const std::string path = compute_dtype_note(compute_dtype_of<T>()); !path.empty())
-      notes.push_back("--dtype " + args.dtype + ": " + path);
-    notes.push_back(rounded_weights_note(
-        stored, compute_dtype_of<T>() == ComputeDtype::BF16 ? DType::BF16 : DType::F16, args.dtype));
-  } else {
-    notes.push_back(widened_weights_note(stored, sizeof(T) == 8 ? "float64" : "float32"));
-  }
-  for (const std::string& note : notes)
-    if (!note.empty()) std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
+  print_notes(dtype_notes(compute_dtype_of<T>(), args.dtype, stored, sizeof(T) == 8 ? "float64" : "float32"));
 }
 
 // Flags of nn.MultiheadAttention that the grouped-query module does not have.
@@ -545,13 +531,11 @@ Runner add_forward_command(CLI::App& app) {
     });
     if (query.dtype == DType::F64) run_forward<double>(*args, w, query, load);
     else run_forward<float>(*args, w, query, load);
-    if (const std::string note =
-            widened_weights_note(w.parameter_dtype, query.dtype == DType::F64 ? "float64" : "float32");
-        !note.empty() && writes_outputs())
-      std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
-    // After the run, so that a failed one still prints exactly one line.
-    if (const std::string note = assumed_settings_note(w.assumed, args->weights); !note.empty() && writes_outputs())
-      std::fprintf(stderr, "multihead: note: %s\n", note.c_str());
+    if (!writes_outputs()) return;
+    std::vector<std::string> notes = dtype_notes(ComputeDtype::F32, args->dtype, w.parameter_dtype,
+                                                 query.dtype == DType::F64 ? "float64" : "float32");
+    notes.push_back(assumed_settings_note(w.assumed, args->weights));
+    print_notes(notes);
   };
 }
 

@@ -333,22 +333,27 @@ TracedGradients trace_backward(const BackwardProblem& b) {
 
 class PrecisionBackward : public ::testing::TestWithParam<int> {};
 
-// Every gradient of the library within its bound of the float64 reference.
+// Every gradient of the library within its bound of the float64 reference;
+// `label` names the case in a failure.
+template <class E>
+void check_backward_problem(const BackwardProblem& b, const std::string& label) {
+  const Gradients want = reference_gradients(b), got = library_gradients<E>(b);
+  const TracedGradients traced = trace_backward<E>(b);
+  ASSERT_EQ(got.size(), want.size()) << label;
+  double worst = 0;
+  for (const auto& [name, w] : want) {
+    ASSERT_TRUE(got.count(name) && traced.bound.count(name)) << label << ": " << name << " missing";
+    const Verdict v = compare(got.at(name), w, traced.bound.at(name));
+    worst = std::max(worst, v.worst);
+    EXPECT_TRUE(v.ok) << label << " " << to_string(compute_dtype_of<E>()) << " d_" << name << ": " << v.message;
+  }
+  ::testing::Test::RecordProperty("worst", std::to_string(worst));
+}
+
 template <class E>
 void check_backward_case(int i) {
   const BackwardCase c = backward_case_at(i);
-  const BackwardProblem b = make_backward_problem<E>(c);
-  const Gradients want = reference_gradients(b), got = library_gradients<E>(b);
-  const TracedGradients traced = trace_backward<E>(b);
-  ASSERT_EQ(got.size(), want.size()) << c.name();
-  double worst = 0;
-  for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name) && traced.bound.count(name)) << c.name() << ": " << name << " missing";
-    const Verdict v = compare(got.at(name), w, traced.bound.at(name));
-    worst = std::max(worst, v.worst);
-    EXPECT_TRUE(v.ok) << c.name() << " " << to_string(compute_dtype_of<E>()) << " d_" << name << ": " << v.message;
-  }
-  ::testing::Test::RecordProperty("worst", std::to_string(worst));
+  check_backward_problem<E>(make_backward_problem<E>(c), c.name());
 }
 
 TEST_P(PrecisionBackward, BF16) { check_backward_case<bfloat16>(GetParam()); }
@@ -380,18 +385,7 @@ template <class E>
 void check_backward_modified_case(int i) {
   const BackwardCase c = backward_case_at(i);
   const BackwardProblem b = modified_backward_problem(i, make_backward_problem<E>(c));
-  const Gradients want = reference_gradients(b), got = library_gradients<E>(b);
-  const TracedGradients traced = trace_backward<E>(b);
-  ASSERT_EQ(got.size(), want.size()) << c.name();
-  double worst = 0;
-  for (const auto& [name, w] : want) {
-    ASSERT_TRUE(got.count(name) && traced.bound.count(name)) << c.name() << ": " << name << " missing";
-    const Verdict v = compare(got.at(name), w, traced.bound.at(name));
-    worst = std::max(worst, v.worst);
-    EXPECT_TRUE(v.ok) << c.name() << modifiers_name(b.p) << " " << to_string(compute_dtype_of<E>()) << " d_" << name
-                      << ": " << v.message;
-  }
-  ::testing::Test::RecordProperty("worst", std::to_string(worst));
+  check_backward_problem<E>(b, c.name() + modifiers_name(b.p));
 }
 
 TEST_P(PrecisionBackwardModifiers, BF16) { check_backward_modified_case<bfloat16>(GetParam()); }
@@ -404,46 +398,39 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrecisionBackwardModifiers, ::testing::Range(0, 
                                   modifiers_name(modified_problem(i, make_problem<bfloat16>(case_at(i))));
                          });
 
-// The trace's own float64 gradients agree with the float64 module's on the
-// modified cases too (every fifth), so the bound is about the right values.
-TEST(PrecisionBackwardChecker, BoundsOwnGradientsAgreeWithModifiers) {
-  for (int i = 0; i < kCaseCount; i += 5) {
-    const BackwardProblem b = modified_backward_problem(i, make_backward_problem<bfloat16>(backward_case_at(i)));
-    const Gradients want = reference_gradients(b);
-    const TracedGradients traced = trace_backward<bfloat16>(b);
-    for (const auto& [name, w] : want) {
-      double scale = 0;
-      for (double x : w) scale = std::max(scale, std::abs(x));
-      const std::vector<double>& mine = traced.value.at(name);
-      for (std::size_t k = 0; k < w.size(); ++k)
-        ASSERT_NEAR(mine[k], w[k], 1e-9 * std::max(scale, 1.0))
-            << backward_case_at(i).name() << modifiers_name(b.p) << " d_" << name << "[" << k << "]";
-    }
+// The bound's own float64 gradients (plain loops over the trace) agree with
+// the float64 module's, so the bound is computed about the right values.
+void expect_trace_gradients_agree(const BackwardProblem& b, const std::string& label) {
+  const Gradients want = reference_gradients(b);
+  const TracedGradients traced = trace_backward<bfloat16>(b);
+  for (const auto& [name, w] : want) {
+    double scale = 0;
+    for (double x : w) scale = std::max(scale, std::abs(x));
+    const std::vector<double>& mine = traced.value.at(name);
+    for (std::size_t k = 0; k < w.size(); ++k)
+      ASSERT_NEAR(mine[k], w[k], 1e-9 * std::max(scale, 1.0)) << label << " d_" << name << "[" << k << "]";
   }
 }
 
-// The bound's own float64 gradients (plain loops over the trace) agree with
-// the float64 module's: the bound is computed about the right values, on
-// every fifth case (dropout and bottom-right among them).
+// On every fifth case (dropout and bottom-right among them).
 TEST(PrecisionBackwardChecker, BoundsOwnGradientsAgree) {
   int dropout = 0, bottom_right = 0;
   for (int i = 0; i < kCaseCount; i += 5) {
     const BackwardCase c = backward_case_at(i);
     dropout += c.dropout > 0;
     bottom_right += c.bottom_right;
-    const BackwardProblem b = make_backward_problem<bfloat16>(c);
-    const Gradients want = reference_gradients(b);
-    const TracedGradients traced = trace_backward<bfloat16>(b);
-    for (const auto& [name, w] : want) {
-      double scale = 0;
-      for (double x : w) scale = std::max(scale, std::abs(x));
-      const std::vector<double>& mine = traced.value.at(name);
-      for (std::size_t k = 0; k < w.size(); ++k)
-        ASSERT_NEAR(mine[k], w[k], 1e-9 * std::max(scale, 1.0)) << c.name() << " d_" << name << "[" << k << "]";
-    }
+    expect_trace_gradients_agree(make_backward_problem<bfloat16>(c), c.name());
   }
   EXPECT_GT(dropout, 0);
   EXPECT_GT(bottom_right, 0);
+}
+
+// And on the modified cases (window, soft-cap, ALiBi, placement).
+TEST(PrecisionBackwardChecker, BoundsOwnGradientsAgreeWithModifiers) {
+  for (int i = 0; i < kCaseCount; i += 5) {
+    const BackwardProblem b = modified_backward_problem(i, make_backward_problem<bfloat16>(backward_case_at(i)));
+    expect_trace_gradients_agree(b, backward_case_at(i).name() + modifiers_name(b.p));
+  }
 }
 
 // The checker fails on a gradient one bound away from the reference's.
