@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -118,6 +119,37 @@ TEST(ExplainWeights, BatchEntryOutOfRangeNamed) {
               std::string::npos)
         << e.what();
   }
+}
+
+// A report draws distributions: NaN or Inf in the input or the parameters,
+// or a finite input whose scores overflow, is an Error naming the tensor.
+TEST(ExplainWeights, NonFiniteInputsParametersAndOverflowNamed) {
+  MultiheadAttentionConfig config;
+  config.embed_dim = 4;
+  config.num_heads = 2;
+  const BasicMultiheadAttention<float> mha(config, 1);
+  auto message = [&](const BasicMultiheadAttention<float>& m, const Tensor<float>& x) {
+    try {
+      explain::attention_weights_per_head(m, x, 0, "--input x.npy");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Tensor<float> x({3, 4}, 0.25f);
+  EXPECT_EQ(message(mha, x), "no error");
+  x[1 * 4 + 2] = std::nanf("");
+  EXPECT_NE(message(mha, x).find("--input x.npy: non-finite value nan at index (1, 2)"), std::string::npos)
+      << message(mha, x);
+  x[1 * 4 + 2] = 1e30f;  // finite; q·k overflows float32
+  EXPECT_NE(message(mha, x).find("--input x.npy: head 0's attention weights at query 1 are not finite"),
+            std::string::npos)
+      << message(mha, x);
+  x[1 * 4 + 2] = 0.25f;
+  MultiheadAttentionParameters<float> p = mha.parameters();
+  p.in_proj_weight[5] = std::numeric_limits<float>::infinity();
+  const BasicMultiheadAttention<float> broken(config, p);
+  EXPECT_NE(message(broken, x).find("in_proj_weight: non-finite value inf"), std::string::npos) << message(broken, x);
 }
 
 TEST(ExplainWeights, KeyLabelsFollowBiasKvThenZeroAttn) {

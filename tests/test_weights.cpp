@@ -314,8 +314,8 @@ TEST(GqaWeights, MhaLoaderNamesAGqaFile) {
   const WeightsFile f(m.state_dict(), gqa_config_metadata(m));
   EXPECT_EQ(message_of([&] { (void)load_weights(f.path()); }),
             "q_proj.weight: a grouped-query attention module (q_proj/k_proj/v_proj/o_proj.weight), not a "
-            "MultiheadAttention state_dict; read it with load_gqa_weights, on the command line with "
-            "--num-kv-heads 2 (the file's num_kv_heads) (in " + f.path() + ")");
+            "MultiheadAttention state_dict; read it with load_gqa_weights, or on the command line with multihead "
+            "forward or decode and --num-kv-heads 2 (the file's num_kv_heads) (in " + f.path() + ")");
 }
 
 }  // namespace

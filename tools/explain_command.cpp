@@ -59,7 +59,7 @@ explain::Report build_report(const ExplainArgs& a, const LoadedWeights& w, const
   explain::Report r;
   try {
     r = explain::module_report(module, tensor_cast<T>(input.values), a.batch, explain::split_tokens(a.tokens), source,
-                               "--tokens");
+                               "--tokens", "--input " + a.input);
   } catch (const Error& e) {
     if (e.kind() != Error::Kind::Shape) throw;
     throw Error(e.kind(), "--input (the query, key and value of self-attention): " + std::string(e.what()));

@@ -102,9 +102,11 @@ std::vector<std::string> position_labels(int64_t n);
 // average_attn_weights=false (float: kernel = Flash, the weights recomputed
 // from its lse), batch entry `batch` of the (B, H, L, S') result.
 // This is the one place the reports take weights from the module.
+// NaN or Inf in `input` (named `input_what`) or in the module's parameters,
+// and weights that overflow (a finite input too large for T), are Errors.
 template <class T>
 LayerAttention attention_weights_per_head(const BasicMultiheadAttention<T>& module, const Tensor<T>& input,
-                                          int64_t batch = 0);
+                                          int64_t batch = 0, const std::string& input_what = "input");
 
 // The key labels for a module over query labels: the labels themselves, then
 // "bias_k" when add_bias_kv, then "zero_attn" when add_zero_attn (the keys
@@ -154,11 +156,12 @@ int64_t resolve_token(const std::string& text, const std::vector<std::string>& l
 // batch entry `batch`), its query tokens labelled `tokens` (L labels, or
 // none: the positions), the keys key_labels(); float32 or float64 precision
 // as T; `source` is the page's line on what was run. A wrong label count is
-// an Error naming `tokens_what`.
+// an Error naming `tokens_what`; a non-finite or overflowing input one naming
+// `input_what`.
 template <class T>
 Report module_report(const BasicMultiheadAttention<T>& module, const Tensor<T>& input, int64_t batch,
                      const std::vector<std::string>& tokens, const std::string& source,
-                     const std::string& tokens_what = "tokens");
+                     const std::string& tokens_what = "tokens", const std::string& input_what = "input");
 
 // The held-out test sentence "the animal didn't cross the street because it
 // was too tired", the default of `multihead explain` and multihead.explain.

@@ -74,9 +74,10 @@ int64_t resolve_token(const std::string& text, const std::vector<std::string>& l
 
 template <class T>
 Report module_report(const BasicMultiheadAttention<T>& module, const Tensor<T>& input, int64_t batch,
-                     const std::vector<std::string>& tokens, const std::string& source, const std::string& tokens_what) {
+                     const std::vector<std::string>& tokens, const std::string& source, const std::string& tokens_what,
+                     const std::string& input_what) {
   Report r;
-  r.layers.push_back(attention_weights_per_head(module, input, batch));
+  r.layers.push_back(attention_weights_per_head(module, input, batch, input_what));
   const int64_t L = r.layers[0].queries;
   if (tokens.empty()) {
     r.query_tokens = position_labels(L);
@@ -94,9 +95,11 @@ Report module_report(const BasicMultiheadAttention<T>& module, const Tensor<T>& 
 }
 
 template Report module_report<float>(const BasicMultiheadAttention<float>&, const Tensor<float>&, int64_t,
-                                     const std::vector<std::string>&, const std::string&, const std::string&);
+                                     const std::vector<std::string>&, const std::string&, const std::string&,
+                                     const std::string&);
 template Report module_report<double>(const BasicMultiheadAttention<double>&, const Tensor<double>&, int64_t,
-                                      const std::vector<std::string>&, const std::string&, const std::string&);
+                                      const std::vector<std::string>&, const std::string&, const std::string&,
+                                      const std::string&);
 
 std::vector<std::string> lesson_default_sentence() { return LessonTask().test_sentences()[0].words; }
 

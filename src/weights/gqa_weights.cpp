@@ -61,8 +61,8 @@ std::optional<std::string> gqa_module_message(const SafetensorsFile& file, const
     }
   }
   return prefix + "q_proj.weight: a grouped-query attention module (q_proj/k_proj/v_proj/o_proj.weight), not a "
-                  "MultiheadAttention state_dict; read it with load_gqa_weights, on the command line with "
-                  "--num-kv-heads " + count + in_file(path);
+                  "MultiheadAttention state_dict; read it with load_gqa_weights, or on the command line with multihead "
+                  "forward or decode and --num-kv-heads " + count + in_file(path);
 }
 
 }  // namespace detail

@@ -234,7 +234,20 @@ def test_bad_usage(cli, work):
     subprocess.run([cli, "init", "--embed-dim", "16", "--num-heads", "2", "--kdim", "4", "--out", "wk.safetensors"],
                    cwd=work, check=True)
     subprocess.run([cli, "init", "--embed-dim", "8", "--num-heads", "2", "--out", "w8.safetensors"], cwd=work, check=True)
+    subprocess.run([cli, "init", "--embed-dim", "16", "--num-heads", "4", "--num-kv-heads", "2", "--out",
+                    "g.safetensors"], cwd=work, check=True)
+    x = np.load(os.path.join(work, "x.npy"))
+    bad = x.copy()
+    bad[3, 5] = np.nan
+    np.save(os.path.join(work, "x_nan.npy"), bad)
+    bad = x.copy()
+    bad[0, 0] = 1e30  # finite, but its projections overflow float32
+    np.save(os.path.join(work, "x_huge.npy"), bad)
     cases = [
+        (base[:-1] + ["x_nan.npy"], ["--input x_nan.npy", "nan at index (3, 5)"]),
+        (base[:-1] + ["x_huge.npy"], ["--input x_huge.npy", "not finite", "overflow float32", "1e+30"]),
+        (["explain", "--weights", "g.safetensors", "--input", "x.npy"],
+         ["grouped-query", "forward or decode and --num-kv-heads 2"]),
         (["explain", "--input", "x.npy"], ["--weights", "required", "--input X.npy"]),
         (["explain", "--weights", "w.safetensors"], ["--input", "required"]),
         (base + ["--tokens", "a b c"], ["--tokens", "expected 11 labels", "got 3"]),
