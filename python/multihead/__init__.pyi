@@ -270,6 +270,7 @@ class Trainer:
         ff: int = 128,
         dropout: float = 0.0,
         causal: bool = False,
+        positions: Literal["sinusoidal", "rope", "alibi", "none"] = "sinusoidal",
         steps: int = 200,
         batch: int = 32,
         lr: float = 0.001,
@@ -281,6 +282,7 @@ class Trainer:
         adam_eps: float = 1e-08,
         clip: float = 1.0,
         seed: int = 0,
+        dtype: Literal["f32", "bf16", "f16", "float32", "bfloat16", "float16"] = "f32",
         threads: int = 0,
     ) -> None: ...
     @staticmethod

@@ -128,6 +128,8 @@
   X(int64_t, ff, ModelConfig{}.ff, m.ff = v, "Feed-forward width (Linear-ReLU-Linear); 0 = none.")         \
   X(double, dropout, ModelConfig{}.dropout, m.dropout = v, "Dropout on the attention weights, training.")  \
   X(bool, causal, ModelConfig{}.causal, m.causal = v, "Causal self-attention.")                            \
+  X(std::string, positions, to_string(ModelConfig{}.positions), m.positions = parse_positions(v, "positions"), \
+    "Word order: 'sinusoidal' (added to the embedding), 'rope', 'alibi' or 'none'.")                       \
   X(int64_t, steps, TrainOptions{}.steps, t.steps = v, "Training steps in all.")                           \
   X(int64_t, batch, TrainOptions{}.batch, t.batch = v, "Sequences per step.")                              \
   X(double, lr, TrainOptions{}.lr, t.lr = v, "Peak learning rate (AdamW).")                                \
@@ -141,6 +143,9 @@
   X(double, adam_eps, TrainOptions{}.eps, t.eps = v, "AdamW's epsilon.")                                   \
   X(double, clip, TrainOptions{}.clip, t.clip = v, "Global gradient-norm bound; 0 = no clipping.")         \
   X(uint64_t, seed, TrainOptions{}.seed, t.seed = v, "Seed of initialisation, data and dropout.")          \
+  X(std::string, dtype, to_string(TrainOptions{}.dtype), t.dtype = parse_compute_dtype(v, "dtype"),        \
+    "Compute type of the passes: 'f32', or 'bf16' / 'f16' (float32 master weights and moments; f16 with " \
+    "dynamic loss scaling); also 'float32', 'bfloat16', 'float16'.")                                      \
   X(int, threads, TrainOptions{}.threads, t.threads = v, "Threads of the loops (0 = default); the losses do not depend on it.")
 
 // What the rows expand to. MULTIHEAD_OPTION_MEMBER declares a call struct's

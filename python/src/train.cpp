@@ -90,6 +90,7 @@ py::dict config_dict(const ModelConfig& c) {
   d["ff"] = c.ff;
   d["dropout"] = c.dropout;
   d["causal"] = c.causal;
+  d["positions"] = to_string(c.positions);
   return d;
 }
 
@@ -106,6 +107,7 @@ py::dict options_dict(const TrainOptions& o) {
   d["adam_eps"] = o.eps;
   d["clip"] = o.clip;
   d["seed"] = o.seed;
+  d["dtype"] = to_string(o.dtype);
   d["threads"] = o.threads;
   return d;
 }
@@ -303,12 +305,14 @@ std::string trainer_signature(const char* name, bool self, bool entries) {
 
 const char* const kTrainerDoc = R"doc(
 
-The small Transformer encoder of `multihead train` (embedding, sinusoidal
-positions, pre-LN attention blocks, read-out) and its AdamW state, on a
+The small Transformer encoder of `multihead train` (embedding, positions,
+pre-LN attention blocks, read-out) and its AdamW state, on a
 built-in task: 'copy', 'reverse' (over `symbols` ids, sequences of
 `length`; None = the CLI's 10 and 8), 'lesson' or 'lookup2' (their own
 vocabulary and length: symbols and length must be None). The same settings
-as the CLI's flags give the same losses, step for step. float32.
+as the CLI's flags give the same losses, step for step. The passes compute
+in `dtype` (float32 by default; bfloat16 and float16 keep float32 master
+weights and moments, docs/precision.md).
 
     t = multihead.Trainer("reverse", d_model=32, heads=4, steps=100)
     t.train(callback=lambda s: print(s["step"], s["loss"]), every=10)

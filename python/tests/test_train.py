@@ -48,6 +48,28 @@ def test_losses_and_checkpoint_equal_the_cli(tmp_path, cli):
     assert (tmp_path / "py.safetensors").read_bytes() == cli_bytes == t.checkpoint_bytes()
 
 
+@pytest.mark.parametrize("positions,dtype", [("rope", "f32"), ("alibi", "bf16"), ("none", "f16"),
+                                             ("sinusoidal", "bfloat16")])
+def test_positions_and_dtype_equal_the_cli(tmp_path, cli, positions, dtype):
+    """positions= and dtype= are --positions and --dtype: the same losses and checkpoint bytes."""
+    flag = {"bfloat16": "bf16"}.get(dtype, dtype)
+    want = cli_losses(cli, *FLAGS, "--positions", positions, "--dtype", flag, "--checkpoint-out", "cli.safetensors",
+                      cwd=tmp_path)
+    t = multihead.Trainer("reverse", **RUN, positions=positions, dtype=dtype)
+    assert t.config["positions"] == positions and t.options["dtype"] == flag
+    assert fmt(t.train()) == want and len(want) == 8
+    assert t.checkpoint_bytes() == (tmp_path / "cli.safetensors").read_bytes()
+    resumed = multihead.Trainer.resume(str(tmp_path / "cli.safetensors"))
+    assert resumed.config == t.config and resumed.options == t.options
+
+
+def test_positions_and_dtype_refuse_unknown_names():
+    with pytest.raises(ValueError, match="positions: expected one of none, sinusoidal, rope, alibi; got 'learned'"):
+        multihead.Trainer(positions="learned")
+    with pytest.raises(ValueError, match="dtype: expected f32, bf16 or f16, got 'int8'"):
+        multihead.Trainer(dtype="int8")
+
+
 def test_resume_continues_the_uninterrupted_run_in_python_and_in_the_cli(tmp_path, cli):
     full = fmt(multihead.Trainer("reverse", **RUN).train())
     t = multihead.Trainer("reverse", **RUN)
