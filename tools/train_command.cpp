@@ -48,34 +48,6 @@ struct TrainArgs {
   std::string dtype = "f32";
 };
 
-// A finite number >= 0 (weight decay, clip).
-CLI::Validator non_negative_number() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v >= 0.0) || !std::isfinite(v))
-          return "expected a finite number >= 0, got " + quote_input(text);
-        return "";
-      },
-      "number >= 0");
-}
-
-// [0, 1) for Adam's betas and the dropout rate.
-CLI::Validator unit_interval_open(const std::string& what) {
-  return CLI::Validator(
-      [what](std::string& text) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v >= 0.0 && v < 1.0))
-          return "expected " + what + " in [0, 1), got " + quote_input(text);
-        return "";
-      },
-      "in [0, 1)");
-}
-
 std::string clock(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) seconds = 0;
   const long s = std::lround(seconds);

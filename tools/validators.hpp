@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -33,32 +35,47 @@ inline CLI::Validator integer_at_least(long long minimum, const std::string& des
 inline CLI::Validator positive_integer() { return integer_at_least(1, "a positive integer"); }
 inline CLI::Validator non_negative_integer() { return integer_at_least(0, "an integer >= 0"); }
 
-inline CLI::Validator probability() {
+// The one reading of a real-valued flag: the whole text a finite number
+// (strtod's syntax), or nullopt. An underflow to a subnormal or zero (1e-320)
+// is a number; an overflow (1e999), NaN, inf or trailing text is not.
+inline std::optional<double> finite_number(const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  const bool overflow = errno == ERANGE && std::abs(v) > 1.0;
+  if (text.empty() || end != text.c_str() + text.size() || overflow || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+// A number that `accept` takes, else "expected <description>, got '<text>'".
+template <class Accept>
+CLI::Validator number_where(const std::string& description, const std::string& short_name, Accept accept) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v >= 0.0 && v <= 1.0))
-          return "expected a probability in [0, 1], got " + quote_input(text);
-        return "";
+      [description, accept](std::string& text) -> std::string {
+        const std::optional<double> v = finite_number(text);
+        return v && accept(*v) ? "" : "expected " + description + ", got " + quote_input(text);
       },
-      "probability in [0, 1]");
+      short_name);
+}
+
+inline CLI::Validator probability() {
+  return number_where("a probability in [0, 1]", "probability in [0, 1]",
+                      [](double v) { return v >= 0.0 && v <= 1.0; });
+}
+
+// [0, 1) for Adam's betas and the dropout rate of training.
+inline CLI::Validator unit_interval_open(const std::string& what) {
+  return number_where(what + " in [0, 1)", "in [0, 1)", [](double v) { return v >= 0.0 && v < 1.0; });
 }
 
 // A finite number > 0 (e.g. --softcap).
 inline CLI::Validator positive_number() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        errno = 0;
-        char* end = nullptr;
-        const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !(v > 0.0) ||
-            v > std::numeric_limits<double>::max())
-          return "expected a finite number > 0, got " + quote_input(text);
-        return "";
-      },
-      "number > 0");
+  return number_where("a finite number > 0", "number > 0", [](double v) { return v > 0.0; });
+}
+
+// A finite number >= 0 (weight decay, clip).
+inline CLI::Validator non_negative_number() {
+  return number_where("a finite number >= 0", "number >= 0", [](double v) { return v >= 0.0; });
 }
 
 // A file flag: an empty value is a mistake (an unset shell variable), not

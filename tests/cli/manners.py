@@ -14,7 +14,9 @@ Checks, each with its exit code and message text:
   - a MULTIHEAD_* tuning variable with an unknown value fails every command
     the same way (one line naming it), whatever path the command takes;
   - an input file truncated in place while multihead reads it (mapped) ends
-    the run with one line and status 2, never SIGBUS.
+    the run with one line and status 2, never SIGBUS;
+  - a real-valued flag reads as strtod does: an underflow to a subnormal
+    (1e-320) is a number, an overflow (1e999), nan or inf is refused.
 
 Usage: /usr/bin/python3 tests/cli/manners.py --multihead PATH --cmakelists PATH --workdir DIR
 """
@@ -177,6 +179,28 @@ def test_enum_case(cli, work):
     check("an unknown enum value lists the accepted ones", not problem, problem)
 
 
+def test_real_numbers(cli, work):
+    w = os.path.join(work, "tiny.safetensors")
+    code, _, err = run(cli, "init", "--embed-dim", "8", "--num-heads", "2", "--dropout", "1e-320", "--out", w)
+    check("init --dropout 1e-320 (a subnormal) is accepted", code == 0, err.strip())
+    code, out, err = run(cli, "inspect", w)
+    check("... and stored as the subnormal", code == 0 and "e-321" in out, f"{err.strip()!r} {out!r}")
+    code, _, err = run(cli, "train", "--steps", "1", "--dropout", "1e-320", "--weight-decay", "4e-324",
+                       "--checkpoint-out", os.path.join(work, "sub.safetensors"))
+    check("train --dropout 1e-320 --weight-decay 4e-324 are accepted", code == 0, err.strip())
+    for argv, words in (
+            (["init", "--embed-dim", "8", "--num-heads", "2", "--dropout", "1e999", "--out", w + ".x"],
+             "--dropout: expected a probability in [0, 1], got '1e999'"),
+            (["init", "--embed-dim", "8", "--num-heads", "2", "--dropout", "nan", "--out", w + ".x"],
+             "--dropout: expected a probability in [0, 1], got 'nan'"),
+            (["train", "--weight-decay", "inf", "--steps", "1"], "--weight-decay: expected a finite number >= 0, got 'inf'"),
+            (["train", "--beta1", "1", "--steps", "1"], "--beta1: expected beta1 in [0, 1), got '1'"),
+            (["forward", "--softcap", "1e-400"], "--softcap: expected a finite number > 0, got '1e-400'")):
+        code, _, err = run(cli, *argv)
+        problem = one_error_line(code, err, words)
+        check(f"{' '.join(argv[:1] + argv[-4:])}: refused", not problem, problem)
+
+
 def test_no_args(cli):
     code, out, err = run(cli)
     lines = out.splitlines()
@@ -273,6 +297,7 @@ def main():
     test_did_you_mean(cli)
     test_hints(cli)
     test_enum_case(cli, work)
+    test_real_numbers(cli, work)
     test_no_args(cli)
     test_verbose(cli, work)
     test_full_stdout(cli, work)
