@@ -537,6 +537,9 @@ TEST(ReadFile, EndlessPipeIsReadOnlyAsFarAsTheHeaderSays) {
       {"", 'y', [&] { (void)read_npy(fifo, "query"); }, "not a .npy file"},
       {"", '\0', [&] { (void)read_safetensors(fifo); }, "not valid JSON"},
       {"", 'y', [&] { (void)read_safetensors(fifo); }, "header length"},
+      // A header length of 2^40 is past the limit, whatever the pipe holds.
+      {std::string("\0\0\0\0\0\1\0\0", 8), '\0', [&] { (void)read_safetensors(fifo); },
+       "header length 1099511627776 exceeds the limit of 100000000 bytes"},
       {serialize_safetensors(sample_model()), '\0', [&] { (void)read_safetensors(fifo); }, "trailing data"},
   };
   for (const Case& c : cases) {
@@ -832,8 +835,11 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(
         BadCase{"shorter_than_length", "abc", Kind::Format, {"file has 3 bytes", "8-byte header length"}},
         BadCase{"header_len_2_pow_60", u64_le(uint64_t{1} << 60) + "{}", Kind::Format,
-                {"header length 1152921504606846976", "exceeds the 2 bytes after it"}},
-        BadCase{"header_len_max", u64_le(UINT64_MAX) + "{}", Kind::Format, {"18446744073709551615", "2 bytes"}},
+                {"header length 1152921504606846976", "exceeds the limit of 100000000 bytes"}},
+        BadCase{"header_len_max", u64_le(UINT64_MAX) + "{}", Kind::Format,
+                {"18446744073709551615", "limit of 100000000 bytes"}},
+        BadCase{"header_len_past_end", u64_le(500) + "{}", Kind::Format,
+                {"header length 500", "exceeds the 2 bytes after it"}},
         BadCase{"not_json", st_file("{\"w\":", 0), Kind::Format, {"not valid JSON"}},
         BadCase{"json_array", st_file("[1, 2]", 0), Kind::Format, {"header JSON is array", "expected an object"}},
         BadCase{"json_string", st_file("\"x\"", 0), Kind::Format, {"header JSON is string"}},

@@ -278,13 +278,15 @@ SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const s
   if (size < 8)
     fail(name, "file has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
   const uint64_t header_len = detail::load_le<uint64_t>(data);
-  if (header_len > size - 8) {
-    fail(name, "header length " + std::to_string(header_len) + " exceeds the " + std::to_string(size - 8) +
-                   " bytes after it");
-  }
+  // The limit first: past it the length is refused whatever follows (a pipe
+  // is read only as far as the limit, so its "bytes after" say nothing).
   if (header_len > kMaxHeaderBytes) {
     fail(name, "header length " + std::to_string(header_len) + " exceeds the limit of " +
                    std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  if (header_len > size - 8) {
+    fail(name, "header length " + std::to_string(header_len) + " exceeds the " + std::to_string(size - 8) +
+                   " bytes after it");
   }
   const char* header = reinterpret_cast<const char*>(data) + 8;
   const json root = parse_header_json(header, header + header_len, name);
