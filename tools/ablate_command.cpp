@@ -244,7 +244,7 @@ Runner add_ablate_command(CLI::App& app) {
   c->add_option("--heads", o.heads, "Head counts, comma-separated (--grid)")->delimiter(',');
   c->add_option("--layers", o.layers, "Layer counts, comma-separated (--grid)")->delimiter(',');
   c->add_option("--seeds", o.seeds, "Seeds per cell (--grid)")->check(integer_in(1, 1000, "1 to 1000 seeds"));
-  c->add_option("--first-seed", o.first_seed, "The first seed (--grid)");
+  c->add_option("--first-seed", o.first_seed, "The first seed (--grid)")->check(unsigned_integer());
   c->add_option("--d-model", o.d_model, "Model width (--grid)")->check(integer_in(1, 4096, "a width of 1 to 4096"));
   c->add_option("--ff", o.ff, "Feed-forward width per block; 0 = none (--grid)")
       ->check(integer_in(0, 65536, "0 to 65536"));

@@ -272,7 +272,7 @@ Runner add_decode_command(CLI::App& app) {
   c->add_option("--head-dim", a->head_dim, "Random weights: head width (default embed_dim / num_heads)")
       ->check(positive_integer());
   c->add_flag("--bias", a->bias, "Random weights: with projection biases (Llama has none)");
-  c->add_option("--seed", a->seed, "Seed of the random weights and the random prompt");
+  c->add_option("--seed", a->seed, "Seed of the random weights and the random prompt")->check(unsigned_integer());
   add_gqa_flags(*c, a->gqa, "K/V heads (divides the heads; 1 = multi-query; default: from the weights' metadata or k_proj.weight; random weights: the heads)");
   c->add_option("--prompt", a->prompt, ".npy prompt embeddings (L, E) or (B, L, E)")->check(path());
   c->add_option("--prompt-len", a->prompt_len, "A seeded random prompt of this many tokens instead of --prompt")

@@ -307,7 +307,7 @@ Runner add_demo_command(CLI::App& app) {
                 "road because it was too wide\"");
   c->add_option("--embed-dim", args->embed_dim, "Embedding width (--random)")->check(integer_in(1, 4096, "an integer in [1, 4096]"));
   c->add_option("--num-heads", args->num_heads, "Heads (must divide the embedding width; --random)")->check(integer_in(1, 4096, "an integer in [1, 4096]"));
-  c->add_option("--seed", args->seed, "Seed of the random weights and embeddings (--random)");
+  c->add_option("--seed", args->seed, "Seed of the random weights and embeddings (--random)")->check(unsigned_integer());
   c->add_option("--focus", args->focus, "The word whose attention is shown");
   return [args, c] {
     // Flags that would change nothing in this combination (issue 22).

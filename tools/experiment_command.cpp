@@ -6,6 +6,7 @@
 // finished run, then the Markdown table. --json writes every number;
 // --markdown the table; tools/plot_experiment.py draws the plots from the
 // JSON (the command prints how).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -124,7 +125,18 @@ void run_experiment_command(ExperimentArgs& a) {
   for (const std::string& p : a.positions) a.options.positions.push_back(parse_positions(p, "--positions"));
   if (!a.save_model.empty()) return run_save_model(a);
   if (a.quick) apply_quick(a.options);
-  a.options.validate();
+  try {
+    a.options.validate();
+  } catch (const Error& e) {
+    // The library names the field ("experiment curve_points: ..."); say the
+    // flag that set it (--curve-points).
+    const std::string what = e.what(), lead = "experiment ";
+    const std::size_t colon = what.find(':');
+    if (!what.starts_with(lead) || colon == std::string::npos) throw;
+    std::string flag = "--" + what.substr(lead.size(), colon - lead.size());
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    throw Error(e.kind(), flag + what.substr(colon));
+  }
   check_files({}, {{"--json", a.json}, {"--markdown", a.markdown}});
   const std::string command = reproduce(a);
   std::printf("reproduce: %s\n", command.c_str());
@@ -173,7 +185,7 @@ Runner add_experiment_command(CLI::App& app) {
   c->add_option("--heads", o.heads, "Head counts, comma-separated (each divides --d-model)")->delimiter(',');
   c->add_option("--layers", o.layers, "Layer counts, comma-separated")->delimiter(',');
   c->add_option("--seeds", o.seeds, "Seeds per cell")->check(integer_in(2, 1000, "2 to 1000 seeds"));
-  c->add_option("--first-seed", o.first_seed, "The first seed (then +1, +2, ...)");
+  c->add_option("--first-seed", o.first_seed, "The first seed (then +1, +2, ...)")->check(unsigned_integer());
   c->add_option("--d-model", o.d_model, "Model width, the same for every head count")
       ->check(integer_in(1, 4096, "a width of 1 to 4096"));
   c->add_option("--ff", o.ff, "Feed-forward width per block; 0 = none")->check(integer_in(0, 65536, "0 to 65536"));

@@ -411,7 +411,7 @@ Runner add_forward_command(CLI::App& app) {
   c->add_option("--dropout", args->dropout, "Dropout on attention weights, used with --training")
       ->check(probability());
   c->add_flag("--training", args->training, "Training mode: apply dropout");
-  c->add_option("--dropout-seed", args->dropout_seed, "Seed of the dropout mask");
+  c->add_option("--dropout-seed", args->dropout_seed, "Seed of the dropout mask")->check(unsigned_integer());
   c->add_flag("--need-weights", args->need_weights, "Return attention weights (needs --attn-weights-out)");
   c->add_flag("--no-average-attn-weights", args->no_average, "Per-head weights (B, H, L, S) instead of the mean");
   c->add_option("--weights-heads", args->weights_heads,

@@ -78,7 +78,7 @@ Runner add_init_command(CLI::App& app) {
   c->add_flag("--add-bias-kv", a->config.add_bias_kv, "add_bias_kv=True");
   c->add_flag("--add-zero-attn", a->config.add_zero_attn, "add_zero_attn=True");
   c->add_flag("--batch-first", a->config.batch_first, "batch_first=True");
-  c->add_option("--seed", a->seed, "Seed of the initialisation");
+  c->add_option("--seed", a->seed, "Seed of the initialisation")->check(unsigned_integer());
   c->add_option("--out", a->out, "Output .safetensors ('-' = standard output; a symlink is written through)")
       ->required()
       ->check(path());

@@ -347,7 +347,8 @@ Runner add_train_command(CLI::App& app) {
   c->add_option("--adam-eps", a->train.eps, "AdamW's epsilon")->check(positive_number());
   c->add_option("--clip", a->train.clip, "Clip the global gradient norm to this; 0 = no clipping")
       ->check(non_negative_number());
-  c->add_option("--seed", a->train.seed, "Seed of initialisation, data and dropout (same seed, same losses)");
+  c->add_option("--seed", a->train.seed, "Seed of initialisation, data and dropout (same seed, same losses)")
+      ->check(unsigned_integer());
   c->add_option("--threads", a->train.threads, "Threads (0 = default); the losses do not depend on it")
       ->check(non_negative_integer());
   c->add_option("--checkpoint-out", a->checkpoint_out,

@@ -32,6 +32,22 @@ inline CLI::Validator integer_in(long long minimum, long long maximum, const std
 inline CLI::Validator integer_at_least(long long minimum, const std::string& description) {
   return integer_in(minimum, std::numeric_limits<long long>::max(), description);
 }
+// A seed or other unsigned 64-bit value: digits only, 0 to 2^64 - 1 (strtoull
+// alone would take "-1" as 2^64 - 1 and "" as 0).
+inline CLI::Validator unsigned_integer() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+        (void)std::strtoull(text.c_str(), &end, 10);
+        if (!digits || end != text.c_str() + text.size() || errno == ERANGE)
+          return "expected an integer 0 to 18446744073709551615, got " + quote_input(text);
+        return "";
+      },
+      "an integer 0 to 2^64-1");
+}
+
 inline CLI::Validator positive_integer() { return integer_at_least(1, "a positive integer"); }
 inline CLI::Validator non_negative_integer() { return integer_at_least(0, "an integer >= 0"); }
 

@@ -48,14 +48,27 @@ std::shared_ptr<const HeldOutTask> held_out_task(const std::string& name) {
   if (name == "reverse") return std::make_shared<HeldOutReverseTask>();
   std::shared_ptr<const Task> t = make_task(name, 2, 1);
   auto h = std::dynamic_pointer_cast<const HeldOutTask>(t);
-  if (!h) bad("task", "a task with a held-out test set (lesson, lookup2, reverse)", quote_input(name));
+  if (!h) bad("tasks", "a task with a held-out test set (lesson, lookup2, reverse)", quote_input(name));
   return h;
 }
 
 }  // namespace
 
+// A list flag names each value once: a repeated one would train its runs
+// twice and count each seed twice in the paired tests.
+template <class V, class Text>
+void each_once(const char* field, const std::vector<V>& values, Text text) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (values[i] == values[j]) bad(field, "each at most once", text(values[i]) + " twice");
+}
+
 void ExperimentOptions::validate() const {
+  auto number = [](int64_t v) { return std::to_string(v); };
   if (tasks.empty()) bad("tasks", "at least one", "none");
+  each_once("tasks", tasks, [](const std::string& t) { return quote_input(t); });
+  each_once("heads", heads, number);
+  each_once("layers", layers, number);
   for (const auto& t : tasks) held_out_task(t);
   if (heads.empty()) bad("heads", "at least one", "none");
   for (int64_t h : heads)
@@ -63,9 +76,7 @@ void ExperimentOptions::validate() const {
       bad("heads", "divisors of d_model " + std::to_string(d_model), std::to_string(h));
   if (layers.empty()) bad("layers", "at least one", "none");
   if (positions.empty()) bad("positions", "at least one", "none");
-  for (std::size_t i = 0; i < positions.size(); ++i)
-    for (std::size_t j = 0; j < i; ++j)
-      if (positions[i] == positions[j]) bad("positions", "each at most once", to_string(positions[i]) + " twice");
+  each_once("positions", positions, [](Positions p) { return to_string(p); });
   for (int64_t l : layers)
     if (l < 1 || l > 16) bad("layers", "1 to 16", std::to_string(l));
   if (seeds < 2) bad("seeds", "at least 2 (a standard deviation needs two)", std::to_string(seeds));

@@ -937,6 +937,25 @@ for name, build, words in (
     case(name, *words)(build)
 
 
+# -- list flags of experiment name each value once (a repeated value trained
+# its runs twice and counted each seed twice in the paired tests), and the
+# library's field is said as the flag.
+for flag, value, said in (("--tasks", "reverse,reverse", "'reverse' twice"), ("--heads", "1,2,2", "2 twice"),
+                          ("--layers", "1,1", "1 twice"), ("--positions", "none,none", "none twice")):
+    case(f"experiment {flag} {value}", f"{flag}: expected each at most once", said)(
+        lambda ctx, flag=flag, value=value: [ctx.cli, "experiment", flag, value, "--seeds", "2", "--steps", "1"])
+case("experiment --layers 17 (the library's rule, said as the flag)", "--layers: expected 1 to 16, got 17")(
+    lambda ctx: [ctx.cli, "experiment", "--layers", "17"])
+
+
+# -- seeds are unsigned 64-bit integers: "-1" is not 2^64 - 1, "" is not 0.
+for command, flag in (("init", "--seed"), ("train", "--seed"), ("decode", "--seed"), ("demo", "--seed"),
+                      ("forward", "--dropout-seed"), ("experiment", "--first-seed"), ("ablate", "--first-seed")):
+    for value in ("-1", "", "18446744073709551616"):
+        case(f"{command} {flag} {value!r}", flag, "expected an integer 0 to 18446744073709551615",
+             f"got '{value}'")(lambda ctx, command=command, flag=flag, value=value: [ctx.cli, command, flag, value])
+
+
 # -- quoted input is cut (issue 22: a 100,000-character word made a
 # 100,178-byte "one-line" error): each message shows the start and the length,
 # and stays under 600 bytes (run_case checks the length of every message).
