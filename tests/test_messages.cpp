@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "io/message.hpp"
 #include "multihead/error.hpp"
@@ -41,6 +43,30 @@ TEST(QuotedInput, PrintableAndErrorAgree) {
   const Error e(Error::Kind::Value, "task: got " + quote_input(std::string(100000, 'z') + "\n"));
   EXPECT_LT(std::string(e.what()).size(), 400u) << e.what();
   EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+}
+
+// A message is valid UTF-8 whatever it quotes (Python turns an invalid one
+// into an empty ValueError): well-formed characters of every length are
+// kept, every other byte is written as \xNN.
+TEST(QuotedInput, BytesOutsideUtf8AreEscaped) {
+  // Kept: ASCII, é (2 bytes), 日 (3), U+10FFFF and 😀 (4).
+  const std::string good = "a\xc3\xa9\xe6\x97\xa5\xf4\x8f\xbf\xbf\xf0\x9f\x98\x80";
+  EXPECT_EQ(escape_control_bytes(good), good);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"out_proj.\xff\xfe", "out_proj.\\xff\\xfe"},  // never in UTF-8
+      {"\x80x", "\\x80x"},                             // a stray continuation byte
+      {"\xc3", "\\xc3"},                               // cut before its continuation
+      {"\xc3(", "\\xc3("},                             // a lead byte without one
+      {"\xc0\xaf", "\\xc0\\xaf"},                     // overlong '/'
+      {"\xe0\x80\xaf", "\\xe0\\x80\\xaf"},            // overlong, 3 bytes
+      {"\xed\xa0\x80", "\\xed\\xa0\\x80"},            // a surrogate (U+D800)
+      {"\xf4\x90\x80\x80", "\\xf4\\x90\\x80\\x80"},  // past U+10FFFF
+      {"\xe6\x97", "\\xe6\\x97"},                     // 日 cut short
+  };
+  for (const auto& [in, want] : bad) EXPECT_EQ(escape_control_bytes(in), want);
+  const Error e(Error::Kind::Format, "w.safetensors: tensor 'out_proj.\xff\xfe' is bad");
+  EXPECT_STREQ(e.what(), "w.safetensors: tensor 'out_proj.\\xff\\xfe' is bad");
+  EXPECT_EQ(detail::printable("\xc3\xa9\xff"), "\xc3\xa9\\xff");
 }
 
 }  // namespace

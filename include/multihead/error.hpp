@@ -14,21 +14,49 @@
 
 namespace multihead {
 
-// `text` with every control byte (and DEL) written as \xNN, so a path or a
-// name quoted from a file or the command line can neither add a line nor
-// send a terminal escape. Error messages use it; so does `multihead inspect`.
+// The length of the well-formed UTF-8 character at text[i] (1 to 4), or 0
+// when the bytes there are not one (a stray continuation byte, a truncated
+// or overlong sequence, a surrogate, past U+10FFFF).
+inline std::size_t utf8_char_length(const std::string& text, std::size_t i) {
+  const auto at = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = at(i);
+  if (c < 0x80) return 1;
+  std::size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xbf;  // the allowed range of the second byte
+  if (c >= 0xc2 && c <= 0xdf) n = 2;
+  else if (c == 0xe0) n = 3, lo = 0xa0;
+  else if (c == 0xed) n = 3, hi = 0x9f;
+  else if (c >= 0xe1 && c <= 0xef) n = 3;
+  else if (c == 0xf0) n = 4, lo = 0x90;
+  else if (c == 0xf4) n = 4, hi = 0x8f;
+  else if (c >= 0xf1 && c <= 0xf3) n = 4;
+  else return 0;
+  if (i + n > text.size() || at(i + 1) < lo || at(i + 1) > hi) return 0;
+  for (std::size_t k = 2; k < n; ++k)
+    if ((at(i + k) & 0xc0) != 0x80) return 0;
+  return n;
+}
+
+// `text` with every control byte (and DEL), and every byte that is not part
+// of well-formed UTF-8, written as \xNN, so a path or a name quoted from a
+// file or the command line can neither add a line nor send a terminal
+// escape, and the message is valid text (Python's str, a terminal). Error
+// messages use it; so does `multihead inspect`.
 inline std::string escape_control_bytes(const std::string& text) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  for (const char ch : text) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c >= 0x20 && c != 0x7f) {
-      out += ch;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const std::size_t n = utf8_char_length(text, i);
+    if (n > 0 && c >= 0x20 && c != 0x7f) {
+      out.append(text, i, n);
+      i += n;
       continue;
     }
     out += "\\x";
     out += kHex[c >> 4];
     out += kHex[c & 15];
+    ++i;
   }
   return out;
 }

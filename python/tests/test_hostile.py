@@ -182,3 +182,18 @@ def test_lists_and_buffer_protocol_objects():
 def test_huge_embed_dim_fails_cleanly():
     with pytest.raises((ValueError, MemoryError)):
         multihead.MultiheadAttention(2**20, 1)  # 24 TiB of parameters
+
+
+def test_a_file_with_bytes_outside_utf8_gives_a_readable_message(tmp_path):
+    """A tensor name with \\xff\\xfe: the message escapes them (it was an empty ValueError)."""
+    import json
+    import struct
+    header = {"__metadata__": {"num_heads": "2"},
+              "in_proj_weight": {"dtype": "F32", "shape": [24, 8], "data_offsets": [0, 768]}}
+    text = json.dumps(header).encode().replace(b"in_proj_weight", b"in_proj_\xff\xfeeight")
+    path = tmp_path / "w.safetensors"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + bytes(768))
+    for call in (multihead.load_weights, multihead.inspect):
+        with pytest.raises(ValueError) as e:
+            call(str(path))
+        assert "w.safetensors" in str(e.value) and "\\xff" in str(e.value), str(e.value)
