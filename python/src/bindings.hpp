@@ -16,6 +16,46 @@ namespace multihead::python {
 
 namespace py = pybind11;
 
+// A file argument: a str, bytes or os.PathLike (pathlib.Path), as open()
+// takes one, in the file system's encoding (os.fsencode). Converts to the
+// std::string the library's readers and writers take.
+struct PathArg {
+  std::string value;
+  operator const std::string&() const { return value; }
+};
+
+}  // namespace multihead::python
+
+namespace pybind11::detail {
+
+template <>
+struct type_caster<multihead::python::PathArg> {
+  PYBIND11_TYPE_CASTER(multihead::python::PathArg, const_name("Union[str, os.PathLike[str]]"));
+
+  bool load(handle src, bool) {
+    object path = reinterpret_steal<object>(PyOS_FSPath(src.ptr()));  // str or bytes, else TypeError
+    if (!path) {
+      PyErr_Clear();
+      return false;
+    }
+    object bytes = PyBytes_Check(path.ptr()) ? path : reinterpret_steal<object>(PyUnicode_EncodeFSDefault(path.ptr()));
+    if (!bytes) {
+      PyErr_Clear();
+      return false;
+    }
+    value.value.assign(PyBytes_AS_STRING(bytes.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(bytes.ptr())));
+    return true;
+  }
+
+  static handle cast(const multihead::python::PathArg& p, return_value_policy, handle) {
+    return PyUnicode_DecodeFSDefaultAndSize(p.value.data(), static_cast<Py_ssize_t>(p.value.size()));
+  }
+};
+
+}  // namespace pybind11::detail
+
+namespace multihead::python {
+
 // dtype=None | "float32" | "float64" | numpy.float32 | numpy.dtype(...), and
 // where `narrow` names the call (MultiheadAttention, load_weights,
 // scaled_dot_product_attention) also "bfloat16" / "bf16" and "float16" /

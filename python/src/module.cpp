@@ -507,7 +507,7 @@ py::tuple sdpa_backward(PySdpaContext& c, const py::object& d_output) {
   return py::make_tuple(to_numpy(std::move(g.query)), to_numpy(std::move(g.key)), to_numpy(std::move(g.value)));
 }
 
-PyMultiheadAttention load(const std::string& path, const std::optional<std::string>& prefix,
+PyMultiheadAttention load(const PathArg& path, const std::optional<std::string>& prefix,
                           std::optional<int64_t> num_heads, std::optional<bool> batch_first,
                           std::optional<bool> add_zero_attn, std::optional<double> dropout,
                           const py::object& dtype) {
@@ -565,7 +565,7 @@ explain::Report module_report_of(PyMultiheadAttention& mha, const py::array& inp
 std::string explain_report(const py::object& module, const py::object& input, const std::optional<std::string>& text,
                            const py::object& tokens, int64_t batch, const py::object& token, const std::string& format,
                            bool unicode, bool colour, const std::optional<std::string>& source,
-                           const std::optional<std::string>& out) {
+                           const std::optional<PathArg>& out) {
   if (format != "html" && format != "text" && format != "bertviz")
     throw Error(Error::Kind::Value, "format: expected 'html', 'text' or 'bertviz', got " + quote_input(format));
   if (batch < 0) throw Error(Error::Kind::Value, "batch: expected >= 0, got " + std::to_string(batch));
@@ -617,9 +617,10 @@ std::string explain_report(const py::object& module, const py::object& input, co
   return bytes;
 }
 
-py::dict inspect_file(const std::string& path) {
+py::dict inspect_file(const PathArg& path_arg) {
+  const std::string& path = path_arg;
   py::dict d;
-  d["path"] = path;
+  d["path"] = path_arg;
   FileFormat format;
   {
     py::gil_scoped_release nogil;
@@ -1097,7 +1098,7 @@ PYBIND11_MODULE(_multihead, m) {
 
   m.def(
       "save_weights",
-      [](const std::string& path, PyMultiheadAttention& module) {
+      [](const PathArg& path, PyMultiheadAttention& module) {
         if (is_narrow(module.dtype())) {
           const auto bf16 = module.dtype() == Precision::BF16 ? module.narrow_module<bfloat16>() : nullptr;
           const auto f16 = module.dtype() == Precision::F16 ? module.narrow_module<float16>() : nullptr;

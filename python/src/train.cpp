@@ -170,7 +170,7 @@ class PyTrainer {
 
   // `multihead train --resume PATH [--steps N] [--threads T]`: the
   // checkpoint's settings, its task rebuilt.
-  static PyTrainer resume(const std::string& path, std::optional<int64_t> steps, int threads) {
+  static PyTrainer resume(const PathArg& path, std::optional<int64_t> steps, int threads) {
     py::gil_scoped_release nogil;
     const CheckpointInfo ck = read_checkpoint_info(path);
     ModelConfig m = ck.model;
@@ -331,7 +331,7 @@ void bind_trainer(py::module_& m) {
                            "evaluate() on token ids with every layer's per-head weights; save().")
       .def_static(
           "load",
-          [](const std::string& path) {
+          [](const PathArg& path) {
             py::gil_scoped_release nogil;
             return TrainedModel::load(path);
           },
@@ -368,7 +368,7 @@ void bind_trainer(py::module_& m) {
           "serialize(self, metadata={}) -> bytes\n\nThe model file's bytes, `metadata` added to its __metadata__.")
       .def(
           "save",
-          [](const TrainedModel& self, const std::string& path, const std::map<std::string, std::string>& metadata) {
+          [](const TrainedModel& self, const PathArg& path, const std::map<std::string, std::string>& metadata) {
             const std::string bytes = self.serialize(metadata);
             py::gil_scoped_release nogil;
             write_file_atomic(path, bytes);
@@ -412,7 +412,7 @@ void bind_trainer(py::module_& m) {
            "stay done. Returns every step's stats.")
       .def("train_step", &PyTrainer::train_step, "train_step(self) -> dict\n\nOne step; its stats (see train()).")
       .def("save_checkpoint",
-           [](PyTrainer& self, const std::string& path) {
+           [](PyTrainer& self, const PathArg& path) {
              Busy busy(self.busy_, "trainer");
              py::gil_scoped_release nogil;
              self.trainer_unchecked().save_checkpoint(path);

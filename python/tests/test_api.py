@@ -415,3 +415,24 @@ def test_kept_storage_limit_from_the_environment(value, limit, said):
     line = ("multihead: MULTIHEAD_KEPT_STORAGE_MIB: expected a whole number of MiB (0 keeps nothing), "
             f"got '{value}'; using 256")
     assert (line in r.stderr) == said, r.stderr
+
+
+def test_paths_may_be_pathlike_or_bytes(tmp_path):
+    """Every file argument takes str, bytes or os.PathLike, as the stubs say (a pathlib.Path was a TypeError)."""
+    import os
+    a = multihead.MultiheadAttention(8, 2, seed=1)
+    multihead.save_weights(tmp_path / "w.safetensors", a)
+    assert multihead.inspect(tmp_path / "w.safetensors")["path"] == str(tmp_path / "w.safetensors")
+    for path in (tmp_path / "w.safetensors", os.fsencode(str(tmp_path / "w.safetensors"))):
+        b = multihead.load_weights(path)
+        assert all(np.array_equal(x, b.state_dict()[k]) for k, x in a.state_dict().items())
+    multihead.explain(a, np.ones((3, 8), np.float32), out=tmp_path / "r.html")
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    t = multihead.Trainer(steps=1, d_model=8, heads=2)
+    t.train()
+    t.save_checkpoint(tmp_path / "c.safetensors")
+    assert multihead.Trainer.resume(tmp_path / "c.safetensors").step == 1
+    t.model().save(tmp_path / "m.safetensors")
+    assert multihead.TrainedModel.load(tmp_path / "m.safetensors").config == t.model().config
+    with pytest.raises(TypeError):
+        multihead.load_weights(3)
