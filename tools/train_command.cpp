@@ -256,8 +256,11 @@ void run_train(TrainArgs& a, const CLI::App& c) {
     ranks.common_error = [](Error::Kind k, const std::string& m) { return AgreedError(k, m, 0); };
 #endif
   }
-  if (!a.dump_gradients.empty())
-    ranks.on_rank0([&] { write_outputs({{{"--dump-gradients", a.dump_gradients}, gradient_file(*trainer)}}); });
+  // The gradients are of the first batch, before any step; the file is
+  // written with the final checkpoint, so that a run that fails (diverges,
+  // is interrupted) leaves the old one as it was.
+  std::string gradients;
+  if (!a.dump_gradients.empty()) ranks.on_rank0([&] { gradients = gradient_file(*trainer); });
 
   const TrainOptions& o = trainer->options();
   const ModelConfig& m = trainer->model_config();
@@ -284,7 +287,13 @@ void run_train(TrainArgs& a, const CLI::App& c) {
         trainer->step() < o.steps)
       checkpoint();
   }
-  if (!a.checkpoint_out.empty()) checkpoint();
+  ranks.on_rank0([&] {
+    std::vector<Output> outputs;
+    if (!a.dump_gradients.empty()) outputs.push_back({{"--dump-gradients", a.dump_gradients}, std::move(gradients)});
+    if (!a.checkpoint_out.empty())
+      outputs.push_back({{"--checkpoint-out", a.checkpoint_out}, trainer->serialize_checkpoint()});
+    if (!outputs.empty()) write_outputs(std::move(outputs));
+  });
   if (ranks.rank != 0) return;
 
   int64_t parameters = 0;
@@ -362,8 +371,8 @@ Runner add_train_command(CLI::App& app) {
                 "--steps, which may be larger (with --schedule cosine that reshapes the remaining schedule)")
       ->check(path());
   c->add_option("--dump-gradients", a->dump_gradients,
-                "Before training, write the first batch (tokens, targets, mask), its loss and every parameter's "
-                "gradient (grad.NAME) as safetensors; with --steps 0 nothing is trained (dropout applies as in "
+                "The first batch (tokens, targets, mask), its loss and every parameter's gradient (grad.NAME) before "
+                "any step, as safetensors, written when the run ends well; with --steps 0 nothing is trained (dropout applies as in "
                 "training: compare with PyTorch at --dropout 0)")
       ->check(path());
   c->add_option("--log-interval", a->log_interval, "Without a terminal: one log line every K steps (and the last)")

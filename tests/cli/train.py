@@ -255,6 +255,24 @@ def test_interrupts(cli, work):
               not problems, "; ".join(problems[:3]) + f" ({len(problems)} of {runs} runs)")
 
 
+def test_failed_run_keeps_old_outputs(cli, work):
+    """A run that diverges leaves --checkpoint-out and --dump-gradients as they were (the gradients file was
+    written before training, so a failed run replaced it); a run that ends well writes both."""
+    ck, grads = os.path.join(work, "old_ck.safetensors"), os.path.join(work, "old_grads.safetensors")
+    for path in (ck, grads):
+        with open(path, "w") as f:
+            f.write("OLD")
+    code, _, err = run(cli, *SMALL, "--steps", "3", "--lr", "1e308", "--checkpoint-out", ck, "--dump-gradients",
+                       grads, "--progress", "none")
+    kept = [open(p).read() == "OLD" for p in (ck, grads)]
+    check("a diverged run: exit 2, 'training diverged', both old files kept",
+          code == 2 and "training diverged" in err and all(kept), f"exit {code} {err.strip()!r}, kept {kept}")
+    code, _, err = run(cli, *SMALL, "--steps", "2", "--checkpoint-out", ck, "--dump-gradients", grads,
+                       "--progress", "none")
+    written = [subprocess.run([cli, "inspect", p], capture_output=True).returncode == 0 for p in (ck, grads)]
+    check("a run that ends well writes both", code == 0 and all(written), f"exit {code} {err.strip()!r} {written}")
+
+
 def forget_openmp_registration(pid):
     """Removes what LLVM's OpenMP runtime (the clang builds: ASan, TSan) left of a process this test killed.
 
@@ -270,4 +288,5 @@ def forget_openmp_registration(pid):
 
 
 if __name__ == "__main__":
-    sys.exit(main(test_bad_input, test_plain_lines, test_threads_and_resume, test_learns_and_bar, test_interrupts))
+    sys.exit(main(test_bad_input, test_plain_lines, test_threads_and_resume, test_learns_and_bar,
+                  test_failed_run_keeps_old_outputs, test_interrupts))
