@@ -95,8 +95,8 @@ _GQA_OPTIONS = _keyword_only(_multihead.GroupedQueryAttention.forward_with_conte
 _SDPA_OPTIONS = _keyword_only(_multihead.scaled_dot_product_attention, drop=("context", "dtype"))
 
 
-def _check_tensor(t, name, dtype=None):
-    """A CPU float32/float64/bfloat16/float16 strided tensor (of `dtype` when given)."""
+def _check_tensor(t, name, dtype=None, whose="the module's parameters' dtype"):
+    """A CPU float32/float64/bfloat16/float16 strided tensor (of `dtype` when given, `whose` saying why)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -108,7 +108,7 @@ def _check_tensor(t, name, dtype=None):
         raise TypeError(f"{name}: expected torch.float32, torch.float64, torch.bfloat16 or torch.float16, "
                         f"got {t.dtype}")
     if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{name}: expected {dtype} (the module's parameters' dtype), got {t.dtype}")
+        raise TypeError(f"{name}: expected {dtype} ({whose}), got {t.dtype}")
 
 
 def _mask_array(mask, name, dtype):
@@ -330,9 +330,19 @@ class _LibraryModule(nn.Module):
         sd = dict(self.named_parameters())
         params = []
         for n in pool.names:
-            p = sd[n]
+            p = sd.get(n)
+            if p is None:
+                raise ValueError(f"{n}: expected a Parameter (the module was built with it), got None; "
+                                 f"build the module without it instead")
             _check_tensor(p, n, dtype)
             params.append(p)
+        extra = sorted(set(sd) - set(pool.names))
+        if extra:
+            # A parameter the library module has no place for would be
+            # silently left out of the computation (a bias added to a
+            # projection of a bias=False module, say).
+            raise ValueError(f"{extra[0]}: not a parameter of this module as it was built "
+                             f"(expected {', '.join(pool.names)}); build it with that parameter instead")
         return pool, params
 
     # The library modules (_pools) are caches of the parameters: a copy or a
@@ -591,8 +601,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     _check_options(options, _SDPA_OPTIONS)
     _check_tensor(query, "query")
     dtype = query.dtype
-    _check_tensor(key, "key", dtype)
-    _check_tensor(value, "value", dtype)
+    _check_tensor(key, "key", dtype, "query's dtype")
+    _check_tensor(value, "value", dtype, "query's dtype")
     mask = _mask_array(attn_mask, "attn_mask", dtype)
     options = _dropout_options(options, dropout_p > 0.0)
     args = (mask, float(dropout_p), bool(is_causal), scale)

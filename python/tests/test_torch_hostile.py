@@ -158,3 +158,23 @@ def test_backward_after_a_parameter_update_is_refused_naming_it(mha):
         torch.autograd.grad(out_ref.sum(), [q])
     out, _ = mha(q, k, v)  # a new forward reads the new values
     assert torch.autograd.grad(out.sum(), [q])[0] is not None
+
+
+def test_a_parameter_the_module_was_not_built_with_is_refused_not_ignored():
+    """A bias put on a projection of a bias=False module was silently left out of the output; a removed one was a
+    bare KeyError. Both now name the parameter."""
+    x = torch.randn(2, 5, 16)
+    g = mt.GroupedQueryAttention(16, 4, num_kv_heads=2, bias=False, causal=False)
+    g.o_proj = nn.Linear(16, 16, bias=True)
+    with pytest.raises(ValueError, match=r"o_proj\.bias: not a parameter of this module as it was built"):
+        g(x)
+    m = mt.MultiheadAttention(16, 4)
+    m.out_proj.bias = None
+    with pytest.raises(ValueError, match=r"out_proj\.bias: expected a Parameter .* got None"):
+        m(x, x, x)
+
+
+def test_sdpa_names_the_querys_dtype():
+    q = torch.randn(2, 3, 4)
+    with pytest.raises(TypeError, match=r"key: expected torch\.float64 \(query's dtype\), got torch\.float32"):
+        mt.scaled_dot_product_attention(q.double(), q, q)
