@@ -3,12 +3,17 @@
 // 100,000-character word made a 100,178-byte "one-line" error).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "io/message.hpp"
 #include "multihead/error.hpp"
+#include "multihead/grouped_query_attention.hpp"
+#include "multihead/multihead_attention.hpp"
+#include "multihead/runtime.hpp"
+#include "multihead/train.hpp"
 
 namespace multihead {
 namespace {
@@ -67,6 +72,52 @@ TEST(QuotedInput, BytesOutsideUtf8AreEscaped) {
   const Error e(Error::Kind::Format, "w.safetensors: tensor 'out_proj.\xff\xfe' is bad");
   EXPECT_STREQ(e.what(), "w.safetensors: tensor 'out_proj.\\xff\\xfe' is bad");
   EXPECT_EQ(detail::printable("\xc3\xa9\xff"), "\xc3\xa9\\xff");
+}
+
+// Sizes the options allow but no machine holds (each past a PiB, so the
+// test means the same on any host) fail in one line naming the field,
+// before any allocation: not std::length_error, std::bad_alloc or the
+// kernel's OOM killer.
+std::string refusal(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(MemoryRefusals, ModulesTrainingAndProgramsNameTheirSizes) {
+  MultiheadAttentionConfig mha;
+  mha.embed_dim = int64_t{1} << 31;
+  mha.num_heads = 1;
+  EXPECT_EQ(refusal([&] { BasicMultiheadAttention<float> m(mha); }).rfind("embed_dim: the module's parameters (embed_dim 2147483648", 0), 0u)
+      << refusal([&] { BasicMultiheadAttention<float> m(mha); });
+  mha.embed_dim = 8;
+  mha.num_heads = 2;
+  mha.kdim = int64_t{1} << 50;
+  const std::string kdim = refusal([&] { BasicMultiheadAttention<double> m(mha); });
+  EXPECT_EQ(kdim.rfind("kdim: the module's parameters (embed_dim 8, kdim 1125899906842624", 0), 0u) << kdim;
+  EXPECT_NE(kdim.find("more than this machine's"), std::string::npos) << kdim;
+
+  GroupedQueryAttentionConfig gqa;
+  gqa.embed_dim = 16;
+  gqa.num_heads = 4;
+  gqa.head_dim = int64_t{1} << 40;
+  const std::string head = refusal([&] { GroupedQueryAttention<float> m(gqa); });
+  EXPECT_EQ(head.rfind("head_dim: the module's parameters (embed_dim 16, 4 heads of head_dim 1099511627776", 0), 0u)
+      << head;
+
+  ModelConfig model;
+  TrainOptions options;
+  options.batch = int64_t{1} << 40;
+  const std::string step = refusal([&] { Trainer t(make_task("reverse", 10, 8), model, options); });
+  EXPECT_EQ(step.rfind("training: one training step (batch 1099511627776 x sequence_length 8", 0), 0u) << step;
+
+  EXPECT_EQ(refusal([] { check_fits_in_memory("--prompt-len", "a prompt", 1e18, "shorter"); }).rfind(
+                "--prompt-len: a prompt would need ", 0),
+            0u);
+  EXPECT_EQ(refusal([] { check_fits_in_memory("--prompt-len", "a prompt", 1e3); }), "no error");
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include "multihead/io.hpp"
 #include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 
 namespace multihead::cli {
 namespace {
@@ -92,6 +93,9 @@ Tensor<float> make_prompt(const DecodeArgs& a, int64_t E) {
     return x;
   }
   if (!a.prompt_len) fail("--prompt: expected a prompt file, or --prompt-len for a seeded random prompt");
+  check_fits_in_memory("--prompt-len", "a random prompt of batch " + std::to_string(a.batch) + " x " +
+                                           std::to_string(*a.prompt_len) + " tokens x embed_dim " + std::to_string(E),
+                       4.0 * static_cast<double>(a.batch) * static_cast<double>(*a.prompt_len) * static_cast<double>(E));
   Tensor<float> x(Shape{a.batch, *a.prompt_len, E});
   std::mt19937_64 rng(a.seed + 1);
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -28,6 +28,14 @@ void set_threads(int threads);
 // them all before any work. (MULTIHEAD_KEPT_STORAGE_MIB, a memory knob,
 // falls back to its default with a note instead.)
 void check_environment();
+// The library's memory rule, for a program's own buffers: throws
+// multihead::Error "NAME: WHAT would need X GiB (N bytes), more than this
+// machine's Y GiB of memory (HINT)" when `bytes` exceed the physical memory,
+// so a size the flags allow fails in one line before the allocation, not in
+// the kernel's OOM killer or a bare std::bad_alloc.
+void check_fits_in_memory(const std::string& name, const std::string& what, double bytes,
+                          const std::string& hint = "");
+
 // The most threads set_threads and AttentionOptions::num_threads accept:
 // 8 per processor this process may run on. Far more threads than cores only
 // slows the kernels down, and a thread count the system cannot start makes

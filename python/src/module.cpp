@@ -906,6 +906,9 @@ PYBIND11_MODULE(_multihead, m) {
       if (p) std::rethrow_exception(p);
     } catch (const multihead::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const std::length_error& e) {
+      // A size past what a container can hold (pybind11 would say ValueError).
+      PyErr_SetString(PyExc_MemoryError, (std::string("out of memory: ") + e.what()).c_str());
     }
   });
 

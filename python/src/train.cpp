@@ -23,6 +23,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "multihead/runtime.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/train.hpp"
@@ -456,7 +457,12 @@ void bind_trainer(py::module_& m) {
       [](const std::string& task, uint64_t seed, int64_t step, int64_t batch, std::optional<int64_t> symbols,
          std::optional<int64_t> length) {
         if (batch < 1) throw Error(Error::Kind::Value, "batch: expected >= 1, got " + std::to_string(batch));
-        return batch_dict(task_of(task, symbols, length)->batch(seed, step, batch));
+        const std::shared_ptr<const Task> t = task_of(task, symbols, length);
+        const double tokens = static_cast<double>(batch) * static_cast<double>(t->sequence_length());
+        check_fits_in_memory("batch", "a batch of " + std::to_string(batch) + " x " +
+                                          std::to_string(t->sequence_length()) + " tokens, targets and mask values",
+                             9.0 * tokens);
+        return batch_dict(t->batch(seed, step, batch));
       },
       "task"_a, "seed"_a, "step"_a, "batch"_a, "symbols"_a = py::none(), "length"_a = py::none(),
       "task_batch(task, seed, step, batch, symbols=None, length=None) -> dict\n\n"

@@ -223,6 +223,13 @@ template <class T>
 GroupedQueryAttention<T>::GroupedQueryAttention(const GroupedQueryAttentionConfig& config, uint64_t seed)
     : config_(config) {
   config_.validate();
+  {
+    const int64_t E = config_.embed_dim, width = config_.num_heads * config_.resolved_head_dim();
+    detail::check_parameters_fit(config_, sizeof(T), config_.head_dim > 0 && width > E ? "head_dim" : "embed_dim",
+                                 "embed_dim " + std::to_string(E) + ", " + std::to_string(config_.num_heads) +
+                                     " heads of head_dim " + std::to_string(config_.resolved_head_dim()) + ", " +
+                                     (sizeof(T) == 8 ? "float64" : "float32"));
+  }
   std::mt19937_64 rng(seed);
   // nn.Linear(in, out): weight and bias U(−1/√in, 1/√in), in = the weight's
   // second extent; drawn in the table's order (q, k, v, o, each weight then

@@ -75,6 +75,13 @@ template <class T>
 BasicMultiheadAttention<T>::BasicMultiheadAttention(const MultiheadAttentionConfig& config, uint64_t seed)
     : config_(config), workspaces_(std::make_shared<detail::WorkspacePool<T>>()) {
   config_.validate();
+  {
+    const int64_t E = config_.embed_dim, K = config_.key_dim(), V = config_.value_dim();
+    const char* widest = K > E && K >= V ? "kdim" : V > E && V > K ? "vdim" : "embed_dim";
+    detail::check_parameters_fit(config_, sizeof(T), widest,
+                                 "embed_dim " + std::to_string(E) + ", kdim " + std::to_string(K) + ", vdim " +
+                                     std::to_string(V) + ", " + (sizeof(T) == 8 ? "float64" : "float32"));
+  }
   std::mt19937_64 rng(seed);
   const int64_t E = config_.embed_dim;
   // Same order as _reset_parameters: in-projection, biases, bias_k, bias_v;

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include "attention/mha_plan.hpp"
+#include "core/check.hpp"
 #include "core/gemm.hpp"
 #include "core/linear.hpp"
 #include "kernels/kernel_force.hpp"
@@ -16,6 +17,10 @@
 #include "simd/targets.hpp"
 
 namespace multihead {
+
+void check_fits_in_memory(const std::string& name, const std::string& what, double bytes, const std::string& hint) {
+  detail::check_fits_in_memory(name, what, bytes, hint);
+}
 
 void check_environment() {
   detail::check_simd_environment();

@@ -49,6 +49,25 @@ inline void check_fits_in_memory(const std::string& name, const std::string& wha
   throw Error(Error::Kind::Value, name + ": " + what + msg + (hint.empty() ? "" : " (" + hint + ")"));
 }
 
+// The parameters a module's configuration asks for must fit in memory
+// before any is allocated (MultiheadAttention(2**31, 1) asked for 192 EiB
+// and failed with std::length_error naming nothing). for_each_parameter is
+// the module's table (found by argument-dependent lookup); `name` is the
+// configuration field to name, `sizes` the configuration in words.
+template <class Config>
+void check_parameters_fit(const Config& config, std::size_t element_size, const std::string& name,
+                          const std::string& sizes) {
+  double elements = 0;
+  for_each_parameter(config, [&](const auto& info) {
+    if (!info.present) return;
+    double n = 1;
+    for (const int64_t d : info.shape) n *= static_cast<double>(d);
+    elements += n;
+  });
+  check_fits_in_memory(name, "the module's parameters (" + sizes + ")", elements * static_cast<double>(element_size),
+                       "");
+}
+
 [[noreturn]] inline void fail_shape(const std::string& name, const std::string& expected,
                                     const Shape& actual) {
   throw Error(Error::Kind::Shape,

@@ -19,9 +19,11 @@
 // of seed and step: src/train/seeds.hpp), so a run resumed from it computes
 // what the uninterrupted run computes, bit for bit.
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 
+#include "core/check.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/train.hpp"
@@ -181,7 +183,35 @@ class TrainerImpl {
     if (task->causal()) model_config.causal = true;
     model_config.validate();
     options.validate();
+    check_step_fits(model_config, options);
     scaler = train::LossScaler(options.dtype == ComputeDtype::F16);
+  }
+
+  // Sizes the options allow can ask for terabytes (batch 65536 x length
+  // 65536 was killed by the kernel's OOM killer at 24 GB). Before anything
+  // is allocated: a lower bound of one step's memory, the parameters with
+  // their gradients and AdamW's two moments, and for every token of the
+  // batch the residual stream and its normed copy in each layer and the
+  // logits (V floats).
+  static void check_step_fits(const ModelConfig& c, const TrainOptions& o) {
+    double parameters = 0;
+    for (const auto& [name, shape] : train::Model<float>::parameter_shapes(c)) {
+      double n = 1;
+      for (const int64_t d : shape) n *= static_cast<double>(d);
+      parameters += n;
+    }
+    const double tokens = static_cast<double>(o.batch) * static_cast<double>(c.sequence_length);
+    const double per_token = 2.0 * static_cast<double>(c.layers) * static_cast<double>(c.d_model) +
+                             static_cast<double>(c.vocabulary);
+    const double bytes = 4.0 * (4.0 * parameters + tokens * per_token);
+    char sizes[320];
+    std::snprintf(sizes, sizeof sizes,
+                  "one training step (batch %lld x sequence_length %lld tokens through %lld layers of d_model %lld, "
+                  "vocabulary %lld; %.4g parameters with gradients and AdamW's moments)",
+                  static_cast<long long>(o.batch), static_cast<long long>(c.sequence_length),
+                  static_cast<long long>(c.layers), static_cast<long long>(c.d_model),
+                  static_cast<long long>(c.vocabulary), parameters);
+    detail::check_fits_in_memory("training", sizes, bytes, "a lower bound; lower batch, sequence_length, d_model or layers");
   }
 
   train::PassOptions pass(bool training) const {

@@ -764,7 +764,7 @@ def _(ctx):
     return ctx.args(key=ctx.npy("k.npy", k), extra=("--dtype", "f16"), need_weights=False)
 
 
-@case("init --embed-dim 2^31 --dtype bf16", "out of memory", "size flags")
+@case("init --embed-dim 2^31 --dtype bf16", "embed_dim: the module's parameters (embed_dim 2147483648", "GiB")
 def _(ctx):
     return [ctx.cli, "init", "--embed-dim", str(1 << 31), "--num-heads", "1", "--dtype", "bf16", "--out", ctx.out]
 
@@ -946,6 +946,24 @@ for flag, value, said in (("--tasks", "reverse,reverse", "'reverse' twice"), ("-
         lambda ctx, flag=flag, value=value: [ctx.cli, "experiment", flag, value, "--seeds", "2", "--steps", "1"])
 case("experiment --layers 17 (the library's rule, said as the flag)", "--layers: expected 1 to 16, got 17")(
     lambda ctx: [ctx.cli, "experiment", "--layers", "17"])
+
+
+# -- sizes the flags allow but no machine holds (each past a PiB): one line
+# naming the size before any allocation, not "out of memory" or the OOM killer.
+for name, build, words in (
+        ("init --embed-dim 2^30", lambda ctx: [ctx.cli, "init", "--embed-dim", str(1 << 30), "--num-heads", "1",
+                                               "--out", ctx.out], ("embed_dim: the module's parameters", "GiB")),
+        ("train --batch 2^31-1 --length 65536",
+         lambda ctx: [ctx.cli, "train", "--batch", "2147483647", "--length", "65536", "--steps", "1"],
+         ("training: one training step (batch 2147483647 x sequence_length 65536", "a lower bound")),
+        ("train --d-model 65536 --layers 1024",
+         lambda ctx: [ctx.cli, "train", "--d-model", "65536", "--layers", "1024", "--steps", "1"],
+         ("training: one training step", "1024 layers of d_model 65536")),
+        ("decode --prompt-len 2^40",
+         lambda ctx: [ctx.cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--prompt-len", str(1 << 40),
+                      "--tokens", "4", "--out", ctx.out],
+         ("--prompt-len: a random prompt of batch 1 x 1099511627776 tokens", "GiB"))):
+    case(name, *words)(build)
 
 
 # -- seeds are unsigned 64-bit integers: "-1" is not 2^64 - 1, "" is not 0.
