@@ -478,7 +478,7 @@ TEST(MhaBackward, RefusesEmptyForeignStaleContextAndBadDOutput) {
   BasicMultiheadAttention<float> m(p.config, 3), other(p.config, 3);
   ForwardContext<float> ctx;
   const Tensor<float> R = random_tensor<float>({c.L, c.B, c.E}, rng);
-  EXPECT_NE(error_of([&] { m.backward(ctx, R); }).find("saved: empty ForwardContext"), std::string::npos);
+  EXPECT_NE(error_of([&] { m.backward(ctx, R); }).find("context: empty ForwardContext"), std::string::npos);
   m.forward(p.q, key_of(p), value_of(p), p.options, ctx);
   EXPECT_NE(error_of([&] { other.backward(ctx, R); }).find("another module"), std::string::npos);
   const std::string bad = error_of([&] { m.backward(ctx, Tensor<float>({c.L, c.B, c.E + 1})); });

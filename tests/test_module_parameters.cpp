@@ -287,7 +287,7 @@ TEST(GqaContext, StaleForeignAndEmptyContextsAreRefused_E16_H4_Hkv2) {
   GroupedQueryForwardContext<double> ctx;
   EXPECT_TRUE(ctx.empty());
   EXPECT_EQ(ctx.bytes(), 0u);
-  EXPECT_NE(error_of([&] { m.backward(ctx, G); }).find("saved: empty GroupedQueryForwardContext"), std::string::npos);
+  EXPECT_NE(error_of([&] { m.backward(ctx, G); }).find("context: empty GroupedQueryForwardContext"), std::string::npos);
   m.forward(x, {}, ctx);
   EXPECT_FALSE(ctx.empty());
   EXPECT_GT(ctx.bytes(), static_cast<std::size_t>(x.numel()) * sizeof(double));
@@ -295,7 +295,7 @@ TEST(GqaContext, StaleForeignAndEmptyContextsAreRefused_E16_H4_Hkv2) {
   EXPECT_NE(error_of([&] { other.backward(ctx, G); }).find("another module"), std::string::npos);
   m.update_parameters([](const std::string&, Tensor<double>&) {});
   const std::string stale = error_of([&] { m.backward(ctx, G); });
-  EXPECT_EQ(stale.rfind("saved: ", 0), 0u) << stale;
+  EXPECT_EQ(stale.rfind("context: ", 0), 0u) << stale;
   EXPECT_NE(stale.find("before update_parameters()"), std::string::npos) << stale;
   m.forward(x, {}, ctx);
   EXPECT_EQ(error_of([&] { m.backward(ctx, G); }), "");

@@ -223,7 +223,7 @@ class HeadParallelMultiheadAttention {
   // Collective. d_output is the whole dℓ/d(output) (the same on every
   // rank). query / key / value: the whole input gradients (all-reduced, one
   // message); parameters: this rank's slices, as state_dict() names them.
-  MultiheadAttentionGradients<T> backward(const HeadParallelContext<T>& saved, const Tensor<T>& d_output) const;
+  MultiheadAttentionGradients<T> backward(const HeadParallelContext<T>& context, const Tensor<T>& d_output) const;
 
  private:
   // block(name, first, count, columns): rows [first, first + count) of the
@@ -268,7 +268,7 @@ class HeadParallelGroupedQueryAttention {
   Tensor<T> forward(const Tensor<T>& x, const AttentionOptions& options = {}) const;
   Tensor<T> forward(const Tensor<T>& x, const AttentionOptions& options, GroupedQueryForwardContext<T>& save) const;
   // x: the whole dℓ/dx (all-reduced); parameters: this rank's slices.
-  GroupedQueryAttentionGradients<T> backward(const GroupedQueryForwardContext<T>& saved,
+  GroupedQueryAttentionGradients<T> backward(const GroupedQueryForwardContext<T>& context,
                                              const Tensor<T>& d_output) const;
 
  private:
@@ -387,7 +387,7 @@ class SequenceParallelMultiheadAttention {
                            int64_t S, const ForwardOptions<T>& options = {}) const;
   ForwardResult<T> forward(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value, int64_t L,
                            int64_t S, const ForwardOptions<T>& options, SequenceParallelContext<T>& save) const;
-  MultiheadAttentionGradients<T> backward(const SequenceParallelContext<T>& saved, const Tensor<T>& d_output) const;
+  MultiheadAttentionGradients<T> backward(const SequenceParallelContext<T>& context, const Tensor<T>& d_output) const;
 
  private:
   ForwardResult<T> run(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value, int64_t L, int64_t S,
@@ -462,7 +462,7 @@ class SequenceParallelGroupedQueryAttention {
   Tensor<T> forward(const Tensor<T>& x, int64_t L, const AttentionOptions& options = {}) const;
   Tensor<T> forward(const Tensor<T>& x, int64_t L, const AttentionOptions& options,
                     SequenceParallelGqaContext<T>& save) const;
-  GroupedQueryAttentionGradients<T> backward(const SequenceParallelGqaContext<T>& saved,
+  GroupedQueryAttentionGradients<T> backward(const SequenceParallelGqaContext<T>& context,
                                              const Tensor<T>& d_output) const;
 
  private:

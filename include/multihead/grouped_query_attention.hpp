@@ -329,10 +329,10 @@ class GroupedQueryAttention {
   // (B, L, E), dℓ/dx and dℓ/dθ for every weight. K/V heads get the sum
   // over their group's query heads (the kernels' grouped backward), RoPE
   // its transpose (rotary_embedding_backward). Throws an Error naming
-  // d_output if its shape is not the output's, or `saved` if it is empty,
+  // d_output if its shape is not the output's, or `context` if it is empty,
   // comes from another module or predates update_parameters() /
   // load_state_dict().
-  GroupedQueryAttentionGradients<T> backward(const GroupedQueryForwardContext<T>& saved,
+  GroupedQueryAttentionGradients<T> backward(const GroupedQueryForwardContext<T>& context,
                                              const Tensor<T>& d_output) const;
 
  private:

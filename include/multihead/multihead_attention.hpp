@@ -330,14 +330,14 @@ class BasicMultiheadAttention {
   // have returned are outputs for inspection: no gradient flows back
   // through them. Runs the backward of the kernel the forward ran (chosen
   // at the forward; a force set since does not apply). Throws
-  // multihead::Error, naming the argument, if `saved` is empty, comes from
+  // multihead::Error, naming the argument, if `context` is empty, comes from
   // another module, predates update_parameters(), or if d_output has the
   // wrong shape.
   // Thread-safe as forward() is (scratch from the same pool).
-  MultiheadAttentionGradients<T> backward(const ForwardContext<T>& saved, const Tensor<T>& d_output) const;
+  MultiheadAttentionGradients<T> backward(const ForwardContext<T>& context, const Tensor<T>& d_output) const;
   // Same, writing into `gradients`, whose tensors are reused when they
   // already have the right shapes (nothing is reallocated between steps).
-  void backward(const ForwardContext<T>& saved, const Tensor<T>& d_output,
+  void backward(const ForwardContext<T>& context, const Tensor<T>& d_output,
                 MultiheadAttentionGradients<T>& gradients) const;
   // Calls update(name, tensor) for every parameter under its state_dict name
   // (in state_dict()'s order), e.g. an optimiser step, then checks every

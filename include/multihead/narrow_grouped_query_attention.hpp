@@ -127,10 +127,10 @@ class NarrowGroupedQueryAttention {
                     NarrowGroupedQueryForwardContext<E>& save_for_backward) const;
   // Its backward: given d_output = dℓ/d(output), (B, L, E), dℓ/dx and dℓ/dθ
   // for every parameter under its state_dict name, each in E. Throws an
-  // Error naming `saved` if it is empty, comes from another module or
+  // Error naming `context` if it is empty, comes from another module or
   // predates update_parameters(), or d_output if its shape is not the
   // output's.
-  GroupedQueryAttentionGradients<E> backward(const NarrowGroupedQueryForwardContext<E>& saved,
+  GroupedQueryAttentionGradients<E> backward(const NarrowGroupedQueryForwardContext<E>& context,
                                              const Tensor<E>& d_output) const;
 
  private:

@@ -115,10 +115,10 @@ class NarrowMultiheadAttention {
   // The backward pass of that forward: given d_output = dℓ/d(output), of the
   // output's shape, the gradients of the inputs and of every parameter under
   // its state_dict name, each in E (float32 accumulation, rounded once).
-  // Throws multihead::Error, naming the argument, if `saved` is empty, comes
+  // Throws multihead::Error, naming the argument, if `context` is empty, comes
   // from another module or predates update_parameters(), or if d_output has
   // the wrong shape. Thread-safe (no state is written).
-  MultiheadAttentionGradients<E> backward(const NarrowForwardContext<E>& saved, const Tensor<E>& d_output) const;
+  MultiheadAttentionGradients<E> backward(const NarrowForwardContext<E>& context, const Tensor<E>& d_output) const;
 
   // Calls update(name, tensor) for every parameter under its state_dict name
   // (in state_dict()'s order), e.g. writing the rounded master weights of a

@@ -519,9 +519,18 @@ PyMultiheadAttention load(const PathArg& path, const std::optional<std::string>&
   lo.overrides.dropout = dropout;
   const Precision p = parse_dtype(dtype, /*narrow=*/true);
   LoadedWeights w;
-  {
+  try {
     py::gil_scoped_release nogil;
     w = load_weights(path, lo);
+  } catch (const Error& e) {
+    // The loader words its hints as the command line's flags (--prefix,
+    // --num-heads); here they are this function's keywords.
+    std::string message = e.what();
+    for (const auto& [flag, keyword] : {std::pair<std::string, std::string>{"--prefix", "prefix"},
+                                        std::pair<std::string, std::string>{"--num-heads", "num_heads="}})
+      for (std::size_t at = message.find(flag); at != std::string::npos; at = message.find(flag, at + keyword.size()))
+        message.replace(at, flag.size(), keyword);
+    throw Error(e.kind(), message);
   }
   return PyMultiheadAttention(w.config, std::move(w.parameters), p);
 }

@@ -129,14 +129,20 @@ std::vector<int32_t> id_argument(const py::handle& obj, const std::string& name,
     throw Error(Error::Kind::Shape, name + ": expected the tokens' shape (" + std::to_string(B) + ", " +
                                         std::to_string(L) + "), got " + shape_of(a));
   }
-  const py::array_t<int64_t> c = c_contiguous<int64_t>(a, name);
   std::vector<int32_t> out(static_cast<std::size_t>(b * l));
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    const int64_t v = c.data()[i];
-    if (v < INT32_MIN || v > INT32_MAX)
-      throw Error(Error::Kind::Value, name + ": expected token ids, got " + std::to_string(v) + " at " + std::to_string(i));
-    out[i] = static_cast<int32_t>(v);
-  }
+  // Read in the array's own signedness, so an unsigned id past INT64_MAX is
+  // named as the value the caller wrote.
+  auto take = [&](const auto* data) {
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const auto v = data[i];
+      if (std::cmp_less(v, INT32_MIN) || std::cmp_greater(v, INT32_MAX))
+        throw Error(Error::Kind::Value,
+                    name + ": expected token ids, got " + std::to_string(v) + " at " + std::to_string(i));
+      out[i] = static_cast<int32_t>(v);
+    }
+  };
+  if (kind == 'u') take(c_contiguous<uint64_t>(a, name).data());
+  else take(c_contiguous<int64_t>(a, name).data());
   return out;
 }
 

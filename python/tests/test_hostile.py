@@ -197,3 +197,25 @@ def test_a_file_with_bytes_outside_utf8_gives_a_readable_message(tmp_path):
         with pytest.raises(ValueError) as e:
             call(str(path))
         assert "w.safetensors" in str(e.value) and "\\xff" in str(e.value), str(e.value)
+
+
+def test_messages_name_the_python_argument_and_agree_with_themselves(tmp_path):
+    """Messages that named a C++ argument, a CLI flag, a wrapped value or contradicted themselves."""
+    t = multihead.Trainer("reverse", d_model=8, heads=2, layers=1, ff=0, steps=1, batch=2)
+    t.train()
+    with pytest.raises(ValueError, match=r"a training checkpoint .* read from its path"):
+        multihead.TrainedModel.from_bytes(t.checkpoint_bytes())
+    model = t.model()
+    with pytest.raises(ValueError, match=r"batch: expected at least one sequence, got 0"):
+        model.evaluate(np.zeros((0, 8), np.int32))
+    with pytest.raises(ValueError, match=r"got 9223372036854775808 at 0"):
+        model.evaluate(np.full((1, 8), 2**63, np.uint64))
+    a, b = multihead.MultiheadAttention(8, 2), multihead.MultiheadAttention(8, 2)
+    x = np.ones((3, 8), np.float32)
+    ctx = a.forward_with_context(x, x, x)[2]
+    with pytest.raises(ValueError, match=r"^context: this ForwardContext was filled by another module"):
+        b.backward(ctx, x)
+    multihead.save_weights(str(tmp_path / "w.safetensors"), a)
+    with pytest.raises(ValueError) as e:
+        multihead.load_weights(str(tmp_path / "w.safetensors"), prefix="zzz")
+    assert str(e.value).startswith("prefix 'zzz.': no tensor in") and "--" not in str(e.value), str(e.value)

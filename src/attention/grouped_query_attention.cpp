@@ -427,11 +427,11 @@ template <class T>
 GroupedQueryAttentionGradients<T> GroupedQueryAttention<T>::backward(const GroupedQueryForwardContext<T>& saved,
                                                                      const Tensor<T>& d_output) const {
   if (saved.empty())
-    throw Error(Error::Kind::Value, "saved: empty GroupedQueryForwardContext; fill it with forward(x, options, "
+    throw Error(Error::Kind::Value, "context: empty GroupedQueryForwardContext; fill it with forward(x, options, "
                                     "context) first");
   if (saved.parameters_token_ != parameters_token_)
     throw Error(Error::Kind::Value,
-                "saved: this GroupedQueryForwardContext was filled by another module or before "
+                "context: this GroupedQueryForwardContext was filled by another module or before "
                 "update_parameters() / load_state_dict(); run the forward again");
   const int64_t E = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads(), D = head_dim();
   const int64_t B = saved.x_.size(0), L = saved.x_.size(1);

@@ -357,11 +357,11 @@ void BasicMultiheadAttention<T>::backward(const ForwardContext<T>& saved, const 
   using namespace detail;
   if (saved.empty())
     throw Error(Error::Kind::Value,
-                "saved: empty ForwardContext; fill it with forward(query, key, value, options, context) first");
+                "context: empty ForwardContext; fill it with forward(query, key, value, options, context) first");
   const SavedForward<T>& s = *saved.saved_;
   if (s.parameters_token != parameters_token_)
     throw Error(Error::Kind::Value,
-                "saved: this ForwardContext was filled by another module or before update_parameters(); "
+                "context: this ForwardContext was filled by another module or before update_parameters(); "
                 "run the forward again");
   const ForwardPlan& plan = s.plan;
   expect_shape("d_output", d_output.shape(), output_shape(plan, s.query_shape));

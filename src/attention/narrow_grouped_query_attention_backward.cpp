@@ -48,10 +48,10 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
   using namespace detail;
   if (saved.empty())
     throw Error(Error::Kind::Value,
-                "saved: empty NarrowGroupedQueryForwardContext; fill it with forward(x, options, context) first");
+                "context: empty NarrowGroupedQueryForwardContext; fill it with forward(x, options, context) first");
   if (saved.parameters_token_ != parameters_token_)
     throw Error(Error::Kind::Value,
-                "saved: this NarrowGroupedQueryForwardContext was filled by another module or before "
+                "context: this NarrowGroupedQueryForwardContext was filled by another module or before "
                 "update_parameters(); run the forward again");
   const int64_t E_ = config_.embed_dim, H = config_.num_heads, Hkv = kv_heads(), D = head_dim();
   const int64_t HD = H * D, KD = Hkv * D;

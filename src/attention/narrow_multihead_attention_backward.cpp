@@ -131,11 +131,11 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   using namespace detail;
   if (saved.empty())
     throw Error(Error::Kind::Value,
-                "saved: empty NarrowForwardContext; fill it with forward(query, key, value, options, context) first");
+                "context: empty NarrowForwardContext; fill it with forward(query, key, value, options, context) first");
   const NarrowSavedForward<E>& s = *saved.saved_;
   if (s.parameters_token != parameters_token_)
     throw Error(Error::Kind::Value,
-                "saved: this NarrowForwardContext was filled by another module or before update_parameters(); "
+                "context: this NarrowForwardContext was filled by another module or before update_parameters(); "
                 "run the forward again");
   const ForwardPlan& p = s.plan;
   expect_shape("d_output", d_output.shape(), output_shape(p, s.query_shape));

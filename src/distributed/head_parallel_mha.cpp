@@ -360,7 +360,7 @@ MultiheadAttentionGradients<T> HeadParallelMultiheadAttention<T>::backward(const
   Tensor<T> d_wo(Shape{E, n}), d_bo(Shape{E}), d_query, d_wq(Shape{n, E});
   comm_->agree([&] {
     if (saved.local.empty())
-      throw Error(Error::Kind::Value, "saved: expected the context of a training forward, got an empty one");
+      throw Error(Error::Kind::Value, "context: expected the context of a training forward, got an empty one");
     if (d_output.shape() != with_last(saved.query_shape, E))
       throw Error(Error::Kind::Shape, "d_output: expected shape " + shape_to_string(with_last(saved.query_shape, E)) +
                                           " (the output's), got " + shape_to_string(d_output.shape()));

@@ -238,7 +238,7 @@ GroupedQueryAttentionGradients<T> SequenceParallelGroupedQueryAttention<T>::back
   const int P = comm.size(), r = comm.rank();
   const int64_t E = c.embed_dim, H = c.num_heads, Hkv = c.resolved_kv_heads(), D = c.resolved_head_dim();
   comm.agree([&] {
-    if (!s.filled) fail(Error::Kind::Value, "saved: expected the context of a training forward, got an empty one");
+    if (!s.filled) fail(Error::Kind::Value, "context: expected the context of a training forward, got an empty one");
     const Shape want = {s.x.size(0), s.x.size(1), E};
     if (d_output.shape() != want)
       fail(Error::Kind::Shape, "d_output: expected this rank's rows " + shape_to_string(want) + ", got " +

@@ -343,7 +343,7 @@ MultiheadAttentionGradients<T> SequenceParallelMultiheadAttention<T>::backward(c
   const int P = comm.size(), r = comm.rank();
   const int64_t E = c.embed_dim, H = c.num_heads, D = c.head_dim(), Ek = c.key_dim(), Ev = c.value_dim();
   comm.agree([&] {
-    if (!s.filled) fail(Error::Kind::Value, "saved: expected the context of a training forward, got an empty one");
+    if (!s.filled) fail(Error::Kind::Value, "context: expected the context of a training forward, got an empty one");
     if (d_output.shape() != s.output_shape)
       fail(Error::Kind::Shape, "d_output: expected this rank's rows " + shape_to_string(s.output_shape) +
                                    ", got " + shape_to_string(d_output.shape()));

@@ -204,7 +204,9 @@ PassResult<T> Model<T>::run(const Batch& batch, const PassOptions& o, bool want_
   if (L != c.sequence_length)
     throw Error(Error::Kind::Shape, "batch: expected length " + std::to_string(c.sequence_length) + ", got " +
                                         std::to_string(L));
-  if (B < 1 || batch.tokens.size() != static_cast<std::size_t>(N) ||
+  if (B < 1)
+    throw Error(Error::Kind::Shape, "batch: expected at least one sequence, got " + std::to_string(B));
+  if (batch.tokens.size() != static_cast<std::size_t>(N) ||
       batch.targets.size() != static_cast<std::size_t>(N) || batch.mask.size() != static_cast<std::size_t>(N))
     throw Error(Error::Kind::Shape, "batch: expected " + std::to_string(N) +
                                         " tokens, targets and mask values, got " +

@@ -129,6 +129,11 @@ TrainedModel TrainedModel::parse(const uint8_t* data, std::size_t size, const st
 
 TrainedModel TrainedModel::from_file(const SafetensorsFile& f, const std::string& path) {
   const auto format = f.metadata.find("format");
+  if (format != f.metadata.end() && format->second == kCheckpointFormat)
+    bad_file(path, Error::Kind::Format,
+             std::string("a training checkpoint ('") + kCheckpointFormat +
+                 "'), which is read from its path (TrainedModel::load); these bytes must be a model file ('" +
+                 kModelFormat + "', TrainedModel::serialize)");
   if (format == f.metadata.end() || format->second != kModelFormat)
     bad_file(path, Error::Kind::Format,
              std::string("not a multihead model (expected __metadata__ format '") + kModelFormat + "' or '" +

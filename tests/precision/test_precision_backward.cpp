@@ -581,11 +581,11 @@ TEST(PrecisionBackwardBadInput, ContextEmptyForeignStaleAndWrongDOutput) {
   const Tensor<bfloat16> q = tensor_of<bfloat16>(b.p.call.query), k = tensor_of<bfloat16>(b.p.call.key),
                          v = tensor_of<bfloat16>(b.p.call.value), dy = tensor_of<bfloat16>(b.d_output);
   NarrowForwardContext<bfloat16> ctx;
-  expect_one_line(thrown([&] { mha.backward(ctx, dy); }), "saved: empty NarrowForwardContext");
+  expect_one_line(thrown([&] { mha.backward(ctx, dy); }), "context: empty NarrowForwardContext");
   mha.forward(q, k, v, o.options, ctx);
   EXPECT_FALSE(ctx.empty());
   EXPECT_GT(ctx.bytes(), 0u);
-  expect_one_line(thrown([&] { other.backward(ctx, dy); }), "saved: this NarrowForwardContext was filled by another module");
+  expect_one_line(thrown([&] { other.backward(ctx, dy); }), "context: this NarrowForwardContext was filled by another module");
   const Tensor<bfloat16> wrong(Shape{dy.size(0), dy.size(1), dy.size(2) + 1});
   expect_one_line(thrown([&] { mha.backward(ctx, wrong); }), "d_output");
   EXPECT_EQ(thrown([&] { mha.backward(ctx, dy); }), "");

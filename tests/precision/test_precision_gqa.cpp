@@ -1065,10 +1065,10 @@ TEST(PrecisionGqaBadInput, ShapesCachesOptionsAndContexts) {
   expect_one_line(thrown([&] { gqa.forward(x, {}, &small); }), "max_len: the KV cache holds 0 of max_len 8 tokens");
   // contexts: empty, foreign, stale; d_output's shape
   NarrowGroupedQueryForwardContext<bfloat16> ctx;
-  expect_one_line(thrown([&] { gqa.backward(ctx, dy); }), "saved: empty NarrowGroupedQueryForwardContext");
+  expect_one_line(thrown([&] { gqa.backward(ctx, dy); }), "context: empty NarrowGroupedQueryForwardContext");
   gqa.forward(x, {}, ctx);
   EXPECT_FALSE(ctx.empty());
-  expect_one_line(thrown([&] { other.backward(ctx, dy); }), "saved: this NarrowGroupedQueryForwardContext was filled by another module");
+  expect_one_line(thrown([&] { other.backward(ctx, dy); }), "context: this NarrowGroupedQueryForwardContext was filled by another module");
   expect_one_line(thrown([&] { gqa.backward(ctx, Tensor<bfloat16>(Shape{1, 17, 33})); }), "d_output");
   EXPECT_EQ(thrown([&] { gqa.backward(ctx, dy); }), "");
   gqa.update_parameters([](const std::string&, Tensor<bfloat16>&) {});
