@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/check.hpp"
 #include "io/bytes.hpp"
 #include "io/decode.hpp"
 #include "io/file_util.hpp"
@@ -130,6 +131,8 @@ LoadedTensor parse_npy(const uint8_t* data, std::size_t size, const std::string&
   }
 
   const uint8_t* elements = data + preamble + header_len;
+  detail::check_fits_in_memory(name, "shape " + shape_to_string(header.shape) + " as float64",
+                               8.0 * static_cast<double>(numel), "");
   Storage<double> values(static_cast<std::size_t>(numel));
   detail::decode_to_double(elements, values.size(), type.dtype, type.big_endian, values.data());
   if (header.fortran_order && header.shape.size() > 1) values = fortran_to_c(values, header.shape);

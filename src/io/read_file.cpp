@@ -16,6 +16,7 @@
 #include <system_error>
 #include <utility>
 
+#include "core/check.hpp"
 #include "io/file_util.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
@@ -149,7 +150,16 @@ FileBytes map_file(const std::string& path, const std::string& name, const Expec
   std::optional<uint64_t> total;  // the file's size, once its first bytes tell
   for (;;) {
     if (expected) {
-      if (!total) total = expected(bytes.data(), used);
+      if (!total) {
+        total = expected(bytes.data(), used);
+        // A header that claims more than the machine holds is refused
+        // before its data is buffered (`cat big-header.npy /dev/zero |`
+        // used to fill memory up to the limit first).
+        if (total)
+          check_fits_in_memory(name, "reading " + quote_input(path) + " (its header gives " + std::to_string(*total) +
+                                         " bytes)",
+                               static_cast<double>(*total), "");
+      }
       if (total && used > *total) break;
     }
     if (used < bytes.size()) {
