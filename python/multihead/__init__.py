@@ -66,6 +66,7 @@ from ._multihead import (  # noqa: F401
     simd_target_force,
     bf16_dot_force,
     bf16_dot_current,
+    check_environment,
     simd_targets_available,
     sinusoidal_positions,
     task_batch,
@@ -108,5 +109,10 @@ __all__ = [
     "bf16_dot_current",
     "kernel_force",
     "kernel_forced",
+    "check_environment",
     "__version__",
 ]
+
+# A mistyped MULTIHEAD_* variable fails here, in one ValueError naming it,
+# as every command of the CLI fails: not in whichever call first reads it.
+check_environment()

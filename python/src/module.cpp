@@ -1160,6 +1160,11 @@ PYBIND11_MODULE(_multihead, m) {
         "set_threads(threads)\n\nThreads of the library's parallel loops and of its BLAS, for every later call;\n"
         "threads <= 0 leaves both as they are. A call's num_threads > 0 still wins for its own loops.");
   m.def("threads", &multihead::threads, "threads() -> int\n\nThreads the library's loops use for num_threads=0.");
+  m.def("check_environment", &multihead::check_environment,
+        "check_environment() -> None\n\nChecks every MULTIHEAD_* tuning variable (MULTIHEAD_SIMD_TARGET, MULTIHEAD_KERNEL,\n"
+        "MULTIHEAD_BF16_DOT, ...); ValueError naming the first with an unknown value and the values\n"
+        "it takes. `import multihead` calls it, as every command of the CLI does, so a mistyped\n"
+        "variable fails at once rather than in whichever call first reads it.");
   // multihead/tensor.hpp: the kept storage blocks.
   m.def(
       "kept_storage",

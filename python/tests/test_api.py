@@ -436,3 +436,17 @@ def test_paths_may_be_pathlike_or_bytes(tmp_path):
     assert multihead.TrainedModel.load(tmp_path / "m.safetensors").config == t.model().config
     with pytest.raises(TypeError):
         multihead.load_weights(3)
+
+
+def test_import_checks_the_tuning_variables():
+    """A mistyped MULTIHEAD_* variable fails `import multihead` in one ValueError naming it, as the CLI fails."""
+    import subprocess
+    import sys
+    env = dict(os.environ, MULTIHEAD_KERNEL="fast")
+    r = subprocess.run([sys.executable, "-c", "import multihead"], env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and r.stderr.strip().splitlines()[-1] == (
+        "ValueError: MULTIHEAD_KERNEL: kernel: expected one of auto, reference, materialized, flash; got 'fast'"), r.stderr
+    env["MULTIHEAD_KERNEL"] = "reference"
+    r = subprocess.run([sys.executable, "-c", "import multihead; print(multihead.kernel_forced())"], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
