@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -608,7 +609,21 @@ TEST(KvCacheBytes, ErrorsNameTheValueAndTheOption) {
     msg = e.what();
   }
   EXPECT_EQ(msg.rfind("cache: a float16 KV cache holds values of magnitude <= 65504, got k = ", 0), 0u) << msg;
+  EXPECT_NE(msg.find("; a bf16 or f32 cache holds it"), std::string::npos) << msg;
   EXPECT_EQ(cache.length(), 0);
+  // A value that is already not finite (the input overflowed float32 in the
+  // projection) is no cache dtype's to hold: the hint says so.
+  for (int64_t e = 0; e < x.numel(); ++e) x[e] = std::numeric_limits<float>::infinity();
+  msg = "no error";
+  try {
+    m.forward(x, {}, &cache);
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("not finite: the input or its projection overflowed before the cache"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("a bf16 or f32 cache holds it"), std::string::npos) << msg;
+  EXPECT_EQ(cache.length(), 0);
+  for (int64_t e = 0; e < x.numel(); ++e) x[e] = 1e6f;
   AttentionOptions flash;
   flash.kernel = AttentionKernel::Flash;
   KVCache<float> bf = m.make_cache(1, 4, false, KVCacheDType::BFloat16);

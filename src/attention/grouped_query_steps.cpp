@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/check.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/narrow_types.hpp"
@@ -35,9 +36,12 @@ void store_compressed(KVCache<float>& cache, const float* k, const float* v, int
           const int64_t row = e / (Hkv * D);
           throw Error(Error::Kind::Value,
                       std::string("cache: a float16 KV cache holds values of magnitude <= 65504, got ") + name +
-                          " = " + std::to_string(x[e]) + " (batch " + std::to_string(row / L) + ", token " +
+                          " = " + format_number(x[e]) + " (batch " + std::to_string(row / L) + ", token " +
                           std::to_string(P + row % L) + ", K/V head " + std::to_string(e / D % Hkv) +
-                          ", feature " + std::to_string(e % D) + "); a bf16 or f32 cache holds it");
+                          ", feature " + std::to_string(e % D) + ")" +
+                          (std::isfinite(x[e]) ? "; a bf16 or f32 cache holds it"
+                                               : "; not finite: the input or its projection overflowed before the "
+                                                 "cache, which no cache dtype mends"));
         }
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < L; ++i)
