@@ -69,6 +69,20 @@ TEST(QuotedInput, BytesOutsideUtf8AreEscaped) {
       {"\xe6\x97", "\\xe6\\x97"},                     // 日 cut short
   };
   for (const auto& [in, want] : bad) EXPECT_EQ(escape_control_bytes(in), want);
+  // C1 controls (NEL U+0085, CSI U+009B) and the separators U+2028/U+2029
+  // are well-formed but break lines or start terminal escapes: escaped too,
+  // byte by byte; U+00A0 (the first character past them) is kept.
+  EXPECT_EQ(escape_control_bytes("a\xc2\x85" "b\xc2\x9b" "c\xe2\x80\xa8" "d\xe2\x80\xa9" "e\xc2\xa0"),
+            "a\\xc2\\x85b\\xc2\\x9bc\\xe2\\x80\\xa8d\\xe2\\x80\\xa9e\xc2\xa0");
+  EXPECT_EQ(escape_control_bytes(escape_control_bytes("x\xff\n")), escape_control_bytes("x\xff\n"));
+  // Escaping comes before the cut: 300 bytes that each need \xNN stay a
+  // short quote, and no escape is split.
+  const std::string latin1(300, '\xe9');
+  const std::string q = quote_input(latin1);
+  EXPECT_LE(q.size(), kQuoteLimit + 20) << q;
+  EXPECT_EQ(q.substr(q.size() - 16), "...' (300 bytes)") << q;
+  EXPECT_EQ(q.substr(1, 8), "\\xe9\\xe9");
+  EXPECT_EQ((q.rfind("...'") - 1) % 4, 0u) << "an escape was split: " << q;
   const Error e(Error::Kind::Format, "w.safetensors: tensor 'out_proj.\xff\xfe' is bad");
   EXPECT_STREQ(e.what(), "w.safetensors: tensor 'out_proj.\\xff\\xfe' is bad");
   EXPECT_EQ(detail::printable("\xc3\xa9\xff"), "\xc3\xa9\\xff");
@@ -113,6 +127,12 @@ TEST(MemoryRefusals, ModulesTrainingAndProgramsNameTheirSizes) {
   options.batch = int64_t{1} << 40;
   const std::string step = refusal([&] { Trainer t(make_task("reverse", 10, 8), model, options); });
   EXPECT_EQ(step.rfind("training: one training step (batch 1099511627776 x sequence_length 8", 0), 0u) << step;
+
+  // Summed per example (train --parallel data), a pass holds one example:
+  // a batch of 2^20 short sequences fits where one pass over all would not.
+  options.batch = int64_t{1} << 20;
+  options.gradients = GradientSum::PerExample;
+  EXPECT_EQ(refusal([&] { Trainer t(make_task("reverse", 10, 8), model, options); }), "no error");
 
   EXPECT_EQ(refusal([] { check_fits_in_memory("--prompt-len", "a prompt", 1e18, "shorter"); }).rfind(
                 "--prompt-len: a prompt would need ", 0),

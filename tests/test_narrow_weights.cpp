@@ -22,9 +22,12 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
+#include "multihead/grouped_query_attention.hpp"
+#include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
 #include "multihead/weights.hpp"
 
@@ -272,6 +275,77 @@ TEST(NarrowWeights, Bf16LoadHoldsNoWideCopy_E2048) {
               file_bytes / 1048576.0, narrow / 1048576.0, wide / 1048576.0, bound / 1048576.0);
   EXPECT_LE(static_cast<double>(narrow), bound) << "the narrow load holds more than the map and the parameters";
   EXPECT_GT(static_cast<double>(wide), bound) << "the bound cannot tell a wide copy (float64) from none";
+}
+
+// ---- the grouped-query loader (load_gqa_weights_narrow) ------------------
+
+GroupedQueryAttentionConfig gqa_config(bool bias) {
+  GroupedQueryAttentionConfig c;
+  c.embed_dim = 16;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.bias = bias;
+  return c;
+}
+
+// Every parameter of two 16-bit modules, bit for bit.
+template <class E>
+void expect_same_bits(const NarrowGroupedQueryAttention<E>& got, const NarrowGroupedQueryAttention<E>& want) {
+  const auto g = got.state_dict(), w = want.state_dict();
+  ASSERT_EQ(g.size(), w.size());
+  for (const auto& [name, t] : w) {
+    ASSERT_TRUE(g.count(name)) << name;
+    ASSERT_EQ(g.at(name).shape(), t.shape()) << name;
+    EXPECT_EQ(std::memcmp(g.at(name).data(), t.data(), static_cast<std::size_t>(t.numel()) * sizeof(E)), 0) << name;
+  }
+}
+
+// A file of the module's own dtype is taken bit for bit; an F32 file is
+// rounded once, as NarrowGroupedQueryAttention::rounded rounds the float32
+// module load_gqa_weights gives; the configuration is load_gqa_weights'.
+template <class E>
+void check_gqa_narrow(bool bias) {
+  const GroupedQueryAttention<float> m(gqa_config(bias), 3);
+  const NarrowGroupedQueryAttention<E> narrow = NarrowGroupedQueryAttention<E>::rounded(m.config(), m.parameters());
+  const TempDir dir;
+  const std::string own = dir.file("own.safetensors"), f32 = dir.file("f32.safetensors");
+  write_file_atomic(own, serialize_gqa_weights(narrow));
+  save_gqa_weights(f32, m);
+  const NarrowLoadedGqaWeights<E> a = load_gqa_weights_narrow<E>(own);
+  EXPECT_EQ(a.parameter_dtype, std::optional<DType>(std::is_same_v<E, bfloat16> ? DType::BF16 : DType::F16));
+  EXPECT_EQ(a.config.num_kv_heads, 2);
+  EXPECT_EQ(a.config.bias, bias);
+  expect_same_bits(a.module(), narrow);
+  const NarrowLoadedGqaWeights<E> b = load_gqa_weights_narrow<E>(f32);
+  EXPECT_EQ(b.parameter_dtype, std::optional<DType>(DType::F32));
+  const LoadedGqaWeights wide = load_gqa_weights(f32);
+  EXPECT_EQ(b.config.embed_dim, wide.config.embed_dim);
+  EXPECT_EQ(b.config.resolved_head_dim(), wide.config.resolved_head_dim());
+  const GroupedQueryAttention<float> wide_module = wide.module<float>();
+  expect_same_bits(b.module(), NarrowGroupedQueryAttention<E>::rounded(wide_module.config(), wide_module.parameters()));
+}
+TEST(NarrowGqaWeights, OwnDtypeBitForBitAndF32RoundedOnce_Bf16) { check_gqa_narrow<bfloat16>(false); }
+TEST(NarrowGqaWeights, OwnDtypeBitForBitAndF32RoundedOnce_F16Bias) { check_gqa_narrow<float16>(true); }
+
+// An F32 value float16 cannot hold is refused, naming the tensor and file.
+TEST(NarrowGqaWeights, F16RefusesAValueBeyondItsRange) {
+  GroupedQueryAttention<float> m(gqa_config(false), 3);
+  GroupedQueryAttentionParameters<float> p = m.parameters();
+  const TempDir dir;
+  const std::string path = dir.file("big.safetensors");
+  for_each_parameter(m.config(), p, [&](const ParameterInfo& info, Tensor<float>& t) {
+    if (std::string(info.name) == "v_proj.weight") t[5] = 1e6f;
+  });
+  save_gqa_weights(path, GroupedQueryAttention<float>(m.config(), p));
+  try {
+    (void)load_gqa_weights_narrow<float16>(path);
+    ADD_FAILURE() << "a value beyond float16's range was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("v_proj.weight"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  }
+  EXPECT_NO_THROW((void)load_gqa_weights_narrow<bfloat16>(path));
 }
 
 }  // namespace

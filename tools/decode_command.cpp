@@ -59,12 +59,17 @@ struct DecodeArgs {
 [[noreturn]] void fail(const std::string& message) { throw Error(Error::Kind::Value, message); }
 
 // `stored` receives --weights' parameter dtype (nullopt for random weights).
+// With --weights the file's shapes give the sizes.
+void check_weights_flags(const DecodeArgs& a) {
+  for (const auto& [flag, given] : {std::pair{"--embed-dim", a.embed_dim.has_value()},
+                                    {"--head-dim", a.head_dim.has_value()}})
+    if (given) fail(std::string(flag) + ": not used with --weights (the weights' shapes give it)");
+}
+
 GroupedQueryAttention<float> make_module(const DecodeArgs& a, std::optional<DType>& stored) {
   stored.reset();
   if (!a.weights.empty()) {
-    for (const auto& [flag, given] : {std::pair{"--embed-dim", a.embed_dim.has_value()},
-                                      {"--head-dim", a.head_dim.has_value()}})
-      if (given) fail(std::string(flag) + ": not used with --weights (the weights' shapes give it)");
+    check_weights_flags(a);
     return load_gqa<float>(a.weights, a.prefix, a.num_heads, a.gqa, true, &stored);
   }
   if (!a.embed_dim || !a.num_heads)
@@ -230,12 +235,17 @@ void run_decode(const DecodeArgs& a, const Module& m) {
                static_cast<long long>(m.config().num_heads), a.kernel.c_str(), a.threads);
 }
 
-// The 16-bit module: make_module's parameters rounded once to E (the
-// float32 module is freed on return).
+// The 16-bit module: --weights read straight into E (load_gqa_narrow), or
+// make_module's seeded random parameters rounded once to E (the float32
+// module is freed on return).
 template <class E>
 NarrowGroupedQueryAttention<E> make_narrow_module(const DecodeArgs& a, std::optional<DType>& stored) {
+  if (!a.weights.empty()) {
+    check_weights_flags(a);
+    return load_gqa_narrow<E>(a.weights, a.prefix, a.num_heads, a.gqa, true, &stored);
+  }
   const GroupedQueryAttention<float> m = make_module(a, stored);
-  return rounded_gqa<E>(m, a.weights, a.prefix);
+  return NarrowGroupedQueryAttention<E>::rounded(m.config(), m.parameters());
 }
 
 // --dtype: the float32 module, or its parameters rounded once to 16 bits.

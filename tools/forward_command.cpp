@@ -291,9 +291,7 @@ void run_gqa_forward(const ForwardArgs& args, const LoadedTensor& query_file) {
   else x = as<T>(query_file);
   agree_on(args.parallel, [&] {
     if constexpr (kNarrow) {
-      const GroupedQueryAttention<float> wide =
-          load_gqa<float>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored);
-      module.emplace(rounded_gqa<T>(wide, args.weights, args.prefix));
+      module.emplace(load_gqa_narrow<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored));
     } else {
       module.emplace(load_gqa<T>(args.weights, args.prefix, args.num_heads, args.gqa, args.is_causal, &stored));
     }

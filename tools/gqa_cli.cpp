@@ -51,18 +51,26 @@ GroupedQueryAttentionConfig gqa_config(int64_t embed_dim, int64_t num_heads, int
   return cfg;
 }
 
-template <class T>
-GroupedQueryAttention<T> load_gqa(const std::string& path, const std::string& prefix,
-                                  std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal,
-                                  std::optional<DType>* stored) {
+namespace {
+
+// load_gqa and load_gqa_narrow: the flags into the loader's options, its
+// messages about an option said as the flag that set it, then --rope.
+// `load` is load_gqa_weights or load_gqa_weights_narrow<E>.
+template <class Load>
+auto load_with_flags(const std::string& path, const std::string& prefix, std::optional<int64_t> num_heads,
+                     const GqaFlags& flags, bool causal, std::optional<DType>* stored, Load&& load) {
   GqaLoadOptions options;
   options.prefix = prefix;
   options.num_heads = num_heads;
   options.num_kv_heads = flags.num_kv_heads;
   options.causal = causal;
-  LoadedGqaWeights w;
   try {
-    w = load_gqa_weights(path, options);
+    auto w = load(path, options);
+    check_gqa_flags(flags, w.config.num_heads, w.config.head_dim);
+    if (!flags.rope.empty())
+      w.config.rope = RopeOptions{parse_rope_convention(flags.rope, "--rope"), flags.rope_theta, 0};
+    if (stored != nullptr) *stored = w.parameter_dtype;
+    return w;
   } catch (const Error& e) {
     // The library names the option a message is about; say which flag set it.
     const std::string what = e.what();
@@ -71,11 +79,31 @@ GroupedQueryAttention<T> load_gqa(const std::string& path, const std::string& pr
       if (given && what.starts_with(option)) throw Error(e.kind(), flag + what.substr(std::string(option).size()));
     throw;
   }
-  check_gqa_flags(flags, w.config.num_heads, w.config.head_dim);
-  if (!flags.rope.empty())
-    w.config.rope = RopeOptions{parse_rope_convention(flags.rope, "--rope"), flags.rope_theta, 0};
-  if (stored != nullptr) *stored = w.parameter_dtype;
-  return w.module<T>();
+}
+
+}  // namespace
+
+template <class T>
+GroupedQueryAttention<T> load_gqa(const std::string& path, const std::string& prefix,
+                                  std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal,
+                                  std::optional<DType>* stored) {
+  return load_with_flags(path, prefix, num_heads, flags, causal, stored,
+                         [](const std::string& p, const GqaLoadOptions& o) { return load_gqa_weights(p, o); })
+      .template module<T>();
+}
+
+template <class E>
+NarrowGroupedQueryAttention<E> load_gqa_narrow(const std::string& path, const std::string& prefix,
+                                               std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal,
+                                               std::optional<DType>* stored) {
+  const NarrowLoadedGqaWeights<E> w =
+      load_with_flags(path, prefix, num_heads, flags, causal, stored,
+                      [](const std::string& p, const GqaLoadOptions& o) { return load_gqa_weights_narrow<E>(p, o); });
+  try {
+    return w.module();
+  } catch (const Error& e) {
+    throw Error(e.kind(), std::string(e.what()) + " (in " + path + ")");
+  }
 }
 
 template GroupedQueryAttention<float> load_gqa<float>(const std::string&, const std::string&, std::optional<int64_t>,
@@ -83,5 +111,11 @@ template GroupedQueryAttention<float> load_gqa<float>(const std::string&, const 
 template GroupedQueryAttention<double> load_gqa<double>(const std::string&, const std::string&,
                                                         std::optional<int64_t>, const GqaFlags&, bool,
                                                         std::optional<DType>*);
+template NarrowGroupedQueryAttention<bfloat16> load_gqa_narrow<bfloat16>(const std::string&, const std::string&,
+                                                                         std::optional<int64_t>, const GqaFlags&,
+                                                                         bool, std::optional<DType>*);
+template NarrowGroupedQueryAttention<float16> load_gqa_narrow<float16>(const std::string&, const std::string&,
+                                                                       std::optional<int64_t>, const GqaFlags&, bool,
+                                                                       std::optional<DType>*);
 
 }  // namespace multihead::cli

@@ -47,20 +47,14 @@ GroupedQueryAttention<T> load_gqa(const std::string& path, const std::string& pr
                                   std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal,
                                   std::optional<DType>* stored = nullptr);
 
-// The 16-bit module of a float32 one read from `path` (empty: random
-// weights): NarrowGroupedQueryAttention<E>::rounded, a refused parameter
-// (beyond float16's range) named with the --prefix and the file, as the
-// multi-head module's loader names it.
+// The same, straight into the 16-bit module E (bfloat16, float16):
+// load_gqa_weights_narrow, no float64 or float32 copy; tensors of E taken as
+// they are, others rounded once (a value beyond float16's range refused,
+// named with the --prefix and the file).
 template <class E>
-NarrowGroupedQueryAttention<E> rounded_gqa(const GroupedQueryAttention<float>& module, const std::string& path,
-                                           const std::string& prefix) {
-  try {
-    return NarrowGroupedQueryAttention<E>::rounded(module.config(), module.parameters());
-  } catch (const Error& e) {
-    if (path.empty()) throw;
-    throw Error(e.kind(), prefix + e.what() + " (in " + path + ")");
-  }
-}
+NarrowGroupedQueryAttention<E> load_gqa_narrow(const std::string& path, const std::string& prefix,
+                                               std::optional<int64_t> num_heads, const GqaFlags& flags, bool causal,
+                                               std::optional<DType>* stored = nullptr);
 
 // The configuration the flags describe (RoPE included).
 GroupedQueryAttentionConfig gqa_config(int64_t embed_dim, int64_t num_heads, int64_t head_dim,

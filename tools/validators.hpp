@@ -16,13 +16,22 @@
 
 namespace multihead::cli {
 
+// Whether an integer's text starts with a 0 before other digits ("010",
+// "-07"): CLI11 converts integers with base 0, so it would read "010" as
+// octal 8 and fail on "08"; such a value is refused instead.
+inline bool leading_zero(const std::string& text) {
+  const std::size_t digits = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+  return text.size() > digits + 1 && text[digits] == '0';
+}
+
 inline CLI::Validator integer_in(long long minimum, long long maximum, const std::string& description) {
   return CLI::Validator(
       [minimum, maximum, description](std::string& text) -> std::string {
         errno = 0;
         char* end = nullptr;
         const long long v = std::strtoll(text.c_str(), &end, 10);
-        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < minimum || v > maximum)
+        if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < minimum || v > maximum ||
+            leading_zero(text))
           return "expected " + description + ", got " + quote_input(text);
         return "";
       },
@@ -41,7 +50,7 @@ inline CLI::Validator unsigned_integer() {
         char* end = nullptr;
         const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
         (void)std::strtoull(text.c_str(), &end, 10);
-        if (!digits || end != text.c_str() + text.size() || errno == ERANGE)
+        if (!digits || end != text.c_str() + text.size() || errno == ERANGE || leading_zero(text))
           return "expected an integer 0 to 18446744073709551615, got " + quote_input(text);
         return "";
       },

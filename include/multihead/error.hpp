@@ -17,7 +17,7 @@ namespace multihead {
 // The length of the well-formed UTF-8 character at text[i] (1 to 4), or 0
 // when the bytes there are not one (a stray continuation byte, a truncated
 // or overlong sequence, a surrogate, past U+10FFFF).
-inline std::size_t utf8_char_length(const std::string& text, std::size_t i) {
+inline std::size_t utf8_char_length(std::string_view text, std::size_t i) {
   const auto at = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
   const unsigned char c = at(i);
   if (c < 0x80) return 1;
@@ -37,18 +37,25 @@ inline std::size_t utf8_char_length(const std::string& text, std::size_t i) {
   return n;
 }
 
-// `text` with every control byte (and DEL), and every byte that is not part
-// of well-formed UTF-8, written as \xNN, so a path or a name quoted from a
-// file or the command line can neither add a line nor send a terminal
-// escape, and the message is valid text (Python's str, a terminal). Error
-// messages use it; so does `multihead inspect`.
-inline std::string escape_control_bytes(const std::string& text) {
+// `text` with every control byte (C0, DEL and the C1 controls U+0080 to
+// U+009F, whose CSI and NEL terminals and Python read as escapes and line
+// breaks), the line and paragraph separators U+2028/U+2029, and every byte
+// that is not part of well-formed UTF-8 written as \xNN, byte by byte. So a
+// path or a name quoted from a file or the command line can neither add a
+// line nor send a terminal escape, and the message is valid text (Python's
+// str, a terminal). Error messages use it; so does `multihead inspect`.
+// Applying it twice changes nothing.
+inline std::string escape_control_bytes(std::string_view text_view) {
   static constexpr char kHex[] = "0123456789abcdef";
+  const std::string text(text_view);
+  const auto at = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
   std::string out;
   for (std::size_t i = 0; i < text.size();) {
-    const auto c = static_cast<unsigned char>(text[i]);
+    const unsigned char c = at(i);
     const std::size_t n = utf8_char_length(text, i);
-    if (n > 0 && c >= 0x20 && c != 0x7f) {
+    const bool c1 = n == 2 && c == 0xc2 && at(i + 1) < 0xa0;
+    const bool separator = n == 3 && c == 0xe2 && at(i + 1) == 0x80 && (at(i + 2) == 0xa8 || at(i + 2) == 0xa9);
+    if (n > 0 && c >= 0x20 && c != 0x7f && !c1 && !separator) {
       out.append(text, i, n);
       i += n;
       continue;
@@ -68,24 +75,39 @@ inline std::string escape_control_bytes(const std::string& text) {
 // to recognise the value.
 inline constexpr std::size_t kQuoteLimit = 256;
 
-// `text` cut to at most `limit` bytes, on a UTF-8 character boundary, with
-// "..." and its length when it was longer: "abc... (100000 bytes)". Every
-// message that quotes input goes through it (or through quote_input()).
-inline std::string shortened(std::string_view text, std::size_t limit = kQuoteLimit) {
-  if (text.size() <= limit) return std::string(text);
+namespace detail {
+// Where to cut escaped text to at most `limit` bytes: not inside a UTF-8
+// character, nor inside a \xNN escape.
+inline std::size_t quote_cut(const std::string& escaped, std::size_t limit) {
   std::size_t cut = limit;
-  // Back off continuation bytes (10xxxxxx), so no character is split.
-  while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;
-  return std::string(text.substr(0, cut)) + "... (" + std::to_string(text.size()) + " bytes)";
+  while (cut > 0 && (static_cast<unsigned char>(escaped[cut]) & 0xc0) == 0x80) --cut;
+  for (std::size_t back = 1; back <= 3 && back <= cut; ++back)
+    if (escaped[cut - back] == '\\' && cut - back + 1 < escaped.size() && escaped[cut - back + 1] == 'x') {
+      cut -= back;  // the escape would straddle the cut
+      break;
+    }
+  return cut;
+}
+}  // namespace detail
+
+// `text` escaped (escape_control_bytes) and cut to at most `limit` bytes, on
+// a character and escape boundary, with "..." and the original length when
+// it was longer: "abc... (100000 bytes)". Escaping first keeps a message
+// short however many bytes need \xNN. Every message that quotes input goes
+// through it (or through quote_input()).
+inline std::string shortened(std::string_view text, std::size_t limit = kQuoteLimit) {
+  std::string escaped = escape_control_bytes(text);
+  if (escaped.size() <= limit) return escaped;
+  return escaped.substr(0, detail::quote_cut(escaped, limit)) + "... (" + std::to_string(text.size()) + " bytes)";
 }
 
-// `text` in single quotes for a message, cut as shortened() cuts it, the
-// length outside the quotes: 'abc' or 'abc...' (100000 bytes).
+// `text` in single quotes for a message, escaped and cut as shortened()
+// does, the length outside the quotes: 'abc' or 'abc...' (100000 bytes).
 inline std::string quote_input(std::string_view text, std::size_t limit = kQuoteLimit) {
-  if (text.size() <= limit) return "'" + std::string(text) + "'";
-  const std::string cut = shortened(text, limit);
-  const std::size_t dots = cut.rfind("... (");
-  return "'" + cut.substr(0, dots + 3) + "'" + cut.substr(dots + 3);
+  std::string escaped = escape_control_bytes(text);
+  if (escaped.size() <= limit) return "'" + escaped + "'";
+  return "'" + escaped.substr(0, detail::quote_cut(escaped, limit)) + "...' (" + std::to_string(text.size()) +
+         " bytes)";
 }
 
 class Error : public std::runtime_error {

@@ -195,6 +195,26 @@ LoadedGqaWeights load_gqa_weights(const std::string& path, const GqaLoadOptions&
 LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string& name,
                                   const GqaLoadOptions& options = {});
 
+// The same file straight into 16-bit storage (E: bfloat16 or float16), with
+// no float64 or float32 copy of the module: tensors stored as E are taken as
+// they are, any other dtype is rounded once to nearest even (a finite value
+// float16 cannot hold is refused, naming the tensor and the file). The
+// configuration, its checks and parameter_dtype are load_gqa_weights'.
+// Set config.rope (if the model uses it) before module().
+template <class E>
+struct NarrowLoadedGqaWeights {
+  GroupedQueryAttentionConfig config;
+  GroupedQueryAttentionParameters<E> parameters;
+  std::map<std::string, std::string> metadata;
+  std::string prefix;
+  std::optional<DType> parameter_dtype;
+  // NarrowGroupedQueryAttention<E>(config, parameters); a missing or
+  // misshapen tensor is named with the prefix.
+  NarrowGroupedQueryAttention<E> module() const;
+};
+template <class E>
+NarrowLoadedGqaWeights<E> load_gqa_weights_narrow(const std::string& path, const GqaLoadOptions& options = {});
+
 // The metadata above for `module`, its weights as F32 safetensors bytes,
 // and those bytes written atomically.
 std::map<std::string, std::string> gqa_config_metadata(const GroupedQueryAttention<float>& module);

@@ -30,7 +30,7 @@ namespace pybind11::detail {
 
 template <>
 struct type_caster<multihead::python::PathArg> {
-  PYBIND11_TYPE_CASTER(multihead::python::PathArg, const_name("Union[str, os.PathLike[str]]"));
+  PYBIND11_TYPE_CASTER(multihead::python::PathArg, const_name("Union[str, bytes, os.PathLike[str]]"));
 
   bool load(handle src, bool) {
     object path = reinterpret_steal<object>(PyOS_FSPath(src.ptr()));  // str or bytes, else TypeError
@@ -44,6 +44,8 @@ struct type_caster<multihead::python::PathArg> {
       return false;
     }
     value.value.assign(PyBytes_AS_STRING(bytes.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(bytes.ptr())));
+    // open() refuses one too: the C library would read the path only up to it.
+    if (value.value.find('\0') != std::string::npos) throw value_error("path: embedded null byte");
     return true;
   }
 
@@ -144,19 +146,12 @@ class DocBuilder {
   std::string line_, entries_, names_;
 };
 
-// Runs a library backward (fn) with the GIL released. The library names a
-// backward's context argument `saved`; the bindings' argument is `context`,
-// so a message about it says so.
+// Runs a library backward (fn) with the GIL released (the library's
+// messages name its context argument `context`, as the bindings do).
 template <class Fn>
-auto backward_naming_context(Fn&& fn) {
-  try {
-    py::gil_scoped_release nogil;
-    return fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    if (msg.rfind("saved", 0) != 0) throw;
-    throw Error(e.kind(), "context" + msg.substr(5));
-  }
+auto backward_without_gil(Fn&& fn) {
+  py::gil_scoped_release nogil;
+  return fn();
 }
 
 // The parts of the module defined in their own files (called from

@@ -307,7 +307,7 @@ class PyGroupedQueryAttention : public ModuleParameters<GqaTraits> {
   py::dict run_backward(PyGqaContext& c, const py::object& d_output) {
     HeldTensor<T> d = float_tensor<T>(d_output, "d_output");
     const std::shared_ptr<const GroupedQueryAttention<T>> m = module<T>();
-    GroupedQueryAttentionGradients<T> g = backward_naming_context([&] { return m->backward(c.get<T>(), d.tensor); });
+    GroupedQueryAttentionGradients<T> g = backward_without_gil([&] { return m->backward(c.get<T>(), d.tensor); });
     py::dict out;
     out["x"] = to_numpy(std::move(g.x));
     for (const std::string& n : expected_names(config_)) out[py::str(n)] = to_numpy(std::move(g.parameters.at(n)));

@@ -254,7 +254,7 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
   py::dict run_narrow_backward(PyForwardContext& c, const py::object& d_output) {
     HeldNarrow<E> d = narrow_tensor<E>(d_output, "d_output");
     const std::shared_ptr<const NarrowMultiheadAttention<E>> m = narrow_module<E>();
-    MultiheadAttentionGradients<E> g = backward_naming_context([&] { return m->backward(c.narrow<E>(), d.tensor); });
+    MultiheadAttentionGradients<E> g = backward_without_gil([&] { return m->backward(c.narrow<E>(), d.tensor); });
     py::dict out;
     out["query"] = narrow_to_numpy(std::move(g.query), d.kind);
     out["key"] = narrow_to_numpy(std::move(g.key), d.kind);
@@ -525,11 +525,13 @@ PyMultiheadAttention load(const PathArg& path, const std::optional<std::string>&
   } catch (const Error& e) {
     // The loader words its hints as the command line's flags (--prefix,
     // --num-heads); here they are this function's keywords.
+    // Only the loader's own phrases change, never a quoted path or value.
     std::string message = e.what();
-    for (const auto& [flag, keyword] : {std::pair<std::string, std::string>{"--prefix", "prefix"},
-                                        std::pair<std::string, std::string>{"--num-heads", "num_heads="}})
-      for (std::size_t at = message.find(flag); at != std::string::npos; at = message.find(flag, at + keyword.size()))
-        message.replace(at, flag.size(), keyword);
+    if (message.starts_with("--prefix '")) message.erase(0, 2);
+    for (const auto& [phrase, keyword] :
+         {std::pair<std::string, std::string>{"(pass one with --prefix)", "(pass one as prefix=)"},
+          std::pair<std::string, std::string>{"; pass --num-heads (in ", "; pass num_heads= (in "}})
+      if (const std::size_t at = message.rfind(phrase); at != std::string::npos) message.replace(at, phrase.size(), keyword);
     throw Error(e.kind(), message);
   }
   return PyMultiheadAttention(w.config, std::move(w.parameters), p);

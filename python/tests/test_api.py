@@ -436,6 +436,8 @@ def test_paths_may_be_pathlike_or_bytes(tmp_path):
     assert multihead.TrainedModel.load(tmp_path / "m.safetensors").config == t.model().config
     with pytest.raises(TypeError):
         multihead.load_weights(3)
+    with pytest.raises(ValueError, match="path: embedded null byte"):  # as open() refuses it
+        multihead.load_weights(str(tmp_path / "w.safetensors") + "\0x")
 
 
 def test_import_checks_the_tuning_variables():

@@ -49,6 +49,13 @@ inline void check_fits_in_memory(const std::string& name, const std::string& wha
   throw Error(Error::Kind::Value, name + ": " + what + msg + (hint.empty() ? "" : " (" + hint + ")"));
 }
 
+// A shape's element count as a double (no overflow, for memory estimates).
+inline double elements_of(const Shape& shape) {
+  double n = 1;
+  for (const int64_t d : shape) n *= static_cast<double>(d);
+  return n;
+}
+
 // The parameters a module's configuration asks for must fit in memory
 // before any is allocated (MultiheadAttention(2**31, 1) asked for 192 EiB
 // and failed with std::length_error naming nothing). for_each_parameter is
@@ -59,10 +66,7 @@ void check_parameters_fit(const Config& config, std::size_t element_size, const 
                           const std::string& sizes) {
   double elements = 0;
   for_each_parameter(config, [&](const auto& info) {
-    if (!info.present) return;
-    double n = 1;
-    for (const int64_t d : info.shape) n *= static_cast<double>(d);
-    elements += n;
+    if (info.present) elements += elements_of(info.shape);
   });
   check_fits_in_memory(name, "the module's parameters (" + sizes + ")", elements * static_cast<double>(element_size),
                        "");

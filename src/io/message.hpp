@@ -14,7 +14,7 @@ namespace multihead::detail {
 // (escape_control_bytes), and text past `max_len` bytes is cut as every
 // quoted input is (shortened, multihead/error.hpp): "abc... (N bytes)".
 inline std::string printable(std::string_view text, std::size_t max_len = 120) {
-  return escape_control_bytes(shortened(text, max_len));
+  return shortened(text, max_len);
 }
 
 }  // namespace multihead::detail

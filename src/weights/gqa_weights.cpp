@@ -5,6 +5,7 @@
 
 #include "io/metadata.hpp"
 #include "weights/gqa_format.hpp"
+#include "weights/take_tensor.hpp"
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/weights.hpp"
@@ -25,9 +26,11 @@ std::optional<int64_t> metadata_count(const SafetensorsFile& file, const std::st
   }
 }
 
-const Tensor<double>& weight(const SafetensorsFile& file, const std::string& name, const std::string& path) {
-  const auto it = file.tensors.find(name);
-  if (it == file.tensors.end()) {
+// A projection weight's shape, from whichever map of the file holds it
+// (decoded, or kept 16-bit for the narrow loader).
+const Shape& weight(const SafetensorsFile& file, const std::string& name, const std::string& path) {
+  const std::optional<detail::RealTensor> found = detail::find_real(file, name);
+  if (!found) {
     const bool integer = file.integer_tensors.count(name) != 0;
     throw Error(integer ? Error::Kind::Format : Error::Kind::Missing,
                 name + (integer ? ": an integer tensor, expected floating point"
@@ -35,10 +38,10 @@ const Tensor<double>& weight(const SafetensorsFile& file, const std::string& nam
                                   "o_proj.weight (`multihead init --num-kv-heads` writes one)") +
                     in_file(path));
   }
-  if (it->second.values.dim() != 2)
+  if (found->shape->size() != 2)
     throw Error(Error::Kind::Shape, name + ": expected 2 dimensions (out_features, in_features), got shape " +
-                                        shape_to_string(it->second.values.shape()) + in_file(path));
-  return it->second.values;
+                                        shape_to_string(*found->shape) + in_file(path));
+  return *found->shape;
 }
 
 }  // namespace
@@ -67,11 +70,16 @@ std::optional<std::string> gqa_module_message(const SafetensorsFile& file, const
 
 }  // namespace detail
 
-LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string& path, const GqaLoadOptions& options) {
+namespace {
+
+// The configuration a file's shapes and metadata imply, with the options
+// (rope unset, bias false: the loaders set it from the biases found).
+GroupedQueryAttentionConfig gqa_file_config(const SafetensorsFile& file, const std::string& path,
+                                            const GqaLoadOptions& options) {
   const std::string& p = options.prefix;
-  const Tensor<double>& q = weight(file, p + "q_proj.weight", path);
-  const Tensor<double>& k = weight(file, p + "k_proj.weight", path);
-  const int64_t rows = q.size(0), E = q.size(1);
+  const Shape& q = weight(file, p + "q_proj.weight", path);
+  const Shape& k = weight(file, p + "k_proj.weight", path);
+  const int64_t rows = q[0], E = q[1];
 
   // num_heads: the option, else the metadata; the file's shapes cannot tell.
   const std::optional<int64_t> meta_heads = metadata_count(file, "num_heads", path);
@@ -100,42 +108,67 @@ LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string
   } else if (meta_kv) {
     kv = *meta_kv, kv_name = "__metadata__.num_kv_heads";
   } else {
-    if (k.size(0) % D != 0)
-      throw Error(Error::Kind::Shape, p + "k_proj.weight: " + std::to_string(k.size(0)) +
+    if (k[0] % D != 0)
+      throw Error(Error::Kind::Shape, p + "k_proj.weight: " + std::to_string(k[0]) +
                                           " rows are not K/V heads of the query heads' width " + std::to_string(D) +
                                           in_file(path));
-    kv = k.size(0) / D, kv_name = p + "k_proj.weight";
+    kv = k[0] / D, kv_name = p + "k_proj.weight";
   }
   if (kv < 1 || H % kv != 0)
     throw Error(Error::Kind::Value, kv_name + ": expected a divisor of num_heads " + std::to_string(H) +
                                         " (each K/V head serves num_heads / num_kv_heads query heads), got " +
                                         std::to_string(kv) + in_file(path));
-  if (k.shape() != Shape{kv * D, E})
+  if (k != Shape{kv * D, E})
     throw Error(Error::Kind::Shape, kv_name + ": " + std::to_string(kv) + " K/V heads of width " + std::to_string(D) +
                                         " need " + p + "k_proj.weight " + shape_to_string({kv * D, E}) +
-                                        ", the file's is " + shape_to_string(k.shape()) + in_file(path));
+                                        ", the file's is " + shape_to_string(k) + in_file(path));
+  GroupedQueryAttentionConfig config;
+  config.embed_dim = E;
+  config.num_heads = H;
+  config.num_kv_heads = kv;
+  config.head_dim = D;
+  config.causal = options.causal;
+  return config;
+}
 
-  LoadedGqaWeights r;
-  r.config.embed_dim = E;
-  r.config.num_heads = H;
-  r.config.num_kv_heads = kv;
-  r.config.head_dim = D;
-  r.config.causal = options.causal;
-  r.prefix = p;
-  // Every row of the module's parameter table, biases included; the biases
-  // found say `bias` (from_tensors checks they are all there or none).
-  GroupedQueryAttentionConfig every_row = r.config;
+// Every row of the module's parameter table that the file holds, biases
+// included (their presence sets config.bias), in the table's order:
+// fn(row name, prefix + name); the dtypes on disk into `dtype` (nullopt
+// when they differ), as BasicLoadedWeights::parameter_dtype.
+template <class Fn>
+void for_each_file_parameter(const SafetensorsFile& file, const std::string& prefix,
+                             GroupedQueryAttentionConfig& config, std::optional<DType>& dtype, Fn&& fn) {
+  GroupedQueryAttentionConfig every_row = config;
   every_row.bias = true;
   bool first = true;
   for_each_parameter(every_row, [&](const ParameterInfo& info) {
-    const auto it = file.tensors.find(p + info.name);
-    if (it == file.tensors.end()) return;
-    if (first) r.parameter_dtype = it->second.dtype;
-    else if (r.parameter_dtype != it->second.dtype) r.parameter_dtype.reset();
+    const std::optional<detail::RealTensor> found = detail::find_real(file, prefix + info.name);
+    if (!found) return;
+    if (first) dtype = found->dtype;
+    else if (dtype != found->dtype) dtype.reset();
     first = false;
-    r.tensors.emplace(p + info.name, it->second.values);
-    r.config.bias = r.config.bias || std::string(info.name).ends_with(".bias");
+    config.bias = config.bias || std::string(info.name).ends_with(".bias");
+    fn(std::string(info.name), prefix + info.name);
   });
+}
+
+}  // namespace
+
+LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string& path, const GqaLoadOptions& options) {
+  LoadedGqaWeights r;
+  r.config = gqa_file_config(file, path, options);
+  r.prefix = options.prefix;
+  // The biases found say `bias` (from_tensors checks they are all there or
+  // none). A file read with 16-bit tensors kept has them widened exactly.
+  for_each_file_parameter(file, r.prefix, r.config, r.parameter_dtype,
+                          [&](const std::string&, const std::string& name) {
+                            if (const auto it = file.tensors.find(name); it != file.tensors.end())
+                              r.tensors.emplace(name, it->second.values);
+                            else if (const auto b = file.bf16_tensors.find(name); b != file.bf16_tensors.end())
+                              r.tensors.emplace(name, widen<double>(b->second));
+                            else
+                              r.tensors.emplace(name, widen<double>(file.f16_tensors.at(name)));
+                          });
   r.metadata = file.metadata;
   return r;
 }
@@ -143,6 +176,38 @@ LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string
 LoadedGqaWeights load_gqa_weights(const std::string& path, const GqaLoadOptions& options) {
   return load_gqa_weights(read_safetensors(path), path, options);
 }
+
+template <class E>
+NarrowLoadedGqaWeights<E> load_gqa_weights_narrow(const std::string& path, const GqaLoadOptions& options) {
+  SafetensorsFile file = read_safetensors(path, Sixteen::Keep);
+  NarrowLoadedGqaWeights<E> r;
+  r.config = gqa_file_config(file, path, options);
+  r.prefix = options.prefix;
+  std::map<std::string, Tensor<E>> tensors;
+  for_each_file_parameter(file, r.prefix, r.config, r.parameter_dtype,
+                          [&](const std::string& row, const std::string& name) {
+                            tensors.emplace(row, detail::take_tensor<E>(file, name, in_file(path)));
+                          });
+  for_each_parameter(r.config, r.parameters, [&](const ParameterInfo& info, Tensor<E>& t) {
+    if (const auto it = tensors.find(info.name); it != tensors.end()) t = std::move(it->second);
+  });
+  r.metadata = std::move(file.metadata);
+  return r;
+}
+
+template <class E>
+NarrowGroupedQueryAttention<E> NarrowLoadedGqaWeights<E>::module() const {
+  try {
+    return NarrowGroupedQueryAttention<E>(config, parameters);
+  } catch (const Error& e) {
+    throw Error(e.kind(), prefix + e.what());
+  }
+}
+
+template struct NarrowLoadedGqaWeights<bfloat16>;
+template struct NarrowLoadedGqaWeights<float16>;
+template NarrowLoadedGqaWeights<bfloat16> load_gqa_weights_narrow<bfloat16>(const std::string&, const GqaLoadOptions&);
+template NarrowLoadedGqaWeights<float16> load_gqa_weights_narrow<float16>(const std::string&, const GqaLoadOptions&);
 
 template <class T>
 GroupedQueryAttention<T> LoadedGqaWeights::module() const {

@@ -966,6 +966,14 @@ for name, build, words in (
     case(name, *words)(build)
 
 
+# -- an integer with a leading zero: CLI11 would read "010" as octal 8 and
+# fail on "08"; refused as not an integer.
+for command, flag in (("init", "--seed"), ("init", "--embed-dim")):
+    for value in ("010", "08"):
+        case(f"{command} {flag} {value}", flag, f"got '{value}'")(
+            lambda ctx, command=command, flag=flag, value=value: [ctx.cli, command, flag, value])
+
+
 # -- seeds are unsigned 64-bit integers: "-1" is not 2^64 - 1, "" is not 0.
 for command, flag in (("init", "--seed"), ("train", "--seed"), ("decode", "--seed"), ("demo", "--seed"),
                       ("forward", "--dropout-seed"), ("experiment", "--first-seed"), ("ablate", "--first-seed")):
