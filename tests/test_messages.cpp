@@ -129,10 +129,13 @@ TEST(MemoryRefusals, ModulesTrainingAndProgramsNameTheirSizes) {
   EXPECT_EQ(step.rfind("training: one training step (batch 1099511627776 x sequence_length 8", 0), 0u) << step;
 
   // Summed per example (train --parallel data), a pass holds one example:
-  // a batch of 2^20 short sequences fits where one pass over all would not.
-  options.batch = int64_t{1} << 20;
+  // 2^24 sequences of 8 tokens over 4096 symbols need ~2 TiB of logits in
+  // one pass over all (refused), ~1 GiB of batch arrays one example a pass.
+  options.batch = int64_t{1} << 24;
+  const std::string batched = refusal([&] { Trainer t(make_task("reverse", 4096, 8), model, options); });
+  EXPECT_NE(batched.find("all in one pass"), std::string::npos) << batched;
   options.gradients = GradientSum::PerExample;
-  EXPECT_EQ(refusal([&] { Trainer t(make_task("reverse", 10, 8), model, options); }), "no error");
+  EXPECT_EQ(refusal([&] { Trainer t(make_task("reverse", 4096, 8), model, options); }), "no error");
 
   EXPECT_EQ(refusal([] { check_fits_in_memory("--prompt-len", "a prompt", 1e18, "shorter"); }).rfind(
                 "--prompt-len: a prompt would need ", 0),
