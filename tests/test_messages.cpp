@@ -14,9 +14,12 @@
 #include "multihead/multihead_attention.hpp"
 #include "multihead/runtime.hpp"
 #include "multihead/train.hpp"
+#include "test_util.hpp"
 
 namespace multihead {
 namespace {
+
+using test::error_of;
 
 TEST(QuotedInput, ShortTextIsWhole) {
   EXPECT_EQ(quote_input("abc"), "'abc'");
@@ -92,25 +95,16 @@ TEST(QuotedInput, BytesOutsideUtf8AreEscaped) {
 // test means the same on any host) fail in one line naming the field,
 // before any allocation: not std::length_error, std::bad_alloc or the
 // kernel's OOM killer.
-std::string refusal(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST(MemoryRefusals, ModulesTrainingAndProgramsNameTheirSizes) {
   MultiheadAttentionConfig mha;
   mha.embed_dim = int64_t{1} << 31;
   mha.num_heads = 1;
-  EXPECT_EQ(refusal([&] { BasicMultiheadAttention<float> m(mha); }).rfind("embed_dim: the module's parameters (embed_dim 2147483648", 0), 0u)
-      << refusal([&] { BasicMultiheadAttention<float> m(mha); });
+  EXPECT_EQ(error_of([&] { BasicMultiheadAttention<float> m(mha); }).rfind("embed_dim: the module's parameters (embed_dim 2147483648", 0), 0u)
+      << error_of([&] { BasicMultiheadAttention<float> m(mha); });
   mha.embed_dim = 8;
   mha.num_heads = 2;
   mha.kdim = int64_t{1} << 50;
-  const std::string kdim = refusal([&] { BasicMultiheadAttention<double> m(mha); });
+  const std::string kdim = error_of([&] { BasicMultiheadAttention<double> m(mha); });
   EXPECT_EQ(kdim.rfind("kdim: the module's parameters (embed_dim 8, kdim 1125899906842624", 0), 0u) << kdim;
   EXPECT_NE(kdim.find("more than this machine's"), std::string::npos) << kdim;
 
@@ -118,29 +112,29 @@ TEST(MemoryRefusals, ModulesTrainingAndProgramsNameTheirSizes) {
   gqa.embed_dim = 16;
   gqa.num_heads = 4;
   gqa.head_dim = int64_t{1} << 40;
-  const std::string head = refusal([&] { GroupedQueryAttention<float> m(gqa); });
+  const std::string head = error_of([&] { GroupedQueryAttention<float> m(gqa); });
   EXPECT_EQ(head.rfind("head_dim: the module's parameters (embed_dim 16, 4 heads of head_dim 1099511627776", 0), 0u)
       << head;
 
   ModelConfig model;
   TrainOptions options;
   options.batch = int64_t{1} << 40;
-  const std::string step = refusal([&] { Trainer t(make_task("reverse", 10, 8), model, options); });
+  const std::string step = error_of([&] { Trainer t(make_task("reverse", 10, 8), model, options); });
   EXPECT_EQ(step.rfind("training: one training step (batch 1099511627776 x sequence_length 8", 0), 0u) << step;
 
   // Summed per example (train --parallel data), a pass holds one example:
   // 2^24 sequences of 8 tokens over 4096 symbols need ~2 TiB of logits in
   // one pass over all (refused), ~1 GiB of batch arrays one example a pass.
   options.batch = int64_t{1} << 24;
-  const std::string batched = refusal([&] { Trainer t(make_task("reverse", 4096, 8), model, options); });
+  const std::string batched = error_of([&] { Trainer t(make_task("reverse", 4096, 8), model, options); });
   EXPECT_NE(batched.find("all in one pass"), std::string::npos) << batched;
   options.gradients = GradientSum::PerExample;
-  EXPECT_EQ(refusal([&] { Trainer t(make_task("reverse", 4096, 8), model, options); }), "no error");
+  EXPECT_EQ(error_of([&] { Trainer t(make_task("reverse", 4096, 8), model, options); }), "");
 
-  EXPECT_EQ(refusal([] { check_fits_in_memory("--prompt-len", "a prompt", 1e18, "shorter"); }).rfind(
+  EXPECT_EQ(error_of([] { check_fits_in_memory("--prompt-len", "a prompt", 1e18, "shorter"); }).rfind(
                 "--prompt-len: a prompt would need ", 0),
             0u);
-  EXPECT_EQ(refusal([] { check_fits_in_memory("--prompt-len", "a prompt", 1e3); }), "no error");
+  EXPECT_EQ(error_of([] { check_fits_in_memory("--prompt-len", "a prompt", 1e3); }), "");
 }
 
 }  // namespace

@@ -38,6 +38,8 @@
 namespace multihead {
 namespace {
 
+using test::error_of;
+
 using test::random_tensor;
 
 struct BackwardCase {
@@ -460,15 +462,6 @@ TEST(MhaBackward, BackwardRunsTheForwardsKernel_Float32_AutoThenForcedReference)
   ASSERT_FALSE(same(flash, reference)) << "the two kernels agree to the bit here: the test could not tell them apart";
   EXPECT_TRUE(same(flash, step(AttentionKernel::Auto, AttentionKernel::Reference)));
   EXPECT_TRUE(same(reference, step(AttentionKernel::Reference, AttentionKernel::Flash)));
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(MhaBackward, RefusesEmptyForeignStaleContextAndBadDOutput) {

@@ -22,16 +22,9 @@
 namespace multihead {
 namespace {
 
-using test::random_tensor;
+using test::error_of;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::random_tensor;
 
 template <class T>
 bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {

@@ -19,6 +19,7 @@
 #include "multihead/runtime.hpp"
 #include "multihead/train.hpp"
 #include "train/model.hpp"
+#include "test_util.hpp"
 #include "train_fixtures.hpp"
 #include "train_gradcheck.hpp"
 
@@ -199,15 +200,6 @@ TEST(TrainShortRun, ReverseL6V6LossFallsBelowAQuarterIn100Steps) {
               s.back().loss, s.front().accuracy, s.back().accuracy);
   EXPECT_LT(s.back().loss, 0.25 * s.front().loss);
   EXPECT_GT(s.back().accuracy, 0.9);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 TEST(TrainResume, BadCheckpointsGiveOneLineNamingTheProblem) {

@@ -16,9 +16,12 @@
 
 #include "multihead/error.hpp"
 #include "multihead/train.hpp"
+#include "test_util.hpp"
 
 namespace multihead {
 namespace {
+
+using test::error_of;
 
 ModelConfig small_model(double dropout) {
   ModelConfig m;
@@ -76,15 +79,6 @@ void expect_same_run(const RunRecord& want, const RunRecord& got, const std::str
         << what << ", step " << i << ": grad_norm " << got.norms[i] << " vs " << want.norms[i];
   }
   EXPECT_TRUE(got.checkpoint == want.checkpoint) << what << ": checkpoint bytes differ";
-}
-
-std::string error_text(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // Shares of 8, 4 and 2 examples (1, 2, 4 simulated ranks) and train_step()
@@ -154,7 +148,7 @@ TEST(TrainPerExample, ResumeWithAnotherShareCountGivesTheUninterruptedRunAndBatc
   }
   TrainOptions batched = per_example(4);
   batched.gradients = GradientSum::Batched;
-  EXPECT_EQ(error_text([&] { Trainer::resume(path, task, small_model(0.1), batched); }),
+  EXPECT_EQ(error_of([&] { Trainer::resume(path, task, small_model(0.1), batched); }),
             "'" + path + "': gradients are summed per example (--parallel data) in the checkpoint, got over the batch "
                          "at once");
   EXPECT_EQ(read_checkpoint_info(path).options.gradients, GradientSum::PerExample);
@@ -166,19 +160,19 @@ TEST(TrainPerExample, FoldAndApplyRefuseExamplesOutOfOrderOrMissing) {
   Trainer t(task, small_model(0.0), per_example(1));
   const std::vector<ExampleResult> r = t.example_results(0, 3);
   ExampleFold fold;
-  EXPECT_EQ(error_text([&] { fold.add(r[1]); }), "fold: expected example 0 next (examples are added in order), got 1");
+  EXPECT_EQ(error_of([&] { fold.add(r[1]); }), "fold: expected example 0 next (examples are added in order), got 1");
   fold.add(r[0]);
   ExampleResult shorter = r[1];
   shorter.gradient.pop_back();
-  EXPECT_EQ(error_text([&] { fold.add(shorter); }),
+  EXPECT_EQ(error_of([&] { fold.add(shorter); }),
             "fold: expected a gradient of " + std::to_string(r[0].gradient.size()) + " values for example 1, got " +
                 std::to_string(r[0].gradient.size() - 1));
-  EXPECT_EQ(error_text([&] { t.apply(fold); }), "apply: expected the fold of the whole batch, 8 examples, got 1");
-  EXPECT_EQ(error_text([&] { t.example_results(6, 9); }),
+  EXPECT_EQ(error_of([&] { t.apply(fold); }), "apply: expected the fold of the whole batch, 8 examples, got 1");
+  EXPECT_EQ(error_of([&] { t.example_results(6, 9); }),
             "example_results: expected 0 <= begin <= end <= batch 8, got begin 6, end 9");
   TrainOptions batched = per_example(1);
   batched.gradients = GradientSum::Batched;
-  EXPECT_EQ(error_text([&] { Trainer(task, small_model(0.0), batched).example_results(0, 1); }),
+  EXPECT_EQ(error_of([&] { Trainer(task, small_model(0.0), batched).example_results(0, 1); }),
             "example_results: expected a trainer with per-example gradients, got batched");
 }
 

@@ -3,9 +3,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 
+#include "multihead/error.hpp"
 #include "multihead/tensor.hpp"
 
 namespace multihead::test {
@@ -44,6 +46,18 @@ double rel_error(const Tensor<A>& a, const Tensor<B>& b) {
   }
   if (den == 0) return std::sqrt(num);
   return std::sqrt(num / den);
+}
+
+// The message of the multihead::Error that f() throws, or "" when it
+// returns: a test compares the whole line, or EXPECT_EQ(error_of(f), "")
+// for "no error". Any other exception propagates and fails the test.
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace multihead::test

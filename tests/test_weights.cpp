@@ -22,6 +22,8 @@
 namespace multihead {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 using Tensors = std::map<std::string, Tensor<float>>;
 
@@ -94,15 +96,6 @@ Tensors two_layer_model() {
   return t;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(LoadWeights, PrefixPicksOneModuleAndIgnoresTheRest) {
   const Tensors model = two_layer_model();
   const WeightsFile f(model, {{"num_heads", "2"}, {"enc.layers.1.self_attn.num_heads", "3"}});
@@ -123,17 +116,17 @@ TEST(LoadWeights, ErrorsListThePrefixesThatWouldWork) {
   const WeightsFile f(two_layer_model(), {{"num_heads", "2"}});
   const std::string modules = "; this file holds MultiheadAttention modules at prefixes enc.layers.0.self_attn., "
                               "enc.layers.1.self_attn. (pass one with --prefix)";
-  EXPECT_EQ(message_of([&] { load_weights(f.path()); }),
+  EXPECT_EQ(error_of([&] { load_weights(f.path()); }),
             "enc.layers.0.linear1.weight: unexpected tensor in a MultiheadAttention state_dict (expected names: "
             "in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v, "
             "out_proj.weight, out_proj.bias) (in " + f.path() + ")" + modules)
       << "without a prefix, the whole file must be one module";
   LoadOptions o;
   o.prefix = "dec.";
-  EXPECT_EQ(message_of([&] { load_weights(f.path(), o); }),
+  EXPECT_EQ(error_of([&] { load_weights(f.path(), o); }),
             "--prefix 'dec.': no tensor in " + f.path() + " starts with it" + modules);
   o.prefix = "enc.layers.0.";
-  const std::string msg = message_of([&] { load_weights(f.path(), o); });
+  const std::string msg = error_of([&] { load_weights(f.path(), o); });
   EXPECT_EQ(msg.rfind("enc.layers.0.linear1.weight: unexpected tensor", 0), 0u) << msg;
 }
 
@@ -153,17 +146,17 @@ TEST(LoadWeights, NestedModulesAndSimilarPrefixesEachLoadTheirOwn) {
     EXPECT_EQ(m.problem, "") << m.prefix;
     LoadOptions o;
     o.prefix = m.prefix;
-    const std::string msg = message_of([&] {
+    const std::string msg = error_of([&] {
       const LoadedWeights w = load_weights(f.path(), o);
       EXPECT_EQ(w.config.embed_dim, m.embed_dim) << m.prefix;
       EXPECT_EQ(w.config.key_dim(), m.kdim) << m.prefix;
       EXPECT_EQ(w.parameters.out_proj_bias[1], t.at(m.prefix + "out_proj.bias")[1]) << m.prefix;
     });
-    EXPECT_EQ(msg, "(no error)") << "--prefix " << m.prefix << " is listed by inspect";
+    EXPECT_EQ(msg, "") << "--prefix " << m.prefix << " is listed by inspect";
   }
   LoadOptions o;
   o.prefix = "layer.";
-  EXPECT_EQ(message_of([&] { load_weights(f.path(), o); }).rfind("layer.1.in_proj_bias: unexpected tensor", 0), 0u)
+  EXPECT_EQ(error_of([&] { load_weights(f.path(), o); }).rfind("layer.1.in_proj_bias: unexpected tensor", 0), 0u)
       << "no module at layer.: its tensors stay unexpected";
 }
 
@@ -193,7 +186,7 @@ TEST(LoadWeights, IntegerBufferWithoutPrefixIsAnUnexpectedTensor) {
   Tensors t;
   add_module(t, "enc.self_attn.", 4, 4, rng);
   const WeightsFile f(t, {{"num_heads", "2"}}, {{"bn.num_batches_tracked", {}}});
-  EXPECT_EQ(message_of([&] { load_weights(f.path()); }),
+  EXPECT_EQ(error_of([&] { load_weights(f.path()); }),
             "bn.num_batches_tracked: unexpected tensor in a MultiheadAttention state_dict " + kExpectedNames +
                 " (in " + f.path() + "); this file holds MultiheadAttention modules at prefixes enc.self_attn. "
                 "(pass one with --prefix)");
@@ -209,7 +202,7 @@ TEST(LoadWeights, IntegerTensorUnderAParameterNameIsAnError) {
                            "got int64 (in " + f.path() + ")";
   LoadOptions o;
   o.prefix = "enc.self_attn.";
-  EXPECT_EQ(message_of([&] { load_weights(f.path(), o); }), want);
+  EXPECT_EQ(error_of([&] { load_weights(f.path(), o); }), want);
   const std::vector<FoundModule> m = find_attention_modules(f.path());
   ASSERT_EQ(m.size(), 1u) << "the module is still found, and shown with its problem";
   EXPECT_EQ(m[0].prefix, "enc.self_attn.");
@@ -280,7 +273,7 @@ TEST(GqaWeights, KvHeadsFromTheOptionTheMetadataOrTheShapes) {
   }
   GqaLoadOptions o;
   o.num_kv_heads = 4;  // the option wins, and is checked against the shapes
-  EXPECT_EQ(message_of([&] { (void)load_gqa_weights(with_meta.path(), o); }),
+  EXPECT_EQ(error_of([&] { (void)load_gqa_weights(with_meta.path(), o); }),
             "num_kv_heads: 4 K/V heads of width 2 need k_proj.weight (8, 8), the file's is (4, 8) (in " +
                 with_meta.path() + ")");
 }
@@ -304,7 +297,7 @@ TEST(GqaWeights, MetadataByTheOneRule) {
   };
   for (const Case& c : cases) {
     const WeightsFile f(m.state_dict(), c.metadata);
-    EXPECT_EQ(message_of([&] { (void)load_gqa_weights(f.path()); }), c.message + " (in " + f.path() + ")");
+    EXPECT_EQ(error_of([&] { (void)load_gqa_weights(f.path()); }), c.message + " (in " + f.path() + ")");
   }
 }
 
@@ -312,7 +305,7 @@ TEST(GqaWeights, MetadataByTheOneRule) {
 TEST(GqaWeights, MhaLoaderNamesAGqaFile) {
   const GroupedQueryAttention<float> m = small_gqa(true);
   const WeightsFile f(m.state_dict(), gqa_config_metadata(m));
-  EXPECT_EQ(message_of([&] { (void)load_weights(f.path()); }),
+  EXPECT_EQ(error_of([&] { (void)load_weights(f.path()); }),
             "q_proj.weight: a grouped-query attention module (q_proj/k_proj/v_proj/o_proj.weight), not a "
             "MultiheadAttention state_dict; read it with load_gqa_weights, or on the command line with multihead "
             "forward or decode and --num-kv-heads 2 (the file's num_kv_heads) (in " + f.path() + ")");

@@ -9,11 +9,35 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "precision/precision_cases.hpp"
 
 namespace multihead::precision {
+
+// Tensors by name (the gradients of a backward, or a forward's output and
+// gradients), each flattened to float64.
+using NamedValues = std::map<std::string, std::vector<double>>;
+
+// A bound's own float64 values (plain loops over its trace) against the
+// float64 module's, tensor by tensor: each element within 1e-9 of the
+// tensor's largest magnitude (at least 1). Both sum the same float64 terms
+// in different orders, so they differ by ~1e-15 relative; a wrong index or
+// a missed term is off by the size of a term. So the bound is computed
+// about the right numbers.
+inline void expect_traced_values_agree(const NamedValues& traced, const NamedValues& want, const std::string& label) {
+  for (const auto& [name, w] : want) {
+    double scale = 0;
+    for (double x : w) scale = std::max(scale, std::abs(x));
+    ASSERT_TRUE(traced.count(name)) << label << ": the trace has no " << name;
+    const std::vector<double>& mine = traced.at(name);
+    ASSERT_EQ(mine.size(), w.size()) << label << " " << name;
+    for (std::size_t k = 0; k < w.size(); ++k)
+      ASSERT_NEAR(mine[k], w[k], 1e-9 * std::max(scale, 1.0)) << label << " " << name << "[" << k << "]";
+  }
+}
 
 // Value and bound of a float32 sum of products a_r·b_r (r < n terms),
 // operands with errors.

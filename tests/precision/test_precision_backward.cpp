@@ -84,7 +84,7 @@ BackwardProblem make_backward_problem(const BackwardCase& c) {
 }
 
 // Every gradient by name: "query", "key", "value" and the state_dict names.
-using Gradients = std::map<std::string, std::vector<double>>;
+using Gradients = NamedValues;
 
 template <class T>
 std::vector<double> values_of(const Tensor<T>& t) {
@@ -398,18 +398,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, PrecisionBackwardModifiers, ::testing::Range(0, 
                                   modifiers_name(modified_problem(i, make_problem<bfloat16>(case_at(i))));
                          });
 
-// The bound's own float64 gradients (plain loops over the trace) agree with
-// the float64 module's, so the bound is computed about the right values.
+// The bound's own float64 gradients agree with the float64 module's.
 void expect_trace_gradients_agree(const BackwardProblem& b, const std::string& label) {
-  const Gradients want = reference_gradients(b);
-  const TracedGradients traced = trace_backward<bfloat16>(b);
-  for (const auto& [name, w] : want) {
-    double scale = 0;
-    for (double x : w) scale = std::max(scale, std::abs(x));
-    const std::vector<double>& mine = traced.value.at(name);
-    for (std::size_t k = 0; k < w.size(); ++k)
-      ASSERT_NEAR(mine[k], w[k], 1e-9 * std::max(scale, 1.0)) << label << " d_" << name << "[" << k << "]";
-  }
+  expect_traced_values_agree(trace_backward<bfloat16>(b).value, reference_gradients(b), label);
 }
 
 // On every fifth case (dropout and bottom-right among them).

@@ -173,7 +173,7 @@ std::vector<double> values_of(const Tensor<T>& t) {
 }
 
 // The forward output ("output") and every gradient ("x", the state_dict names).
-using Values = std::map<std::string, std::vector<double>>;
+using Values = NamedValues;
 
 template <class T>
 Values values_of(const Tensor<T>& out, const GroupedQueryAttentionGradients<T>& g) {
@@ -566,16 +566,7 @@ TEST(PrecisionGqaChecker, TableCoversEveryOption) {
 TEST(PrecisionGqaChecker, BoundsOwnValuesAgree) {
   for (int i = 0; i < kGqaCaseCount; i += 5) {
     const GqaProblem p = make_gqa_problem<bfloat16>(gqa_case_at(i));
-    const Values want = reference_values(p);
-    const GqaTrace traced = gqa_trace<bfloat16>(p);
-    for (const auto& [name, w] : want) {
-      double scale = 0;
-      for (double x : w) scale = std::max(scale, std::abs(x));
-      const std::vector<double>& mine = traced.value.at(name);
-      ASSERT_EQ(mine.size(), w.size()) << name;
-      for (std::size_t k = 0; k < w.size(); ++k)
-        ASSERT_NEAR(mine[k], w[k], 1e-9 * std::max(scale, 1.0)) << gqa_case_at(i).name() << " " << name << "[" << k << "]";
-    }
+    expect_traced_values_agree(gqa_trace<bfloat16>(p).value, reference_values(p), gqa_case_at(i).name());
   }
 }
 
