@@ -266,33 +266,8 @@ int main(int argc, char** argv) {
     else if (std::strcmp(argv[i], "--buffer-mib") == 0) buffer_mib = std::atol(argv[i + 1]);
   }
   const long flops_per_iteration = HWY_DYNAMIC_DISPATCH(multihead_bench::FlopsPerIteration)();
-  // Calibrate the iteration count on one thread (~20 ms), then run all
-  // threads together, best of several repetitions.
-  long iterations = 1 << 20;
-  for (;;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    volatile float sink = HWY_DYNAMIC_DISPATCH(multihead_bench::FmaChains)(iterations);
-    (void)sink;
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (s > 0.02) {
-      iterations = static_cast<long>(static_cast<double>(iterations) * (seconds / 5) / s) + 1;
-      break;
-    }
-    iterations *= 2;
-  }
-  double best = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads)
-    {
-      volatile float sink = HWY_DYNAMIC_DISPATCH(multihead_bench::FmaChains)(iterations);
-      (void)sink;
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double flops =
-        static_cast<double>(iterations) * static_cast<double>(flops_per_iteration) * threads;
-    best = std::max(best, flops / s * 1e-9);
-  }
+  const double best = peak_gflops([](long n) { return HWY_DYNAMIC_DISPATCH(multihead_bench::FmaChains)(n); },
+                                  flops_per_iteration, threads, seconds);
   std::printf("fma_peak_gflops=%.1f threads=%d target=%s per_core_gflops=%.1f\n", best, threads,
               hwy::TargetName(hwy::SupportedTargets() & HWY_TARGETS & -(hwy::SupportedTargets() & HWY_TARGETS)),
               best / threads);

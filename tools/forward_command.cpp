@@ -115,6 +115,31 @@ std::unique_ptr<Mask<T>> read_mask(const std::string& path, const std::string& n
 }
 
 // --verbose: one line on stderr, so that `--out -` stays clean.
+// The options of nn.MultiheadAttention.forward and ours that both forward
+// paths (float and 16-bit) take from the flags: the masks, causality, the
+// window, soft-cap, ALiBi, dropout, masked rows, the kernel and threads.
+// need_weights stays off (the float path sets it from --attn-weights-out).
+template <class T>
+ForwardOptions<T> forward_options(const ForwardArgs& args, const Mask<T>* key_padding_mask, const Mask<T>* attn_mask) {
+  ForwardOptions<T> o;
+  o.key_padding_mask = key_padding_mask;
+  o.attn_mask = attn_mask;
+  o.need_weights = false;
+  o.attention.is_causal = args.is_causal;
+  o.attention.causal_alignment =
+      args.causal_align == "bottom-right" ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
+  o.attention.window = args.window;
+  o.attention.softcap = args.softcap;
+  o.alibi = args.alibi;
+  o.training = args.training;
+  o.attention.dropout_seed = args.dropout_seed;
+  o.attention.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
+  o.attention.kernel = parse_attention_kernel(args.kernel);
+  o.attention.num_threads = args.threads;
+  o.attention.check_finite = args.check_finite;
+  return o;
+}
+
 template <class T>
 void print_summary(const ForwardArgs& args, const LoadedWeights& w, const ForwardResult<T>& r, double ms) {
   std::string line = "multihead forward: output " + shape_to_string(r.output.shape());
@@ -149,23 +174,9 @@ void run_forward(const ForwardArgs& args, LoadedWeights& w, const LoadedTensor& 
   if (args.parallel == "heads") heads.emplace(args.weights, load, w);  // collective
   const Tensor<T>& k = key ? *key : query;
   const Tensor<T>& v = value ? *value : (key && args.value.empty() ? *key : query);
-  ForwardOptions<T> o;
-  o.key_padding_mask = key_padding_mask.get();
-  o.attn_mask = attn_mask.get();
+  ForwardOptions<T> o = forward_options<T>(args, key_padding_mask.get(), attn_mask.get());
   o.need_weights = !args.attn_weights_out.empty();
   o.average_attn_weights = !args.no_average;
-  o.attention.is_causal = args.is_causal;
-  o.attention.causal_alignment =
-      args.causal_align == "bottom-right" ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
-  o.attention.window = args.window;
-  o.attention.softcap = args.softcap;
-  o.alibi = args.alibi;
-  o.training = args.training;
-  o.attention.dropout_seed = args.dropout_seed;
-  o.attention.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
-  o.attention.kernel = parse_attention_kernel(args.kernel);
-  o.attention.num_threads = args.threads;
-  o.attention.check_finite = args.check_finite;
   if (!args.weights_heads.empty()) o.weights_heads = parse_index_list("--weights-heads", args.weights_heads);
   if (!args.weights_rows.empty()) o.weights_rows = parse_index_list("--weights-rows", args.weights_rows);
 
@@ -215,22 +226,7 @@ void run_narrow_forward(const ForwardArgs& args, BasicLoadedWeights<E> w, const 
   const auto key_padding_mask = read_mask<float>(args.key_padding_mask, "key_padding_mask");
   const auto attn_mask = read_mask<float>(args.attn_mask, "attn_mask");
   const NarrowMultiheadAttention<E> mha(w.config, std::move(w.parameters));
-  ForwardOptions<float> o;
-  o.key_padding_mask = key_padding_mask.get();
-  o.attn_mask = attn_mask.get();
-  o.need_weights = false;
-  o.attention.is_causal = args.is_causal;
-  o.attention.causal_alignment =
-      args.causal_align == "bottom-right" ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
-  o.attention.window = args.window;
-  o.attention.softcap = args.softcap;
-  o.alibi = args.alibi;
-  o.training = args.training;
-  o.attention.dropout_seed = args.dropout_seed;
-  o.attention.masked_rows = args.masked_rows == "nan" ? MaskedRowPolicy::NaN : MaskedRowPolicy::Zeros;
-  o.attention.kernel = parse_attention_kernel(args.kernel);
-  o.attention.num_threads = args.threads;
-  o.attention.check_finite = args.check_finite;
+  const ForwardOptions<float> o = forward_options<float>(args, key_padding_mask.get(), attn_mask.get());
   Tensor<E> out;
   const auto t0 = std::chrono::steady_clock::now();
   try {
