@@ -44,6 +44,9 @@ import compare
 import configs
 import reference
 import multihead
+# The CLI parity test's draws of parameters and masks and its layout helpers
+# (tests/parity/case.py), so the two tests build their cases one way.
+from case import make_masks, make_params, _from_seq_first, _to_seq_first
 
 N_CONFIGS = 240
 SEED = 20261201
@@ -60,80 +63,6 @@ def case_id(c):
 
 
 # ---- one configuration made concrete ---------------------------------------------
-def make_params(c, rng):
-    """Random parameters (nothing zero-initialised), float64."""
-    E, Ek, Ev = c.E, c.kdim, c.vdim
-    p = {}
-    if Ek == E and Ev == E:
-        p["in_proj_weight"] = rng.standard_normal((3 * E, E)) / math.sqrt(E)
-    else:
-        p["q_proj_weight"] = rng.standard_normal((E, E)) / math.sqrt(E)
-        p["k_proj_weight"] = rng.standard_normal((E, Ek)) / math.sqrt(Ek)
-        p["v_proj_weight"] = rng.standard_normal((E, Ev)) / math.sqrt(Ev)
-    if c.bias:
-        p["in_proj_bias"] = 0.5 * rng.standard_normal(3 * E)
-    if c.add_bias_kv:
-        p["bias_k"] = rng.standard_normal((1, 1, E))
-        p["bias_v"] = rng.standard_normal((1, 1, E))
-    p["out_proj.weight"] = rng.standard_normal((E, E)) / math.sqrt(E)
-    if c.bias:
-        p["out_proj.bias"] = 0.5 * rng.standard_normal(E)
-    return p
-
-
-def _float_mask(rng, shape, p_inf):
-    m = rng.standard_normal(shape)
-    m[rng.random(shape) < p_inf] = -np.inf
-    return m
-
-
-def make_masks(c, rng):
-    """(attn_mask, key_padding_mask) in the module's layout: kpm (B, S) or (S);
-    attn_mask (L, S) or (B*H, L, S) [(H, L, S) unbatched]. Bool or float64."""
-    B = 1 if c.unbatched else c.B
-    p_inf = 0.0 if c.check_finite else 0.15
-    kpm = am = None
-    kpm_shape = (c.S,) if c.unbatched else (B, c.S)
-    if c.kpm == "bool":
-        kpm = rng.random(kpm_shape) < 0.25
-    elif c.kpm == "float":
-        kpm = _float_mask(rng, kpm_shape, p_inf)
-    if c.attn_mask:
-        shape = (c.L, c.S) if c.attn_mask.endswith("2") else (B * c.H, c.L, c.S)
-        am = rng.random(shape) < 0.25 if c.attn_mask.startswith("bool") else 1.5 * _float_mask(rng, shape, p_inf)
-    masked = lambda m: True if m.dtype == np.bool_ else -np.inf  # noqa: E731
-    if c.force_full == "kpm":
-        if c.unbatched:
-            kpm[:] = masked(kpm)
-        else:
-            kpm[int(rng.integers(B)), :] = masked(kpm)
-    elif c.force_full == "attn":
-        i = int(rng.integers(c.L))
-        if am.ndim == 2:
-            am[i, :] = masked(am)
-        else:
-            am[int(rng.integers(am.shape[0])), i, :] = masked(am)
-    elif c.force_full == "causal":  # query 0 sees only key 0 under the causal mask
-        if c.unbatched:
-            kpm[0] = masked(kpm)
-        else:
-            kpm[int(rng.integers(B)), 0] = masked(kpm)
-    return am, kpm
-
-
-def _to_seq_first(x, c):
-    t = torch.from_numpy(np.asarray(x, dtype=np.float64))
-    if c.unbatched:
-        return t.unsqueeze(1)
-    return t.transpose(0, 1).contiguous() if c.batch_first else t
-
-
-def _from_seq_first(t, c):
-    if c.unbatched:
-        return t[:, 0]
-    return t.transpose(0, 1) if c.batch_first else t
-
-
 def _weights_layout(w, c):
     return w[0] if c.unbatched else w
 
