@@ -10,6 +10,7 @@
 
 #include "io/message.hpp"
 #include "multihead/error.hpp"
+#include "multihead/experiment.hpp"
 #include "multihead/grouped_query_attention.hpp"
 #include "multihead/multihead_attention.hpp"
 #include "multihead/runtime.hpp"
@@ -130,6 +131,18 @@ TEST(MemoryRefusals, ModulesTrainingAndProgramsNameTheirSizes) {
   EXPECT_NE(batched.find("all in one pass"), std::string::npos) << batched;
   options.gradients = GradientSum::PerExample;
   EXPECT_EQ(error_of([&] { Trainer t(make_task("reverse", 4096, 8), model, options); }), "");
+
+  // An experiment checks each task's largest run (3 layers here) before
+  // its first.
+  ExperimentOptions experiment;
+  experiment.tasks = {"lesson"};
+  experiment.layers = {1, 3};
+  experiment.train.batch = int64_t{1} << 30;
+  const std::string runs = error_of([&] { experiment.validate(); });
+  EXPECT_EQ(runs.rfind("training: one training step (batch 1073741824 x sequence_length 16 tokens, all in one pass "
+                       "through 3 layers", 0), 0u) << runs;
+  experiment.train.batch = 32;
+  EXPECT_EQ(error_of([&] { experiment.validate(); }), "");
 
   EXPECT_EQ(error_of([] { check_fits_in_memory("--prompt-len", "a prompt", 1e18, "shorter"); }).rfind(
                 "--prompt-len: a prompt would need ", 0),

@@ -148,6 +148,15 @@ struct TrainOptions {
   void validate() const;
 };
 
+// Refuses (multihead::Error, check_fits_in_memory's line)
+// a training step that cannot fit in this machine's memory, before anything
+// is allocated: a lower bound from the parameters with their gradients and
+// AdamW's moments, the batch and each pass's activations. `model` has its
+// vocabulary and sequence_length set (the task's). Trainer's constructor
+// calls it; `multihead experiment` calls it for each task's largest run
+// before the first.
+void check_training_fits(const ModelConfig& model, const TrainOptions& options);
+
 std::string to_string(Schedule schedule);
 Schedule parse_schedule(const std::string& name);  // "constant" | "cosine"
 

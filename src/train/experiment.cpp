@@ -52,6 +52,17 @@ std::shared_ptr<const HeldOutTask> held_out_task(const std::string& name) {
   return h;
 }
 
+// The model one run trains (the task fills in vocabulary and length).
+ModelConfig run_model(const RunSpec& spec, const ExperimentOptions& o) {
+  ModelConfig m;
+  m.d_model = o.d_model;
+  m.heads = spec.heads;
+  m.layers = spec.layers;
+  m.ff = o.ff;
+  m.positions = spec.positions;
+  return m;
+}
+
 }  // namespace
 
 // A list flag names each value once: a repeated one would train its runs
@@ -84,6 +95,16 @@ void ExperimentOptions::validate() const {
   if (workers < 1) bad("workers", "at least 1", std::to_string(workers));
   train.validate();
   if (train.steps < 1) bad("steps", "at least 1", std::to_string(train.steps));
+  // Each task's largest run fits in memory (the check every run's Trainer
+  // makes), so a size past the machine fails here, before the first run.
+  const int64_t most_layers = *std::max_element(layers.begin(), layers.end());
+  for (const auto& t : tasks) {
+    const std::shared_ptr<const HeldOutTask> task = held_out_task(t);
+    ModelConfig m = run_model({t, heads.front(), most_layers, first_seed, positions.front()}, *this);
+    m.vocabulary = task->vocabulary();
+    m.sequence_length = task->sequence_length();
+    check_training_fits(m, train);
+  }
 }
 
 HeadRole head_role(const HeadFocus& f) {
@@ -243,16 +264,10 @@ RunResult run_one(const RunSpec& spec, const ExperimentOptions& o, std::optional
   const auto start = std::chrono::steady_clock::now();
   const OneThread one_thread;
   const std::shared_ptr<const HeldOutTask> task = held_out_task(spec.task);
-  ModelConfig m;
-  m.d_model = o.d_model;
-  m.heads = spec.heads;
-  m.layers = spec.layers;
-  m.ff = o.ff;
-  m.positions = spec.positions;
   TrainOptions t = o.train;
   t.seed = spec.seed;
   t.threads = 1;
-  Trainer trainer(task, m, t);
+  Trainer trainer(task, run_model(spec, o), t);
   const Batch test = task->test_set();
 
   RunResult r;

@@ -154,6 +154,32 @@ std::string first_difference(const CheckpointInfo& ck, const std::string& task, 
 
 }  // namespace
 
+// Sizes the options allow can ask for terabytes (batch 65536 x length
+// 65536 was killed by the kernel's OOM killer at 24 GB). Before anything
+// is allocated: a lower bound of one step's memory, the parameters with
+// their gradients and AdamW's two moments, the batch (tokens, targets,
+// mask: 9 bytes a token), and for every token that one pass runs (the
+// whole batch; one example when the gradients are summed per example) the
+// residual stream and its normed copy in each layer and the logits.
+void check_training_fits(const ModelConfig& c, const TrainOptions& o) {
+  double parameters = 0;
+  for (const auto& [name, shape] : train::Model<float>::parameter_shapes(c)) parameters += detail::elements_of(shape);
+  const double L = static_cast<double>(c.sequence_length), batch_tokens = static_cast<double>(o.batch) * L;
+  const bool per_example = o.gradients == GradientSum::PerExample;
+  const double pass_tokens = per_example ? L : batch_tokens;
+  const double per_token = 2.0 * static_cast<double>(c.layers) * static_cast<double>(c.d_model) +
+                           static_cast<double>(c.vocabulary);
+  const double bytes = 4.0 * (4.0 * parameters + pass_tokens * per_token) + 9.0 * batch_tokens;
+  char sizes[360];
+  std::snprintf(sizes, sizeof sizes,
+                "one training step (batch %lld x sequence_length %lld tokens, %s through %lld layers of d_model "
+                "%lld, vocabulary %lld; %.4g parameters with gradients and AdamW's moments)",
+                static_cast<long long>(o.batch), static_cast<long long>(c.sequence_length),
+                per_example ? "one example a pass" : "all in one pass", static_cast<long long>(c.layers),
+                static_cast<long long>(c.d_model), static_cast<long long>(c.vocabulary), parameters);
+  detail::check_fits_in_memory("training", sizes, bytes, "a lower bound; lower batch, sequence_length, d_model or layers");
+}
+
 class TrainerImpl {
  public:
   std::shared_ptr<const Task> task;
@@ -183,34 +209,8 @@ class TrainerImpl {
     if (task->causal()) model_config.causal = true;
     model_config.validate();
     options.validate();
-    check_step_fits(model_config, options);
+    check_training_fits(model_config, options);
     scaler = train::LossScaler(options.dtype == ComputeDtype::F16);
-  }
-
-  // Sizes the options allow can ask for terabytes (batch 65536 x length
-  // 65536 was killed by the kernel's OOM killer at 24 GB). Before anything
-  // is allocated: a lower bound of one step's memory, the parameters with
-  // their gradients and AdamW's two moments, the batch (tokens, targets,
-  // mask: 9 bytes a token), and for every token that one pass runs (the
-  // whole batch; one example when the gradients are summed per example) the
-  // residual stream and its normed copy in each layer and the logits.
-  static void check_step_fits(const ModelConfig& c, const TrainOptions& o) {
-    double parameters = 0;
-    for (const auto& [name, shape] : train::Model<float>::parameter_shapes(c)) parameters += detail::elements_of(shape);
-    const double L = static_cast<double>(c.sequence_length), batch_tokens = static_cast<double>(o.batch) * L;
-    const bool per_example = o.gradients == GradientSum::PerExample;
-    const double pass_tokens = per_example ? L : batch_tokens;
-    const double per_token = 2.0 * static_cast<double>(c.layers) * static_cast<double>(c.d_model) +
-                             static_cast<double>(c.vocabulary);
-    const double bytes = 4.0 * (4.0 * parameters + pass_tokens * per_token) + 9.0 * batch_tokens;
-    char sizes[360];
-    std::snprintf(sizes, sizeof sizes,
-                  "one training step (batch %lld x sequence_length %lld tokens, %s through %lld layers of d_model "
-                  "%lld, vocabulary %lld; %.4g parameters with gradients and AdamW's moments)",
-                  static_cast<long long>(o.batch), static_cast<long long>(c.sequence_length),
-                  per_example ? "one example a pass" : "all in one pass", static_cast<long long>(c.layers),
-                  static_cast<long long>(c.d_model), static_cast<long long>(c.vocabulary), parameters);
-    detail::check_fits_in_memory("training", sizes, bytes, "a lower bound; lower batch, sequence_length, d_model or layers");
   }
 
   train::PassOptions pass(bool training) const {

@@ -8,6 +8,8 @@ with old output files present. Each run must:
   - name the offending tensor/file/option (case-specific words), and for a
     shape error contain the expected and the actual shape written "(2, 7)"
     ("(7)" or "(7,)" for one dimension);
+  - print nothing on stdout (a refusal comes before any progress or
+    "reproduce:" line);
   - be legible: no number of more than 20 digits (e.g. DBL_MAX printed in
     full as the upper end of a range);
   - leave the output folder exactly as it was: no --out / --attn-weights-out
@@ -944,6 +946,12 @@ for flag, value, said in (("--tasks", "reverse,reverse", "'reverse' twice"), ("-
                           ("--layers", "1,1", "1 twice"), ("--positions", "none,none", "none twice")):
     case(f"experiment {flag} {value}", f"{flag}: expected each at most once", said)(
         lambda ctx, flag=flag, value=value: [ctx.cli, "experiment", flag, value, "--seeds", "2", "--steps", "1"])
+# A run past the machine's memory is refused before the first run (and
+# before the "reproduce:" line: the stdout check above).
+case("experiment --batch 10^8 --d-model 4096, a step larger than memory", "training:", "batch 100000000",
+     "would need", "more than this machine's")(
+    lambda ctx: [ctx.cli, "experiment", "--tasks", "lesson,reverse", "--heads", "1,2", "--layers", "1,3",
+                 "--d-model", "4096", "--batch", "100000000", "--seeds", "2", "--steps", "1"])
 case("experiment --layers 17 (the library's rule, said as the flag)", "--layers: expected 1 to 16, got 17")(
     lambda ctx: [ctx.cli, "experiment", "--layers", "17"])
 
@@ -1045,6 +1053,8 @@ def run_case(ctx, argv, words):
             problems.append(f"{label}: exit {r.returncode}, expected 2")
         if not stderr.strip() or len(lines) != 1 or not stderr.endswith("\n"):
             problems.append(f"{label}: stderr is {len(lines)} line(s), expected exactly one: {stderr!r}")
+        if r.stdout.strip():
+            problems.append(f"{label}: printed {r.stdout[:200]!r} on stdout before refusing (a refusal comes first)")
         if len(stderr) > 600:
             problems.append(f"{label}: message is {len(stderr)} bytes, expected at most 600 (quoted input is cut)")
         long_number = re.search(r"\d{21,}", stderr)
