@@ -138,11 +138,12 @@ TEST(MemoryRefusals, ModulesTrainingAndProgramsNameTheirSizes) {
   experiment.tasks = {"lesson"};
   experiment.layers = {1, 3};
   experiment.train.batch = int64_t{1} << 30;
-  const std::string runs = error_of([&] { experiment.validate(); });
+  EXPECT_EQ(error_of([&] { experiment.validate(); }), "");
+  const std::string runs = error_of([&] { experiment.check_fits(); });
   EXPECT_EQ(runs.rfind("training: one training step (batch 1073741824 x sequence_length 16 tokens, all in one pass "
                        "through 3 layers", 0), 0u) << runs;
   experiment.train.batch = 32;
-  EXPECT_EQ(error_of([&] { experiment.validate(); }), "");
+  EXPECT_EQ(error_of([&] { experiment.check_fits(); }), "");
 
   EXPECT_EQ(error_of([] { check_fits_in_memory("--prompt-len", "a prompt", 1e18, "shorter"); }).rfind(
                 "--prompt-len: a prompt would need ", 0),

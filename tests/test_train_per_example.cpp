@@ -149,7 +149,7 @@ TEST(TrainPerExample, ResumeWithAnotherShareCountGivesTheUninterruptedRunAndBatc
   TrainOptions batched = per_example(4);
   batched.gradients = GradientSum::Batched;
   EXPECT_EQ(error_of([&] { Trainer::resume(path, task, small_model(0.1), batched); }),
-            "'" + path + "': gradients are summed per example (--parallel data) in the checkpoint, got over the batch "
+            "'" + path + "': gradients are summed per example (data-parallel training) in the checkpoint, got over the batch "
                          "at once");
   EXPECT_EQ(read_checkpoint_info(path).options.gradients, GradientSum::PerExample);
   std::remove(path.c_str());

@@ -115,16 +115,16 @@ TEST(LoadWeights, PrefixPicksOneModuleAndIgnoresTheRest) {
 TEST(LoadWeights, ErrorsListThePrefixesThatWouldWork) {
   const WeightsFile f(two_layer_model(), {{"num_heads", "2"}});
   const std::string modules = "; this file holds MultiheadAttention modules at prefixes enc.layers.0.self_attn., "
-                              "enc.layers.1.self_attn. (pass one with --prefix)";
+                              "enc.layers.1.self_attn. (pass one as prefix=)";
   EXPECT_EQ(error_of([&] { load_weights(f.path()); }),
             "enc.layers.0.linear1.weight: unexpected tensor in a MultiheadAttention state_dict (expected names: "
             "in_proj_weight, q_proj_weight, k_proj_weight, v_proj_weight, in_proj_bias, bias_k, bias_v, "
-            "out_proj.weight, out_proj.bias) (in " + f.path() + ")" + modules)
+            "out_proj.weight, out_proj.bias) (in '" + f.path() + "')" + modules)
       << "without a prefix, the whole file must be one module";
   LoadOptions o;
   o.prefix = "dec.";
   EXPECT_EQ(error_of([&] { load_weights(f.path(), o); }),
-            "--prefix 'dec.': no tensor in " + f.path() + " starts with it" + modules);
+            "prefix: expected the start of a tensor name (in '" + f.path() + "'), got 'dec.'" + modules);
   o.prefix = "enc.layers.0.";
   const std::string msg = error_of([&] { load_weights(f.path(), o); });
   EXPECT_EQ(msg.rfind("enc.layers.0.linear1.weight: unexpected tensor", 0), 0u) << msg;
@@ -188,8 +188,8 @@ TEST(LoadWeights, IntegerBufferWithoutPrefixIsAnUnexpectedTensor) {
   const WeightsFile f(t, {{"num_heads", "2"}}, {{"bn.num_batches_tracked", {}}});
   EXPECT_EQ(error_of([&] { load_weights(f.path()); }),
             "bn.num_batches_tracked: unexpected tensor in a MultiheadAttention state_dict " + kExpectedNames +
-                " (in " + f.path() + "); this file holds MultiheadAttention modules at prefixes enc.self_attn. "
-                "(pass one with --prefix)");
+                " (in '" + f.path() + "'); this file holds MultiheadAttention modules at prefixes enc.self_attn. "
+                "(pass one as prefix=)");
 }
 
 TEST(LoadWeights, IntegerTensorUnderAParameterNameIsAnError) {
@@ -199,7 +199,7 @@ TEST(LoadWeights, IntegerTensorUnderAParameterNameIsAnError) {
   t.erase("enc.self_attn.in_proj_weight");
   const WeightsFile f(t, {{"num_heads", "2"}}, {{"enc.self_attn.in_proj_weight", {12, 4}}});
   const std::string want = "enc.self_attn.in_proj_weight: expected dtype float16, bfloat16, float32 or float64, "
-                           "got int64 (in " + f.path() + ")";
+                           "got int64 (in '" + f.path() + "')";
   LoadOptions o;
   o.prefix = "enc.self_attn.";
   EXPECT_EQ(error_of([&] { load_weights(f.path(), o); }), want);
@@ -243,7 +243,7 @@ TEST(FindAttentionModules, SizesFromTensorsAndTheRestFromMetadata) {
   EXPECT_EQ(m[1].embed_dim, 6);
   EXPECT_EQ(m[1].kdim, 4);
   EXPECT_EQ(m[1].problem,
-            "__metadata__.enc.layers.1.self_attn.num_heads: expected an integer, got 'x' (in " + f.path() + ")");
+            "__metadata__.enc.layers.1.self_attn.num_heads: expected an integer, got 'x' (in '" + f.path() + "')");
 }
 
 // ---- grouped-query attention weights ---------------------------------------------
@@ -274,8 +274,8 @@ TEST(GqaWeights, KvHeadsFromTheOptionTheMetadataOrTheShapes) {
   GqaLoadOptions o;
   o.num_kv_heads = 4;  // the option wins, and is checked against the shapes
   EXPECT_EQ(error_of([&] { (void)load_gqa_weights(with_meta.path(), o); }),
-            "num_kv_heads: 4 K/V heads of width 2 need k_proj.weight (8, 8), the file's is (4, 8) (in " +
-                with_meta.path() + ")");
+            "num_kv_heads: 4 K/V heads of width 2 need k_proj.weight (8, 8), the file's is (4, 8) (in '" +
+                with_meta.path() + "')");
 }
 
 TEST(GqaWeights, MetadataByTheOneRule) {
@@ -292,12 +292,13 @@ TEST(GqaWeights, MetadataByTheOneRule) {
        "__metadata__.num_kv_heads: expected a divisor of num_heads 4 (each K/V head serves num_heads / num_kv_heads "
        "query heads), got 3"},
       {{{"num_heads", "4"}, {"head_dim", "4"}},
-       "__metadata__.head_dim: says 4 but q_proj.weight's 8 rows over num_heads 4 give 2"},
-      {{}, "num_heads: not in the weights' __metadata__; pass --num-heads"},
+       "__metadata__.num_heads: 4 heads give head_dim 2 (q_proj.weight's 8 rows / 4), but __metadata__.head_dim says 4"},
+      {{}, "num_heads: expected a head count, given (num_heads=) or in the weights' __metadata__ (as 'num_heads'), got "
+           "neither"},
   };
   for (const Case& c : cases) {
     const WeightsFile f(m.state_dict(), c.metadata);
-    EXPECT_EQ(error_of([&] { (void)load_gqa_weights(f.path()); }), c.message + " (in " + f.path() + ")");
+    EXPECT_EQ(error_of([&] { (void)load_gqa_weights(f.path()); }), c.message + " (in '" + f.path() + "')");
   }
 }
 
@@ -308,7 +309,7 @@ TEST(GqaWeights, MhaLoaderNamesAGqaFile) {
   EXPECT_EQ(error_of([&] { (void)load_weights(f.path()); }),
             "q_proj.weight: a grouped-query attention module (q_proj/k_proj/v_proj/o_proj.weight), not a "
             "MultiheadAttention state_dict; read it with load_gqa_weights, or on the command line with multihead "
-            "forward or decode and --num-kv-heads 2 (the file's num_kv_heads) (in " + f.path() + ")");
+            "forward or decode and --num-kv-heads 2 (the file's num_kv_heads) (in '" + f.path() + "')");
 }
 
 }  // namespace

@@ -156,9 +156,7 @@ std::vector<Ablated> run_grid(const AblateArgs& a) {
       try {
         std::optional<TrainedModel> model;
         const RunResult r = run_one(specs[i], o, &model);
-        const std::shared_ptr<const Task> t = make_task(specs[i].task, 2, 1);
-        const auto* task = dynamic_cast<const HeldOutTask*>(t.get());
-        Ablated m{"", specs[i], r.test_accuracy, ablate_heads(*model, task->test_set())};
+        Ablated m{"", specs[i], r.test_accuracy, ablate_heads(*model, held_out_task(specs[i].task)->test_set())};
         const std::lock_guard<std::mutex> g(lock);
         out[i] = std::move(m);
         ++done;
@@ -199,6 +197,7 @@ void run_ablate(AblateArgs& a, CLI::App* c) {
     ExperimentOptions check = a.options;
     check.seeds = std::max<int64_t>(2, check.seeds);  // validate() wants two; one seed is an ablation too
     check.validate();
+    check.check_fits("a lower bound; lower --batch, --d-model or --layers");
     command = grid_command(a);
     std::printf("reproduce: %s%s\n", command.c_str(), a.json.empty() ? "" : (" --json " + a.json).c_str());
     std::fflush(stdout);

@@ -40,8 +40,8 @@ bool shapes_fit(const MultiheadAttentionConfig& c, bool batch_first, const Input
 std::string layout_hint(const MultiheadAttentionConfig& config, const InputShapes& shapes) {
   const bool other = !config.batch_first;
   if (shapes_fit(config, config.batch_first, shapes) || !shapes_fit(config, other, shapes)) return "";
-  return std::string("; these shapes fit batch_first=") +
-         (other ? "true: pass --batch-first" : "false: pass --no-batch-first");
+  return other ? "; these shapes fit the batch-first layout (B, L, E): pass --batch-first"
+               : "; these shapes fit the sequence-first layout (L, B, E): pass --no-batch-first";
 }
 
 std::string widened_weights_note(std::optional<DType> stored, const std::string& computed_in) {

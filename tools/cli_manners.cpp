@@ -186,4 +186,89 @@ std::string usage(CLI::App& app) {
   return out;
 }
 
+namespace {
+
+bool word_byte(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The tensors a command reads, named as tensors (key: expected shape ...),
+// not as the flags of their files: --key may not have been given (the key
+// is then the query).
+bool tensor(const std::string& field) {
+  for (const char* name : {"query", "key", "value", "key_padding_mask", "attn_mask", "prompt", "input"})
+    if (field == name) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string said_as_flags(std::string_view message, std::span<const FieldFlag> names) {
+  std::string out;
+  std::size_t i = 0;
+  for (const FieldFlag& n : names) {
+    if (n.set && message.starts_with(n.field) && message.substr(n.field.size()).starts_with(":")) {
+      out = n.flag;
+      i = n.field.size();
+      break;
+    }
+  }
+  // Quoted input ('...', quote_input) opens at a quote after a non-word
+  // byte and closes at a quote before one ("machine's" opens nothing).
+  bool quoted = false;
+  while (i < message.size()) {
+    const char c = message[i];
+    const char before = i == 0 ? ' ' : message[i - 1];
+    const bool starts_word = !word_byte(before);
+    if (c == '\'') {
+      if (!quoted && starts_word) quoted = true;
+      else if (quoted && (i + 1 == message.size() || !word_byte(message[i + 1]))) quoted = false;
+      out += c;
+      ++i;
+      continue;
+    }
+    if (quoted || !starts_word || !word_byte(c)) {
+      out += c;
+      ++i;
+      continue;
+    }
+    std::size_t end = i;
+    while (end < message.size() && word_byte(message[end])) ++end;
+    const std::string_view word = message.substr(i, end - i);
+    const char after = end < message.size() ? message[end] : ' ';
+    const bool dotted = before == '.' || (after == '.' && end + 1 < message.size() && word_byte(message[end + 1]));
+    const FieldFlag* field = nullptr;
+    for (const FieldFlag& n : names)
+      if (word == n.field) field = &n;
+    if (field != nullptr && !dotted && after == '=') {
+      out += field->flag;
+      if (end + 1 < message.size() && word_byte(message[end + 1])) out += ' ';
+      i = end + 1;  // past the '='
+      continue;
+    }
+    out += field != nullptr && field->set && !dotted && word.find('_') != std::string_view::npos
+               ? std::string_view(field->flag)
+               : word;
+    i = end;
+  }
+  return out;
+}
+
+std::vector<FieldFlag> fields_of(const CLI::App& command, bool defaults_too, std::vector<FieldFlag> extra) {
+  std::vector<FieldFlag> fields;
+  for (FieldFlag& f : extra) {
+    f.set = defaults_too || command.get_option(f.flag)->count() > 0;
+    fields.push_back(std::move(f));
+  }
+  for (const CLI::Option* option : command.get_options()) {
+    for (const std::string& name : option->get_lnames()) {
+      std::string field = name;
+      std::replace(field.begin(), field.end(), '-', '_');
+      bool known = false;
+      for (const FieldFlag& f : fields) known = known || f.field == field;
+      if (!known && !tensor(field) && name != "help" && name != "help-all")
+        fields.push_back({field, "--" + name, defaults_too || option->count() > 0});
+    }
+  }
+  return fields;
+}
+
 }  // namespace multihead::cli

@@ -5,10 +5,13 @@
 //    subcommand is added, which then inherits it);
 //  - a parse error as one line, with "did you mean" for an unknown flag or
 //    subcommand and a pointer to the help of the subcommand that failed;
-//  - a short usage for `multihead` alone.
+//  - a short usage for `multihead` alone;
+//  - the library's field names said as the flags that set them (as_flags).
 #pragma once
 
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -52,5 +55,54 @@ std::string usage(CLI::App& app);
 // neighbouring letters counts 1), or "" when none is close enough to be a
 // likely typo.
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);
+
+// A library field and the flag of this command that sets it; `set`: the
+// flag gave the field its value in this run (not a file).
+struct FieldFlag {
+  std::string field, flag;
+  bool set = true;
+};
+
+// `message` with the library's field names said as flags:
+//  - the leading "field:" (what the message is about), where `set`;
+//  - "field=" (the library's way to name an option in a hint: "pass one as
+//    prefix=", "use kernel=materialized"): "--prefix", "--kernel materialized";
+//  - elsewhere, where `set`, a field whose name holds an underscore
+//    (embed_dim, d_model: never an English word) standing as a whole word,
+// never inside quoted input ('...') or a dotted key (enc.attn.num_heads).
+// "num_heads: expected a divisor of embed_dim 10, got 3" -> "--num-heads:
+// expected a divisor of --embed-dim 10, got 3". A message that names no
+// field comes back as it is.
+std::string said_as_flags(std::string_view message, std::span<const FieldFlag> names);
+
+// The fields of a subcommand: each long option --x-y for the field x_y
+// (not the tensors it reads: query, key_padding_mask, ...), and `extra` for
+// the fields whose flag has another name (vocabulary for --symbols). `set`
+// for the flags given, and for all with `defaults_too`: where a file may set
+// a field (forward's num_heads from the weights' metadata) a flag not given
+// did not set it, and the message names the field as it is.
+std::vector<FieldFlag> fields_of(const CLI::App& command, bool defaults_too, std::vector<FieldFlag> extra = {});
+
+// Runs f(); a multihead::Error it throws comes out said_as_flags (its kind,
+// and under MPI its agreement, kept: throw_reworded).
+template <class F>
+decltype(auto) as_flags(std::span<const FieldFlag> names, F&& f);
+
+}  // namespace multihead::cli
+
+#include "mpi_session.hpp"
+
+namespace multihead::cli {
+
+template <class F>
+decltype(auto) as_flags(std::span<const FieldFlag> names, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    const std::string said = said_as_flags(e.what(), names);
+    if (said == e.what()) throw;
+    throw_reworded(e, e.kind(), said);
+  }
+}
 
 }  // namespace multihead::cli

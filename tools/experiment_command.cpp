@@ -27,6 +27,9 @@
 namespace multihead::cli {
 namespace {
 
+// The end of a refusal of a run past the machine's memory, in flags.
+constexpr const char* kMemoryHint = "a lower bound; lower --batch, --d-model or --layers";
+
 struct ExperimentArgs {
   ExperimentOptions options;
   std::vector<std::string> positions;  // --positions, parsed into options.positions
@@ -86,6 +89,7 @@ void run_save_model(ExperimentArgs& a) {
                                         " and " + std::to_string(o.layers.size()));
   o.seeds = 2;  // validate() wants two; one run is trained
   o.validate();
+  o.check_fits(kMemoryHint);
   check_files({}, {{"--save-model", a.save_model}});
   if (o.positions.size() != 1)
     throw Error(Error::Kind::Value, "--save-model: expected one --positions value, got " +
@@ -125,18 +129,8 @@ void run_experiment_command(ExperimentArgs& a) {
   for (const std::string& p : a.positions) a.options.positions.push_back(parse_positions(p, "--positions"));
   if (!a.save_model.empty()) return run_save_model(a);
   if (a.quick) apply_quick(a.options);
-  try {
-    a.options.validate();
-  } catch (const Error& e) {
-    // The library names the field ("experiment curve_points: ..."); say the
-    // flag that set it (--curve-points).
-    const std::string what = e.what(), lead = "experiment ";
-    const std::size_t colon = what.find(':');
-    if (!what.starts_with(lead) || colon == std::string::npos) throw;
-    std::string flag = "--" + what.substr(lead.size(), colon - lead.size());
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    throw Error(e.kind(), flag + what.substr(colon));
-  }
+  a.options.validate();
+  a.options.check_fits(kMemoryHint);
   check_files({}, {{"--json", a.json}, {"--markdown", a.markdown}});
   const std::string command = reproduce(a);
   std::printf("reproduce: %s\n", command.c_str());

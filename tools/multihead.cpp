@@ -110,16 +110,33 @@ int main(int argc, char** argv) {
     // Under mpirun every rank sees the same variables: one line, from rank 0.
     if (!app.get_subcommands().empty())
       agree_on(world_size() > 1 ? "environment" : "", [] { multihead::check_environment(); });
-    if (app.got_subcommand("forward")) forward();
-    else if (app.got_subcommand("demo")) demo();
-    else if (app.got_subcommand("init")) init();
-    else if (app.got_subcommand("bench")) bench();
-    else if (app.got_subcommand("inspect")) inspect();
-    else if (app.got_subcommand("explain")) explain();
-    else if (app.got_subcommand("train")) train();
-    else if (app.got_subcommand("decode")) decode();
-    else if (app.got_subcommand("experiment")) experiment();
-    else if (app.got_subcommand("ablate")) ablate();
+    // The library names its fields (num_heads, d_model); each command's
+    // errors say the flags that set them (--num-heads, --d-model).
+    const std::vector<FieldFlag> training = {{"vocabulary", "--symbols"},
+                                             {"sequence_length", "--length"},
+                                             {"eps", "--adam-eps"},
+                                             {"positional_encoding", "--positions"}};
+    // Where a file may set a field (the weights' metadata, a checkpoint),
+    // only the flags given are named.
+    const auto run = [&app](const char* name, const Runner& command, std::vector<FieldFlag> extra = {}) {
+      const CLI::App& sub = *app.get_subcommand(name);
+      bool files = false;
+      for (const char* flag : {"--weights", "--resume", "--model"})
+        files = files || (sub.get_option_no_throw(flag) != nullptr && sub.get_option(flag)->count() > 0);
+      as_flags(fields_of(sub, !files && name != std::string("forward") && name != std::string("explain"),
+                         std::move(extra)),
+               command);
+    };
+    if (app.got_subcommand("forward")) run("forward", forward);
+    else if (app.got_subcommand("demo")) run("demo", demo);
+    else if (app.got_subcommand("init")) run("init", init);
+    else if (app.got_subcommand("bench")) run("bench", bench);
+    else if (app.got_subcommand("inspect")) run("inspect", inspect);
+    else if (app.got_subcommand("explain")) run("explain", explain);
+    else if (app.got_subcommand("train")) run("train", train, training);
+    else if (app.got_subcommand("decode")) run("decode", decode);
+    else if (app.got_subcommand("experiment")) run("experiment", experiment);
+    else if (app.got_subcommand("ablate")) run("ablate", ablate);
     else std::cout << usage(app);
   } catch (const multihead::Error& e) {
     if (prints_error(e)) std::cerr << "multihead: error: " << cut_long_words(e.what()) << "\n";

@@ -171,6 +171,13 @@ std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
   std::unique_ptr<Trainer> trainer;
   if (a.resume.empty()) {
     const std::shared_ptr<const Task> task = make_task(a.task, a.symbols, a.length);
+    ModelConfig sized = a.model;
+    sized.vocabulary = task->vocabulary();
+    sized.sequence_length = task->sequence_length();
+    sized.validate();
+    check_training_fits(sized, a.train, a.task == "lesson" || a.task == "lookup2"
+                                            ? "a lower bound; lower --batch, --d-model or --layers"
+                                            : "a lower bound; lower --batch, --length, --d-model or --layers");
     trainer = std::make_unique<Trainer>(task, a.model, a.train);
   } else {
     // The checkpoint's settings, except where a flag was given: a given

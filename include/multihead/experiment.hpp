@@ -45,6 +45,10 @@ struct ExperimentOptions {
   int64_t curve_points = 20;      // test accuracy measured this many times during a run
   int workers = 2;                // runs at once, each on one thread
   void validate() const;          // throws multihead::Error naming the bad field
+  // Each task's largest run fits in this machine's memory
+  // (check_training_fits, with `hint` at the end of its message);
+  // run_experiment checks it before the first run.
+  void check_fits(const std::string& hint = "a lower bound; lower batch, d_model or layers") const;
 };
 
 // One head's attention from "it" over the lesson task's test sentences.
@@ -154,6 +158,11 @@ struct RunResult {
   bool has_heads = false;
   HeadMeasures trained, untrained, permuted;
 };
+
+// The task an experiment trains and tests by this name: lesson, lookup2,
+// or reverse (HeldOutReverseTask: the training command's "reverse" has no
+// test set). Throws multihead::Error naming `tasks` for any other name.
+std::shared_ptr<const HeldOutTask> held_out_task(const std::string& name);
 
 // One run. When `model` is given it receives the trained model.
 RunResult run_one(const RunSpec& spec, const ExperimentOptions& options, std::optional<TrainedModel>* model = nullptr);

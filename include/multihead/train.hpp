@@ -155,7 +155,9 @@ struct TrainOptions {
 // vocabulary and sequence_length set (the task's). Trainer's constructor
 // calls it; `multihead experiment` calls it for each task's largest run
 // before the first.
-void check_training_fits(const ModelConfig& model, const TrainOptions& options);
+// `hint` ends the message (a program names its own flags there).
+void check_training_fits(const ModelConfig& model, const TrainOptions& options,
+                         const std::string& hint = "a lower bound; lower batch, sequence_length, d_model or layers");
 
 std::string to_string(Schedule schedule);
 Schedule parse_schedule(const std::string& name);  // "constant" | "cosine"

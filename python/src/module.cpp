@@ -519,20 +519,9 @@ PyMultiheadAttention load(const PathArg& path, const std::optional<std::string>&
   lo.overrides.dropout = dropout;
   const Precision p = parse_dtype(dtype, /*narrow=*/true);
   LoadedWeights w;
-  try {
+  {
     py::gil_scoped_release nogil;
     w = load_weights(path, lo);
-  } catch (const Error& e) {
-    // The loader words its hints as the command line's flags (--prefix,
-    // --num-heads); here they are this function's keywords.
-    // Only the loader's own phrases change, never a quoted path or value.
-    std::string message = e.what();
-    if (message.starts_with("--prefix '")) message.erase(0, 2);
-    for (const auto& [phrase, keyword] :
-         {std::pair<std::string, std::string>{"(pass one with --prefix)", "(pass one as prefix=)"},
-          std::pair<std::string, std::string>{"; pass --num-heads (in ", "; pass num_heads= (in "}})
-      if (const std::size_t at = message.rfind(phrase); at != std::string::npos) message.replace(at, phrase.size(), keyword);
-    throw Error(e.kind(), message);
   }
   return PyMultiheadAttention(w.config, std::move(w.parameters), p);
 }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -43,9 +44,14 @@ inline void check_fits_in_memory(const std::string& name, const std::string& wha
                                  const std::string& hint) {
   const double memory = physical_memory_bytes();
   if (!(memory > 0 && bytes > memory)) return;
+  // Sizes past an EiB in 4 digits (1.49e+14 GiB), not 24-digit counts.
+  const double gib = bytes / 1073741824.0;
   char msg[160];
-  std::snprintf(msg, sizeof msg, " would need %.1f GiB (%.0f bytes), more than this machine's %.1f GiB of memory",
-                bytes / 1073741824.0, bytes, memory / 1073741824.0);
+  std::snprintf(msg, sizeof msg, gib < 1e6 ? " would need %.1f GiB" : " would need %.4g GiB", gib);
+  std::snprintf(msg + std::strlen(msg), sizeof msg - std::strlen(msg),
+                bytes < 1e18 ? " (%.0f bytes), more than this machine's %.1f GiB of memory"
+                             : " (%.4g bytes), more than this machine's %.1f GiB of memory",
+                bytes, memory / 1073741824.0);
   throw Error(Error::Kind::Value, name + ": " + what + msg + (hint.empty() ? "" : " (" + hint + ")"));
 }
 

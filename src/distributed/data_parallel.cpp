@@ -55,7 +55,7 @@ void check_data_parallel(const Trainer& trainer, int ranks) {
   if (o.gradients != GradientSum::PerExample)
     throw Error(Error::Kind::Value, "data parallel: expected a trainer with per-example gradients, got batched");
   if (ranks < 1 || o.batch % ranks != 0)
-    throw Error(Error::Kind::Value, "--batch: expected a multiple of the " + std::to_string(ranks) +
+    throw Error(Error::Kind::Value, "batch: expected a multiple of the " + std::to_string(ranks) +
                                         " ranks (each takes batch/ranks examples), got " + std::to_string(o.batch));
 }
 

@@ -26,9 +26,9 @@ bool parse_dtype(const std::string& name, DType& out) {
 }  // namespace
 
 SafetensorsSlices::SafetensorsSlices(const std::string& path) : path_(path) {
-  bytes_ = multihead::detail::map_file(path, "--weights");
+  bytes_ = multihead::detail::map_file(path, "weights");
   const auto bad = [&](const std::string& why) {
-    return Error(Error::Kind::Format, "--weights: '" + path + "' is not a safetensors file: " + why);
+    return Error(Error::Kind::Format, "weights: " + quote_input(path) + " is not a safetensors file: " + why);
   };
   const uint8_t* data = bytes_.data();
   const uint64_t size = bytes_.size();

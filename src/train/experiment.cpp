@@ -25,7 +25,7 @@ namespace multihead {
 namespace {
 
 [[noreturn]] void bad(const std::string& field, const std::string& expected, const std::string& got) {
-  throw Error(Error::Kind::Value, "experiment " + field + ": expected " + expected + ", got " + got);
+  throw Error(Error::Kind::Value, field + ": expected " + expected + ", got " + got);
 }
 
 // For one run: this thread's OpenMP team size (which BLAS reads) held to
@@ -41,16 +41,6 @@ class OneThread {
  private:
   int saved_;
 };
-
-std::shared_ptr<const HeldOutTask> held_out_task(const std::string& name) {
-  // The training command's "reverse" has no test set; the experiment's
-  // has (multihead/lesson_tasks.hpp, HeldOutReverseTask).
-  if (name == "reverse") return std::make_shared<HeldOutReverseTask>();
-  std::shared_ptr<const Task> t = make_task(name, 2, 1);
-  auto h = std::dynamic_pointer_cast<const HeldOutTask>(t);
-  if (!h) bad("tasks", "a task with a held-out test set (lesson, lookup2, reverse)", quote_input(name));
-  return h;
-}
 
 // The model one run trains (the task fills in vocabulary and length).
 ModelConfig run_model(const RunSpec& spec, const ExperimentOptions& o) {
@@ -74,6 +64,13 @@ void each_once(const char* field, const std::vector<V>& values, Text text) {
       if (values[i] == values[j]) bad(field, "each at most once", text(values[i]) + " twice");
 }
 
+std::shared_ptr<const HeldOutTask> held_out_task(const std::string& name) {
+  if (name == "reverse") return std::make_shared<HeldOutReverseTask>();
+  if (name == "lesson" || name == "lookup2")
+    return std::dynamic_pointer_cast<const HeldOutTask>(std::shared_ptr<const Task>(make_task(name, 2, 1)));
+  bad("tasks", "lesson, lookup2 or reverse (the tasks with a held-out test set)", quote_input(name));
+}
+
 void ExperimentOptions::validate() const {
   auto number = [](int64_t v) { return std::to_string(v); };
   if (tasks.empty()) bad("tasks", "at least one", "none");
@@ -95,15 +92,28 @@ void ExperimentOptions::validate() const {
   if (workers < 1) bad("workers", "at least 1", std::to_string(workers));
   train.validate();
   if (train.steps < 1) bad("steps", "at least 1", std::to_string(train.steps));
-  // Each task's largest run fits in memory (the check every run's Trainer
-  // makes), so a size past the machine fails here, before the first run.
+  // Every model of the grid is one the trainer takes (RoPE wants an even
+  // head width, for one), so no run fails after the others have trained.
+  for (const auto& t : tasks) {
+    const std::shared_ptr<const HeldOutTask> task = held_out_task(t);
+    for (int64_t h : heads)
+      for (Positions p : positions) {
+        ModelConfig m = run_model({t, h, layers.front(), first_seed, p}, *this);
+        m.vocabulary = task->vocabulary();
+        m.sequence_length = task->sequence_length();
+        m.validate();
+      }
+  }
+}
+
+void ExperimentOptions::check_fits(const std::string& hint) const {
   const int64_t most_layers = *std::max_element(layers.begin(), layers.end());
   for (const auto& t : tasks) {
     const std::shared_ptr<const HeldOutTask> task = held_out_task(t);
     ModelConfig m = run_model({t, heads.front(), most_layers, first_seed, positions.front()}, *this);
     m.vocabulary = task->vocabulary();
     m.sequence_length = task->sequence_length();
-    check_training_fits(m, train);
+    check_training_fits(m, train, hint);
   }
 }
 
@@ -438,6 +448,7 @@ void apply_holm(std::vector<Comparison>& all) {
 ExperimentReport run_experiment(const ExperimentOptions& o, const std::string& command,
                                 const std::function<void(const RunResult&, int64_t, int64_t)>& progress) {
   o.validate();
+  o.check_fits();
   const auto start = std::chrono::steady_clock::now();
   std::vector<RunSpec> specs;
   for (const auto& task : o.tasks)

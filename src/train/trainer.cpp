@@ -141,9 +141,9 @@ std::string first_difference(const CheckpointInfo& ck, const std::string& task, 
     return "dtype is " + to_string(ck.options.dtype) + " in the checkpoint, got " + to_string(o.dtype);
   if (o.gradients != ck.options.gradients)
     return std::string("gradients are summed ") +
-           (ck.options.gradients == GradientSum::PerExample ? "per example (--parallel data)" : "over the batch at once") +
+           (ck.options.gradients == GradientSum::PerExample ? "per example (data-parallel training)" : "over the batch at once") +
            " in the checkpoint, got " +
-           (o.gradients == GradientSum::PerExample ? "per example (--parallel data)" : "over the batch at once");
+           (o.gradients == GradientSum::PerExample ? "per example (data-parallel training)" : "over the batch at once");
   for (const char* key : {"task", "vocabulary", "sequence_length", "d_model", "heads", "layers", "ff", "dropout",
                           "causal", "positional_encoding", "seed", "batch", "lr", "warmup", "schedule", "weight_decay",
                           "beta1", "beta2",
@@ -161,7 +161,7 @@ std::string first_difference(const CheckpointInfo& ck, const std::string& task, 
 // mask: 9 bytes a token), and for every token that one pass runs (the
 // whole batch; one example when the gradients are summed per example) the
 // residual stream and its normed copy in each layer and the logits.
-void check_training_fits(const ModelConfig& c, const TrainOptions& o) {
+void check_training_fits(const ModelConfig& c, const TrainOptions& o, const std::string& hint) {
   double parameters = 0;
   for (const auto& [name, shape] : train::Model<float>::parameter_shapes(c)) parameters += detail::elements_of(shape);
   const double L = static_cast<double>(c.sequence_length), batch_tokens = static_cast<double>(o.batch) * L;
@@ -177,7 +177,7 @@ void check_training_fits(const ModelConfig& c, const TrainOptions& o) {
                 static_cast<long long>(o.batch), static_cast<long long>(c.sequence_length),
                 per_example ? "one example a pass" : "all in one pass", static_cast<long long>(c.layers),
                 static_cast<long long>(c.d_model), static_cast<long long>(c.vocabulary), parameters);
-  detail::check_fits_in_memory("training", sizes, bytes, "a lower bound; lower batch, sequence_length, d_model or layers");
+  detail::check_fits_in_memory("training", sizes, bytes, hint);
 }
 
 class TrainerImpl {

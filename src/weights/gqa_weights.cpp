@@ -13,7 +13,7 @@
 namespace multihead {
 namespace {
 
-std::string in_file(const std::string& path) { return " (in " + path + ")"; }
+std::string in_file(const std::string& path) { return " (in " + quote_input(path) + ")"; }
 
 // A metadata integer >= 1 by the one rule (io/metadata.hpp), or nothing.
 std::optional<int64_t> metadata_count(const SafetensorsFile& file, const std::string& key, const std::string& path) {
@@ -87,16 +87,18 @@ GroupedQueryAttentionConfig gqa_file_config(const SafetensorsFile& file, const s
   if (options.num_heads && *options.num_heads < 1)
     throw Error(Error::Kind::Value, "num_heads: expected >= 1, got " + std::to_string(*options.num_heads));
   if (!options.num_heads && !meta_heads)
-    throw Error(Error::Kind::Missing, "num_heads: not in the weights' __metadata__; pass --num-heads" + in_file(path));
+    throw Error(Error::Kind::Missing, "num_heads: expected a head count, given (num_heads=) or in the weights' "
+                                      "__metadata__ (as 'num_heads'), got neither" + in_file(path));
   const int64_t H = options.num_heads ? *options.num_heads : *meta_heads;
   if (rows % H != 0)
     throw Error(Error::Kind::Shape, heads_name + ": " + p + "q_proj.weight's " + std::to_string(rows) +
                                         " rows are not " + std::to_string(H) + " heads of equal width" + in_file(path));
   const int64_t D = rows / H;
   if (const auto meta_d = metadata_count(file, "head_dim", path); meta_d && *meta_d != D)
-    throw Error(Error::Kind::Format, "__metadata__.head_dim: says " + std::to_string(*meta_d) + " but " + p +
-                                         "q_proj.weight's " + std::to_string(rows) + " rows over num_heads " +
-                                         std::to_string(H) + " give " + std::to_string(D) + in_file(path));
+    throw Error(Error::Kind::Format, heads_name + ": " + std::to_string(H) + " heads give head_dim " +
+                                         std::to_string(D) + " (" + p + "q_proj.weight's " + std::to_string(rows) +
+                                         " rows / " + std::to_string(H) + "), but __metadata__.head_dim says " +
+                                         std::to_string(*meta_d) + in_file(path));
 
   // num_kv_heads: the option, else the metadata (as `multihead init` writes
   // it), else k_proj.weight's rows over the head width.

@@ -31,7 +31,7 @@ struct Source {
   std::string path;
   std::string prefix;
   std::string tensor(const std::string& local) const { return prefix + local; }
-  std::string in_file() const { return " (in " + path + ")"; }
+  std::string in_file() const { return " (in " + quote_input(path) + ")"; }
 };
 
 // Every name of the parameter table (for_each_parameter), whatever the
@@ -198,9 +198,10 @@ void apply_metadata(const Metadata& m, const Source& src, const WeightOverrides&
   const std::optional<int64_t> heads = ov.num_heads ? ov.num_heads : metadata_int(m, src, "num_heads");
   if (!heads)
     throw Error(Error::Kind::Missing,
-                "num_heads: not in the weights' __metadata__" +
-                    (src.prefix.empty() ? "" : " (as " + src.prefix + "num_heads or num_heads)") +
-                    "; pass --num-heads" + src.in_file());
+                "num_heads: expected a head count, given (num_heads=) or in the weights' __metadata__" +
+                    (src.prefix.empty() ? " (as 'num_heads')"
+                                        : " (as " + quote_input(src.prefix + "num_heads") + " or 'num_heads')") +
+                    ", got neither" + src.in_file());
   c.num_heads = *heads;
   settle(c.batch_first, ov.batch_first, metadata_bool(m, src, "batch_first"), "batch_first", assumed);
   settle(c.add_zero_attn, ov.add_zero_attn, metadata_bool(m, src, "add_zero_attn"), "add_zero_attn", assumed);
@@ -237,14 +238,14 @@ void check_parameter_dtype(const SafetensorsFile& file, const std::string& name,
 }
 
 // "; this file holds MultiheadAttention modules at prefixes a., b. (pass one
-// with --prefix)", or "" when the file holds no module besides the one at
+// as prefix=)", or "" when the file holds no module besides the one at
 // src.prefix.
 std::string module_prefixes_hint(const SafetensorsFile& file, const Source& src) {
   std::string list;
   for (const FoundModule& m : find_attention_modules(file, src.path))
     if (m.prefix != src.prefix) list += (list.empty() ? "" : ", ") + (m.prefix.empty() ? "''" : m.prefix);
   return list.empty() ? "" : "; this file holds MultiheadAttention modules at prefixes " + list +
-                                 " (pass one with --prefix)";
+                                 " (pass one as prefix=)";
 }
 
 // Moves the tensors under the prefix out of the file, under their local
@@ -278,8 +279,8 @@ std::map<std::string, Tensor<T>> take_module(SafetensorsFile& file, const Source
     names.push_back(name);
   }
   if (names.empty() && !src.prefix.empty())
-    throw Error(Error::Kind::Missing, "--prefix " + quote_input(src.prefix) + ": no tensor in " + src.path +
-                                          " starts with it" + module_prefixes_hint(file, src));
+    throw Error(Error::Kind::Missing, "prefix: expected the start of a tensor name" + src.in_file() + ", got " +
+                                          quote_input(src.prefix) + module_prefixes_hint(file, src));
   std::map<std::string, Tensor<T>> out;
   for (const std::string& name : names)
     out.emplace(name.substr(src.prefix.size()), take_tensor<T>(file, name, src.in_file()));
@@ -398,8 +399,8 @@ LoadedWeights weights_from_header(const std::map<std::string, TensorHeader>& ten
     first = false;
   }
   if (shapes.empty() && !src.prefix.empty())
-    throw Error(Error::Kind::Missing, "--prefix " + quote_input(src.prefix) + ": no tensor in " + src.path +
-                                          " starts with it");
+    throw Error(Error::Kind::Missing, "prefix: expected the start of a tensor name" + src.in_file() + ", got " +
+                                          quote_input(src.prefix));
   r.prefix = src.prefix;
   r.config = config_from_shapes(shapes, src);
   apply_metadata(metadata, src, options.overrides, r.config, r.assumed);

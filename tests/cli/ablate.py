@@ -76,6 +76,13 @@ def main():
     grid = json.load(open(os.path.join(work, "grid.json")))["models"] if code == 0 else []
     check("grid: one model per cell and seed (2), a reproduce line first", code == 0 and len(grid) == 2
           and out.startswith("reproduce: multihead ablate --grid"), f"exit {code} {err.strip()!r}")
+    # Every task experiment accepts, reverse (its held-out variant) included:
+    # the grid ablated reverse with the training command's task, which has
+    # no test set, and crashed after training.
+    code, out, err = run(cli, "ablate", "--grid", "--tasks", "reverse", "--heads", "1", "--layers", "1", "--seeds",
+                         "1", *TINY, cwd=work)
+    check("grid on reverse: ablated on its held-out test set", code == 0 and "pruned, least important first" in out,
+          f"exit {code} {err.strip()!r}")
     code1, _, err1 = run(cli, "experiment", "--save-model", "h2.safetensors", "--tasks", "lesson", "--heads", "2",
                          "--layers", "1", *TINY, cwd=work)
     code2, _, err2 = run(cli, "ablate", "--model", "h2.safetensors", "--json", "h2.json", cwd=work)
@@ -95,10 +102,15 @@ def main():
         and all(os.path.exists(os.path.join(plots, f)) for f in files), r.stderr)
 
     for argv, words in ((["ablate", "--heads", "2"], ["--heads", "needs --grid"]),
-                        (["ablate", "--grid", "--model", "h2.safetensors"], ["--model", "not used with --grid"])):
+                        (["ablate", "--grid", "--model", "h2.safetensors"], ["--model", "not used with --grid"]),
+                        (["ablate", "--grid", "--heads", "3", "--d-model", "8"],
+                         ["--heads: expected divisors of --d-model 8, got 3"]),
+                        (["ablate", "--grid", "--tasks", "copy"],
+                         ["--tasks: expected lesson, lookup2 or reverse", "got 'copy'"])):
         code, out, err = run(cli, *argv, cwd=work)
-        check(f"bad usage: {' '.join(argv)}: one line, exit 2", code == 2 and len(err.strip().split("\n")) == 1
-              and all(w in err for w in words), f"exit {code} {err!r}")
+        check(f"bad usage: {' '.join(argv)}: one line, exit 2, nothing on stdout",
+              code == 2 and len(err.strip().split("\n")) == 1 and not out.strip() and all(w in err for w in words),
+              f"exit {code} {err!r} {out[:100]!r}")
     print(f"{len(PASSED)} passed, {len(FAILURES)} failed")
     sys.exit(1 if FAILURES else 0)
 

@@ -390,7 +390,7 @@ def _(ctx):
     return ctx.args(weights=ctx.weights(metadata={"num_heads": "0"}))
 
 
-@case("num_heads 3 does not divide embed_dim 8", "num_heads", "3", "8")
+@case("num_heads 3 does not divide embed_dim 8", "--num-heads: expected a divisor of embed_dim 8, got 3")
 def _(ctx):
     return ctx.args(extra=["--num-heads", "3"])
 
@@ -766,7 +766,7 @@ def _(ctx):
     return ctx.args(key=ctx.npy("k.npy", k), extra=("--dtype", "f16"), need_weights=False)
 
 
-@case("init --embed-dim 2^31 --dtype bf16", "embed_dim: the module's parameters (embed_dim 2147483648", "GiB")
+@case("init --embed-dim 2^31 --dtype bf16", "--embed-dim: the module's parameters (--embed-dim 2147483648", "GiB")
 def _(ctx):
     return [ctx.cli, "init", "--embed-dim", str(1 << 31), "--num-heads", "1", "--dtype", "bf16", "--out", ctx.out]
 
@@ -851,8 +851,8 @@ def _(ctx):
     return decode_weights(ctx, gqa_weights(ctx, metadata={"num_kv_heads": "2"}))
 
 
-@case("decode --weights, metadata head_dim 3 but q_proj.weight gives 4", "__metadata__.head_dim", "says 3",
-      "give 4")
+@case("decode --weights, metadata head_dim 3 but q_proj.weight gives 4", "__metadata__.head_dim says 3",
+      "head_dim 4")
 def _(ctx):
     return decode_weights(ctx, gqa_weights(ctx, metadata={"head_dim": "3"}))
 
@@ -952,6 +952,21 @@ case("experiment --batch 10^8 --d-model 4096, a step larger than memory", "train
      "would need", "more than this machine's")(
     lambda ctx: [ctx.cli, "experiment", "--tasks", "lesson,reverse", "--heads", "1,2", "--layers", "1,3",
                  "--d-model", "4096", "--batch", "100000000", "--seeds", "2", "--steps", "1"])
+# The library's rules, said as the flags that set the fields (each command
+# maps its own: tools/cli_manners.hpp, as_flags).
+case("init --embed-dim 10 --num-heads 3", "--num-heads: expected a divisor of --embed-dim 10, got 3")(
+    lambda ctx: [ctx.cli, "init", "--embed-dim", "10", "--num-heads", "3", "--out", ctx.out])
+case("demo --random --embed-dim 10 --num-heads 3", "--num-heads: expected a divisor of --embed-dim 10, got 3")(
+    lambda ctx: [ctx.cli, "demo", "--random", "--embed-dim", "10", "--num-heads", "3"])
+case("bench --embed-dim 10 --num-heads 3", "--num-heads: expected a divisor of --embed-dim 10, got 3")(
+    lambda ctx: [ctx.cli, "bench", "--embed-dim", "10", "--num-heads", "3"])
+case("train --positions rope, an odd head width", "--heads:", "even head width", "got 2")(
+    lambda ctx: [ctx.cli, "train", "--positions", "rope", "--d-model", "6", "--heads", "2", "--steps", "1"])
+case("experiment --positions rope, an odd head width (before any run)", "--heads:", "even head width", "got 3")(
+    lambda ctx: [ctx.cli, "experiment", "--tasks", "lesson", "--positions", "rope", "--heads", "3", "--d-model", "9",
+                 "--seeds", "2", "--steps", "1"])
+case("experiment --heads 3 --d-model 8", "--heads: expected divisors of --d-model 8, got 3")(
+    lambda ctx: [ctx.cli, "experiment", "--heads", "3", "--d-model", "8"])
 case("experiment --layers 17 (the library's rule, said as the flag)", "--layers: expected 1 to 16, got 17")(
     lambda ctx: [ctx.cli, "experiment", "--layers", "17"])
 
@@ -960,13 +975,13 @@ case("experiment --layers 17 (the library's rule, said as the flag)", "--layers:
 # naming the size before any allocation, not "out of memory" or the OOM killer.
 for name, build, words in (
         ("init --embed-dim 2^30", lambda ctx: [ctx.cli, "init", "--embed-dim", str(1 << 30), "--num-heads", "1",
-                                               "--out", ctx.out], ("embed_dim: the module's parameters", "GiB")),
+                                               "--out", ctx.out], ("--embed-dim: the module's parameters", "GiB")),
         ("train --batch 2^31-1 --length 65536",
          lambda ctx: [ctx.cli, "train", "--batch", "2147483647", "--length", "65536", "--steps", "1"],
-         ("training: one training step (batch 2147483647 x sequence_length 65536", "a lower bound")),
+         ("training: one training step (batch 2147483647 x --length 65536", "a lower bound; lower --batch")),
         ("train --d-model 65536 --layers 1024",
          lambda ctx: [ctx.cli, "train", "--d-model", "65536", "--layers", "1024", "--steps", "1"],
-         ("training: one training step", "1024 layers of d_model 65536")),
+         ("training: one training step", "1024 layers of --d-model 65536")),
         ("decode --prompt-len 2^40",
          lambda ctx: [ctx.cli, "decode", "--embed-dim", str(E), "--num-heads", str(H), "--prompt-len", str(1 << 40),
                       "--tokens", "4", "--out", ctx.out],

@@ -254,14 +254,14 @@ def prefix_required_for_many_modules(env):
     _, path = two_attentions(env)
     np.save(env.path("q16.npy"), np.zeros((2, 4, 16)))
     problems = []
-    want_tail = "; this file holds MultiheadAttention modules at prefixes a., b. (pass one with --prefix)\n"
+    want_tail = "; this file holds MultiheadAttention modules at prefixes a., b. (pass one as --prefix)\n"
     code, _, err = env.run("forward", "--weights", path, "--query", "q16.npy", "--out", "o.npy")
     problems += expect_one_error_line(code, err, "no --prefix")
     if not (err.startswith("multihead: error: a.in_proj_bias: unexpected tensor") and err.endswith(want_tail)):
         problems.append(f"no --prefix: message {err!r} does not end with {want_tail!r}")
     code, _, err = env.run("forward", "--weights", path, "--prefix", "c", "--query", "q16.npy", "--out", "o.npy")
     problems += expect_one_error_line(code, err, "--prefix c")
-    want = f"multihead: error: --prefix 'c.': no tensor in {path} starts with it" + want_tail
+    want = f"multihead: error: --prefix: expected the start of a tensor name (in '{path}'), got 'c.'" + want_tail
     if err != want:
         problems.append(f"--prefix c: message {err!r}, expected {want!r}")
     return problems
@@ -321,8 +321,8 @@ def layout_hint(env):
     for name, shape in files.items():
         np.save(env.path(name + ".npy"), rng.standard_normal(shape))
     np.save(env.path("kpm23.npy"), np.zeros((2, 3), dtype=bool))
-    hint_bf = "; these shapes fit batch_first=true: pass --batch-first\n"
-    hint_sf = "; these shapes fit batch_first=false: pass --no-batch-first\n"
+    hint_bf = "; these shapes fit the batch-first layout (B, L, E): pass --batch-first\n"
+    hint_sf = "; these shapes fit the sequence-first layout (L, B, E): pass --no-batch-first\n"
     w = ["forward", "--weights", path, "--num-heads", "2", "--out", "o.npy"]
     cases = [
         # (B, L, E) query with a (B, S) key_padding_mask, read as (L, B, E).

@@ -104,7 +104,7 @@ def bad_cases(cli, work):
         ("--resume a weights file", ["--resume", weights],
          ["--resume", "weights.safetensors", "not a multihead train checkpoint"]),
         ("--resume with another --d-model", ["--resume", good, "--d-model", "32"],
-         ["--resume", "d_model is 16 in the checkpoint, got 32"]),
+         ["--resume", "--d-model is 16 in the checkpoint, got 32"]),
         ("--resume with another --task", ["--resume", good, "--task", "copy"],
          ["--resume", "task is reverse in the checkpoint, got copy"]),
         ("--resume with fewer --steps", ["--resume", good, "--steps", "1"],
