@@ -633,6 +633,13 @@ TEST(Npy, Version2HeaderLengthIsFourBytes) {
 // .npy: hostile files
 // ============================================================================
 
+// "(1, 1, ..., 1)": n ones between `open` and `close`.
+std::string many_ones(int n, const char* open, const char* close) {
+  std::string s = open;
+  for (int i = 0; i < n; ++i) s += i ? ",1" : "1";
+  return s + close;
+}
+
 struct BadCase {
   std::string name;
   std::string bytes;
@@ -714,7 +721,10 @@ INSTANTIATE_TEST_SUITE_P(
                 Kind::Format, {"only whitespace after the closing '}'"}},
         BadCase{"not_a_dict", npy_file("('descr', '<f4')", "1234"), Kind::Format, {"'{' opening the header dict"}},
         BadCase{"control_bytes_in_descr", npy_file("{'descr': '\x01\x02', 'fortran_order': False, 'shape': (1,)}", "1"),
-                Kind::Format, {"'\\x01\\x02'"}}),
+                Kind::Format, {"'\\x01\\x02'"}},
+        // 10,000 dimensions of 1: a 30 KB "shape" in every message before.
+        BadCase{"ten_thousand_dimensions", npy_f4(many_ones(10000, "(", ")"), "1234"), Kind::Format,
+                {"'shape' has more than 64 dimensions (NumPy's limit)"}}),
     [](const auto& info) { return info.param.name; });
 
 // Cut a valid file at every length: every prefix must be rejected cleanly.
@@ -954,7 +964,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"metadata_null_value", st_file("{\"__metadata__\":{\"x\":null}}", 0), Kind::Format,
                 {"__metadata__ 'x' is null"}},
         BadCase{"name_with_newline", st_file("{\"a\\nb\":[]}", 0), Kind::Format, {"tensor 'a\\x0ab'"}},
-        BadCase{"invalid_utf8", st_file("{\"\xff\":{}}", 0), Kind::Format, {"not valid JSON"}}),
+        BadCase{"invalid_utf8", st_file("{\"\xff\":{}}", 0), Kind::Format, {"not valid JSON"}},
+        // Nested 100,000 deep: nlohmann::json's printing recursed off the
+        // stack (SIGSEGV) when the message quoted it.
+        BadCase{"offsets_nested_100000_deep",
+                st_file(w_entry("\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":" + std::string(100000, '[') +
+                                std::string(100000, ']')),
+                        4),
+                Kind::Format, {"header JSON nests deeper than 16 levels"}},
+        BadCase{"sixty_five_dimensions",
+                st_file(w_entry("\"dtype\":\"F32\",\"shape\":" + many_ones(65, "[", "]") + ",\"data_offsets\":[0,4]"),
+                        4),
+                Kind::Format, {"'shape' has 65 dimensions, expected at most 64"}}),
     [](const auto& info) { return info.param.name; });
 
 TEST(Safetensors, HeaderOverTheLimitIsRejectedBeforeParsing) {

@@ -37,6 +37,9 @@ Semantics that differ from nn.MultiheadAttention (1.13):
 - No gradient flows through the returned attention weights: a backward
   that reaches them with a nonzero gradient raises ValueError (only
   attn_output is differentiable; detach the weights to use them).
+- The backward is first-order only: a gradient taken with create_graph=True
+  (a gradient penalty) is the first-order one, and a backward through it
+  raises RuntimeError saying so (never a silently missing term).
 - A query whose keys are all masked gets zeros (masked_rows='zeros', the
   library's default); masked_rows='nan' gives PyTorch 1.13's NaN.
 - is_causal=True applies the causal mask itself (PyTorch 2.x treats it as a
@@ -197,23 +200,51 @@ class _SharedCore:
     memory (its share_parameters: no copy), so an optimizer step, which
     changes them in place, needs nothing reloaded or rebuilt. They are
     shared anew only when a parameter is another tensor than last time (a
-    new Parameter, `.data = ...`: another data_ptr or shape); one that is not
-    contiguous is shared as a contiguous copy, made again whenever its
-    version changes. A backward after an in-place change of a parameter is
-    refused (_LibraryFunction checks torch's version counters), as torch's
-    own autograd refuses it; gradcheck perturbs through .data, which bumps no
-    version and is read in place."""
+    new Parameter, `.data = ...`: another data_ptr, shape or strides).
+
+    One that is not contiguous is shared as a contiguous copy, written
+    again from the parameter at every forward (and before a backward:
+    refresh), in place, so the library sees what a contiguous one would
+    show it. Its version counter cannot tell when to: an update through
+    `.data` (p.data.mul_, clamp_, an EMA, gradcheck's perturbations) bumps
+    none. Writing in place rather than sharing a new copy keeps the forward
+    contexts valid (share_parameters ends them). A backward after an
+    in-place change of a parameter is refused (_LibraryFunction checks
+    torch's version counters), as torch's own autograd refuses it;
+    gradcheck perturbs through .data, which bumps no version and is read in
+    place (or copied in by the next forward / the backward)."""
 
     def __init__(self, module, names):
         self.module, self.names, self.key = module, names, None
+        self.copies = {}  # index in names -> the contiguous copy shared for that non-contiguous parameter
         self.leases = weakref.WeakSet()  # unused: nothing is reloaded under a live context
 
+    @staticmethod
+    def _key(params):
+        return [(p.data_ptr(), tuple(p.shape), p.stride()) for p in params]
+
     def get(self, names, params):
-        key = [(p.data_ptr(), tuple(p.shape), None if p.is_contiguous() else p._version) for p in params]
+        key = self._key(params)
         if key != self.key:
-            self.module.share_parameters({n: p.detach().contiguous().numpy() for n, p in zip(names, params)})
+            self.copies = {i: p.detach().contiguous() for i, p in enumerate(params) if not p.is_contiguous()}
+            self.module.share_parameters({n: self.copies.get(i, p).detach().numpy()
+                                          for i, (n, p) in enumerate(zip(names, params))})
             self.key = key
+        else:
+            self._copy_in(params)
         return self
+
+    def refresh(self, params):
+        """Before a backward: the non-contiguous parameters' current values
+        into their copies, unless a parameter became another tensor since
+        (the library then still reads the one the forward read, as it does
+        a replaced contiguous parameter)."""
+        if self.copies and self._key(params) == self.key:
+            self._copy_in(params)
+
+    def _copy_in(self, params):
+        for i, c in self.copies.items():
+            c.copy_(params[i].detach())
 
 
 def _freed_check(ctx, what):
@@ -222,6 +253,28 @@ def _freed_check(ctx, what):
     except RuntimeError as e:
         raise ValueError(f"context: the {what} forward's context was freed by an earlier backward "
                          "(call the first backward with retain_graph=True to backward twice)") from e
+
+
+def _first_order_only(ctx, grads):
+    """A backward's gradients under create_graph=True, as outputs of a node
+    that raises, naming the cause, when a backward reaches it: the
+    library's backward has no backward of its own. Returned as they are,
+    they would have no graph (d_output often requires no grad:
+    d(out.sum())/d(out)), so a gradient penalty on them would silently add
+    0; torch.autograd.function.once_differentiable misses that case for the
+    same reason. The node also takes the forward's inputs and parameters,
+    so that it lies on the way from a gradient to them (autograd.grad(penalty,
+    x) reaches it rather than saying x is unused, or with allow_unused=True,
+    silently returning the other terms' gradient). create_graph=True whose
+    graph is not differentiated again still works."""
+    call = ctx.call
+    sources = [t for t in (*ctx.inputs, *ctx.params) if t.requires_grad]
+    err = torch._C._functions.DelayedError(
+        f"{call.what}: multihead's backward is first-order only; a gradient computed through it "
+        "(create_graph=True) cannot be differentiated again (no double backward, e.g. for a gradient "
+        "penalty through this module)", len(grads) + len(sources))
+    outputs = err(*(None if t is None else t.detach().requires_grad_() for t in grads), *sources)
+    return tuple(outputs[:len(grads)])
 
 
 class _LibraryFunction(torch.autograd.Function):
@@ -242,7 +295,7 @@ class _LibraryFunction(torch.autograd.Function):
         core.module.train(call.training)  # dropout applies in the library's training mode
         outputs, saved = call.run(core.module, inputs)
         ctx.core, ctx.saved, ctx.lease, ctx.call = core, saved, _Lease(), call
-        ctx.params = params
+        ctx.inputs, ctx.params = inputs, params  # (inputs: only for _first_order_only's graph)
         ctx.versions = [p._version for p in params]
         core.leases.add(ctx.lease)
         # An empty tensor, only so that torch frees it after a backward
@@ -268,9 +321,14 @@ class _LibraryFunction(torch.autograd.Function):
             if p._version != v:
                 raise ValueError(f"{name}: modified in place since the {call.what} forward (version {v}, now "
                                  f"{p._version}); run the backward before the optimizer step")
+        if isinstance(ctx.core, _SharedCore):
+            ctx.core.refresh(ctx.params)
         g = ctx.core.module.backward(ctx.saved, _numpy(d_output))
-        return (None, *(_tensor(g[n], d_output.dtype) for n in call.input_names),
-                *(_tensor(g[n], d_output.dtype) for n in call.names))
+        grads = (None, *(_tensor(g[n], d_output.dtype) for n in call.input_names),
+                 *(_tensor(g[n], d_output.dtype) for n in call.names))
+        if torch.is_grad_enabled():
+            return _first_order_only(ctx, grads)
+        return grads
 
 
 class _Call:
@@ -305,9 +363,15 @@ def _wants_grad(tensors):
 
 class _LibraryModule(nn.Module):
     """What the torch modules share: a pool of library modules per dtype,
-    holding copies of the torch parameters (_CorePool)."""
+    holding copies of the torch parameters (_CorePool) or reading them in
+    place (_SharedCore)."""
 
-    def _library_module(self, np_dtype):
+    def _config(self):
+        """The library constructor's arguments, from the attributes as they are now."""
+        raise NotImplementedError
+
+    def _library_module(self, np_dtype, config=None):
+        """A library module of `config` (by default the current one)."""
         raise NotImplementedError
 
     # Whether the library module can read the torch Parameters in place
@@ -316,16 +380,23 @@ class _LibraryModule(nn.Module):
 
     def _parameters_for(self, dtype):
         """(pool, parameters in the library's state_dict order), each checked a CPU tensor of `dtype`."""
+        # The library module's settings (dropout, batch_first, ...) are fixed
+        # when it is built, while torch's modules read their attributes at
+        # every forward (a dropout schedule, m.batch_first = True): a pool is
+        # built again whenever they differ from those it was built with.
+        # Autograd contexts keep the library module of their forward.
+        config = self._config()
         pool = self._pools.get(dtype)
-        if pool is None:
-            module = self._library_module(_library_dtype(dtype))
+        if pool is None or pool.config != config:
+            np_dtype = _library_dtype(dtype)
+            module = self._library_module(np_dtype, config)
             names = list(module.state_dict())
             # A 16-bit library module keeps its own copy (it cannot share).
             if self._shares and dtype not in _NARROW:
                 pool = _SharedCore(module, names)
             else:
-                pool = _CorePool(lambda: self._library_module(_library_dtype(dtype)))
-            pool.names = names
+                pool = _CorePool(lambda: self._library_module(np_dtype, config))
+            pool.names, pool.config = names, config
             self._pools[dtype] = pool
         sd = dict(self.named_parameters())
         params = []
@@ -419,15 +490,17 @@ class MultiheadAttention(_LibraryModule):
         return False
 
     def _config(self):
-        return dict(embed_dim=self.embed_dim, num_heads=self.num_heads, dropout=self.dropout,
+        # What nn.MultiheadAttention reads at each forward (batch_first,
+        # dropout, add_zero_attn, the parameters present), read at each of ours.
+        return dict(embed_dim=self.embed_dim, num_heads=self.num_heads, dropout=float(self.dropout),
                     bias=self.in_proj_bias is not None, add_bias_kv=self.bias_k is not None,
-                    add_zero_attn=self.add_zero_attn, kdim=self.kdim, vdim=self.vdim,
-                    batch_first=self.batch_first)
+                    add_zero_attn=bool(self.add_zero_attn), kdim=self.kdim, vdim=self.vdim,
+                    batch_first=bool(self.batch_first))
 
     _shares = True
 
-    def _library_module(self, np_dtype):
-        return _multihead.MultiheadAttention(**self._config(), dtype=np_dtype)
+    def _library_module(self, np_dtype, config=None):
+        return _multihead.MultiheadAttention(**(config or self._config()), dtype=np_dtype)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False, **options):
@@ -523,8 +596,16 @@ class GroupedQueryAttention(_LibraryModule):
 
     _shares = True
 
-    def _library_module(self, np_dtype):
-        return _multihead.GroupedQueryAttention(**self._arguments, dtype=np_dtype)
+    def _config(self):
+        # The settings from the attributes as they are now (a dropout schedule
+        # sets .dropout between steps); bias from the constructor (a bias
+        # added to or removed from a projection afterwards is refused by name).
+        return dict(embed_dim=self.embed_dim, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                    head_dim=self.head_dim, bias=self._arguments["bias"], dropout=float(self.dropout),
+                    causal=bool(self.causal), rope=self.rope, rope_theta=self.rope_theta)
+
+    def _library_module(self, np_dtype, config=None):
+        return _multihead.GroupedQueryAttention(**(config or self._config()), dtype=np_dtype)
 
     def forward(self, x, cache=None, **options):
         """x (B, L, E) -> (B, L, E). options: the library's keyword-only

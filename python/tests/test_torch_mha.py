@@ -222,7 +222,8 @@ def test_optimizer_steps_reload_nothing_and_match_torch():
     """The library module reads the Parameters' memory: AdamW steps (in
     place) are seen with no share_parameters call (nothing copied or
     rebuilt), outputs and gradients equal torch's at every step; a
-    Parameter replaced (.data =) or made non-contiguous is shared anew."""
+    Parameter replaced (.data =) or made non-contiguous is shared anew (a
+    non-contiguous one as a contiguous copy, refreshed in place)."""
     ref, ours = modules({}, torch.float32)
     x = torch.randn(L, N, E)
     opts = [torch.optim.AdamW(m.parameters(), lr=0.05) for m in (ref, ours)]
@@ -253,7 +254,9 @@ def test_optimizer_steps_reload_nothing_and_match_torch():
         ours.in_proj_weight.mul_(2)
         ref.in_proj_weight.mul_(2)
     close("non-contiguous, changed in place", ours(x, x, x)[0], ref(x, x, x)[0])
-    assert counting.shares == 3
+    # (Its contiguous copy is written again in place at each forward, not
+    # shared anew: share_parameters would end the live forward contexts.)
+    assert counting.shares == 2
 
 
 def test_zero_copy_by_data_pointers():

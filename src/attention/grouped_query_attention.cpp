@@ -62,6 +62,13 @@ void GroupedQueryAttentionConfig::validate() const {
   if (head_dim == 0 && embed_dim % num_heads != 0)
     fail("num_heads", "a divisor of embed_dim " + std::to_string(embed_dim) + " (or set head_dim to choose the head width)",
          std::to_string(num_heads));
+  // The query projection's rows, num_heads x head_dim, in int64 arithmetic
+  // everywhere: a product past 2^40 (far beyond any memory, which the
+  // parameters' check then says) is refused here, before it can wrap (2^62
+  // heads of width 4 wrapped to 8 rows and ran off the weights).
+  if (static_cast<double>(num_heads) * static_cast<double>(resolved_head_dim()) > 0x1p40)
+    fail("head_dim", "num_heads x head_dim of at most 2^40 (the rows of q_proj.weight)",
+         "num_heads " + std::to_string(num_heads) + " x head_dim " + std::to_string(resolved_head_dim()));
   if (rope) {
     validate_rope(*rope, resolved_head_dim(), "rope");
     if (rope->position_offset != 0)

@@ -19,11 +19,14 @@
 namespace multihead {
 
 std::string shape_to_string(const Shape& shape) {
+  const bool cut = shape.size() > 16;
+  const std::size_t shown = cut ? 8 : shape.size();
   std::string out = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
+  for (std::size_t i = 0; i < shown; ++i) {
     if (i > 0) out += ", ";
     out += std::to_string(shape[i]);
   }
+  if (cut) out += ", ... (" + std::to_string(shape.size()) + " dimensions)";
   out += ")";
   return out;
 }

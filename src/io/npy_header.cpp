@@ -150,6 +150,8 @@ class HeaderParser {
     Shape shape;
     skip_ws();
     while (peek() != ')') {
+      if (shape.size() == kMaxDims)
+        fail("'shape' has more than " + std::to_string(kMaxDims) + " dimensions (NumPy's limit)");
       shape.push_back(parse_int());
       skip_ws();
       if (peek() == ',') {

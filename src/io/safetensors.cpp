@@ -68,6 +68,29 @@ std::string offsets_text(uint64_t begin, uint64_t end) {
   return out;
 }
 
+// The deepest nesting of [ and { in a JSON text (outside its strings). A
+// safetensors header nests three deep (the header, an entry, its shape);
+// nlohmann::json's printing and comparison recurse, so a header nested
+// 100,000 deep overflowed the stack (SIGSEGV) where a message quoted it.
+constexpr int kMaxJsonDepth = 16;
+bool nested_too_deep(const char* begin, const char* end) {
+  int depth = 0;
+  bool in_string = false;
+  for (const char* c = begin; c != end; ++c) {
+    if (in_string) {
+      if (*c == '\\' && c + 1 != end) ++c;
+      else if (*c == '"') in_string = false;
+    } else if (*c == '"') {
+      in_string = true;
+    } else if (*c == '[' || *c == '{') {
+      if (++depth > kMaxJsonDepth) return true;
+    } else if (*c == ']' || *c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 // nlohmann::json silently keeps the last of two equal keys, which would let
 // a file say two things about one tensor. The parser callback sees every key
 // of every object as it is read, so it can report the first repeat.
@@ -89,6 +112,9 @@ json parse_header_json(const char* begin, const char* end, const std::string& na
     }
     return true;
   };
+  if (nested_too_deep(begin, end))
+    fail(name, "header JSON nests deeper than " + std::to_string(kMaxJsonDepth) +
+                   " levels, expected an object of tensor entries (3 levels)");
   json root;
   try {
     root = json::parse(begin, end, on_event);
@@ -155,6 +181,9 @@ Entry read_entry(const std::string& key, const json& v, uint64_t buffer_size, co
   const auto shape = v.find("shape");
   if (shape == v.end()) fail(t, "missing 'shape'");
   if (!shape->is_array()) fail(t, std::string("'shape' is ") + shape->type_name() + ", expected an array");
+  if (shape->size() > kMaxDims)
+    fail(t, "'shape' has " + std::to_string(shape->size()) + " dimensions, expected at most " +
+                std::to_string(kMaxDims) + " (NumPy's limit)");
   for (std::size_t i = 0; i < shape->size(); ++i) {
     uint64_t d = 0;
     if (!as_count((*shape)[i], INT64_MAX, &d)) {
@@ -322,6 +351,7 @@ std::optional<uint64_t> safetensors_size(const uint8_t* data, std::size_t size) 
   if (header_len > kMaxHeaderBytes) return 0;
   if (size < 8 + header_len) return std::nullopt;
   const char* header = reinterpret_cast<const char*>(data) + 8;
+  if (nested_too_deep(header, header + header_len)) return 0;
   const json root = json::parse(header, header + header_len, nullptr, /*allow_exceptions=*/false);
   if (!root.is_object()) return 0;
   uint64_t end = 0;
