@@ -112,10 +112,15 @@ TEST(MemoryRefusals, ModulesTrainingAndProgramsNameTheirSizes) {
   GroupedQueryAttentionConfig gqa;
   gqa.embed_dim = 16;
   gqa.num_heads = 4;
-  gqa.head_dim = int64_t{1} << 40;
+  gqa.head_dim = int64_t{1} << 36;
   const std::string head = error_of([&] { GroupedQueryAttention<float> m(gqa); });
-  EXPECT_EQ(head.rfind("head_dim: the module's parameters (embed_dim 16, 4 heads of head_dim 1099511627776", 0), 0u)
+  EXPECT_EQ(head.rfind("head_dim: the module's parameters (embed_dim 16, 4 heads of head_dim 68719476736", 0), 0u)
       << head;
+  // Past 2^40 rows the product itself is refused, before it can wrap.
+  gqa.head_dim = int64_t{1} << 62;
+  EXPECT_EQ(error_of([&] { GroupedQueryAttention<float> m(gqa); }),
+            "head_dim: expected num_heads x head_dim of at most 2^40 (the rows of q_proj.weight), got num_heads 4 x "
+            "head_dim 4611686018427387904");
 
   ModelConfig model;
   TrainOptions options;

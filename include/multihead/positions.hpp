@@ -50,9 +50,12 @@ struct RopeOptions {
 std::string to_string(RopeConvention convention);
 RopeConvention parse_rope_convention(const std::string& name, const std::string& what = "rope");
 
-// Throws multihead::Error naming `what` (e.g. "--rope") if head_dim is odd
-// or < 2, theta is not finite and > 0, or position_offset < 0.
-void validate_rope(const RopeOptions& options, int64_t head_dim, const std::string& what = "rope");
+// Throws multihead::Error naming the field: `width` (the head width's name,
+// e.g. head_dim) if head_dim is odd or < 2, `what`.theta if theta is not
+// finite and > 0, `what`.position_offset outside [0, 2^40] (`what` empty:
+// theta, position_offset).
+void validate_rope(const RopeOptions& options, int64_t head_dim, const std::string& what = "rope",
+                   const std::string& width = "head_dim");
 
 // x (..., L, D): row l of every leading index is at position
 // options.position_offset + l. Angles and their cos/sin are computed in

@@ -210,6 +210,12 @@ class PyGroupedQueryAttention : public ModuleParameters<GqaTraits> {
       throw Error(Error::Kind::Value, "num_kv_heads: expected a positive count or None, got " + std::to_string(*num_kv_heads));
     if (head_dim && *head_dim <= 0)
       throw Error(Error::Kind::Value, "head_dim: expected a positive size or None, got " + std::to_string(*head_dim));
+    if (num_kv_heads && num_heads > 0 && num_heads % *num_kv_heads != 0)
+      throw Error(Error::Kind::Value, "num_kv_heads: expected None (= num_heads) or a divisor of num_heads " +
+                                          std::to_string(num_heads) + ", got " + std::to_string(*num_kv_heads));
+    if (!(rope_theta > 0.0 && std::isfinite(rope_theta)))
+      throw Error(Error::Kind::Value, "rope_theta: expected a finite number > 0, got " +
+                                          py::repr(py::float_(rope_theta)).cast<std::string>());
     c.num_kv_heads = num_kv_heads.value_or(0);
     c.head_dim = head_dim.value_or(0);
     c.bias = bias;
@@ -328,7 +334,7 @@ py::array rope_call(const py::object& x, const std::string& convention, double t
   const Shape& s = in.tensor.shape();
   if (s.size() < 2)
     throw Error(Error::Kind::Shape, std::string(backward ? "d_y" : "x") + ": expected (..., L, D), got " + shape_to_string(s));
-  validate_rope(r, s.back(), "convention/theta/position_offset");
+  validate_rope(r, s.back(), "", std::string(backward ? "d_y" : "x") + "'s last dimension");
   Tensor<T> out;
   {
     py::gil_scoped_release nogil;

@@ -89,12 +89,12 @@
   X(bool, alibi, false, f.alibi = v, "ALiBi biases -m_h*|p_i - j| with the paper's slopes per head "         \
     "(alibi_slopes(num_heads)).")                                                                            \
   X(std::optional<std::vector<int64_t>>, weights_heads, std::nullopt,                                        \
-    f.weights_heads = v.value_or(std::vector<int64_t>{}),                                                    \
+    f.weights_heads = selection("weights_heads", v),                                                    \
     "Only these heads' weights (a sequence of head indices, each at most once, in the order given; None = "  \
     "all). Per head the weights are (N, H', L, S); averaged, the mean over the H' selected heads. Needs "    \
     "need_weights=True.")                                                                                    \
   X(std::optional<std::vector<int64_t>>, weights_rows, std::nullopt,                                         \
-    f.weights_rows = v.value_or(std::vector<int64_t>{}),                                                     \
+    f.weights_rows = selection("weights_rows", v),                                                     \
     "Only these query rows' weights (indices, e.g. range(5, 9); None = all): (N, ..., L', S). On the flash " \
     "kernel (float32, kernel='auto' or 'flash') only the selection is computed and held, recomputed from "   \
     "each row's log-sum-exp (docs/explain.md).")
@@ -160,6 +160,14 @@
 namespace multihead::python {
 
 namespace py = pybind11;
+
+// weights_heads / weights_rows: None = all (the library's empty list); an
+// empty sequence selects nothing, which no call can return: refused.
+inline std::vector<int64_t> selection(const char* name, const std::optional<std::vector<int64_t>>& v) {
+  if (v && v->empty())
+    throw Error(Error::Kind::Value, std::string(name) + ": expected at least one index, or None for all, got []");
+  return v.value_or(std::vector<int64_t>{});
+}
 
 inline CausalAlignment parse_causal_align(const std::string& s) {
   if (s == "top-left") return CausalAlignment::TopLeft;

@@ -219,3 +219,81 @@ def test_messages_name_the_python_argument_and_agree_with_themselves(tmp_path):
     with pytest.raises(ValueError) as e:
         multihead.load_weights(str(tmp_path / "w.safetensors"), prefix="zzz")
     assert str(e.value).startswith("prefix: expected the start of a tensor name") and "--" not in str(e.value), str(e.value)
+
+
+# ---- found by the 2026-12-06 hostile round --------------------------------------
+
+
+def test_check_finite_refuses_nan_and_plus_inf_in_float_masks():
+    """-inf masks a position; NaN or +inf in a float mask made rows NaN past check_finite."""
+    m = multihead.MultiheadAttention(8, 2)
+    x = np.ones((3, 2, 8), np.float32)
+    am = np.zeros((3, 3), np.float32)
+    am[0, 1] = np.nan
+    with pytest.raises(ValueError, match=r"^attn_mask: nan at index \(0, 1\) \(check_finite accepts -inf"):
+        m(x, x, x, attn_mask=am, check_finite=True)
+    kpm = np.zeros((2, 3), np.float32)
+    kpm[0, 2] = np.inf
+    with pytest.raises(ValueError, match=r"^key_padding_mask: inf at index \(0, 2\)"):
+        m(x, x, x, key_padding_mask=kpm, check_finite=True)
+    kpm[0, 2] = -np.inf  # a masked position: accepted
+    assert np.isfinite(m(x, x, x, key_padding_mask=kpm, check_finite=True)[0]).all()
+    q = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(ValueError, match=r"^attn_mask: nan"):
+        multihead.scaled_dot_product_attention(q, q, q, attn_mask=np.full((3, 3), np.nan, np.float32),
+                                               check_finite=True)
+
+
+@pytest.mark.parametrize("kernel", ["auto", "reference", "materialized", "flash"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sdpa_without_keys_or_head_width_agrees_across_kernels(kernel, dtype):
+    """S = 0: every row fully masked, NaN under masked_rows='nan' on every kernel
+    (the materialized one gave 0); D = 0: refused (it gave NaN, the mean of V
+    or an internal error, by kernel)."""
+    if kernel == "flash" and dtype == np.float64:
+        pytest.skip("flash is float32 only")
+    q = np.ones((2, 3, 4), dtype)
+    empty = np.ones((2, 0, 4), dtype)
+    for policy, fill in (("nan", np.nan), ("zeros", 0.0)):
+        out = multihead.scaled_dot_product_attention(q, empty, empty, kernel=kernel, masked_rows=policy)
+        np.testing.assert_array_equal(out, np.full((2, 3, 4), fill, dtype))
+    z = np.ones((2, 3, 0), dtype)
+    with pytest.raises(ValueError, match=r"^query: expected shape \(\.\.\., L, D\) with a head width D >= 1"):
+        multihead.scaled_dot_product_attention(z, z, np.ones((2, 3, 4), dtype), kernel=kernel)
+
+
+def test_empty_weight_selections_are_refused():
+    m = multihead.MultiheadAttention(8, 2)
+    x = np.ones((3, 8), np.float32)
+    for name in ("weights_heads", "weights_rows"):
+        with pytest.raises(ValueError, match=rf"^{name}: expected at least one index, or None for all, got \[\]"):
+            m(x, x, x, average_attn_weights=False, **{name: []})
+
+
+def test_rope_messages_name_the_one_argument():
+    x = np.zeros((3, 4), np.float32)
+    cases = [(dict(position_offset=-3), "position_offset: expected 0 to 2^40, got -3"),
+             (dict(theta=0.0), "theta: expected a finite number > 0, got 0"),
+             (dict(theta=float("nan")), "theta: expected a finite number > 0, got nan")]
+    for kwargs, want in cases:
+        with pytest.raises(ValueError) as e:
+            multihead.rotary_embedding(x, **kwargs)
+        assert str(e.value) == want
+    with pytest.raises(ValueError) as e:
+        multihead.rotary_embedding(np.zeros((3, 5), np.float32))
+    assert str(e.value) == "x's last dimension: expected an even head width >= 2 (rotary embedding rotates pairs), got 5"
+    for theta in (-5.0, float("nan")):  # checked with or without rope
+        for rope in (None, "half-split"):
+            with pytest.raises(ValueError, match=r"^rope_theta: expected a finite number > 0"):
+                multihead.GroupedQueryAttention(8, 2, rope=rope, rope_theta=theta)
+    with pytest.raises(ValueError) as e:
+        multihead.GroupedQueryAttention(8, 4, num_kv_heads=3)
+    assert str(e.value) == "num_kv_heads: expected None (= num_heads) or a divisor of num_heads 4, got 3"
+
+
+def test_position_tables_past_memory_are_refused_naming_the_size():
+    with pytest.raises(ValueError, match=r"^length: sinusoidal_positions \(length 1099511627776 x width 1048576\) "
+                                         r"would need .* more than this machine's"):
+        multihead.sinusoidal_positions(2**40, 2**20)
+    with pytest.raises(ValueError, match=r"^heads: alibi_slopes\(1099511627776\)"):
+        multihead.alibi_slopes(2**40)

@@ -197,10 +197,14 @@ KernelMasks<T> build_kernel_masks(const ForwardPlan& p, const ForwardOptions<T>&
 
 template <class T>
 void check_forward_finite(const MultiheadAttentionConfig& config, const Tensor<T>& query, const Tensor<T>& key,
-                          const Tensor<T>& value, const MultiheadAttentionParameters<T>& params) {
+                          const Tensor<T>& value, const MultiheadAttentionParameters<T>& params,
+                          const ForwardOptions<T>& options) {
   check_finite("query", query);
   check_finite("key", key);
   check_finite("value", value);
+  for (const auto& [name, mask] : {std::pair{"key_padding_mask", options.key_padding_mask},
+                                   std::pair{"attn_mask", options.attn_mask}})
+    if (mask != nullptr && !mask->is_bool()) check_mask_finite(name, mask->float_values());
   for_each_parameter(config, params,
                      [](const ParameterInfo& info, const Tensor<T>& t) { check_finite(info.name, t); });
 }
@@ -236,7 +240,7 @@ template ForwardPlan plan_forward<float, float16>(const MultiheadAttentionConfig
   template KernelMasks<T> build_kernel_masks<T>(const ForwardPlan&, const ForwardOptions<T>&);     \
   template void check_forward_finite<T>(const MultiheadAttentionConfig&, const Tensor<T>&,        \
                                         const Tensor<T>&, const Tensor<T>&,                         \
-                                        const MultiheadAttentionParameters<T>&);
+                                        const MultiheadAttentionParameters<T>&, const ForwardOptions<T>&);
 MULTIHEAD_INSTANTIATE(float)
 MULTIHEAD_INSTANTIATE(double)
 #undef MULTIHEAD_INSTANTIATE

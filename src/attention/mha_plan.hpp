@@ -67,10 +67,11 @@ template <class T>
 KernelMasks<T> build_kernel_masks(const ForwardPlan& plan, const ForwardOptions<T>& options);
 
 // Rejects NaN/Inf in inputs and parameters (every row of the parameter
-// table) when options.check_finite is on.
+// table), and NaN/+inf in a float mask, when options.check_finite is on.
 template <class T>
 void check_forward_finite(const MultiheadAttentionConfig& config, const Tensor<T>& query, const Tensor<T>& key,
-                          const Tensor<T>& value, const MultiheadAttentionParameters<T>& params);
+                          const Tensor<T>& value, const MultiheadAttentionParameters<T>& params,
+                          const ForwardOptions<T>& options);
 
 // Shape of the attention weights returned for this plan (the selected
 // H' heads and L' rows).

@@ -487,7 +487,7 @@ void BasicMultiheadAttention<T>::forward(const Tensor<T>& query, const Tensor<T>
                                          ForwardResult<T>& result) const {
   using namespace detail;
   const ForwardPlan plan = plan_forward(config_, query, key, value, options);
-  if (options.attention.check_finite) check_forward_finite(config_, query, key, value, params_);
+  if (options.attention.check_finite) check_forward_finite(config_, query, key, value, params_, options);
   if (plan.B == 0 || plan.L == 0) {  // nothing to attend from: empty outputs, no work
     result = empty_result<T>(plan, query.shape(), options);
     return;
@@ -512,7 +512,7 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward(const Tensor<T>& query, con
   SavedForward<T>& s = *save_for_backward.saved_;
   s.filled = false;  // until this forward has succeeded (a failed call leaves no stale context)
   const ForwardPlan plan = plan_forward(config_, query, key, value, options);
-  if (options.attention.check_finite) check_forward_finite(config_, query, key, value, params_);
+  if (options.attention.check_finite) check_forward_finite(config_, query, key, value, params_, options);
   s.parameters_token = parameters_token_;
   s.plan = plan;
   s.options = options;

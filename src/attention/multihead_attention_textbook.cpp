@@ -178,7 +178,7 @@ ForwardResult<T> BasicMultiheadAttention<T>::forward_textbook(const Tensor<T>& q
                                                               const ForwardOptions<T>& options) const {
   using namespace detail;
   const ForwardPlan plan = plan_forward(config_, query, key, value, options);
-  if (options.attention.check_finite) check_forward_finite(config_, query, key, value, params_);
+  if (options.attention.check_finite) check_forward_finite(config_, query, key, value, params_, options);
   const int64_t B = plan.B, H = plan.H, L = plan.L, St = plan.S_total, D = plan.D, E = plan.E;
   if (B == 0 || L == 0) return empty_result<T>(plan, query.shape(), options);
   check_weights_fit(plan, plan.H, plan.L, sizeof(T));  // the textbook form keeps every head's weights

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "multihead/attention.hpp"
+#include "core/check.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {
@@ -49,6 +50,8 @@ AttentionKernel parse_attention_kernel(const std::string& name) {
 std::vector<double> alibi_slopes(int64_t heads) {
   if (heads < 1)
     throw Error(Error::Kind::Value, "alibi_slopes: expected heads >= 1, got " + std::to_string(heads));
+  detail::check_fits_in_memory("heads", "alibi_slopes(" + std::to_string(heads) + ") (two lists of float64)",
+                               2.0 * 8.0 * static_cast<double>(heads), "");
   const auto power_of_two = [](int64_t n) {
     std::vector<double> s(static_cast<std::size_t>(n));
     for (int64_t h = 1; h <= n; ++h) s[static_cast<std::size_t>(h - 1)] = std::exp2(-8.0 * h / n);

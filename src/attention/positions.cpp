@@ -18,6 +18,9 @@ Tensor<T> sinusoidal_positions(int64_t length, int64_t width, int64_t offset) {
   if (length < 0) fail("length must be >= 0, got " + std::to_string(length));
   if (width < 1) fail("width must be >= 1, got " + std::to_string(width));
   if (offset < 0) fail("offset must be >= 0, got " + std::to_string(offset));
+  detail::check_fits_in_memory("length", "sinusoidal_positions (length " + std::to_string(length) + " x width " +
+                                             std::to_string(width) + ")",
+                               static_cast<double>(length) * static_cast<double>(width) * sizeof(T), "");
   Tensor<T> pe(Shape{length, width});
   for (int64_t p = 0; p < length; ++p) {
     const double pos = static_cast<double>(p + offset);
@@ -47,14 +50,15 @@ RopeConvention parse_rope_convention(const std::string& name, const std::string&
   throw Error(Error::Kind::Value, what + ": expected interleaved or half-split, got " + quote_input(name));
 }
 
-void validate_rope(const RopeOptions& o, int64_t head_dim, const std::string& what) {
+void validate_rope(const RopeOptions& o, int64_t head_dim, const std::string& what, const std::string& width) {
+  const std::string field = what.empty() ? "" : what + ".";
   if (head_dim < 2 || head_dim % 2 != 0)
-    throw Error(Error::Kind::Value, what + ": rotary embedding rotates pairs, so the head width must be even and >= 2, got " +
+    throw Error(Error::Kind::Value, width + ": expected an even head width >= 2 (rotary embedding rotates pairs), got " +
                                         std::to_string(head_dim));
   if (!(o.theta > 0.0 && std::isfinite(o.theta)))
-    throw Error(Error::Kind::Value, what + ": theta must be finite and > 0, got " + detail::format_number(o.theta));
+    throw Error(Error::Kind::Value, field + "theta: expected a finite number > 0, got " + detail::format_number(o.theta));
   if (o.position_offset < 0 || o.position_offset > (int64_t{1} << 40))
-    throw Error(Error::Kind::Value, what + ": position offset must be in [0, 2^40], got " +
+    throw Error(Error::Kind::Value, field + "position_offset: expected 0 to 2^40, got " +
                                         std::to_string(o.position_offset));
 }
 
@@ -67,7 +71,7 @@ namespace {
 template <class T>
 void rotate_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& o,
                      const char* what, double sign) {
-  validate_rope(o, D, what);
+  validate_rope(o, D, what, "x's last dimension");
   const int64_t half = D / 2;
   // θ_i = θ^(−2i/D), as RoFormer eq. (15); one cos/sin row per position.
   std::vector<double> inv_freq(static_cast<std::size_t>(half));
@@ -132,7 +136,7 @@ Tensor<T> rotary_embedding(const Tensor<T>& x, const RopeOptions& options) {
   Tensor<T> y(x.shape());
   std::copy_n(x.data(), x.numel(), y.data());
   const int64_t outer = L * D == 0 ? 0 : x.numel() / (L * D);
-  detail::rope_in_place(y.data(), outer, L, int64_t{1}, D, options, "rotary_embedding");
+  detail::rope_in_place(y.data(), outer, L, int64_t{1}, D, options, "options");
   return y;
 }
 
@@ -152,7 +156,7 @@ Tensor<T> rotary_embedding_backward(const Tensor<T>& d_y, const RopeOptions& opt
   Tensor<T> d_x(d_y.shape());
   std::copy_n(d_y.data(), d_y.numel(), d_x.data());
   const int64_t outer = L * D == 0 ? 0 : d_y.numel() / (L * D);
-  detail::rope_backward_in_place(d_x.data(), outer, L, int64_t{1}, D, options, "rotary_embedding_backward");
+  detail::rope_backward_in_place(d_x.data(), outer, L, int64_t{1}, D, options, "options");
   return d_x;
 }
 

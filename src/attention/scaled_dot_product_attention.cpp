@@ -41,6 +41,9 @@ SdpaDims check_dims(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T
   if (query.dim() < 2) fail_shape("query", "(..., L, D) with at least 2 dimensions", query.shape());
   const int64_t r = query.dim();
   SdpaDims d{Shape(query.shape().begin(), query.shape().end() - 2), query.size(-2), 0, query.size(-1), 0};
+  // D = 0: no dot product to scale (1/√0 is infinite; PyTorch returns NaN),
+  // so the kernels would disagree; refused.
+  if (d.D == 0) fail_shape("query", "(..., L, D) with a head width D >= 1", query.shape());
   const std::string rank = " of rank " + std::to_string(r);
   if (key.dim() != r) fail_shape("key", "(..., S, " + std::to_string(d.D) + ")" + rank, key.shape());
   d.S = key.size(-2);
@@ -82,6 +85,7 @@ AttentionArgs<T> sdpa_args(const Tensor<E>& query, const Tensor<E>& key, const T
     check_finite("query", query);
     check_finite("key", key);
     check_finite("value", value);
+    if (attn_mask && !attn_mask->is_bool()) check_mask_finite("attn_mask", attn_mask->float_values());
   }
   AttentionShape shape;
   shape.slices = shape_numel(d.lead);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -118,6 +119,21 @@ void check_finite(const std::string& name, const Tensor<T>& t) {
                                           " at index " + index_to_string(t.shape(), i) +
                                           " (check_finite rejects NaN and Inf)");
     }
+  }
+}
+
+// An additive (float) mask under check_finite: -inf masks a position and
+// is accepted; NaN and +inf would make the row NaN, and are refused naming
+// the first.
+template <class T>
+void check_mask_finite(const std::string& name, const Tensor<T>& additive) {
+  for (int64_t i = 0; i < additive.numel(); ++i) {
+    const T x = additive[i];
+    if (std::isnan(x) || x == std::numeric_limits<T>::infinity())
+      throw Error(Error::Kind::Value, name + ": " + (std::isnan(x) ? "nan" : "inf") + " at index " +
+                                          index_to_string(additive.shape(), i) +
+                                          " (check_finite accepts -inf in a float mask, which masks the position, "
+                                          "but not NaN or +inf)");
   }
 }
 

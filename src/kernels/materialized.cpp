@@ -5,12 +5,16 @@
 // backward pass (attention_backward_materialized) follows the forward.
 //
 // Legend: N slices, L queries, S keys, D head width, Dv value width.
+#include <algorithm>
 #include <cmath>
+#include <new>
+#include <string>
 #include <cstddef>
 #include <limits>
 #include <type_traits>
 
 #include "contract/score_rule.hpp"
+#include "core/check.hpp"
 #include "core/gemm.hpp"
 #include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
@@ -90,8 +94,21 @@ template <class T>
 void attention_forward_materialized(const AttentionArgs<T>& a) {
   check_kv_heads(a);
   const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim, Hkv = a.kv_heads_or_heads();
-  // One L×S buffer reused for every slice when weights are not kept.
-  Storage<T> scratch(a.weights ? 0 : static_cast<std::size_t>(L * S), T(0));
+  // One L×S buffer reused for every slice when weights are not kept: in
+  // memory, or refused naming the kernel (float64's "auto" is this kernel).
+  const double scratch_bytes = a.weights ? 0.0 : static_cast<double>(L) * static_cast<double>(S) * sizeof(T);
+  const std::string scratch_what = "the materialized kernel's scores (L " + std::to_string(L) + " x S " +
+                                   std::to_string(S) + ", " + (sizeof(T) == 8 ? "float64" : "float32") + ")";
+  const char* scratch_hint = "the reference kernel holds one row; float32's flash kernel one block";
+  detail::check_fits_in_memory("kernel", scratch_what, scratch_bytes, scratch_hint);
+  Storage<T> scratch;
+  try {
+    scratch = Storage<T>(a.weights ? 0 : static_cast<std::size_t>(L * S), T(0));
+  } catch (const std::bad_alloc&) {
+    throw Error(Error::Kind::Value, "kernel: " + scratch_what + " could not be allocated (" +
+                                        std::to_string(static_cast<long long>(scratch_bytes)) + " bytes; " +
+                                        scratch_hint + ")");
+  }
   const ExpRow<T> exp_row = exp_row_for_current_target<T>();
   const SliceLayout ql = resolve_layout(a.q_layout, a.heads, L, D);
   const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
@@ -108,6 +125,11 @@ void attention_forward_materialized(const AttentionArgs<T>& a) {
     // out = P V   (L×S)·(S×Dv)
     gemm(Trans::No, Trans::No, L, Dv, S, T(1), scores, S, kv_slice_start(a.v, vl, n, a.heads, Hkv), vl.row,
          T(0), slice_start(a.out, ol, n, a.heads), ol.row);
+    // No keys at all: every row is fully masked, and P V's empty sum gave
+    // 0 where the policy may say NaN (the reference and flash kernels fill).
+    if (S == 0)
+      for (int64_t i = 0; i < L; ++i)
+        std::fill_n(slice_start(a.out, ol, n, a.heads) + i * ol.row, Dv, masked_row_fill<T>(a.masked_rows));
   }
 }
 

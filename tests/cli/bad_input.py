@@ -967,6 +967,15 @@ case("experiment --positions rope, an odd head width (before any run)", "--heads
                  "--seeds", "2", "--steps", "1"])
 case("experiment --heads 3 --d-model 8", "--heads: expected divisors of --d-model 8, got 3")(
     lambda ctx: [ctx.cli, "experiment", "--heads", "3", "--d-model", "8"])
+# num_heads x head_dim past int64 wrapped to 8 rows and ran off the weights
+# (SIGSEGV); init wrote a file that forward refused.
+case("decode --num-heads 2^62+2 --head-dim 4 (the product wraps)", "--head-dim:", "at most 2^40",
+     "--num-heads 4611686018427387906 x --head-dim 4")(
+    lambda ctx: [ctx.cli, "decode", "--embed-dim", "8", "--num-heads", str(2 ** 62 + 2), "--head-dim", "4",
+                 "--num-kv-heads", "1", "--prompt-len", "1", "--tokens", "1"])
+case("init --num-kv-heads 4 --head-dim 2^62+1 (the product wraps)", "--head-dim:", "at most 2^40")(
+    lambda ctx: [ctx.cli, "init", "--embed-dim", "8", "--num-heads", "4", "--num-kv-heads", "4", "--head-dim",
+                 str(2 ** 62 + 1), "--out", ctx.out])
 case("experiment --layers 17 (the library's rule, said as the flag)", "--layers: expected 1 to 16, got 17")(
     lambda ctx: [ctx.cli, "experiment", "--layers", "17"])
 
