@@ -459,6 +459,24 @@ Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> tas
     params[name] = r.float32_tensor(name, shape);
     impl->moments[name] = {r.float32_tensor(kExpAvg + name, shape), r.float32_tensor(kExpAvgSq + name, shape)};
   }
+  // What a run saves is finite, and AdamW's second moments are >= 0: a file
+  // that breaks this was changed after, and would train on NaN (the run
+  // then blamed the learning rate).
+  const auto check_saved = [&](const std::string& key, const Tensor<float>& t, bool nonnegative) {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      if (!std::isfinite(t[i]) || (nonnegative && t[i] < 0))
+        bad_file(path, Error::Kind::Format,
+                 "tensor " + quote_input(key) + " holds " + detail::format_number(t[i]) + " at index " +
+                     detail::index_to_string(t.shape(), i) + ", expected " +
+                     (nonnegative ? "a finite value >= 0 (AdamW's second moment)" : "a finite value") +
+                     " (a run saves none other)");
+  };
+  for (const auto& entry : shapes) {
+    const std::string& name = entry.first;
+    check_saved(name, params.at(name), false);
+    check_saved(kExpAvg + name, impl->moments.at(name).m, false);
+    check_saved(kExpAvgSq + name, impl->moments.at(name).v, true);
+  }
   // Nothing else: a tensor this model does not have means another model's file.
   auto known = [&](const std::string& name) {
     for (const std::string prefix : {"", kExpAvg, kExpAvgSq})

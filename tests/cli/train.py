@@ -63,10 +63,14 @@ def bad_cases(cli, work):
     weights = os.path.join(work, "weights.safetensors")
     subprocess.run([cli, "init", "--embed-dim", "16", "--num-heads", "2", "--out", weights], check=True)
 
-    def rewritten(name, drop=None, reshape=None, metadata=None):
+    def rewritten(name, drop=None, reshape=None, metadata=None, poke=None):
         t = {k: (v, "F32") for k, (v, _) in tensors.items() if k != drop}
         if reshape:
             t[reshape] = (t[reshape][0][:-1], "F32")
+        if poke:  # (tensor, value): its first element changed
+            v = t[poke[0]][0].copy()
+            v.flat[0] = poke[1]
+            t[poke[0]] = (v, "F32")
         p = os.path.join(work, name)
         safetensors_io.write(p, t, {**meta, **(metadata or {})})
         return p
@@ -79,6 +83,9 @@ def bad_cases(cli, work):
                 ["--resume", f"checkpoint metadata '{key}': expected {expected}, got '{value}'"])
 
     missing = rewritten("missing-tensor.safetensors", drop="readout.bias")
+    # Values no run saves: training on them blamed the learning rate.
+    nan_weight = rewritten("nan-weight.safetensors", poke=("readout.bias", float("nan")))
+    negative_sq = rewritten("negative-moment.safetensors", poke=("optimizer.exp_avg_sq.readout.bias", -1.0))
     short = rewritten("short-tensor.safetensors", reshape="embedding.weight")
     out = os.path.join(work, "out", "ck.safetensors")
     return [
@@ -110,6 +117,10 @@ def bad_cases(cli, work):
         ("--resume with fewer --steps", ["--resume", good, "--steps", "1"],
          ["--resume", "steps", "2", "got 1"]),
         ("--resume tensor missing", ["--resume", missing], ["--resume", "'readout.bias' is missing"]),
+        ("--resume a NaN weight", ["--resume", nan_weight],
+         ["--resume", "tensor 'readout.bias' holds nan at index (0), expected a finite value"]),
+        ("--resume a negative second moment", ["--resume", negative_sq],
+         ["--resume", "'optimizer.exp_avg_sq.readout.bias' holds -1", "expected a finite value >= 0"]),
         ("--resume tensor of the wrong shape", ["--resume", short],
          ["--resume", "'embedding.weight'", "expected shape (6, 16)"]),
         ("--checkpoint-out is the --resume input", ["--resume", good, "--checkpoint-out", good],
