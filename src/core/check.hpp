@@ -13,6 +13,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "multihead/error.hpp"
 #include "multihead/tensor.hpp"
@@ -102,8 +103,12 @@ inline std::string index_to_string(const Shape& shape, int64_t flat) {
 }
 
 // Throws naming the first NaN or ±Inf element (used when check_finite is on).
+// `dim` and `positions`: the tensor holds only some positions of a longer
+// sequence along dimension `dim` (a rank's rows in sequence parallel),
+// positions[r] the caller's position of row r, so the index is the caller's.
 template <class T>
-void check_finite(const std::string& name, const Tensor<T>& t) {
+void check_finite(const std::string& name, const Tensor<T>& t, int64_t dim = -1,
+                  const std::vector<int64_t>& positions = {}) {
   for (int64_t i = 0; i < t.numel(); ++i) {
     const auto x = [&] {
       if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) {
@@ -112,13 +117,22 @@ void check_finite(const std::string& name, const Tensor<T>& t) {
         return t[i];
       }
     }();
-    if (!std::isfinite(x)) {
-      throw Error(Error::Kind::Value, name + ": non-finite value " +
-                                          (std::isnan(x) ? std::string("nan")
-                                                         : std::string(x > 0 ? "inf" : "-inf")) +
-                                          " at index " + index_to_string(t.shape(), i) +
-                                          " (check_finite rejects NaN and Inf)");
+    if (std::isfinite(x)) continue;
+    std::vector<int64_t> index(t.shape().size());
+    for (int64_t d = static_cast<int64_t>(index.size()) - 1, flat = i; d >= 0; --d) {
+      const int64_t extent = t.shape()[static_cast<std::size_t>(d)];
+      index[static_cast<std::size_t>(d)] = flat % extent;
+      flat /= extent;
     }
+    if (dim >= 0) {
+      int64_t& r = index[static_cast<std::size_t>(dim)];
+      r = positions[static_cast<std::size_t>(r)];
+    }
+    std::string at;
+    for (int64_t v : index) at += (at.empty() ? "" : ", ") + std::to_string(v);
+    throw Error(Error::Kind::Value, name + ": non-finite value " +
+                                        (std::isnan(x) ? std::string("nan") : std::string(x > 0 ? "inf" : "-inf")) +
+                                        " at index (" + at + ") (check_finite rejects NaN and Inf)");
   }
 }
 

@@ -16,6 +16,7 @@
 
 #include <utility>
 
+#include "core/check.hpp"
 #include "distributed/slices.hpp"
 #include "multihead/distributed.hpp"
 #include "multihead/error.hpp"
@@ -110,7 +111,11 @@ Tensor<T> sum_partials(Communicator& comm, const GroupedQueryAttentionConfig& co
 template <class T>
 Tensor<T> HeadParallelGroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionOptions& options) const {
   Tensor<T> out;
-  comm_->agree([&] { out = local_->forward(x, local_options(options)); });
+  comm_->agree([&] {
+    // The local module checks x and its slices; the output bias is added here.
+    if (options.check_finite) multihead::detail::check_finite("o_proj.bias", out_bias_);
+    out = local_->forward(x, local_options(options));
+  });
   return sum_partials(*comm_, config_, out_bias_, std::move(out));
 }
 
@@ -118,7 +123,11 @@ template <class T>
 Tensor<T> HeadParallelGroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionOptions& options,
                                                         GroupedQueryForwardContext<T>& save) const {
   Tensor<T> out;
-  comm_->agree([&] { out = local_->forward(x, local_options(options), save); });
+  comm_->agree([&] {
+    // The local module checks x and its slices; the output bias is added here.
+    if (options.check_finite) multihead::detail::check_finite("o_proj.bias", out_bias_);
+    out = local_->forward(x, local_options(options), save);
+  });
   return sum_partials(*comm_, config_, out_bias_, std::move(out));
 }
 

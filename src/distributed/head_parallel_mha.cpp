@@ -28,6 +28,7 @@
 #include <string>
 
 #include "attention/mha_plan.hpp"
+#include "core/check.hpp"
 #include "core/linear.hpp"
 #include "distributed/safetensors_slices.hpp"
 #include "distributed/slices.hpp"
@@ -293,11 +294,35 @@ ForwardResult<T> HeadParallelMultiheadAttention<T>::run(const Tensor<T>& query, 
     if (!options.weights_heads.empty() || !options.weights_rows.empty())
       throw Error(Error::Kind::Value, "weights_heads, weights_rows: expected none in head parallel (it returns "
                                       "every head's weights), got a selection");
+    // check_finite: the whole inputs and masks (every rank holds them, so an
+    // index is the caller's), and this rank's slices of the parameters, each
+    // under its tensor's name; the local module then checks nothing (it
+    // would name the projected query "query", at its own indices).
+    if (options.attention.check_finite) {
+      for (const auto& [name, t] : {std::pair{"query", &query}, std::pair{"key", &key}, std::pair{"value", &value}})
+        multihead::detail::check_finite(name, *t);
+      for (const auto& [name, mask] : {std::pair{"key_padding_mask", options.key_padding_mask},
+                                       std::pair{"attn_mask", options.attn_mask}})
+        if (mask != nullptr && !mask->is_bool()) multihead::detail::check_mask_finite(name, mask->float_values());
+      const bool packed = config_.same_embed_dim();
+      const std::string rows = " (rank " + std::to_string(comm_->rank()) + "'s slice, heads " +
+                               std::to_string(heads_.begin) + " to " + std::to_string(heads_.begin + heads_.count - 1) +
+                               ")";
+      for (const auto& [name, t] :
+           {std::pair{packed ? "in_proj_weight, query" : "q_proj_weight", &l.wq},
+            std::pair{packed ? "in_proj_weight, key" : "k_proj_weight", &l.wk},
+            std::pair{packed ? "in_proj_weight, value" : "v_proj_weight", &l.wv},
+            std::pair{"in_proj_bias, query", &l.bq}, std::pair{"in_proj_bias, key", &l.bk},
+            std::pair{"in_proj_bias, value", &l.bv}, std::pair{"out_proj.weight, columns", &l.wo},
+            std::pair{"out_proj.bias", &l.bo}, std::pair{"bias_k", &l.bias_k}, std::pair{"bias_v", &l.bias_v}})
+        multihead::detail::check_finite(name + rows, *t);
+    }
     // Q_r = query W_q,rᵀ + b_q,r
     q_r = Tensor<T>(with_last(query.shape(), n));
     multihead::detail::linear_forward<T>({rows, query.data(), E}, LinearWeight<T>::stored(l.wq.data(), n, E),
                                          config_.bias ? l.bq.data() : nullptr, q_r.data(), n, lin);
     ForwardOptions<T> lo = options;
+    lo.attention.check_finite = false;  // checked above
     std::optional<Mask<T>> local_mask;
     if (options.attn_mask && options.attn_mask->shape().size() == 3) {
       local_mask = mask_heads(*options.attn_mask, H, heads_);

@@ -28,6 +28,7 @@
 
 #include "attention/attention_call.hpp"
 #include "attention/rope.hpp"
+#include "core/check.hpp"
 #include "core/linear.hpp"
 #include "distributed/sequence_layout.hpp"
 #include "kernels/kernel.hpp"
@@ -163,6 +164,17 @@ Tensor<T> SequenceParallelGroupedQueryAttention<T>::run(const Tensor<T>& x, int6
       fail(Error::Kind::Value, std::string("causal_alignment, causal_query_offset: expected the defaults") + own);
     if (options.dropout_p != 0)
       fail(Error::Kind::Value, "dropout_p: expected 0 in sequence parallel, got " + std::to_string(options.dropout_p));
+    // check_finite: this rank's rows (indices in the whole sequence) and the
+    // parameters, which every rank holds whole.
+    if (options.check_finite) {
+      std::vector<int64_t> positions;
+      for (const Share& g : segments)
+        for (int64_t p = g.begin; p < g.end(); ++p) positions.push_back(p);
+      multihead::detail::check_finite("x", x, 1, positions);
+      for_each_parameter(c, params_, [](const ParameterInfo& info, const Tensor<T>& t) {
+        multihead::detail::check_finite(info.name, t);
+      });
+    }
     if (!options.alibi_slopes.empty() && static_cast<int64_t>(options.alibi_slopes.size()) != H)
       fail(Error::Kind::Value, "alibi_slopes: expected one slope per query head (" + std::to_string(H) + "), got " +
                                    std::to_string(options.alibi_slopes.size()));

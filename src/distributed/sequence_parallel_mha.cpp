@@ -25,6 +25,7 @@
 
 #include "attention/attention_call.hpp"
 #include "distributed/sequence_layout.hpp"
+#include "core/check.hpp"
 #include "core/linear.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/distributed.hpp"
@@ -224,6 +225,26 @@ ForwardResult<T> SequenceParallelMultiheadAttention<T>::run(const Tensor<T>& que
     if (!options.attention.alibi_slopes.empty())
       fail(Error::Kind::Value, "attention.alibi_slopes: expected none (use ForwardOptions::alibi)");
     multihead::detail::validate_attention_options(options.attention);
+    // check_finite: this rank's rows (indices in the whole sequence), the
+    // masks and the parameters, which every rank holds whole.
+    if (options.attention.check_finite) {
+      const int64_t position_dim = batched && c.batch_first ? 1 : 0;
+      const auto positions = [&](int64_t n) {
+        std::vector<int64_t> at;
+        for (const Share& g : ring_segments(n, P, r, order_))
+          for (int64_t p = g.begin; p < g.end(); ++p) at.push_back(p);
+        return at;
+      };
+      multihead::detail::check_finite("query", query, position_dim, positions(L));
+      multihead::detail::check_finite("key", key, position_dim, positions(S));
+      multihead::detail::check_finite("value", value, position_dim, positions(S));
+      for (const auto& [name, mask] : {std::pair{"key_padding_mask", options.key_padding_mask},
+                                       std::pair{"attn_mask", options.attn_mask}})
+        if (mask != nullptr && !mask->is_bool()) multihead::detail::check_mask_finite(name, mask->float_values());
+      for_each_parameter(c, params_, [](const ParameterInfo& info, const Tensor<T>& t) {
+        multihead::detail::check_finite(info.name, t);
+      });
+    }
     // Masks in kernel layout: additive, the rank's query rows (ring) or all
     // rows of its heads (Ulysses).
     s.attn_mask.clear();

@@ -29,6 +29,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "parity"))
+import safetensors_io  # noqa: E402
+
 failed = 0
 
 
@@ -175,6 +178,31 @@ def main():
           "got 4")
     fault("unreadable query on every rank", mpi + ["-np", "2", *fwd, "--query", p("missing.npy")],
           f"multihead: error: --query: cannot read '{p('missing.npy')}': No such file or directory")
+
+    # --check-finite in every mode, with 2 ranks: a NaN in the query named at
+    # the caller's index (heads: every rank holds the query whole; ring and
+    # ulysses: the rank's rows, their positions said in the whole sequence);
+    # an Inf in out_proj.weight, which the head-parallel ranks apply
+    # outside the local module (it was missed), named with the rank's heads.
+    qn = q.copy()
+    qn[6, 1, 3] = np.nan
+    np.save(p("qnan.npy"), qn)
+    tensors, meta = safetensors_io.read(p("w.safetensors"))
+    wo = tensors["out_proj.weight"][0].copy()
+    wo[2, 13] = np.inf  # column 13: head 3 of 4 (width 4), rank 1's
+    tensors["out_proj.weight"] = (wo, "F32")
+    safetensors_io.write(p("winf.safetensors"), {k: (v, "F32") for k, (v, _) in tensors.items()}, meta)
+    for mode, where in (("heads", "query: non-finite value nan at index (6, 1, 3)"),
+                        ("ring", "query: non-finite value nan at index (6, 1, 3)"),
+                        ("ulysses", "query: non-finite value nan at index (6, 1, 3)")):
+        fault(f"--check-finite --parallel {mode}: a NaN query",
+              mpi + ["-np", "2", cli, "forward", "--parallel", mode, *base, "--query", p("qnan.npy"), "--check-finite"],
+              f"multihead: error: {where} (--check-finite rejects NaN and Inf)")
+    fault("--check-finite --parallel heads: an Inf in out_proj.weight",
+          mpi + ["-np", "2", cli, "forward", "--parallel", "heads", "--weights", p("winf.safetensors"), "--query",
+                 p("q.npy"), "--check-finite"],
+          "multihead: error: out_proj.weight, columns (rank 1's slice, heads 2 to 3): non-finite value inf at index "
+          "(2, 5) (--check-finite rejects NaN and Inf)")
 
     # A rank killed mid-run: a long --repeat, SIGKILL to one rank's process.
     out = p("killed.npy")
