@@ -58,6 +58,10 @@ class AgreedError : public Error {
 
 namespace distributed {
 
+namespace detail {
+class SafetensorsSlices;  // src/distributed/safetensors_slices.hpp
+}  // namespace detail
+
 // What a communicator has done since it was made (or reset_stats()):
 // bytes this rank sent (every message and every collective's share, counted
 // as the algorithm moves them), the messages, and the wall time spent inside
@@ -231,6 +235,12 @@ class HeadParallelMultiheadAttention {
   using BlockSource = std::function<Tensor<T>(const std::string&, int64_t, int64_t, bool)>;
   HeadParallelMultiheadAttention(Communicator& comm, const MultiheadAttentionConfig& config,
                                  const std::function<void()>& check, const BlockSource& block);
+  // load() from a file already opened (`file`, or opened here when empty):
+  // the options' load reads the header and the slices through one opening,
+  // so a pipe works as it does for the one-process reader.
+  static HeadParallelMultiheadAttention load_opened(Communicator& comm, const std::string& path,
+                                                    const MultiheadAttentionConfig& config, const std::string& prefix,
+                                                    std::optional<detail::SafetensorsSlices>& file);
   ForwardResult<T> run(const Tensor<T>& query, const Tensor<T>& key, const Tensor<T>& value,
                        const ForwardOptions<T>& options, HeadParallelContext<T>* save) const;
   struct Local;

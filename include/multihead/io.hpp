@@ -114,6 +114,22 @@ enum class Sixteen { Decode, Keep };
 // `name` is what error messages call the file (e.g. its path).
 SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name,
                                   Sixteen sixteen = Sixteen::Decode);
+
+// A safetensors header alone, with every check parse_safetensors makes (the
+// header's size, nesting and keys, each entry's dtype, shape and offsets
+// against the file, no overlap, no trailing data) and nothing decoded: for a
+// reader that decodes only its part of a file (a head-parallel rank).
+// `offset`: where the tensor's bytes begin, from the start of the file.
+struct SafetensorsEntry {
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t offset = 0;
+};
+struct SafetensorsHeader {
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, SafetensorsEntry> tensors;  // floating point and integer
+};
+SafetensorsHeader parse_safetensors_header(const uint8_t* data, std::size_t size, const std::string& name);
 SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen = Sixteen::Decode);
 
 // Writes every tensor as F32, keys sorted, metadata as given. Atomic.

@@ -124,10 +124,17 @@ HeadParallelMultiheadAttention<T> HeadParallelMultiheadAttention<T>::load(Commun
                                                                           const MultiheadAttentionConfig& config,
                                                                           const std::string& prefix) {
   std::optional<detail::SafetensorsSlices> file;
+  return load_opened(comm, path, config, prefix, file);
+}
+
+template <class T>
+HeadParallelMultiheadAttention<T> HeadParallelMultiheadAttention<T>::load_opened(
+    Communicator& comm, const std::string& path, const MultiheadAttentionConfig& config, const std::string& prefix,
+    std::optional<detail::SafetensorsSlices>& file) {
   const std::string p = prefix.empty() || prefix.back() == '.' ? prefix : prefix + ".";
   HeadParallelMultiheadAttention m(comm, config, [&] {
     config.validate();
-    file.emplace(path);
+    if (!file) file.emplace(path);
     // Every parameter the configuration has, of its shape (the rest of the
     // file is not read).
     for_each_parameter(config, [&](const ParameterInfo& info) {
@@ -149,11 +156,12 @@ HeadParallelMultiheadAttention<T> HeadParallelMultiheadAttention<T>::load(Commun
                                                                           const LoadOptions& options,
                                                                           LoadedWeights* header) {
   LoadedWeights w;
+  std::optional<detail::SafetensorsSlices> file;
   comm.agree([&] {
-    const detail::SafetensorsSlices file(path);  // the header only
-    w = weights_from_header(file.tensors(), file.metadata(), path, options);
+    file.emplace(path);  // the header; the slices are decoded later
+    w = weights_from_header(file->tensors(), file->metadata(), path, options);
   });
-  HeadParallelMultiheadAttention m = load(comm, path, w.config, w.prefix);
+  HeadParallelMultiheadAttention m = load_opened(comm, path, w.config, w.prefix, file);
   if (header) *header = std::move(w);
   return m;
 }

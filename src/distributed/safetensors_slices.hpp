@@ -1,14 +1,13 @@
 // src/distributed/safetensors_slices.hpp: row and column blocks of tensors in
 // a safetensors file, decoded without decoding the rest: the file is mapped
-// (map_file), the header parsed, and only the blocks asked for are read, so
-// a head-parallel rank's memory for its parameters is its share (1/P).
+// (map_safetensors), its header parsed and checked as every reader checks it
+// (parse_safetensors_header), and only the blocks asked for are read, so a
+// head-parallel rank's memory for its parameters is its share (1/P).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "io/file_util.hpp"
 #include "multihead/io.hpp"
@@ -22,8 +21,9 @@ class SafetensorsSlices {
   // Throws Error naming the file: unreadable, not safetensors, a header
   // whose tensors do not fit the file or their dtype and shape.
   explicit SafetensorsSlices(const std::string& path);
-  bool has(const std::string& name) const { return entries_.count(name) > 0; }
-  // The floating-point tensors' dtypes and shapes, and the __metadata__
+  bool has(const std::string& name) const { return entries_.count(name) > 0 && !is_integer(entries_.at(name).dtype); }
+  // Every tensor's dtype and shape (integer ones too: weights_from_header
+  // refuses one under a parameter's name), and the __metadata__
   // (weights_from_header reads the configuration from them).
   std::map<std::string, TensorHeader> tensors() const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -40,15 +40,10 @@ class SafetensorsSlices {
   Tensor<T> columns(const std::string& name, int64_t first, int64_t count) const;
 
  private:
-  struct Entry {
-    DType dtype = DType::F32;
-    Shape shape;
-    uint64_t begin = 0;  // byte offset in the file
-  };
-  const Entry& entry(const std::string& name) const;
+  const SafetensorsEntry& entry(const std::string& name) const;
   std::string path_;
   multihead::detail::FileBytes bytes_;
-  std::map<std::string, Entry> entries_;
+  std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
   mutable uint64_t values_read_ = 0;
 };

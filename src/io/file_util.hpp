@@ -55,6 +55,9 @@ class FileBytes {
   std::vector<uint8_t> read_;
 };
 FileBytes map_file(const std::string& path, const std::string& name, const ExpectedSize& expected = {});
+// A safetensors file, read (a pipe) only as far as its header says it
+// reaches (src/io/safetensors.cpp).
+FileBytes map_safetensors(const std::string& path, const std::string& name);
 
 // Why a file of this st_mode cannot be an input ("is a directory"), or ""
 // when it can: regular files and pipes (a shell's <(...)) are read, devices

@@ -301,8 +301,17 @@ void add_tensor(const Entry& e, const uint8_t* buffer, Sixteen sixteen, Safetens
 
 }  // namespace
 
-SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name,
-                                  Sixteen sixteen) {
+namespace {
+
+// The header's checks (parse_safetensors_header) and its entries, with
+// where the data buffer begins.
+struct ParsedHeader {
+  std::map<std::string, std::string> metadata;
+  std::vector<Entry> entries;
+  uint64_t buffer_offset = 0;
+};
+
+ParsedHeader parse_header(const uint8_t* data, std::size_t size, const std::string& name) {
   reject_other_formats(data, size, name);
   if (size < 8)
     fail(name, "file has " + std::to_string(size) + " bytes, too short for the 8-byte header length");
@@ -319,24 +328,40 @@ SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const s
   }
   const char* header = reinterpret_cast<const char*>(data) + 8;
   const json root = parse_header_json(header, header + header_len, name);
-  const uint8_t* buffer = data + 8 + header_len;
   const uint64_t buffer_size = size - 8 - header_len;
 
-  SafetensorsFile out;
-  std::vector<Entry> entries;
+  ParsedHeader out;
+  out.buffer_offset = 8 + header_len;
   for (const auto& [key, value] : root.items()) {
     if (key == "__metadata__") {
       out.metadata = read_metadata(value, name);
     } else {
-      entries.push_back(read_entry(key, value, buffer_size, name));
+      out.entries.push_back(read_entry(key, value, buffer_size, name));
     }
   }
   std::vector<const Entry*> pointers;
-  for (const Entry& e : entries) pointers.push_back(&e);
+  for (const Entry& e : out.entries) pointers.push_back(&e);
   check_no_overlap(std::move(pointers), name);
-  check_no_trailing_data(entries, buffer_size, name);
+  check_no_trailing_data(out.entries, buffer_size, name);
+  return out;
+}
 
-  for (const Entry& e : entries) add_tensor(e, buffer, sixteen, out);
+}  // namespace
+
+SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name,
+                                  Sixteen sixteen) {
+  ParsedHeader h = parse_header(data, size, name);
+  SafetensorsFile out;
+  out.metadata = std::move(h.metadata);
+  for (const Entry& e : h.entries) add_tensor(e, data + h.buffer_offset, sixteen, out);
+  return out;
+}
+
+SafetensorsHeader parse_safetensors_header(const uint8_t* data, std::size_t size, const std::string& name) {
+  ParsedHeader h = parse_header(data, size, name);
+  SafetensorsHeader out;
+  out.metadata = std::move(h.metadata);
+  for (Entry& e : h.entries) out.tensors.emplace(e.key, SafetensorsEntry{e.dtype, std::move(e.shape), h.buffer_offset + e.begin});
   return out;
 }
 
@@ -369,8 +394,14 @@ std::optional<uint64_t> safetensors_size(const uint8_t* data, std::size_t size) 
 
 }  // namespace
 
+namespace detail {
+FileBytes map_safetensors(const std::string& path, const std::string& name) {
+  return map_file(path, name, safetensors_size);
+}
+}  // namespace detail
+
 SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen) {
-  const detail::FileBytes bytes = detail::map_file(path, path, safetensors_size);
+  const detail::FileBytes bytes = detail::map_safetensors(path, path);
   return parse_safetensors(bytes.data(), bytes.size(), path, sixteen);
 }
 

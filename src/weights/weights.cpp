@@ -230,11 +230,14 @@ std::vector<std::string> tensor_names(const SafetensorsFile& file) {
 // A parameter is real-valued; an integer tensor under a parameter's name is
 // a broken export, named rather than skipped. (Bool is decoded to 0 / 1 and
 // accepted, as it always was.)
+[[noreturn]] void refuse_integer_parameter(const std::string& name, DType dtype, const Source& src) {
+  throw Error(Error::Kind::Format, name + ": expected dtype float16, bfloat16, float32 or float64, got " +
+                                       to_string(dtype) + src.in_file());
+}
+
 void check_parameter_dtype(const SafetensorsFile& file, const std::string& name, const Source& src) {
   const auto it = file.integer_tensors.find(name);
-  if (it == file.integer_tensors.end()) return;
-  throw Error(Error::Kind::Format, name + ": expected dtype float16, bfloat16, float32 or float64, got " +
-                                       to_string(it->second.dtype) + src.in_file());
+  if (it != file.integer_tensors.end()) refuse_integer_parameter(name, it->second.dtype, src);
 }
 
 // "; this file holds MultiheadAttention modules at prefixes a., b. (pass one
@@ -393,6 +396,7 @@ LoadedWeights weights_from_header(const std::map<std::string, TensorHeader>& ten
   bool first = true;
   for (const auto& [name, t] : tensors) {
     if (!name.starts_with(src.prefix) || !state_dict_names().count(name.substr(src.prefix.size()))) continue;
+    if (is_integer(t.dtype)) refuse_integer_parameter(name, t.dtype, src);
     shapes.emplace(name.substr(src.prefix.size()), t.shape);
     if (first) r.parameter_dtype = t.dtype;
     else if (r.parameter_dtype != t.dtype) r.parameter_dtype.reset();

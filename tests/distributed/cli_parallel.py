@@ -21,6 +21,7 @@ Set OMPI_ALLOW_RUN_AS_ROOT=1, OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 and
 OMPI_MCA_plm=isolated in its environment (ctest does, for this test only).
 """
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -203,6 +204,32 @@ def main():
                  p("q.npy"), "--check-finite"],
           "multihead: error: out_proj.weight, columns (rank 1's slice, heads 2 to 3): non-finite value inf at index "
           "(2, 5) (--check-finite rejects NaN and Inf)")
+
+    # --parallel heads reads the file with every reader's checks (it had its
+    # own parser: an int32 bias was skipped, so the run went on without
+    # biases; overlapping data was accepted) and through one opening (a pipe
+    # failed: the header and the slices opened it twice).
+    header, blobs, at = {"__metadata__": meta}, [], 0
+    for k, (v, _) in sorted(safetensors_io.read(p("w.safetensors"))[0].items()):
+        blob = (v.astype("<i4") if k == "in_proj_bias" else v.astype("<f4")).tobytes()
+        header[k] = {"dtype": "I32" if k == "in_proj_bias" else "F32", "shape": list(v.shape),
+                     "data_offsets": [at, at + len(blob)]}
+        blobs.append(blob)
+        at += len(blob)
+    text = json.dumps(header).encode()
+    with open(p("wi32.safetensors"), "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(blobs))
+    fault("--parallel heads: an int32 in_proj_bias",
+          mpi + ["-np", "2", cli, "forward", "--parallel", "heads", "--weights", p("wi32.safetensors"), "--query",
+                 p("q.npy")],
+          "multihead: error: in_proj_bias: expected dtype float16, bfloat16, float32 or float64, got int32 "
+          f"(in '{p('wi32.safetensors')}')")
+    with open(p("w.safetensors"), "rb") as f:
+        piped = subprocess.run(["/bin/sh", "-c", f"{cli} forward --parallel heads --weights /dev/stdin --query "
+                                f"{p('q.npy')} --out {p('piped.npy')}"], stdin=f, capture_output=True, timeout=60)
+    run([cli, "forward", *base, "--query", p("q.npy"), "--out", p("want.npy")])
+    report(piped.returncode == 0 and np.abs(np.load(p("piped.npy")) - np.load(p("want.npy"))).max() <= 1e-5,
+           "--parallel heads --weights from a pipe (one rank)", piped.stderr.decode().strip())
 
     # A rank killed mid-run: a long --repeat, SIGKILL to one rank's process.
     out = p("killed.npy")
