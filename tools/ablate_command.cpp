@@ -197,7 +197,7 @@ void run_ablate(AblateArgs& a, CLI::App* c) {
     ExperimentOptions check = a.options;
     check.seeds = std::max<int64_t>(2, check.seeds);  // validate() wants two; one seed is an ablation too
     check.validate();
-    check.check_fits("a lower bound; lower --batch, --d-model or --layers");
+    check.check_fits(kTrainingMemoryHint);
     command = grid_command(a);
     std::printf("reproduce: %s%s\n", command.c_str(), a.json.empty() ? "" : (" --json " + a.json).c_str());
     std::fflush(stdout);

@@ -234,13 +234,19 @@ std::string said_as_flags(std::string_view message, std::span<const FieldFlag> n
     while (end < message.size() && word_byte(message[end])) ++end;
     const std::string_view word = message.substr(i, end - i);
     const char after = end < message.size() ? message[end] : ' ';
-    const bool dotted = before == '.' || (after == '.' && end + 1 < message.size() && word_byte(message[end + 1]));
+    // Part of a dotted key (enc.attn.num_heads), a path (runs/num_heads.st)
+    // or an expression (d_model/heads): a name, not the field.
+    const bool dotted = before == '.' || before == '/' || before == '-' || after == '/' ||
+                        (after == '.' && end + 1 < message.size() && word_byte(message[end + 1]));
     const FieldFlag* field = nullptr;
     for (const FieldFlag& n : names)
       if (word == n.field) field = &n;
-    if (field != nullptr && !dotted && after == '=') {
+    // A hint naming an option to pass, "(pass one as prefix=)": the '='
+    // closes the parenthesis or the message (kernel=flash or h=1 elsewhere
+    // is a value, and stays).
+    const bool hint = after == '=' && (end + 1 == message.size() || message[end + 1] == ')');
+    if (field != nullptr && !dotted && hint) {
       out += field->flag;
-      if (end + 1 < message.size() && word_byte(message[end + 1])) out += ' ';
       i = end + 1;  // past the '='
       continue;
     }

@@ -65,11 +65,12 @@ struct FieldFlag {
 
 // `message` with the library's field names said as flags:
 //  - the leading "field:" (what the message is about), where `set`;
-//  - "field=" (the library's way to name an option in a hint: "pass one as
-//    prefix=", "use kernel=materialized"): "--prefix", "--kernel materialized";
+//  - "field=" before ')' or the end (the library's way to name an option to
+//    pass in a hint: "(pass one as prefix=)"): "(pass one as --prefix)";
 //  - elsewhere, where `set`, a field whose name holds an underscore
 //    (embed_dim, d_model: never an English word) standing as a whole word,
-// never inside quoted input ('...') or a dotted key (enc.attn.num_heads).
+// never inside quoted input ('...'), a dotted key (enc.attn.num_heads), a
+// path (runs/num_heads.st) or an expression (d_model/heads).
 // "num_heads: expected a divisor of embed_dim 10, got 3" -> "--num-heads:
 // expected a divisor of --embed-dim 10, got 3". A message that names no
 // field comes back as it is.

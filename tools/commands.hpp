@@ -22,6 +22,10 @@ Runner add_decode_command(CLI::App& app);
 Runner add_experiment_command(CLI::App& app);
 Runner add_ablate_command(CLI::App& app);
 
+// The end of a refusal of a training run past the machine's memory
+// (check_training_fits), in the flags of train, experiment and ablate --grid.
+inline constexpr const char* kTrainingMemoryHint = "a lower bound; lower --batch, --d-model or --layers";
+
 // --threads for both our OpenMP loops and BLAS (the program owns the process,
 // so it may set BLAS's global thread count; the library never does).
 void apply_threads(int threads);

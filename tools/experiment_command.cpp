@@ -27,9 +27,6 @@
 namespace multihead::cli {
 namespace {
 
-// The end of a refusal of a run past the machine's memory, in flags.
-constexpr const char* kMemoryHint = "a lower bound; lower --batch, --d-model or --layers";
-
 struct ExperimentArgs {
   ExperimentOptions options;
   std::vector<std::string> positions;  // --positions, parsed into options.positions
@@ -89,7 +86,7 @@ void run_save_model(ExperimentArgs& a) {
                                         " and " + std::to_string(o.layers.size()));
   o.seeds = 2;  // validate() wants two; one run is trained
   o.validate();
-  o.check_fits(kMemoryHint);
+  o.check_fits(kTrainingMemoryHint);
   check_files({}, {{"--save-model", a.save_model}});
   if (o.positions.size() != 1)
     throw Error(Error::Kind::Value, "--save-model: expected one --positions value, got " +
@@ -130,7 +127,7 @@ void run_experiment_command(ExperimentArgs& a) {
   if (!a.save_model.empty()) return run_save_model(a);
   if (a.quick) apply_quick(a.options);
   a.options.validate();
-  a.options.check_fits(kMemoryHint);
+  a.options.check_fits(kTrainingMemoryHint);
   check_files({}, {{"--json", a.json}, {"--markdown", a.markdown}});
   const std::string command = reproduce(a);
   std::printf("reproduce: %s\n", command.c_str());

@@ -190,10 +190,6 @@ void run_forward(const ForwardArgs& args, LoadedWeights& w, const LoadedTensor& 
                : args.form == "textbook" ? module->forward_textbook(query, k, v, o)
                                          : module->forward(query, k, v, o);
   } catch (const Error& e) {
-    // The library names its option (weights_rows[0]: …); say which flag set it.
-    const std::string what = e.what();
-    if (what.rfind("weights_heads", 0) == 0) throw_reworded(e, e.kind(), "--weights-heads: " + what);
-    if (what.rfind("weights_rows", 0) == 0) throw_reworded(e, e.kind(), "--weights-rows: " + what);
     if (e.kind() != Error::Kind::Shape) throw;
     auto shape_of = [](const auto& mask) { return mask ? std::optional(mask->shape()) : std::nullopt; };
     throw_reworded(e, e.kind(), e.what() + layout_hint(w.config, {query.shape(), k.shape(), v.shape(),

@@ -133,7 +133,15 @@ int main(int argc, char** argv) {
     else if (app.got_subcommand("bench")) run("bench", bench);
     else if (app.got_subcommand("inspect")) run("inspect", inspect);
     else if (app.got_subcommand("explain")) run("explain", explain);
-    else if (app.got_subcommand("train")) run("train", train, training);
+    else if (app.got_subcommand("train")) {
+      // lesson and lookup2 have their own vocabulary and length: --symbols
+      // and --length set nothing there.
+      const std::string task = app.get_subcommand("train")->get_option("--task")->as<std::string>();
+      std::vector<FieldFlag> extra = training;
+      if (task == "lesson" || task == "lookup2")
+        std::erase_if(extra, [](const FieldFlag& f) { return f.flag == "--symbols" || f.flag == "--length"; });
+      run("train", train, std::move(extra));
+    }
     else if (app.got_subcommand("decode")) run("decode", decode);
     else if (app.got_subcommand("experiment")) run("experiment", experiment);
     else if (app.got_subcommand("ablate")) run("ablate", ablate);

@@ -176,7 +176,7 @@ std::unique_ptr<Trainer> make_trainer(TrainArgs& a, const CLI::App& c) {
     sized.sequence_length = task->sequence_length();
     sized.validate();
     check_training_fits(sized, a.train, a.task == "lesson" || a.task == "lookup2"
-                                            ? "a lower bound; lower --batch, --d-model or --layers"
+                                            ? kTrainingMemoryHint
                                             : "a lower bound; lower --batch, --length, --d-model or --layers");
     trainer = std::make_unique<Trainer>(task, a.model, a.train);
   } else {

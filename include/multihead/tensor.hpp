@@ -93,8 +93,8 @@ using Shape = std::vector<int64_t>;
 
 // "(2, 3, 4)": the format every error message uses for shapes, so an
 // expected and an actual shape read the same way. A 1-D shape prints "(5)".
-// "(2, 3, 8)". A shape of more than 16 dimensions is cut: its first 8,
-// then "... (N dimensions)", so a message about it stays one short line.
+// A shape as "(2, 3, 8)". One of more than 16 dimensions is cut: its first
+// 8, then "... (N dimensions)", so a message about it stays one short line.
 std::string shape_to_string(const Shape& shape);
 
 // The most dimensions a file's tensor may have: NumPy's NPY_MAXDIMS (64 in

@@ -202,9 +202,7 @@ void check_forward_finite(const MultiheadAttentionConfig& config, const Tensor<T
   check_finite("query", query);
   check_finite("key", key);
   check_finite("value", value);
-  for (const auto& [name, mask] : {std::pair{"key_padding_mask", options.key_padding_mask},
-                                   std::pair{"attn_mask", options.attn_mask}})
-    if (mask != nullptr && !mask->is_bool()) check_mask_finite(name, mask->float_values());
+  check_masks_finite(options.key_padding_mask, options.attn_mask);
   for_each_parameter(config, params,
                      [](const ParameterInfo& info, const Tensor<T>& t) { check_finite(info.name, t); });
 }
@@ -213,7 +211,7 @@ void check_weights_fit(const ForwardPlan& p, int64_t heads, int64_t rows, std::s
   const double bytes = static_cast<double>(p.B) * static_cast<double>(heads) * static_cast<double>(rows) *
                        static_cast<double>(p.S_total) * static_cast<double>(element_size);
   check_fits_in_memory("attn_weights", "shape " + shape_to_string({p.B, heads, rows, p.S_total}), bytes,
-                       "set need_weights=false");
+                       "only need_weights asks for them; the output alone needs none of this");
 }
 
 Shape attn_weights_shape(const ForwardPlan& p, bool average) {

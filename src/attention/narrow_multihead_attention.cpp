@@ -204,9 +204,7 @@ Tensor<E> NarrowMultiheadAttention<E>::run_forward(const Tensor<E>& query, const
     detail::check_finite("value", value);
     for_each_parameter(config_, params_,
                        [](const ParameterInfo& info, const Tensor<E>& t) { detail::check_finite(info.name, t); });
-    for (const auto& [name, mask] : {std::pair{"key_padding_mask", options.key_padding_mask},
-                                     std::pair{"attn_mask", options.attn_mask}})
-      if (mask != nullptr && !mask->is_bool()) detail::check_mask_finite(name, mask->float_values());
+    detail::check_masks_finite(options.key_padding_mask, options.attn_mask);
   }
   // A training forward fills the context as it goes: a throw below leaves
   // it empty, never half filled.

@@ -71,7 +71,7 @@ namespace {
 template <class T>
 void rotate_in_place(T* x, int64_t outer, int64_t L, int64_t inner, int64_t D, const RopeOptions& o,
                      const char* what, double sign) {
-  validate_rope(o, D, what, "x's last dimension");
+  validate_rope(o, D, what, sign > 0 ? "x's last dimension" : "d_y's last dimension");
   const int64_t half = D / 2;
   // θ_i = θ^(−2i/D), as RoFormer eq. (15); one cos/sin row per position.
   std::vector<double> inv_freq(static_cast<std::size_t>(half));

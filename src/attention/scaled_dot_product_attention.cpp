@@ -85,7 +85,7 @@ AttentionArgs<T> sdpa_args(const Tensor<E>& query, const Tensor<E>& key, const T
     check_finite("query", query);
     check_finite("key", key);
     check_finite("value", value);
-    if (attn_mask && !attn_mask->is_bool()) check_mask_finite("attn_mask", attn_mask->float_values());
+    check_masks_finite<Mask<T>>(nullptr, attn_mask);
   }
   AttentionShape shape;
   shape.slices = shape_numel(d.lead);

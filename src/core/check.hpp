@@ -151,4 +151,13 @@ void check_mask_finite(const std::string& name, const Tensor<T>& additive) {
   }
 }
 
+// Both float masks of a call under check_finite (Mask<T>: boolean ones hold
+// no value to check).
+template <class MaskT>
+void check_masks_finite(const MaskT* key_padding_mask, const MaskT* attn_mask) {
+  if (key_padding_mask != nullptr && !key_padding_mask->is_bool())
+    check_mask_finite("key_padding_mask", key_padding_mask->float_values());
+  if (attn_mask != nullptr && !attn_mask->is_bool()) check_mask_finite("attn_mask", attn_mask->float_values());
+}
+
 }  // namespace multihead::detail

@@ -309,21 +309,27 @@ ForwardResult<T> HeadParallelMultiheadAttention<T>::run(const Tensor<T>& query, 
     if (options.attention.check_finite) {
       for (const auto& [name, t] : {std::pair{"query", &query}, std::pair{"key", &key}, std::pair{"value", &value}})
         multihead::detail::check_finite(name, *t);
-      for (const auto& [name, mask] : {std::pair{"key_padding_mask", options.key_padding_mask},
-                                       std::pair{"attn_mask", options.attn_mask}})
-        if (mask != nullptr && !mask->is_bool()) multihead::detail::check_mask_finite(name, mask->float_values());
+      multihead::detail::check_masks_finite(options.key_padding_mask, options.attn_mask);
+      // This rank's slices of the parameters, each named as the whole
+      // tensor at the whole tensor's index (one process's message).
       const bool packed = config_.same_embed_dim();
-      const std::string rows = " (rank " + std::to_string(comm_->rank()) + "'s slice, heads " +
-                               std::to_string(heads_.begin) + " to " + std::to_string(heads_.begin + heads_.count - 1) +
-                               ")";
-      for (const auto& [name, t] :
-           {std::pair{packed ? "in_proj_weight, query" : "q_proj_weight", &l.wq},
-            std::pair{packed ? "in_proj_weight, key" : "k_proj_weight", &l.wk},
-            std::pair{packed ? "in_proj_weight, value" : "v_proj_weight", &l.wv},
-            std::pair{"in_proj_bias, query", &l.bq}, std::pair{"in_proj_bias, key", &l.bk},
-            std::pair{"in_proj_bias, value", &l.bv}, std::pair{"out_proj.weight, columns", &l.wo},
-            std::pair{"out_proj.bias", &l.bo}, std::pair{"bias_k", &l.bias_k}, std::pair{"bias_v", &l.bias_v}})
-        multihead::detail::check_finite(name + rows, *t);
+      const int64_t D = config_.head_dim(), r0 = heads_.begin * D;
+      const auto from = [&](int64_t first) {
+        std::vector<int64_t> at(static_cast<std::size_t>(n));
+        for (int64_t i = 0; i < n; ++i) at[static_cast<std::size_t>(i)] = first + i;
+        return at;
+      };
+      const int64_t k0 = packed ? E : 0, v0 = packed ? 2 * E : 0;
+      multihead::detail::check_finite(packed ? "in_proj_weight" : "q_proj_weight", l.wq, 0, from(r0));
+      multihead::detail::check_finite(packed ? "in_proj_weight" : "k_proj_weight", l.wk, 0, from(k0 + r0));
+      multihead::detail::check_finite(packed ? "in_proj_weight" : "v_proj_weight", l.wv, 0, from(v0 + r0));
+      multihead::detail::check_finite("in_proj_bias", l.bq, 0, from(r0));
+      multihead::detail::check_finite("in_proj_bias", l.bk, 0, from(E + r0));
+      multihead::detail::check_finite("in_proj_bias", l.bv, 0, from(2 * E + r0));
+      multihead::detail::check_finite("out_proj.weight", l.wo, 1, from(r0));
+      multihead::detail::check_finite("out_proj.bias", l.bo);
+      multihead::detail::check_finite("bias_k", l.bias_k, 2, from(r0));
+      multihead::detail::check_finite("bias_v", l.bias_v, 2, from(r0));
     }
     // Q_r = query W_q,rᵀ + b_q,r
     q_r = Tensor<T>(with_last(query.shape(), n));

@@ -238,9 +238,7 @@ ForwardResult<T> SequenceParallelMultiheadAttention<T>::run(const Tensor<T>& que
       multihead::detail::check_finite("query", query, position_dim, positions(L));
       multihead::detail::check_finite("key", key, position_dim, positions(S));
       multihead::detail::check_finite("value", value, position_dim, positions(S));
-      for (const auto& [name, mask] : {std::pair{"key_padding_mask", options.key_padding_mask},
-                                       std::pair{"attn_mask", options.attn_mask}})
-        if (mask != nullptr && !mask->is_bool()) multihead::detail::check_mask_finite(name, mask->float_values());
+      multihead::detail::check_masks_finite(options.key_padding_mask, options.attn_mask);
       for_each_parameter(c, params_, [](const ParameterInfo& info, const Tensor<T>& t) {
         multihead::detail::check_finite(info.name, t);
       });

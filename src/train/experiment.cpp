@@ -92,8 +92,9 @@ void ExperimentOptions::validate() const {
   if (workers < 1) bad("workers", "at least 1", std::to_string(workers));
   train.validate();
   if (train.steps < 1) bad("steps", "at least 1", std::to_string(train.steps));
-  // Every model of the grid is one the trainer takes (RoPE wants an even
-  // head width, for one), so no run fails after the others have trained.
+  // Every head count and encoding of the grid makes a model the trainer
+  // takes (RoPE wants an even head width, for one; the layer count changes
+  // nothing there), so no run fails after the others have trained.
   for (const auto& t : tasks) {
     const std::shared_ptr<const HeldOutTask> task = held_out_task(t);
     for (int64_t h : heads)
@@ -107,6 +108,7 @@ void ExperimentOptions::validate() const {
 }
 
 void ExperimentOptions::check_fits(const std::string& hint) const {
+  validate();  // non-empty lists, each value in range
   const int64_t most_layers = *std::max_element(layers.begin(), layers.end());
   for (const auto& t : tasks) {
     const std::shared_ptr<const HeldOutTask> task = held_out_task(t);

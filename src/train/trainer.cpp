@@ -459,9 +459,9 @@ Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> tas
     params[name] = r.float32_tensor(name, shape);
     impl->moments[name] = {r.float32_tensor(kExpAvg + name, shape), r.float32_tensor(kExpAvgSq + name, shape)};
   }
-  // What a run saves is finite, and AdamW's second moments are >= 0: a file
-  // that breaks this was changed after, and would train on NaN (the run
-  // then blamed the learning rate).
+  // Parameters and moments a run can continue from are finite, and AdamW's
+  // second moments >= 0: from any other the run trained on NaN and blamed
+  // the learning rate.
   const auto check_saved = [&](const std::string& key, const Tensor<float>& t, bool nonnegative) {
     for (int64_t i = 0; i < t.numel(); ++i)
       if (!std::isfinite(t[i]) || (nonnegative && t[i] < 0))
@@ -469,7 +469,7 @@ Trainer Trainer::resume(const std::string& path, std::shared_ptr<const Task> tas
                  "tensor " + quote_input(key) + " holds " + detail::format_number(t[i]) + " at index " +
                      detail::index_to_string(t.shape(), i) + ", expected " +
                      (nonnegative ? "a finite value >= 0 (AdamW's second moment)" : "a finite value") +
-                     " (a run saves none other)");
+                     " (training cannot continue from it)");
   };
   for (const auto& entry : shapes) {
     const std::string& name = entry.first;

@@ -8,6 +8,8 @@ with old output files present. Each run must:
   - name the offending tensor/file/option (case-specific words), and for a
     shape error contain the expected and the actual shape written "(2, 7)"
     ("(7)" or "(7,)" for one dimension);
+  - name a flag once, not "--x: --x..." (a library message said as the flag
+    by the command, then again by a caller);
   - print nothing on stdout (a refusal comes before any progress or
     "reproduce:" line);
   - be legible: no number of more than 20 digits (e.g. DBL_MAX printed in
@@ -557,17 +559,17 @@ for _flag, _part in (("--weights", "weights"), ("--query", "query"), ("--key", "
 
 
 # -- --weights-heads / --weights-rows (H = 2 heads, L = 3 query rows)
-@case("--weights-heads 0,2 (head out of range)", "--weights-heads", "[0, 2)", "got 2")
+@case("--weights-heads 0,2 (head out of range)", "error: --weights-heads[1]: expected a head in [0, 2), got 2")
 def _(ctx):
     return ctx.args(extra=["--weights-heads", "0,2"])
 
 
-@case("--weights-heads 1,1 (a head twice)", "--weights-heads", "at most once", "1 again")
+@case("--weights-heads 1,1 (a head twice)", "error: --weights-heads[1]: expected each head at most once, got 1 again")
 def _(ctx):
     return ctx.args(extra=["--weights-heads", "1,1"])
 
 
-@case("--weights-rows 2:4 (row out of range)", "--weights-rows", "[0, 3)", "got 3")
+@case("--weights-rows 2:4 (row out of range)", "error: --weights-rows[1]: expected a query row in [0, 3), got 3")
 def _(ctx):
     return ctx.args(extra=["--weights-rows", "2:4"])
 
@@ -1077,6 +1079,9 @@ def run_case(ctx, argv, words):
             problems.append(f"{label}: exit {r.returncode}, expected 2")
         if not stderr.strip() or len(lines) != 1 or not stderr.endswith("\n"):
             problems.append(f"{label}: stderr is {len(lines)} line(s), expected exactly one: {stderr!r}")
+        said_twice = re.search(r"(--[a-z][a-z0-9-]*)(\[\d+\])?: \1\b", stderr)
+        if said_twice:
+            problems.append(f"{label}: names {said_twice.group(1)} twice in a row: {stderr.strip()!r}")
         if r.stdout.strip():
             problems.append(f"{label}: printed {r.stdout[:200]!r} on stdout before refusing (a refusal comes first)")
         if len(stderr) > 600:

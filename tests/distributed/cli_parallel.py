@@ -184,7 +184,8 @@ def main():
     # the caller's index (heads: every rank holds the query whole; ring and
     # ulysses: the rank's rows, their positions said in the whole sequence);
     # an Inf in out_proj.weight, which the head-parallel ranks apply
-    # outside the local module (it was missed), named with the rank's heads.
+    # outside the local module (it was missed), named at the whole tensor's
+    # index as one process names it.
     qn = q.copy()
     qn[6, 1, 3] = np.nan
     np.save(p("qnan.npy"), qn)
@@ -202,8 +203,8 @@ def main():
     fault("--check-finite --parallel heads: an Inf in out_proj.weight",
           mpi + ["-np", "2", cli, "forward", "--parallel", "heads", "--weights", p("winf.safetensors"), "--query",
                  p("q.npy"), "--check-finite"],
-          "multihead: error: out_proj.weight, columns (rank 1's slice, heads 2 to 3): non-finite value inf at index "
-          "(2, 5) (--check-finite rejects NaN and Inf)")
+          "multihead: error: out_proj.weight: non-finite value inf at index (2, 13) (--check-finite rejects NaN "
+          "and Inf)")
 
     # --parallel heads reads the file with every reader's checks (it had its
     # own parser: an int32 bias was skipped, so the run went on without
