@@ -32,7 +32,8 @@ dtypes are converted once. dtype="bfloat16" / "float16" (MultiheadAttention,
 load_weights, scaled_dot_product_attention): 16-bit storage and compute, the
 inputs uint16 bits (read in place), float32 (rounded to nearest even) or
 float16 (float16 only); the output is the query's kind (docs/precision.md). Errors are ValueError (shapes, values: the
-library's message names the tensor) or TypeError (dtypes).
+library's message names the tensor) or TypeError (dtypes; an argument of
+the wrong type, count or name, in one line naming it: multihead/_arguments.py).
 """
 from ._multihead import (  # noqa: F401
     ForwardContext,
@@ -116,3 +117,10 @@ __all__ = [
 # A mistyped MULTIHEAD_* variable fails here, in one ValueError naming it,
 # as every command of the CLI fails: not in whichever call first reads it.
 check_environment()
+
+# pybind11's TypeError for an argument of the wrong type lists every
+# signature and prints every argument (arrays in full): each public call
+# says one line instead, naming the argument (multihead/_arguments.py).
+from . import _arguments  # noqa: E402
+
+_arguments.wrap_module(globals(), __all__)

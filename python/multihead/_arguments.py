@@ -1,0 +1,208 @@
+"""One-line TypeErrors for arguments of the wrong type, count or name.
+
+pybind11 refuses a call whose arguments match none of a function's
+signatures with a TypeError of many lines: every overload's signature, then
+"Invoked with:" and the repr of every argument, NumPy arrays printed in full.
+`wrap_module` puts a thin Python function around each public function,
+method, constructor and property setter of the extension; where pybind11
+raises that TypeError it says instead, in one line, which argument is wrong,
+what it expected and what it got:
+
+    forward(): need_weights: expected bool, got str 'yes'
+    forward(): unexpected keyword argument 'need_weight'
+    MultiheadAttention(): missing the argument 'num_heads'
+    MultiheadAttention.training: expected bool, got str 'yes'
+
+The judgement is made from the signatures pybind11 lists in its own message
+(the binding's py::arg names and types), so it cannot drift from the
+binding. The argument is checked the way pybind11's casters take it: bool
+takes bool and numpy.bool_; int takes an integer (no float); float takes
+an int or a float; str takes str; Optional[T] takes None; List[T] takes a
+sequence of T; a class name takes an instance of it; object takes anything.
+Where no single argument can be blamed (several overloads, a type it does
+not know) it still says one line: the signature's parameter names and the
+types it was given. pybind11's whole message stays on the exception as
+`pybind11_message`. Every other error (the library's ValueErrors and
+TypeErrors naming a tensor) passes through untouched.
+"""
+import functools
+import re
+
+_INCOMPATIBLE = re.compile(r"^(?:[\w.]*)\(\): incompatible (?:function|constructor) arguments")
+# "    1. (self: ..., query: object, ...) -> tuple", or for a constructor
+# "    1. multihead._multihead.MultiheadAttention(embed_dim: int, ...)".
+_SIGNATURE = re.compile(r"^\s+\d+\. [\w.]*\((.*)\)(?: -> .*)?$", re.M)
+
+
+def _split_top(text, sep=","):
+    """text split at `sep` outside brackets and quotes."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote and text[i - 1] != "\\":
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{<":
+            depth += 1
+        elif ch in ")]}>":
+            depth -= 1
+        elif ch == sep and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _parameters(signature):
+    """[(name, type, has_default, keyword_only)] of one pybind11 signature."""
+    out, keyword_only = [], False
+    for part in _split_top(signature):
+        if part == "*":
+            keyword_only = True
+            continue
+        if part.startswith("*"):
+            continue
+        name, _, rest = part.partition(":")
+        typ, eq, _ = rest.partition(" = ")
+        out.append((name.strip(), typ.strip(), bool(eq), keyword_only))
+    return out
+
+
+def _type_names(value):
+    return {c.__name__ for c in type(value).__mro__}
+
+
+def _fits(value, typ):
+    """Whether pybind11's caster for `typ` would take value (True where unknown)."""
+    if typ in ("object", "Any", "handle"):
+        return True
+    if typ.startswith("Optional[") and typ.endswith("]"):
+        return value is None or _fits(value, typ[len("Optional["):-1])
+    if typ.startswith("Union[") and typ.endswith("]"):
+        return any(_fits(value, t) for t in _split_top(typ[len("Union["):-1]))
+    if typ.startswith("os.PathLike"):
+        return hasattr(type(value), "__fspath__")
+    if typ == "bytes":
+        return isinstance(value, bytes)
+    if typ in ("bool", "int", "float") and getattr(value, "ndim", 0) != 0:
+        return False  # an array of one or more dimensions is no scalar
+    if typ == "bool":
+        return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool8")
+    if typ == "int":
+        return not isinstance(value, float) and (isinstance(value, int) or hasattr(type(value), "__index__"))
+    if typ == "float":
+        return isinstance(value, (int, float)) or hasattr(type(value), "__float__")
+    if typ == "str":
+        return isinstance(value, (str, bytes))
+    for prefix in ("List[", "Sequence["):
+        if typ.startswith(prefix) and typ.endswith("]"):
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not hasattr(value, "__getitem__"):
+                return False
+            inner = typ[len(prefix):-1]
+            try:
+                return all(_fits(v, inner) for v in value)
+            except TypeError:
+                return False
+    if typ.startswith("Dict[") and typ.endswith("]"):
+        return isinstance(value, dict)
+    if typ.startswith("Callable["):
+        return callable(value)
+    if re.fullmatch(r"[\w.]+", typ) and "." in typ:  # a bound class, e.g. multihead._multihead.KVCache
+        return typ.rsplit(".", 1)[1] in _type_names(value)
+    return True
+
+
+def _describe(value):
+    """A value's type, and the value itself where it is short."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(value).__module__}.{type(value).__name__} of shape {tuple(shape)} {dtype}"
+    if isinstance(value, (bool, int, float, str, bytes, list, tuple)) or value is None:
+        text = repr(value)
+        return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
+    return type(value).__name__
+
+
+def _blame(name, params, args, kwargs):
+    """The one line for a call that `params` (one signature) refuses, or None."""
+    positional = [p for p in params if not p[3]]
+    offset = 1 if params and params[0][0] == "self" else 0
+    if len(args) > len(positional):
+        return (f"{name}(): takes at most {len(positional) - offset} positional arguments, "
+                f"got {len(args) - offset}")
+    names = [p[0] for p in params]
+    for key in kwargs:
+        if key not in names:
+            return f"{name}(): unexpected keyword argument {key!r}; it takes {', '.join(names[offset:])}"
+    given = {p[0]: v for p, v in zip(positional, args)}
+    for key, value in kwargs.items():
+        if key in given:
+            return f"{name}(): {key!r} given twice, by position and by keyword"
+        given[key] = value
+    for pname, typ, has_default, _ in params:
+        if pname not in given and not has_default:
+            return f"{name}(): missing the argument {pname!r}"
+        if pname in given and not _fits(given[pname], typ):
+            return f"{name}(): {pname}: expected {typ}, got {_describe(given[pname])}"
+    return None
+
+
+def one_line(name, message, args, kwargs):
+    """The one-line text of pybind11's incompatible-arguments `message`."""
+    signatures = [_parameters(s) for s in _SIGNATURE.findall(message)]
+    blames = [_blame(name, params, args, kwargs) for params in signatures]
+    if len(signatures) == 1 and blames[0]:
+        return blames[0]
+    # Several overloads, or none blames one argument: say what was given
+    # and what each signature takes.
+    offset = 1 if signatures and signatures[0] and signatures[0][0][0] == "self" else 0
+    given = [_describe(a) for a in args[offset:]] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
+    takes = " or ".join("(" + ", ".join(f"{p[0]}: {p[1]}" for p in params[offset:]) + ")" for params in signatures)
+    return f"{name}(): cannot take ({', '.join(given)}); it takes {takes or 'other arguments'}"
+
+
+def _wrap(fn, name, constructor=False, setter=False):
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except TypeError as e:
+            message = str(e)
+            if not _INCOMPATIBLE.match(message):
+                raise
+            # (A constructor's signature lists no self.)
+            text = one_line(name, message, args[1:] if constructor else args, kwargs)
+            if setter:  # "MultiheadAttention.training: expected bool, ..."
+                text = re.sub(r"^([\w.]+)\(\): \w+: ", r"\1: ", text)
+            error = TypeError(text)
+            error.pybind11_message = message
+        raise error
+
+    return call
+
+
+def _is_binding(v):
+    return type(v).__name__ in ("builtin_function_or_method", "instancemethod")
+
+
+def wrap_module(namespace, names):
+    """Wraps namespace[n] for each n in names: functions, and every method,
+    static method and property setter of classes."""
+    for n in names:
+        obj = namespace.get(n)
+        if _is_binding(obj):
+            namespace[n] = _wrap(obj, n)
+        elif isinstance(obj, type):
+            _wrap_class(obj)
+
+
+def _wrap_class(cls):
+    for m, v in list(vars(cls).items()):
+        shown = cls.__name__ if m == "__init__" else f"{cls.__name__}.{m}"
+        if _is_binding(v):
+            setattr(cls, m, _wrap(v, shown, constructor=m == "__init__"))
+        elif isinstance(v, staticmethod) and _is_binding(v.__func__):
+            setattr(cls, m, staticmethod(_wrap(v.__func__, shown)))
+        elif isinstance(v, property) and v.fset is not None and _is_binding(v.fset):
+            setattr(cls, m, property(v.fget, _wrap(v.fset, shown, setter=True), v.fdel, v.__doc__))
