@@ -121,6 +121,6 @@ check_environment()
 # pybind11's TypeError for an argument of the wrong type lists every
 # signature and prints every argument (arrays in full): each public call
 # says one line instead, naming the argument (multihead/_arguments.py).
-from . import _arguments  # noqa: E402
+from . import _arguments, _multihead  # noqa: E402
 
-_arguments.wrap_module(globals(), __all__)
+_arguments.wrap_module(globals(), __all__, _multihead)

@@ -8,22 +8,27 @@ method, constructor and property setter of the extension; where pybind11
 raises that TypeError it says instead, in one line, which argument is wrong,
 what it expected and what it got:
 
-    forward(): need_weights: expected bool, got str 'yes'
-    forward(): unexpected keyword argument 'need_weight'
+    MultiheadAttention.forward(): need_weights: expected bool, got str 'yes'
+    MultiheadAttention.forward(): unexpected keyword argument 'need_weight'; it takes query, ...
     MultiheadAttention(): missing the argument 'num_heads'
     MultiheadAttention.training: expected bool, got str 'yes'
 
 The judgement is made from the signatures pybind11 lists in its own message
 (the binding's py::arg names and types), so it cannot drift from the
-binding. The argument is checked the way pybind11's casters take it: bool
-takes bool and numpy.bool_; int takes an integer (no float); float takes
-an int or a float; str takes str; Optional[T] takes None; List[T] takes a
-sequence of T; a class name takes an instance of it; object takes anything.
-Where no single argument can be blamed (several overloads, a type it does
-not know) it still says one line: the signature's parameter names and the
-types it was given. pybind11's whole message stays on the exception as
-`pybind11_message`. Every other error (the library's ValueErrors and
-TypeErrors naming a tensor) passes through untouched.
+binding. Each argument is checked the way pybind11 2.10's casters take it
+when converting: bool takes None or anything with a truth value of its own
+(a number, a NumPy scalar, a one-element array; not a str or a list); int
+takes what int() takes but a float; float takes a number; str takes str,
+bytes or bytearray; Optional[T] also takes None; List[T] a sequence (not a
+str or a dict) of T; a class name an instance of it; object anything. When
+every argument's type fits, an int outside its C++ type's range (a
+negative seed) is named. Where no single argument can be blamed (several
+overloads, a type it does not know) it still says one line: the types it
+was given and what each signature takes. pybind11's whole message stays
+on the exception as `pybind11_message`. Every other error passes through
+untouched: the library's ValueErrors and TypeErrors naming a tensor, and
+any TypeError raised below the call (in a callback it ran), which is
+re-raised whole.
 """
 import functools
 import re
@@ -73,8 +78,25 @@ def _type_names(value):
     return {c.__name__ for c in type(value).__mro__}
 
 
+def _class_names(typ):
+    """The Python names a bound class's signature type may stand for: a
+    dotted name (multihead._multihead.KVCache) or a C++ one
+    (multihead::python::(anonymous namespace)::PyForwardContext)."""
+    last = re.split(r"::|\.", typ)[-1]
+    return {last, last[2:]} if last.startswith("Py") else {last}
+
+
+def _number_like(value, *methods):
+    """An object pybind11's number casters convert (convert mode): one with
+    one of `methods`; an array only when it holds one element."""
+    if getattr(value, "ndim", 0) != 0 and getattr(value, "size", 1) != 1:
+        return False
+    return any(hasattr(type(value), m) for m in methods)
+
+
 def _fits(value, typ):
-    """Whether pybind11's caster for `typ` would take value (True where unknown)."""
+    """Whether pybind11's caster for `typ` (pybind11 2.10, convert mode)
+    would take value; True where the type is not known here."""
     if typ in ("object", "Any", "handle"):
         return True
     if typ.startswith("Optional[") and typ.endswith("]"):
@@ -85,19 +107,18 @@ def _fits(value, typ):
         return hasattr(type(value), "__fspath__")
     if typ == "bytes":
         return isinstance(value, bytes)
-    if typ in ("bool", "int", "float") and getattr(value, "ndim", 0) != 0:
-        return False  # an array of one or more dimensions is no scalar
-    if typ == "bool":
-        return isinstance(value, bool) or type(value).__name__ in ("bool_", "bool8")
-    if typ == "int":
-        return not isinstance(value, float) and (isinstance(value, int) or hasattr(type(value), "__index__"))
+    if typ == "bool":  # None (False) or any object with a truth value of its own
+        return value is None or _number_like(value, "__bool__")
+    if typ == "int":  # never a float; else what int() takes
+        return not isinstance(value, float) and _number_like(value, "__index__", "__int__")
     if typ == "float":
-        return isinstance(value, (int, float)) or hasattr(type(value), "__float__")
+        return _number_like(value, "__float__", "__index__")
     if typ == "str":
-        return isinstance(value, (str, bytes))
+        return isinstance(value, (str, bytes, bytearray))
     for prefix in ("List[", "Sequence["):
         if typ.startswith(prefix) and typ.endswith("]"):
-            if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not hasattr(value, "__getitem__"):
+            # PySequence_Check: __getitem__, not a mapping; str and bytes refused.
+            if isinstance(value, (str, bytes, bytearray, dict)) or not hasattr(type(value), "__getitem__"):
                 return False
             inner = typ[len(prefix):-1]
             try:
@@ -105,12 +126,23 @@ def _fits(value, typ):
             except TypeError:
                 return False
     if typ.startswith("Dict[") and typ.endswith("]"):
-        return isinstance(value, dict)
+        kv = _split_top(typ[len("Dict["):-1])
+        return isinstance(value, dict) and (len(kv) != 2 or all(
+            _fits(k, kv[0]) and _fits(v, kv[1]) for k, v in value.items()))
     if typ.startswith("Callable["):
         return callable(value)
-    if re.fullmatch(r"[\w.]+", typ) and "." in typ:  # a bound class, e.g. multihead._multihead.KVCache
-        return typ.rsplit(".", 1)[1] in _type_names(value)
+    if re.fullmatch(r"[\w.:() ]+", typ) and ("." in typ or "::" in typ):  # a bound class
+        return bool(_class_names(typ) & _type_names(value))
     return True
+
+
+def _shown_type(typ):
+    """A signature's type as the user knows it (no C++ namespaces)."""
+    return re.sub(r"[\w:() ]*::(?:Py)?(\w+)", r"\1", typ)
+
+
+def _short(text, limit):
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _describe(value):
@@ -120,7 +152,8 @@ def _describe(value):
         return f"{type(value).__module__}.{type(value).__name__} of shape {tuple(shape)} {dtype}"
     if isinstance(value, (bool, int, float, str, bytes, list, tuple)) or value is None:
         text = repr(value)
-        return f"{type(value).__name__} {text}" if len(text) <= 40 else type(value).__name__
+        if len(text) <= 40 and "\n" not in text:
+            return f"{type(value).__name__} {text}"
     return type(value).__name__
 
 
@@ -134,7 +167,7 @@ def _blame(name, params, args, kwargs):
     names = [p[0] for p in params]
     for key in kwargs:
         if key not in names:
-            return f"{name}(): unexpected keyword argument {key!r}; it takes {', '.join(names[offset:])}"
+            return f"{name}(): unexpected keyword argument {key!r}; it takes {_short(', '.join(names[offset:]), 160)}"
     given = {p[0]: v for p, v in zip(positional, args)}
     for key, value in kwargs.items():
         if key in given:
@@ -143,8 +176,16 @@ def _blame(name, params, args, kwargs):
     for pname, typ, has_default, _ in params:
         if pname not in given and not has_default:
             return f"{name}(): missing the argument {pname!r}"
+    for pname, typ, _, _ in params:
         if pname in given and not _fits(given[pname], typ):
-            return f"{name}(): {pname}: expected {typ}, got {_describe(given[pname])}"
+            return f"{name}(): {pname}: expected {_shown_type(typ)}, got {_describe(given[pname])}"
+    # Every argument has a fitting type: an int outside its C++ type's range
+    # (a negative seed for uint64_t, 2^70 for int64_t) is the one left.
+    for pname, typ, _, _ in params:
+        v = given.get(pname)
+        if "int" in typ and isinstance(v, int) and not isinstance(v, bool) and (v < 0 or v >= 2**63):
+            return (f"{name}(): {pname}: got int {_short(str(v), 24)}, outside the integers it takes "
+                    f"(an unsigned or a 64-bit integer)")
     return None
 
 
@@ -158,8 +199,9 @@ def one_line(name, message, args, kwargs):
     # and what each signature takes.
     offset = 1 if signatures and signatures[0] and signatures[0][0][0] == "self" else 0
     given = [_describe(a) for a in args[offset:]] + [f"{k}={_describe(v)}" for k, v in kwargs.items()]
-    takes = " or ".join("(" + ", ".join(f"{p[0]}: {p[1]}" for p in params[offset:]) + ")" for params in signatures)
-    return f"{name}(): cannot take ({', '.join(given)}); it takes {takes or 'other arguments'}"
+    takes = " or ".join("(" + ", ".join(f"{p[0]}: {_shown_type(p[1])}" for p in params[offset:]) + ")"
+                        for params in signatures)
+    return f"{name}(): cannot take ({_short(', '.join(given), 100)}); it takes {_short(takes or 'other arguments', 160)}"
 
 
 def _wrap(fn, name, constructor=False, setter=False):
@@ -169,7 +211,11 @@ def _wrap(fn, name, constructor=False, setter=False):
             return fn(*args, **kwargs)
         except TypeError as e:
             message = str(e)
-            if not _INCOMPATIBLE.match(message):
+            # Only pybind11's refusal of this very call: raised by the binding
+            # itself, with no Python frame below this one. A TypeError from a
+            # callback the call ran (Trainer.train's progress, a parameter
+            # update) passes through whole, whatever it says.
+            if e.__traceback__.tb_next is not None or not _INCOMPATIBLE.match(message):
                 raise
             # (A constructor's signature lists no self.)
             text = one_line(name, message, args[1:] if constructor else args, kwargs)
@@ -186,13 +232,15 @@ def _is_binding(v):
     return type(v).__name__ in ("builtin_function_or_method", "instancemethod")
 
 
-def wrap_module(namespace, names):
-    """Wraps namespace[n] for each n in names: functions, and every method,
-    static method and property setter of classes."""
+def wrap_module(namespace, names, extension):
+    """Wraps namespace[n] for each n in names: functions (in the extension
+    module too, which multihead.torch calls), and every method, static
+    method and property setter of classes (in place)."""
     for n in names:
         obj = namespace.get(n)
         if _is_binding(obj):
             namespace[n] = _wrap(obj, n)
+            setattr(extension, n, namespace[n])
         elif isinstance(obj, type):
             _wrap_class(obj)
 
