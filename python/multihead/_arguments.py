@@ -39,24 +39,32 @@ _INCOMPATIBLE = re.compile(r"^(?:[\w.]*)\(\): incompatible (?:function|construct
 _SIGNATURE = re.compile(r"^\s+\d+\. [\w.]*\((.*)\)(?: -> .*)?$", re.M)
 
 
-def _split_top(text, sep=","):
-    """text split at `sep` outside brackets and quotes."""
-    parts, depth, quote, start = [], 0, None, 0
-    for i, ch in enumerate(text):
+def split_top(text, sep):
+    """text split at `sep` outside brackets and quotes (C++ type names such as
+    std::vector<int> can appear in pybind11's signatures; the "->" of a
+    return type is no bracket). Also read by python/tests/test_stubs.py."""
+    parts, depth, quote, start, i = [], 0, None, 0, 0
+    while i < len(text):
+        ch = text[i]
         if quote:
-            if ch == quote and text[i - 1] != "\\":
-                quote = None
+            quote = None if ch == quote else quote
         elif ch in "'\"":
             quote = ch
         elif ch in "([{<":
             depth += 1
-        elif ch in ")]}>":
+        elif ch in ")]}>" and not (ch == ">" and text[i - 1] == "-"):
             depth -= 1
-        elif ch == sep and depth == 0:
+        elif depth == 0 and text.startswith(sep, i):
             parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [p.strip() for p in parts if p.strip()]
+            i = start = i + len(sep)
+            continue
+        i += 1
+    return parts + [text[start:]]
+
+
+def _split_top(text, sep=","):
+    """split_top's parts, stripped, the empty ones dropped."""
+    return [p.strip() for p in split_top(text, sep) if p.strip()]
 
 
 def _parameters(signature):

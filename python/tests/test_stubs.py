@@ -22,6 +22,7 @@ import re
 import pytest
 
 import multihead
+from multihead._arguments import split_top as _split_top
 
 BUILT_STUB = os.path.join(os.path.dirname(multihead.__file__), "__init__.pyi")
 SOURCE_DIR = os.environ.get("MULTIHEAD_SOURCE_DIR")
@@ -50,28 +51,6 @@ def params_of(fn, drop_self=False):
     if drop_self and out and out[0][0] == "self":
         out = out[1:]
     return out
-
-
-def _split_top(text, sep):
-    """text split at `sep` outside brackets and quotes (C++ type names such as
-    std::vector<int> can appear in pybind11's signatures)."""
-    parts, depth, quote, start, i = [], 0, None, 0, 0
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{<":
-            depth += 1
-        elif ch in ")]}>" and not (ch == ">" and text[i - 1] == "-"):
-            depth -= 1
-        elif depth == 0 and text.startswith(sep, i):
-            parts.append(text[start:i])
-            i = start = i + len(sep)
-            continue
-        i += 1
-    return parts + [text[start:]]
 
 
 def parse_signature(text, drop_self=True):
