@@ -22,7 +22,9 @@
 //                                          one decode step's attention alone
 //                                          (src/kernels/decode_compressed.cpp) over a
 //                                          cache of S positions, H = 32, D = 128,
-//                                          dtype 0..3 = f32, bf16, f16, int8: GB/s
+//                                          dtype 0..3 = f32, bf16, f16, int8, 4 = bf16
+//                                          as a bf16 module reads it (its pair way
+//                                          where bf16_dot_choice takes it): GB/s
 //                                          of cache read (bytes per position as
 //                                          KVCache::row_bytes counts them); read_GBs
 //                                          a plain read of the same bytes right after
@@ -276,7 +278,7 @@ void BM_DecodeCompressed(benchmark::State& state) {
   using multihead::KVCacheDType;
   namespace d = multihead::detail;
   constexpr KVCacheDType kDtypes[] = {KVCacheDType::Native, KVCacheDType::BFloat16, KVCacheDType::Float16,
-                                      KVCacheDType::Int8};
+                                      KVCacheDType::Int8, KVCacheDType::BFloat16};
   const KVCacheDType dtype = kDtypes[state.range(0)];
   const int64_t Hkv = state.range(1), S = state.range(2), H = 32, D = 128, blocks = d::int8_blocks(D);
   const int threads = static_cast<int>(state.range(3));
@@ -290,6 +292,7 @@ void BM_DecodeCompressed(benchmark::State& state) {
   d::CompressedKV kv;
   kv.dtype = dtype;
   kv.capacity = S;
+  kv.bf16_module = state.range(0) == 4;
   switch (dtype) {
     case KVCacheDType::Native:
       f32_k.resize(n);
@@ -439,7 +442,7 @@ int main(int argc, char** argv) {
   }
   auto* dc = benchmark::RegisterBenchmark("DecodeCompressed", BM_DecodeCompressed);
   dc->ArgNames({"dtype", "kv_heads", "S", "threads"})->Unit(benchmark::kMillisecond)->UseManualTime();
-  for (int64_t dtype : {0, 1, 2, 3}) {
+  for (int64_t dtype : {0, 1, 2, 3, 4}) {
     for (int64_t kv_heads : {32, 8, 1})
       for (int64_t threads : {1, 2}) dc->Args({dtype, kv_heads, 16384, threads});
   }

@@ -99,17 +99,23 @@ const GqaCase kCases[] = {
 // [B·Hkv][S][D], so only contiguous cases with Dv = D.
 // DecodeBf16: the same kernel on a bf16 cache holding K/V's bits rounded
 // (callers pass K/V that bf16 represents exactly, so the oracle holds).
+// DecodeBf16Pairs: a bf16 cache as the bf16 module reads it (CompressedKV::
+// bf16_module), bf16's pair way forced (MULTIHEAD_BF16_DOT=dpbf16's setting:
+// vdpbf16ps where the target and CPU have it, Highway's widening of the
+// same pairs elsewhere); callers pass q, K and V that bf16 represents, and
+// its bound has the weights' rounding to bf16 (pairs_bound).
 // DecodeOneCall: the per-target decode kernel called once per K/V slice with
 // the slice's whole group of rows (more than kDecodeMaxCallChunks chunks for
 // a large group: the kernel's own passes), not attention_forward_compressed's
 // cut into calls.
-enum class Kernel { Reference, Materialized, Flash, Decode, DecodeBf16, DecodeOneCall };
+enum class Kernel { Reference, Materialized, Flash, Decode, DecodeBf16, DecodeBf16Pairs, DecodeOneCall };
 const char* kernel_name(Kernel k) {
   return k == Kernel::Reference      ? "reference"
          : k == Kernel::Materialized ? "materialized"
          : k == Kernel::Flash        ? "flash"
          : k == Kernel::Decode       ? "decode"
          : k == Kernel::DecodeBf16   ? "decode_bf16"
+         : k == Kernel::DecodeBf16Pairs ? "decode_bf16_pairs"
                                      : "decode_one_call";
 }
 bool decode_serves(const GqaCase& c) { return !c.strided && c.D == c.Dv; }
@@ -240,15 +246,19 @@ std::vector<float> run(Kernel kernel, const GqaCase& c, const std::vector<float>
       a.out_layout = detail::resolve_layout(a.out_layout, c.H, c.L, c.Dv);
       const detail::DecodeCompressedKernel k = detail::decode_compressed_kernel_for(detail::simd_target_bit());
       const detail::CompressedKV kv{KVCacheDType::Native, ks.data(), vs.data(), nullptr, nullptr, c.S};
-      for (int64_t slice = 0; slice < c.B * kv_heads; ++slice) k.rows(a, kv, slice, 0, c.H / kv_heads * c.L);
+      for (int64_t slice = 0; slice < c.B * kv_heads; ++slice) k.rows(a, kv, slice, 0, c.H / kv_heads * c.L, detail::DecodeWay::Widen);
       break;
     }
-    case Kernel::DecodeBf16: {
+    case Kernel::DecodeBf16:
+    case Kernel::DecodeBf16Pairs: {
       std::vector<uint16_t> kb(ks.size()), vb(vs.size());
       for (std::size_t e = 0; e < ks.size(); ++e) kb[e] = detail::float_to_bfloat16_bits(ks[e]);
       for (std::size_t e = 0; e < vs.size(); ++e) vb[e] = detail::float_to_bfloat16_bits(vs[e]);
-      detail::attention_forward_compressed(
-          a, detail::CompressedKV{KVCacheDType::BFloat16, kb.data(), vb.data(), nullptr, nullptr, c.S});
+      detail::CompressedKV kv{KVCacheDType::BFloat16, kb.data(), vb.data(), nullptr, nullptr, c.S};
+      kv.bf16_module = kernel == Kernel::DecodeBf16Pairs;
+      if (kv.bf16_module) detail::bf16_dot_force("dpbf16");
+      detail::attention_forward_compressed(a, kv);
+      detail::bf16_dot_force("");
       break;
     }
   }
@@ -309,6 +319,30 @@ Oracle oracle(const Inputs& in, const std::vector<float>& k_rep, const std::vect
     }
   }
   return o;
+}
+
+// The pair way's own rounding (DecodeBf16Pairs): each weight p_j rounded to
+// bf16 before PV, |Δp_j| <= u_bf16·p_j (u_bf16 = 2^-8), so the row moves by
+// at most u_bf16·Σ_j p_j·|v_jd| <= u_bf16·max_j ‖v_j‖∞ (Σ p_j = 1; the sum
+// l keeps p in float32), doubled as the oracle's terms are. A weight below
+// bf16's normal range that vdpbf16ps flushes to zero changes the row by
+// less than 2^-126·S·max‖v‖∞ relative, far inside this.
+Oracle pairs_bound(Oracle o, const Inputs& in, const std::vector<float>& v_rep) {
+  const GqaCase& c = in.c;
+  for (int64_t n = 0; n < c.B * c.H; ++n) {
+    double max_v = 0;
+    for (int64_t e = 0; e < c.S * c.Dv; ++e) max_v = std::max(max_v, std::abs(static_cast<double>(v_rep[n * c.S * c.Dv + e])));
+    for (int64_t i = 0; i < c.L; ++i) o.bound[n * c.L + i] += 2.0 * 0x1.0p-8 * max_v;
+  }
+  return o;
+}
+
+// q, K and V rounded to bf16 in place (the DecodeBf16* kernels' inputs).
+void round_to_bf16(Inputs& in, bool with_q) {
+  for (std::vector<float>* x : {&in.q, &in.k, &in.v}) {
+    if (x == &in.q && !with_q) continue;
+    for (float& e : *x) e = detail::bfloat16_bits_to_float(detail::float_to_bfloat16_bits(e));
+  }
 }
 
 // Number of elements outside the bound, and the first one described.
@@ -424,14 +458,15 @@ TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
         {1, 36, 1, 4, 300, 16, 16, true, false, 80},  // 144 rows: 18 chunks, more than one call's 8
     };
     for (const GqaCase& c : decode_cases)
-      for (Kernel kernel : {Kernel::Decode, Kernel::DecodeBf16}) {
+      for (Kernel kernel : {Kernel::Decode, Kernel::DecodeBf16, Kernel::DecodeBf16Pairs}) {
         const std::string name = case_name(c) + "_" + kernel_name(kernel);
         Inputs in = make_inputs(c);
-        if (kernel == Kernel::DecodeBf16)
-          for (std::vector<float>* x : {&in.k, &in.v})
-            for (float& e : *x) e = detail::bfloat16_bits_to_float(detail::float_to_bfloat16_bits(e));
+        if (kernel != Kernel::Decode) round_to_bf16(in, /*with_q=*/kernel == Kernel::DecodeBf16Pairs);
         const std::vector<float> one = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
-        const Check r = check(c, one, oracle(in, repeat_kv(in.k, c, c.D), repeat_kv(in.v, c, c.Dv)));
+        const std::vector<float> v_rep = repeat_kv(in.v, c, c.Dv);
+        Oracle o = oracle(in, repeat_kv(in.k, c, c.D), v_rep);
+        if (kernel == Kernel::DecodeBf16Pairs) o = pairs_bound(std::move(o), in, v_rep);
+        const Check r = check(c, one, o);
         EXPECT_EQ(r.failures, 0) << target << " " << name << ": " << r.first;
         for (int threads : {2, 3, 4}) {
           const std::vector<float> got = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, threads);
@@ -447,6 +482,79 @@ TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
   }
 }
 
+// bf16's pair way of the decode kernel (a bf16 module over a bf16 cache),
+// on every target this machine runs: within the oracle's bound plus the
+// weights' rounding (pairs_bound), and, on each target, vdpbf16ps
+// (DecodeWay::PairsNative, where the CPU has AVX512_BF16) the same bits as
+// Highway's widening of the same pairs (DecodeWay::Pairs): the emulation
+// does vdpbf16ps's two products and two roundings in its order (no input
+// here is below bf16's normal range, where vdpbf16ps would flush it). The
+// shapes: D a multiple of 32 (64, 128: no scalar tail on any target), D 40
+// and 96 (one or three pairs of AVX-512 vectors, then 8 or no tail columns;
+// the tail's order on AVX2), D 8 (no full pair of vectors); an odd number
+// of keys (the last key paired with zeros), a window, causal rows over
+// several queries, keys without a position, groups of 1 to 32 rows.
+TEST(GqaDecodePairs, WithinBoundAndNativeEqualsEmulated) {
+  const GqaCase cases[] = {
+      {1, 32, 1, 1, 1001, 128, 128, true},
+      {1, 8, 2, 1, 257, 64, 64, true, false, 100},
+      {2, 12, 3, 2, 131, 40, 40, true, false, 0, 120},
+      {1, 4, 4, 3, 97, 96, 96, true},
+      {1, 6, 1, 1, 65, 8, 8, true},
+  };
+  for (const std::string& target : detail::simd_targets_available()) {
+    const ScopedTarget scoped(target);
+    for (const GqaCase& c : cases) {
+      const std::string name = target + " " + case_name(c);
+      Inputs in = make_inputs(c);
+      round_to_bf16(in, /*with_q=*/true);
+      const std::vector<float> got = run(Kernel::DecodeBf16Pairs, c, in.q, in.k, in.v, c.Hkv, in.scale, 2);
+      const std::vector<float> v_rep = repeat_kv(in.v, c, c.Dv);
+      const Check r = check(c, got, pairs_bound(oracle(in, repeat_kv(in.k, c, c.D), v_rep), in, v_rep));
+      EXPECT_EQ(r.failures, 0) << name << ": " << r.first;
+      // The two pair ways, each kernel called once per K/V slice.
+      AttentionArgs<float> a;
+      a.slices = c.B * c.H;
+      a.heads = c.H;
+      a.kv_heads = c.Hkv;
+      a.q_len = c.L;
+      a.kv_len = c.S;
+      a.head_dim = a.value_dim = c.D;
+      a.scale = in.scale;
+      a.modifiers.causal = detail::CausalRule{c.causal, CausalAlignment::BottomRight, 0, c.cols ? c.cols : c.S};
+      a.modifiers.window = c.window;
+      a.q = in.q.data();
+      a.q_layout = detail::resolve_layout(a.q_layout, c.H, c.L, c.D);
+      a.out_layout = detail::resolve_layout(a.out_layout, c.H, c.L, c.Dv);
+      std::vector<uint16_t> kb(in.k.size()), vb(in.v.size());
+      for (std::size_t e = 0; e < kb.size(); ++e) kb[e] = detail::float_to_bfloat16_bits(in.k[e]);
+      for (std::size_t e = 0; e < vb.size(); ++e) vb[e] = detail::float_to_bfloat16_bits(in.v[e]);
+      const detail::CompressedKV kv{KVCacheDType::BFloat16, kb.data(), vb.data(), nullptr, nullptr, c.S};
+      const detail::DecodeCompressedKernel k = detail::decode_compressed_kernel_for(detail::simd_target_bit());
+      const auto call = [&](detail::DecodeWay way) {
+        std::vector<float> out(got.size(), -1.0f);
+        a.out = out.data();
+        for (int64_t slice = 0; slice < c.B * c.Hkv; ++slice) k.rows(a, kv, slice, 0, c.H / c.Hkv * c.L, way);
+        return out;
+      };
+      // The driver's rows (two threads, its cut into calls) are the one
+      // call's; the way it took is vdpbf16ps where the CPU has it.
+      const std::vector<float> emulated = call(detail::DecodeWay::Pairs);
+      const std::vector<float> native = detail::cpu_has_avx512_bf16() ? call(detail::DecodeWay::PairsNative) : emulated;
+      EXPECT_EQ(0, std::memcmp(native.data(), emulated.data(), got.size() * sizeof(float)))
+          << name << ": vdpbf16ps differs from its emulation";
+      EXPECT_EQ(0, std::memcmp(native.data(), got.data(), got.size() * sizeof(float)))
+          << name << ": the driver's calls differ from one call per K/V slice";
+      // The pair way is not the widening way: the weights' rounding shows
+      // (HWY_SCALAR's one lane has no pairs: it widens, as documented).
+      if (target != "SCALAR") {
+        const std::vector<float> widened = run(Kernel::DecodeBf16, c, in.q, in.k, in.v, c.Hkv, in.scale, 2);
+        EXPECT_NE(0, std::memcmp(widened.data(), got.data(), got.size() * sizeof(float))) << name;
+      }
+    }
+  }
+}
+
 // A NaN in the cache makes NaN the output of every row that sees it, on
 // the decode kernel as on the reference (fmax's rule for the block max: the
 // NaN score is not the max, its weight exp(NaN) is NaN); rows that do not
@@ -458,8 +566,9 @@ TEST(GqaDecodeNaN, PropagatesToTheRowsThatSeeIt) {
     const ScopedTarget scoped(target);
     for (const GqaCase& c : {GqaCase{1, 8, 1, 2, 150, 32, 32, true, false, 40}, GqaCase{1, 1, 1, 1, 150, 32, 32, true}})
       for (int64_t key = 0; key < c.S; ++key)
-        for (Kernel kernel : {Kernel::Decode, Kernel::DecodeBf16}) {
+        for (Kernel kernel : {Kernel::Decode, Kernel::DecodeBf16, Kernel::DecodeBf16Pairs}) {
           Inputs in = make_inputs(c);
+          if (kernel == Kernel::DecodeBf16Pairs) round_to_bf16(in, /*with_q=*/true);
           in.k[static_cast<std::size_t>(key * c.D + c.D - 1)] = std::numeric_limits<float>::quiet_NaN();
           const std::vector<float> got = run(kernel, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);
           const std::vector<float> ref = run(Kernel::Reference, c, in.q, in.k, in.v, c.Hkv, in.scale, 1);

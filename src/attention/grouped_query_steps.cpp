@@ -118,7 +118,7 @@ AttentionArgs<T> grouped_query_attention_args(const GroupedQueryAttentionConfig&
 
 template <class T>
 AttentionKernel attend_over_cache(KVCache<T>& cache, const T* k, const T* v, int64_t B, int64_t L,
-                                  AttentionArgs<T>& a, AttentionKernel requested) {
+                                  AttentionArgs<T>& a, AttentionKernel requested, bool bf16_module) {
   const int64_t P = cache.length(), Hkv = cache.kv_heads(), D = cache.head_dim();
   if (cache.compressed()) {
     if constexpr (std::is_same_v<T, float>) store_compressed(cache, k, v, B, L);
@@ -143,9 +143,9 @@ AttentionKernel attend_over_cache(KVCache<T>& cache, const T* k, const T* v, int
     if constexpr (std::is_same_v<T, float>) {
       const CompressedKV kv =
           cache.compressed() ? CompressedKV{cache.dtype(), cache.k_compressed(), cache.v_compressed(), cache.k_scales(),
-                                            cache.v_scales(), cache.capacity()}
+                                            cache.v_scales(), cache.capacity(), bf16_module}
                              : CompressedKV{KVCacheDType::Native, cache.k_data(), cache.v_data(), nullptr, nullptr,
-                                            cache.capacity()};
+                                            cache.capacity(), bf16_module};
       attention_forward_compressed(a, kv);
     }
     return AttentionKernel::Auto;
@@ -162,7 +162,7 @@ AttentionKernel attend_over_cache(KVCache<T>& cache, const T* k, const T* v, int
                                                             int64_t, AttentionTensors<T>&, const AttentionOptions&, \
                                                             std::vector<T>&);                                       \
   template AttentionKernel attend_over_cache<T>(KVCache<T>&, const T*, const T*, int64_t, int64_t,                  \
-                                                AttentionArgs<T>&, AttentionKernel);
+                                                AttentionArgs<T>&, AttentionKernel, bool);
 MULTIHEAD_GQA_STEPS(float)
 MULTIHEAD_GQA_STEPS(double)
 #undef MULTIHEAD_GQA_STEPS

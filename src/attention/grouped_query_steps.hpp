@@ -50,9 +50,12 @@ AttentionArgs<T> grouped_query_attention_args(const GroupedQueryAttentionConfig&
 // cache, and a decode step over a float one (decode_kernel_serves), run the
 // decode kernel (src/simd/decode_compressed-inl.h); more rows, or a forced
 // kernel, run resolve_forward_kernel's choice on the cache's float rows.
-// Returns the kernel that ran, Auto for the decode kernel.
+// Returns the kernel that ran, Auto for the decode kernel. bf16_module: the
+// caller is the bf16 module (its q and k, v are bf16 values, its merged heads
+// rounded to bf16), so the decode kernel may read a bf16 cache as bf16 pairs
+// (CompressedKV::bf16_module).
 template <class T>
 AttentionKernel attend_over_cache(KVCache<T>& cache, const T* k, const T* v, int64_t B, int64_t L,
-                                  AttentionArgs<T>& a, AttentionKernel requested);
+                                  AttentionArgs<T>& a, AttentionKernel requested, bool bf16_module = false);
 
 }  // namespace multihead::detail

@@ -10,8 +10,9 @@
 //                              (args.narrow), slice b·H + h reading K/V
 //                              head h / (H / Hkv) in place, a rounded;
 //                              a cache: k, v into it, then the float
-//                              module's kernels on q widened (attend_over_cache),
-//                              a rounded
+//                              module's kernels on q widened (attend_over_cache;
+//                              the bf16 module's bf16 cache read as bf16 pairs
+//                              where flash takes its pair way), a rounded
 //   out = round(a W_oᵀ + b_o)  (B·L, E)      out_projection
 //
 // Legend: B batch, L new tokens, P cached tokens, S = P + L keys, E embed
@@ -19,6 +20,7 @@
 #include "multihead/narrow_grouped_query_attention.hpp"
 
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -171,7 +173,8 @@ Tensor<E> NarrowGroupedQueryAttention<E>::run(const Tensor<E>& x, const Attentio
     t.q = qf.data();
     t.out = merged_f.data();
     detail::AttentionArgs<float> a = detail::grouped_query_attention_args(config_, B, L, S, t, options, slopes);
-    detail::attend_over_cache(*cache, kf.data(), vf.data(), B, L, a, options.kernel);
+    detail::attend_over_cache(*cache, kf.data(), vf.data(), B, L, a, options.kernel,
+                              /*bf16_module=*/std::is_same_v<E, bfloat16>);
     detail::round_into(merged_f.data(), merged_f.size(), merged.data(), threads);
   } else {
     detail::AttentionArgs<float> a = detail::grouped_query_attention_args(config_, B, L, S, t, options, slopes);

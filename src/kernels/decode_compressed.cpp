@@ -8,6 +8,7 @@
 #include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
 #include "simd/decode_compressed.hpp"
+#include "simd/flash_attention.hpp"
 #include "simd/targets.hpp"
 
 namespace multihead::detail {
@@ -23,7 +24,17 @@ void attention_forward_compressed(const AttentionArgs<float>& call, const Compre
   const int64_t group_rows = H / Hkv * L;  // the query rows reading one K/V slice
   const int64_t chunks = (group_rows + kDecodeMaxRows - 1) / kDecodeMaxRows;
   if (kv_slices == 0 || L == 0) return;
-  const DecodeCompressedKernel kernel = decode_compressed_kernel_for(simd_target_bit());
+  const int64_t target = simd_target_bit();
+  const DecodeCompressedKernel kernel = decode_compressed_kernel_for(target);
+  // A bf16 module over a bf16 cache reads it as bf16 pairs where the flash
+  // kernel takes its pair way for that module (bf16_dot_choice: vdpbf16ps on
+  // an AMD core with AVX512_BF16, or MULTIHEAD_BF16_DOT), so that the
+  // module's prompt and its decode steps round the same things.
+  DecodeWay way = DecodeWay::Widen;
+  if (kv.bf16_module && kv.dtype == KVCacheDType::BFloat16) {
+    const Bf16DotChoice choice = bf16_dot_choice(target);
+    if (choice.dpbf16) way = choice.native ? DecodeWay::PairsNative : DecodeWay::Pairs;
+  }
   // Each call reads its K/V slice once for all its chunks (the kernel takes a
   // block of keys chunk by chunk while it is in cache), so a group's chunks
   // are cut into few calls: one per slice when there are at least as many
@@ -45,7 +56,7 @@ void attention_forward_compressed(const AttentionArgs<float>& call, const Compre
   parallel_items(kv_slices * parts, threads, item_cost, [&](int64_t it) {
     const int64_t slice = it / parts, part = it % parts;
     const int64_t first = part * chunks / parts * kDecodeMaxRows, last = (part + 1) * chunks / parts * kDecodeMaxRows;
-    kernel.rows(args, kv, slice, first, std::min(group_rows, last));
+    kernel.rows(args, kv, slice, first, std::min(group_rows, last), way);
   });
 }
 

@@ -22,6 +22,23 @@
 //
 // Columns D − D mod N … D − 1 (when N does not divide D) go through the
 // scalar widening of narrow_types.hpp, which equals the vector one.
+//
+// A bf16 module over a bf16 cache has a second way, bf16's pair way
+// (PairsBf16, chosen by kernels/decode_compressed.cpp as the flash kernel
+// chooses its Bf16Way::Dot): QKᵀ and PV on bf16 pairs with vdpbf16ps
+// (bf16_compute-inl.h's PairDot), two products per float32 lane per
+// instruction, on the cache's rows as they lie. A score pairs columns 2c and
+// 2c + 1 of q (rounded to bf16: exact, as the module's q is bf16) and of the
+// K row, which is how both lie in memory. PV pairs keys j and j + 1: the
+// probabilities are rounded to bf16 and paired down the keys, V's two rows
+// interleaved in registers (InterleaveLower/Upper, per 128-bit block), so
+// that each row's accumulator holds its columns in the order PairColumn
+// gives, put back in place when the row is written. What it changes from the
+// widening way: the summation order (pairs), P rounded to bf16 before PV
+// (the sum l keeps P in float32, as the flash kernel's pair way does), and
+// vdpbf16ps's flush of denormal inputs to zero. At 32 query rows per K/V
+// head the decode is bound by arithmetic, not bytes, and this halves the
+// multiply-add instructions (docs/decoding.md, "bf16's pair way").
 
 // Per-target include guard (Highway's pattern for -inl.h files).
 #if defined(MULTIHEAD_SIMD_DECODE_COMPRESSED_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -35,6 +52,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -42,6 +60,7 @@
 #include "hwy/cache_control.h"
 #include "core/narrow_lanes-inl.h"
 #include "hwy/highway.h"
+#include "simd/bf16_compute-inl.h"
 #include "simd/decode_compressed.hpp"
 #include "simd/exp2-inl.h"
 #include "simd/narrow_types.hpp"
@@ -61,11 +80,13 @@ inline constexpr int64_t kKeyBlock = 64;
 // float32 (the native cache): a plain load.
 struct WidenF32 {
   using Elem = float;
+  static constexpr bool kPairWay = false;
   static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) { return hn::LoadU(df, row + c); }
   static float Scalar(const Elem* row, int64_t c, const float*) { return row[c]; }
 };
 struct WidenBf16 {
   using Elem = uint16_t;
+  static constexpr bool kPairWay = false;
   static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) {
     return LoadWidenBf16(df, reinterpret_cast<const bfloat16*>(row + c));
   }
@@ -73,6 +94,7 @@ struct WidenBf16 {
 };
 struct WidenF16 {
   using Elem = uint16_t;
+  static constexpr bool kPairWay = false;
   static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float*) {
     return LoadWidenF16(df, reinterpret_cast<const float16*>(row + c));
   }
@@ -82,6 +104,7 @@ struct WidenF16 {
 // the N columns from c all lie in block c / 32.
 struct WidenInt8 {
   using Elem = int8_t;
+  static constexpr bool kPairWay = false;
   static VF32 Vector(DF32 df, const Elem* row, int64_t c, const float* scales) {
     const hn::Rebind<int8_t, DF32> d8;
     const hn::Rebind<int32_t, DF32> d32;
@@ -93,9 +116,19 @@ struct WidenInt8 {
   }
 };
 
+// bf16's pair way over a bf16 cache (header): the cache's rows read as bf16
+// pairs; Scalar (the tail columns) is the widening's. kNative: vdpbf16ps,
+// else Highway's widening of the same pairs (PairDot).
+template <bool kNativeDot>
+struct PairsBf16 : WidenBf16 {
+  static constexpr bool kPairWay = true;
+  static constexpr bool kNative = kNativeDot;
+};
+
 // One query row's view and its online-softmax state.
 struct DecodeRow {
   const float* q;
+  const uint16_t* qb;  // the pair way: q rounded to bf16 (its bits), else nullptr
   float* out;
   float* acc;  // [D], the unnormalised output
   float* lse;  // or nullptr
@@ -105,6 +138,65 @@ struct DecodeRow {
   bool plain;                 // no soft-cap or ALiBi: the score is the scaled dot
   float m, l;                 // running max and sum
 };
+
+// The K side of a score, one way for every W: ScoreColumns(df) columns of q
+// and of a K row at a time (N, or 2N as bf16 pairs), QueryVector and
+// KeyVector load them, ScoreStep multiplies them into a float32
+// accumulator, QueryAt is column c of q for the scalar tail.
+template <class W>
+HWY_INLINE int64_t ScoreColumns(DF32 df) {
+  return static_cast<int64_t>(hn::Lanes(df)) * (W::kPairWay ? 2 : 1);
+}
+template <class W>
+HWY_INLINE auto QueryVector(DF32 df, const DecodeRow& row, int64_t c) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (W::kPairWay) {
+    return hn::BitCast(hn::RebindToUnsigned<DF32>(), hn::LoadU(hn::Repartition<uint16_t, DF32>(), row.qb + c));
+  } else
+#endif
+  {
+    return hn::LoadU(df, row.q + c);
+  }
+}
+template <class W>
+HWY_INLINE auto KeyVector(DF32 df, const typename W::Elem* krow, int64_t c, const float* scales) {
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (W::kPairWay) {
+    return hn::BitCast(hn::RebindToUnsigned<DF32>(), hn::LoadU(hn::Repartition<uint16_t, DF32>(), krow + c));
+  } else
+#endif
+  {
+    return W::Vector(df, krow, c, scales);
+  }
+}
+template <class W, class VQ, class VK>
+HWY_INLINE VF32 ScoreStep(DF32 df, VQ q, VK k, VF32 acc) {
+  if constexpr (W::kPairWay) {
+    return PairDot<W::kNative>(df, q, k, acc);
+  } else {
+    return hn::MulAdd(q, k, acc);
+  }
+}
+template <class W>
+HWY_INLINE float QueryAt(const DecodeRow& row, int64_t c) {
+  if constexpr (W::kPairWay) {
+    return bfloat16_bits_to_float(row.qb[c]);
+  } else {
+    return row.q[c];
+  }
+}
+
+// Where the pair way keeps column c of a row's accumulator: position p of a
+// block of 2N (the block's first column c0 = p − p mod 2N) holds column
+// c0 + 8·(l / 4) + 4·h + l mod 4, l = p mod N, h = 1 for the upper half
+// (InterleaveLower/Upper of 16-bit lanes pair the low/high four columns of
+// each 128-bit block); the tail columns from D − D mod 2N stay in place.
+inline int64_t PairColumn(int64_t p, int64_t N, int64_t D) {
+  const int64_t step = 2 * N;
+  if (p >= D / step * step) return p;
+  const int64_t c0 = p / step * step, w = p % step, h = w / N, l = w % N;
+  return c0 + 8 * (l / 4) + 4 * h + l % 4;
+}
 
 // Independent accumulators per row, so that few rows still keep enough
 // multiply-adds in flight (an FMA's latency is ~4 cycles, and one row's
@@ -220,28 +312,29 @@ HWY_INLINE void TailDots(const DecodeRow* rows, const typename W::Elem* krow, co
   for (int r = 0; r < R; ++r) tail[r] = 0.0f;
   for (int64_t c = Dv; c < D; ++c) {
     const float kc = W::Scalar(krow, c, kscales);
-    for (int r = 0; r < R; ++r) tail[r] += rows[r].q[c] * kc;
+    for (int r = 0; r < R; ++r) tail[r] += QueryAt<W>(rows[r], c) * kc;
   }
 }
 
 // scores[r][jj … jj + 3] = <q_r, k_t> for the four K rows k_t = krow[t], r <
 // R <= kFourKeyRows: one accumulator per row and key (the keys' chains are
 // independent), the lanes summed by StoreSumsOfFour, then the scalar tail's
-// columns (D − D mod N …) added.
+// columns (D − D mod ScoreColumns …) added. The same for every way W:
+// QueryVector, KeyVector and ScoreStep are W's.
 template <int R, class W>
 HWY_INLINE void DotFourKeys(const DecodeRow* rows, const typename W::Elem* const krow[4], const float* const kscales[4],
                             int64_t D, int64_t jj, float (*scores)[kKeyBlock]) {
   const DF32 df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
+  const int64_t N = ScoreColumns<W>(df), Dv = D / N * N;
   VF32 d[R][4];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < 4; ++t) d[r][t] = hn::Zero(df);
   for (int64_t c = 0; c < Dv; c += N) {
-    VF32 q[R];
-    for (int r = 0; r < R; ++r) q[r] = hn::LoadU(df, rows[r].q + c);
+    decltype(QueryVector<W>(df, rows[0], 0)) q[R];
+    for (int r = 0; r < R; ++r) q[r] = QueryVector<W>(df, rows[r], c);
     for (int t = 0; t < 4; ++t) {
-      const VF32 kv = W::Vector(df, krow[t], c, kscales[t]);
-      for (int r = 0; r < R; ++r) d[r][t] = hn::MulAdd(q[r], kv, d[r][t]);
+      const auto kv = KeyVector<W>(df, krow[t], c, kscales[t]);
+      for (int r = 0; r < R; ++r) d[r][t] = ScoreStep<W>(df, q[r], kv, d[r][t]);
     }
   }
   float tail[4][R];
@@ -278,7 +371,7 @@ HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, con
                            int64_t jn, int64_t k_end, float (*scores)[kKeyBlock]) {
   const DF32 df;
   constexpr int A = kSplit<R>;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), Dv = D / N * N;
+  const int64_t N = ScoreColumns<W>(df), Dv = D / N * N;
   int64_t jj = 0;
   if constexpr (R <= kFourKeyRows * kFourKeyGroups<W>) {
     for (; jj + 4 <= jn; jj += 4) {
@@ -304,12 +397,12 @@ HWY_NOINLINE void DotBlock(const DecodeRow* rows, const typename W::Elem* k, con
     int64_t c = 0;
     for (; c + A * N <= Dv; c += A * N)
       for (int s = 0; s < A; ++s) {
-        const VF32 kv = W::Vector(df, row, c + s * N, scales);
-        for (int r = 0; r < R; ++r) d[r][s] = hn::MulAdd(hn::LoadU(df, rows[r].q + c + s * N), kv, d[r][s]);
+        const auto kv = KeyVector<W>(df, row, c + s * N, scales);
+        for (int r = 0; r < R; ++r) d[r][s] = ScoreStep<W>(df, QueryVector<W>(df, rows[r], c + s * N), kv, d[r][s]);
       }
     for (; c < Dv; c += N) {
-      const VF32 kv = W::Vector(df, row, c, scales);
-      for (int r = 0; r < R; ++r) d[r][0] = hn::MulAdd(hn::LoadU(df, rows[r].q + c), kv, d[r][0]);
+      const auto kv = KeyVector<W>(df, row, c, scales);
+      for (int r = 0; r < R; ++r) d[r][0] = ScoreStep<W>(df, QueryVector<W>(df, rows[r], c), kv, d[r][0]);
     }
     float tail[R];
     TailDots<R, W>(rows, row, scales, Dv, D, tail);
@@ -357,6 +450,65 @@ HWY_NOINLINE void AccumulateBlock(DecodeRow* rows, const typename W::Elem* v, co
       for (int r = 0; r < R; ++r) rows[r].acc[c] += p[r][jj] * vc;
     }
 }
+
+#if HWY_TARGET != HWY_SCALAR  // (one lane: no 16-bit pairs)
+// bf16's pair way: acc_r += Σ_jj p̂[r][jj] · v_{j0 + jj}, p̂ the weights
+// rounded to bf16 (pb, PackWeights), keys jj and jj + 1 paired: V's two rows
+// interleaved in registers, each pair's two products and sums in one
+// PairDot, the row's accumulator in PairColumn's order. A last odd key
+// pairs with zeros (pb's entry past jn is 0, and the row past the block,
+// possibly past the cache, is not read).
+template <int R, class W>
+HWY_NOINLINE void AccumulateBlockPairs(DecodeRow* rows, const uint16_t* v, int64_t D, int64_t j0, int64_t jn,
+                                       const uint16_t (*pb)[kKeyBlock]) {
+  const DF32 df;
+  const hn::RebindToUnsigned<DF32> du;
+  const hn::Repartition<uint16_t, DF32> d16;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), step = 2 * N, Dp = D / step * step;
+  for (int64_t c = 0; c < Dp; c += step) {
+    VF32 lo[R], hi[R];
+    for (int r = 0; r < R; ++r) {
+      lo[r] = hn::LoadU(df, rows[r].acc + c);
+      hi[r] = hn::LoadU(df, rows[r].acc + c + N);
+    }
+    for (int64_t jj = 0; jj < jn; jj += 2) {
+      const uint16_t* v0 = v + (j0 + jj) * D + c;
+      const auto a = hn::LoadU(d16, v0);
+      const auto b = jj + 1 < jn ? hn::LoadU(d16, v0 + D) : hn::Zero(d16);
+      const auto pair_lo = hn::BitCast(du, hn::InterleaveLower(d16, a, b));
+      const auto pair_hi = hn::BitCast(du, hn::InterleaveUpper(d16, a, b));
+      for (int r = 0; r < R; ++r) {
+        uint32_t p2;
+        std::memcpy(&p2, pb[r] + jj, sizeof p2);  // p̂_jj low, p̂_jj+1 high
+        const auto pp = hn::Set(du, p2);
+        lo[r] = PairDot<W::kNative>(df, pp, pair_lo, lo[r]);
+        hi[r] = PairDot<W::kNative>(df, pp, pair_hi, hi[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      hn::StoreU(lo[r], df, rows[r].acc + c);
+      hn::StoreU(hi[r], df, rows[r].acc + c + N);
+    }
+  }
+  for (int64_t c = Dp; c < D; ++c)
+    for (int64_t jj = 0; jj < jn; ++jj) {
+      const float vc = bfloat16_bits_to_float(v[(j0 + jj) * D + c]);
+      for (int r = 0; r < R; ++r) rows[r].acc[c] += bfloat16_bits_to_float(pb[r][jj]) * vc;
+    }
+}
+
+// pb[jj] = the bits of to_bfloat16(p[jj]) for the block's kKeyBlock weights
+// (nearest even; 0 stays 0, so the keys past jn keep weight 0).
+HWY_INLINE void PackWeights(const float* HWY_RESTRICT p, uint16_t* HWY_RESTRICT pb) {
+  const DF32 df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const hn::Rebind<uint16_t, DF32> d16;
+  const hn::RebindToSigned<DF32> di;
+  for (int64_t jj = 0; jj < kKeyBlock; jj += N)
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, RoundToBf16Bits(df, hn::LoadU(df, p + jj)))), d16, pb + jj);
+}
+
+#endif  // HWY_TARGET != HWY_SCALAR
 
 // The scores of one block become its weights exp(s − m_new) in place; m, l
 // and acc are rescaled to the new max. A row that has seen only hidden keys
@@ -436,7 +588,16 @@ void BlockOfRows(const SliceCache<W>& c, float scale, int64_t j0, int64_t jn, De
     for (int r = 0; r < R; ++r) std::fill(s[r] + jn, s[r] + kKeyBlock, 0.0f);
   DotBlock<R, W>(rows, c.k, c.k_scales, c.v, c.v_scales, c.blocks, c.D, j0, jn, c.S, s);
   for (int r = 0; r < R; ++r) SoftmaxBlock(rows[r], scale, c.S, j0, jn, s[r], c.D);
-  AccumulateBlock<R, W>(rows, c.v, c.v_scales, c.blocks, c.D, j0, jn, s);
+#if HWY_TARGET != HWY_SCALAR
+  if constexpr (W::kPairWay) {
+    HWY_ALIGN uint16_t pb[R][kKeyBlock];
+    for (int r = 0; r < R; ++r) PackWeights(s[r], pb[r]);
+    AccumulateBlockPairs<R, W>(rows, c.v, c.D, j0, jn, pb);
+  } else
+#endif
+  {
+    AccumulateBlock<R, W>(rows, c.v, c.v_scales, c.blocks, c.D, j0, jn, s);
+  }
 }
 
 template <class W>
@@ -510,12 +671,20 @@ void DecodeRowsW(const AttentionArgs<float>& args, const CompressedKV& kv, int64
   }
 }
 
-// decode_compressed.hpp's DecodeCompressedKernel::rows.
+// decode_compressed.hpp's DecodeCompressedKernel::rows. The pair way runs
+// on a bf16 cache where this target can pair 16-bit lanes (not HWY_SCALAR,
+// whose one lane cannot); vdpbf16ps only on the AVX-512 targets.
 inline void DecodeCompressedRows(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice,
-                                 int64_t row_begin, int64_t row_end) {
+                                 int64_t row_begin, int64_t row_end, DecodeWay way) {
   const int64_t H = args.heads, Hkv = args.kv_heads_or_heads(), L = args.q_len, S = args.kv_len;
   const int64_t D = args.head_dim, count = row_end - row_begin;
+#if HWY_TARGET == HWY_SCALAR
+  way = DecodeWay::Widen;
+#endif
+  if (!kHasDpbf16 && way == DecodeWay::PairsNative) way = DecodeWay::Pairs;
+  const bool pairs = kv.dtype == KVCacheDType::BFloat16 && way != DecodeWay::Widen;
   std::vector<float> acc(static_cast<std::size_t>(count * D), 0.0f);
+  std::vector<uint16_t> qb(pairs ? static_cast<std::size_t>(count * D) : 0);
   std::vector<DecodeRow> rows(static_cast<std::size_t>(count));
   const ScoreModifiers<float>& mod = args.modifiers;
   for (int64_t r = 0; r < count; ++r) {
@@ -524,6 +693,12 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
     row.q = slice_start(args.q, args.q_layout, n, H) + i * args.q_layout.row;
     row.out = slice_start(args.out, args.out_layout, n, H) + i * args.out_layout.row;
     row.acc = acc.data() + r * D;
+    row.qb = nullptr;
+    if (pairs) {
+      uint16_t* qr = qb.data() + r * D;
+      for (int64_t c = 0; c < D; ++c) qr[c] = float_to_bfloat16_bits(row.q[c]);
+      row.qb = qr;
+    }
     row.lse = args.lse ? args.lse + n * L + i : nullptr;
     row.modifiers = slice_modifiers(mod, n, H, L, S);
     row.i = i;
@@ -537,7 +712,21 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
   }
   switch (kv.dtype) {
     case KVCacheDType::Native: DecodeRowsW<WidenF32>(args, kv, kv_slice, rows.data(), count); break;
-    case KVCacheDType::BFloat16: DecodeRowsW<WidenBf16>(args, kv, kv_slice, rows.data(), count); break;
+    case KVCacheDType::BFloat16:
+#if HWY_TARGET != HWY_SCALAR
+      if (way == DecodeWay::Pairs) {
+        DecodeRowsW<PairsBf16<false>>(args, kv, kv_slice, rows.data(), count);
+        break;
+      }
+      if constexpr (kHasDpbf16) {
+        if (way == DecodeWay::PairsNative) {
+          DecodeRowsW<PairsBf16<kHasDpbf16>>(args, kv, kv_slice, rows.data(), count);
+          break;
+        }
+      }
+#endif
+      DecodeRowsW<WidenBf16>(args, kv, kv_slice, rows.data(), count);
+      break;
     case KVCacheDType::Float16: DecodeRowsW<WidenF16>(args, kv, kv_slice, rows.data(), count); break;
     case KVCacheDType::Int8: DecodeRowsW<WidenInt8>(args, kv, kv_slice, rows.data(), count); break;
   }
@@ -550,7 +739,12 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
       continue;
     }
     const float inv = 1.0f / row.l;
-    for (int64_t c = 0; c < D; ++c) row.out[c] = row.acc[c] * inv;
+    if (pairs) {
+      const int64_t N = static_cast<int64_t>(hn::Lanes(DF32()));
+      for (int64_t c = 0; c < D; ++c) row.out[PairColumn(c, N, D)] = row.acc[c] * inv;
+    } else {
+      for (int64_t c = 0; c < D; ++c) row.out[c] = row.acc[c] * inv;
+    }
     if (row.lse) *row.lse = row.m + std::log(row.l);
   }
 }

@@ -18,8 +18,8 @@ namespace multihead::detail {
 namespace HWY_NAMESPACE {
 
 void DecodeCompressed(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, int64_t row_begin,
-                      int64_t row_end) {
-  DecodeCompressedRows(args, kv, kv_slice, row_begin, row_end);
+                      int64_t row_end, DecodeWay way) {
+  DecodeCompressedRows(args, kv, kv_slice, row_begin, row_end, way);
 }
 int64_t DecodeCompressedTarget() { return HWY_TARGET; }
 

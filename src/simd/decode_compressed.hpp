@@ -24,6 +24,10 @@ struct CompressedKV {
   const float* k_scales = nullptr;
   const float* v_scales = nullptr;
   int64_t capacity = 0;
+  // The caller's q is bf16-exact and it rounds the output to bf16 (a bf16
+  // module): with a bf16 cache, attention_forward_compressed may then take
+  // bf16's pair way (DecodeWay), as the flash kernel does for that module.
+  bool bf16_module = false;
 };
 
 // The query rows the kernel takes together over a block of keys (a chunk):
@@ -40,6 +44,13 @@ inline constexpr int64_t kDecodeMaxRows = 8;
 // as several passes, with the same bits.
 inline constexpr int64_t kDecodeMaxCallChunks = 8;
 
+// How a bf16 cache is read (decode_compressed-inl.h): Widen to float32 and
+// use float32 FMA, or bf16's pair way, QKᵀ and PV on bf16 pairs (q and the
+// weights P rounded to bf16), with vdpbf16ps (PairsNative: only where the
+// CPU has AVX512_BF16, on the AVX-512 targets) or Highway's widening of the
+// same pairs (Pairs). Other cache dtypes always widen.
+enum class DecodeWay { Widen, Pairs, PairsNative };
+
 struct DecodeCompressedKernel {
   // Rows [row_begin, row_end) (row_begin a multiple of kDecodeMaxRows) of K/V slice
   // kv_slice = b·Hkv + g: row ρ is query i = ρ % L of query head
@@ -47,7 +58,7 @@ struct DecodeCompressedKernel {
   // scale, modifiers (causal, window, softcap, ALiBi; no masks) and writes
   // out (and lse if non-null) of those rows; args.k/v are not read.
   void (*rows)(const AttentionArgs<float>& args, const CompressedKV& kv, int64_t kv_slice, int64_t row_begin,
-               int64_t row_end);
+               int64_t row_end, DecodeWay way);
 };
 
 // The kernel compiled for Highway target `target_bit` (targets.hpp); throws

@@ -746,8 +746,9 @@ double cache_delta(KVCacheDType dtype, double x, double int8_scale) {
 // The bound of every element of the full forward's output (B, total, E).
 // pair_way: the full forward's flash runs bf16's pair way (docs/precision.md,
 // "The two bf16 dot ways"), which rounds P to bf16 before PV: u·Σ_j p|V_j|
-// more on each attention output (the decoding side's float32 kernels keep P
-// float32).
+// more on each attention output; the decoding side's kernel does too over a
+// bf16 cache (its pair way, decode_compressed-inl.h), another u·Σ_j p|V_j|,
+// and keeps P float32 over the other caches.
 template <class E>
 std::vector<double> decode_bound(const DecodeSetup& s, KVCacheDType dtype, bool pair_way) {
   const int64_t B = kDecB, S = kDecTotal, E_ = kDecE, H = kDecH, Hkv = kDecHkv, D = kDecD, G = H / Hkv;
@@ -827,7 +828,7 @@ std::vector<double> decode_bound(const DecodeSetup& s, KVCacheDType dtype, bool 
           a[at] = o;
           ea[at] = std::expm1(2 * epsmax) * pv + std::exp(2 * epsmax) * pd +
                    2 * gamma32(static_cast<double>(i + 3)) * pv + 2 * u * std::abs(o) + 2 * eta +
-                   (pair_way ? u * pv : 0.0);
+                   (pair_way ? (dtype == KVCacheDType::BFloat16 ? 2 : 1) * u * pv : 0.0);
         }
       }
   std::vector<double> bound(static_cast<std::size_t>(B * S * E_));
