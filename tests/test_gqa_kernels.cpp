@@ -131,6 +131,30 @@ std::string param_name(const Param& p) {
 }
 void PrintTo(const Param& p, std::ostream* os) { *os << param_name(p); }
 
+// bf16_dot_force(name) for a scope ("" leaves the setting as it is); the
+// setting before it is restored on the way out, an exception's too.
+class ScopedBf16Dot {
+ public:
+  explicit ScopedBf16Dot(const std::string& name) : before_(detail::bf16_dot_setting()), forced_(!name.empty()) {
+    if (forced_) detail::bf16_dot_force(name);
+  }
+  ~ScopedBf16Dot() {
+    if (!forced_) return;
+    switch (before_) {
+      case detail::Bf16Dot::Fma: detail::bf16_dot_force("fma"); break;
+      case detail::Bf16Dot::Dpbf16: detail::bf16_dot_force("dpbf16"); break;
+      case detail::Bf16Dot::Measure: detail::bf16_dot_force("measure"); break;
+      case detail::Bf16Dot::Auto: detail::bf16_dot_force(""); break;
+    }
+  }
+  ScopedBf16Dot(const ScopedBf16Dot&) = delete;
+  ScopedBf16Dot& operator=(const ScopedBf16Dot&) = delete;
+
+ private:
+  detail::Bf16Dot before_;
+  bool forced_;
+};
+
 class ScopedTarget {
  public:
   explicit ScopedTarget(const std::string& name) { detail::simd_target_force(name); }
@@ -256,9 +280,8 @@ std::vector<float> run(Kernel kernel, const GqaCase& c, const std::vector<float>
       for (std::size_t e = 0; e < vs.size(); ++e) vb[e] = detail::float_to_bfloat16_bits(vs[e]);
       detail::CompressedKV kv{KVCacheDType::BFloat16, kb.data(), vb.data(), nullptr, nullptr, c.S};
       kv.bf16_module = kernel == Kernel::DecodeBf16Pairs;
-      if (kv.bf16_module) detail::bf16_dot_force("dpbf16");
+      const ScopedBf16Dot way(kv.bf16_module ? "dpbf16" : "");
       detail::attention_forward_compressed(a, kv);
-      detail::bf16_dot_force("");
       break;
     }
   }
@@ -487,13 +510,16 @@ TEST(GqaDecodeThreads, SameBitsForOneToFourThreads) {
 // weights' rounding (pairs_bound), and, on each target, vdpbf16ps
 // (DecodeWay::PairsNative, where the CPU has AVX512_BF16) the same bits as
 // Highway's widening of the same pairs (DecodeWay::Pairs): the emulation
-// does vdpbf16ps's two products and two roundings in its order (no input
-// here is below bf16's normal range, where vdpbf16ps would flush it). The
-// shapes: D a multiple of 32 (64, 128: no scalar tail on any target), D 40
-// and 96 (one or three pairs of AVX-512 vectors, then 8 or no tail columns;
-// the tail's order on AVX2), D 8 (no full pair of vectors); an odd number
-// of keys (the last key paired with zeros), a window, causal rows over
-// several queries, keys without a position, groups of 1 to 32 rows.
+// does vdpbf16ps's two products and two roundings in its order, and differs
+// only where an input is below bf16's normal range (vdpbf16ps flushes it).
+// The shapes: D 64, 96, 128 (multiples of 2N on every target, N float
+// lanes: the pair way), D 40 and 8 (the pair way on the 4-lane targets only,
+// 2N = 8; the widening on AVX2 and AVX-512, where 2N does not divide D); an
+// odd number of keys (the last key paired with zeros), a window, causal
+// rows over several queries, keys without a position, groups of 1 to 32
+// rows. And one case whose scores span more than 87 (q scaled up): weights
+// below 2^-126, which vdpbf16ps flushes to zero and its emulation keeps, so
+// there only the bound is required of each.
 TEST(GqaDecodePairs, WithinBoundAndNativeEqualsEmulated) {
   const GqaCase cases[] = {
       {1, 32, 1, 1, 1001, 128, 128, true},
@@ -501,12 +527,16 @@ TEST(GqaDecodePairs, WithinBoundAndNativeEqualsEmulated) {
       {2, 12, 3, 2, 131, 40, 40, true, false, 0, 120},
       {1, 4, 4, 3, 97, 96, 96, true},
       {1, 6, 1, 1, 65, 8, 8, true},
+      {1, 8, 1, 1, 300, 64, 64, true},  // q scaled: weights below 2^-126
   };
   for (const std::string& target : detail::simd_targets_available()) {
     const ScopedTarget scoped(target);
     for (const GqaCase& c : cases) {
-      const std::string name = target + " " + case_name(c);
+      const bool tiny_weights = &c == &cases[std::size(cases) - 1];
+      const std::string name = target + " " + case_name(c) + (tiny_weights ? " tiny weights" : "");
       Inputs in = make_inputs(c);
+      if (tiny_weights)
+        for (float& e : in.q) e *= 24.0f;
       round_to_bf16(in, /*with_q=*/true);
       const std::vector<float> got = run(Kernel::DecodeBf16Pairs, c, in.q, in.k, in.v, c.Hkv, in.scale, 2);
       const std::vector<float> v_rep = repeat_kv(in.v, c, c.Dv);
@@ -541,13 +571,18 @@ TEST(GqaDecodePairs, WithinBoundAndNativeEqualsEmulated) {
       // call's; the way it took is vdpbf16ps where the CPU has it.
       const std::vector<float> emulated = call(detail::DecodeWay::Pairs);
       const std::vector<float> native = detail::cpu_has_avx512_bf16() ? call(detail::DecodeWay::PairsNative) : emulated;
-      EXPECT_EQ(0, std::memcmp(native.data(), emulated.data(), got.size() * sizeof(float)))
-          << name << ": vdpbf16ps differs from its emulation";
+      if (!tiny_weights) {
+        EXPECT_EQ(0, std::memcmp(native.data(), emulated.data(), got.size() * sizeof(float)))
+            << name << ": vdpbf16ps differs from its emulation";
+      }
       EXPECT_EQ(0, std::memcmp(native.data(), got.data(), got.size() * sizeof(float)))
           << name << ": the driver's calls differ from one call per K/V slice";
-      // The pair way is not the widening way: the weights' rounding shows
-      // (HWY_SCALAR's one lane has no pairs: it widens, as documented).
-      if (target != "SCALAR") {
+      const Check re = check(c, emulated, pairs_bound(oracle(in, repeat_kv(in.k, c, c.D), v_rep), in, v_rep));
+      EXPECT_EQ(re.failures, 0) << name << " emulated: " << re.first;
+      // The pair way is not the widening way: the weights' rounding shows.
+      // It runs where 2N divides D, so D 64, 96, 128 on every target but
+      // HWY_SCALAR (one lane: no pairs, it widens).
+      if (target != "SCALAR" && c.D % 32 == 0) {
         const std::vector<float> widened = run(Kernel::DecodeBf16, c, in.q, in.k, in.v, c.Hkv, in.scale, 2);
         EXPECT_NE(0, std::memcmp(widened.data(), got.data(), got.size() * sizeof(float))) << name;
       }

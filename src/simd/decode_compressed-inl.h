@@ -2,7 +2,8 @@
 // KV cache of any dtype (float32, or compressed: bf16, f16, int8 with
 // per-block scales), compiled once per Highway target by
 // src/simd/decode_compressed.cpp. One kernel decodes every cache dtype; only
-// the widening (WidenF32 … WidenInt8 below) differs.
+// the widening (WidenF32 … WidenInt8 below) differs, and, for the bf16
+// module over a bf16 cache, the products (bf16's pair way, below).
 //
 // Legend (decode_compressed.hpp): G query heads per K/V head, L queries, S
 // keys, D head width, N float lanes of the target.
@@ -29,7 +30,8 @@
 // (bf16_compute-inl.h's PairDot), two products per float32 lane per
 // instruction, on the cache's rows as they lie. A score pairs columns 2c and
 // 2c + 1 of q (rounded to bf16: exact, as the module's q is bf16) and of the
-// K row, which is how both lie in memory. PV pairs keys j and j + 1: the
+// K row, which is how both lie in memory (2N columns a step, N float lanes:
+// the way is taken only where 2N divides D). PV pairs keys j and j + 1: the
 // probabilities are rounded to bf16 and paired down the keys, V's two rows
 // interleaved in registers (InterleaveLower/Upper, per 128-bit block), so
 // that each row's accumulator holds its columns in the order PairColumn
@@ -64,6 +66,7 @@
 #include "simd/decode_compressed.hpp"
 #include "simd/exp2-inl.h"
 #include "simd/narrow_types.hpp"
+#include "simd/targets.hpp"
 
 HWY_BEFORE_NAMESPACE();
 namespace multihead::detail {
@@ -190,10 +193,9 @@ HWY_INLINE float QueryAt(const DecodeRow& row, int64_t c) {
 // block of 2N (the block's first column c0 = p − p mod 2N) holds column
 // c0 + 8·(l / 4) + 4·h + l mod 4, l = p mod N, h = 1 for the upper half
 // (InterleaveLower/Upper of 16-bit lanes pair the low/high four columns of
-// each 128-bit block); the tail columns from D − D mod 2N stay in place.
-inline int64_t PairColumn(int64_t p, int64_t N, int64_t D) {
+// each 128-bit block). N is a multiple of 4 on every target that pairs.
+inline int64_t PairColumn(int64_t p, int64_t N) {
   const int64_t step = 2 * N;
-  if (p >= D / step * step) return p;
   const int64_t c0 = p / step * step, w = p % step, h = w / N, l = w % N;
   return c0 + 8 * (l / 4) + 4 * h + l % 4;
 }
@@ -455,46 +457,56 @@ HWY_NOINLINE void AccumulateBlock(DecodeRow* rows, const typename W::Elem* v, co
 // bf16's pair way: acc_r += Σ_jj p̂[r][jj] · v_{j0 + jj}, p̂ the weights
 // rounded to bf16 (pb, PackWeights), keys jj and jj + 1 paired: V's two rows
 // interleaved in registers, each pair's two products and sums in one
-// PairDot, the row's accumulator in PairColumn's order. A last odd key
+// PairDot, the row's accumulator in PairColumn's order; with fewer than 4
+// rows, kSplit<R> chains per row take the pairs in turn (one chain alone
+// waits on each PairDot's latency: at one row per K/V head that made the pair
+// way slower than the widening). A last odd key
 // pairs with zeros (pb's entry past jn is 0, and the row past the block,
-// possibly past the cache, is not read).
+// possibly past the cache, is not read). D is a multiple of 2N
+// (DecodeCompressedRows takes the pair way only then).
 template <int R, class W>
 HWY_NOINLINE void AccumulateBlockPairs(DecodeRow* rows, const uint16_t* v, int64_t D, int64_t j0, int64_t jn,
                                        const uint16_t (*pb)[kKeyBlock]) {
   const DF32 df;
   const hn::RebindToUnsigned<DF32> du;
   const hn::Repartition<uint16_t, DF32> d16;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), step = 2 * N, Dp = D / step * step;
-  for (int64_t c = 0; c < Dp; c += step) {
-    VF32 lo[R], hi[R];
+  constexpr int A = kSplit<R>;  // chains per row and half: consecutive pairs of keys take turns
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df)), step = 2 * N;
+  // Pair jj (keys jj, jj + 1) of the block into chain s of every row.
+  const auto take = [&](int64_t c, int64_t jj, int s, VF32 (*lo)[A], VF32 (*hi)[A]) {
+    const uint16_t* v0 = v + (j0 + jj) * D + c;
+    const auto a = hn::LoadU(d16, v0);
+    const auto b = jj + 1 < jn ? hn::LoadU(d16, v0 + D) : hn::Zero(d16);
+    const auto pair_lo = hn::BitCast(du, hn::InterleaveLower(d16, a, b));
+    const auto pair_hi = hn::BitCast(du, hn::InterleaveUpper(d16, a, b));
     for (int r = 0; r < R; ++r) {
-      lo[r] = hn::LoadU(df, rows[r].acc + c);
-      hi[r] = hn::LoadU(df, rows[r].acc + c + N);
+      uint32_t p2;
+      std::memcpy(&p2, pb[r] + jj, sizeof p2);  // p̂_jj low, p̂_jj+1 high
+      const auto pp = hn::Set(du, p2);
+      lo[r][s] = PairDot<W::kNative>(df, pp, pair_lo, lo[r][s]);
+      hi[r][s] = PairDot<W::kNative>(df, pp, pair_hi, hi[r][s]);
     }
-    for (int64_t jj = 0; jj < jn; jj += 2) {
-      const uint16_t* v0 = v + (j0 + jj) * D + c;
-      const auto a = hn::LoadU(d16, v0);
-      const auto b = jj + 1 < jn ? hn::LoadU(d16, v0 + D) : hn::Zero(d16);
-      const auto pair_lo = hn::BitCast(du, hn::InterleaveLower(d16, a, b));
-      const auto pair_hi = hn::BitCast(du, hn::InterleaveUpper(d16, a, b));
-      for (int r = 0; r < R; ++r) {
-        uint32_t p2;
-        std::memcpy(&p2, pb[r] + jj, sizeof p2);  // p̂_jj low, p̂_jj+1 high
-        const auto pp = hn::Set(du, p2);
-        lo[r] = PairDot<W::kNative>(df, pp, pair_lo, lo[r]);
-        hi[r] = PairDot<W::kNative>(df, pp, pair_hi, hi[r]);
+  };
+  for (int64_t c = 0; c < D; c += step) {
+    VF32 lo[R][A], hi[R][A];
+    for (int r = 0; r < R; ++r) {
+      lo[r][0] = hn::LoadU(df, rows[r].acc + c);
+      hi[r][0] = hn::LoadU(df, rows[r].acc + c + N);
+      for (int s = 1; s < A; ++s) lo[r][s] = hi[r][s] = hn::Zero(df);
+    }
+    int64_t jj = 0;
+    for (; jj + 2 * A <= jn; jj += 2 * A)
+      for (int s = 0; s < A; ++s) take(c, jj + 2 * s, s, lo, hi);
+    for (; jj < jn; jj += 2) take(c, jj, 0, lo, hi);
+    for (int r = 0; r < R; ++r) {
+      for (int s = 1; s < A; ++s) {
+        lo[r][0] = hn::Add(lo[r][0], lo[r][s]);
+        hi[r][0] = hn::Add(hi[r][0], hi[r][s]);
       }
-    }
-    for (int r = 0; r < R; ++r) {
-      hn::StoreU(lo[r], df, rows[r].acc + c);
-      hn::StoreU(hi[r], df, rows[r].acc + c + N);
+      hn::StoreU(lo[r][0], df, rows[r].acc + c);
+      hn::StoreU(hi[r][0], df, rows[r].acc + c + N);
     }
   }
-  for (int64_t c = Dp; c < D; ++c)
-    for (int64_t jj = 0; jj < jn; ++jj) {
-      const float vc = bfloat16_bits_to_float(v[(j0 + jj) * D + c]);
-      for (int r = 0; r < R; ++r) rows[r].acc[c] += bfloat16_bits_to_float(pb[r][jj]) * vc;
-    }
 }
 
 // pb[jj] = the bits of to_bfloat16(p[jj]) for the block's kKeyBlock weights
@@ -678,10 +690,15 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
                                  int64_t row_begin, int64_t row_end, DecodeWay way) {
   const int64_t H = args.heads, Hkv = args.kv_heads_or_heads(), L = args.q_len, S = args.kv_len;
   const int64_t D = args.head_dim, count = row_end - row_begin;
+  // vdpbf16ps only on a target that can issue it and a CPU that runs it,
+  // whatever the caller asked; the pair way only where 2N divides D (else
+  // the columns past the last 2N would go one at a time for every key: D 80
+  // on AVX-512 would leave 16 of them, where the widening has none).
+  if (way == DecodeWay::PairsNative && !(kHasDpbf16 && cpu_has_avx512_bf16())) way = DecodeWay::Pairs;
+  if (D % (2 * static_cast<int64_t>(hn::Lanes(DF32()))) != 0) way = DecodeWay::Widen;
 #if HWY_TARGET == HWY_SCALAR
   way = DecodeWay::Widen;
 #endif
-  if (!kHasDpbf16 && way == DecodeWay::PairsNative) way = DecodeWay::Pairs;
   const bool pairs = kv.dtype == KVCacheDType::BFloat16 && way != DecodeWay::Widen;
   std::vector<float> acc(static_cast<std::size_t>(count * D), 0.0f);
   std::vector<uint16_t> qb(pairs ? static_cast<std::size_t>(count * D) : 0);
@@ -741,7 +758,7 @@ inline void DecodeCompressedRows(const AttentionArgs<float>& args, const Compres
     const float inv = 1.0f / row.l;
     if (pairs) {
       const int64_t N = static_cast<int64_t>(hn::Lanes(DF32()));
-      for (int64_t c = 0; c < D; ++c) row.out[PairColumn(c, N, D)] = row.acc[c] * inv;
+      for (int64_t c = 0; c < D; ++c) row.out[PairColumn(c, N)] = row.acc[c] * inv;
     } else {
       for (int64_t c = 0; c < D; ++c) row.out[c] = row.acc[c] * inv;
     }

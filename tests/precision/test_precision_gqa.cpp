@@ -698,12 +698,12 @@ const int64_t kSteps[] = {33, 1, 1, 2, 1};
 constexpr int64_t kDecTotal = 38;
 
 template <class E>
-DecodeSetup decode_setup() {
+DecodeSetup decode_setup(int64_t head_dim = kDecD) {
   DecodeSetup s;
   s.config.embed_dim = kDecE;
   s.config.num_heads = kDecH;
   s.config.num_kv_heads = kDecHkv;
-  s.config.head_dim = kDecD;
+  s.config.head_dim = head_dim;
   s.config.bias = true;
   s.config.rope = RopeOptions{};
   std::mt19937_64 rng(4242);
@@ -932,6 +932,40 @@ TEST(PrecisionGqaDecode, PairWayFullForwardWithinTheBound) {
     EXPECT_GT(r.elements, 0);
   }
   bf16_dot_force("");
+}
+
+// The bf16 module's decode steps reach the decode kernel's pair way over a
+// bf16 cache (CompressedKV::bf16_module, through attend_over_cache): with
+// D 64 (2N divides it on every target) the steps' bits change with the
+// forced way, dpbf16 or fma, on a bf16 cache, and not on an f16 one (always
+// widened). The pair way's error is the kernel's (GqaDecodePairs in
+// tests/test_gqa_kernels.cpp); this is the route to it. HWY_SCALAR widens.
+TEST(PrecisionGqaDecode, Bf16ModuleReachesThePairWay) {
+  const DecodeSetup s = decode_setup<bfloat16>(/*head_dim=*/64);
+  const NarrowGroupedQueryAttention<bfloat16> gqa(s.config, narrow_parameters<bfloat16>(s.config, s.params));
+  const Tensor<bfloat16> x = narrow_of<bfloat16>(s.x);
+  const auto decode = [&](KVCacheDType dtype, const char* way) {
+    bf16_dot_force(way);
+    KVCache<float> cache = gqa.make_cache(kDecB, 16, /*grow=*/true, dtype);
+    std::vector<uint16_t> bits;
+    int64_t P = 0;
+    for (int64_t L : kSteps) {
+      const Tensor<bfloat16> y = gqa.forward(rows_of(x, P, P + L), {}, &cache);
+      for (int64_t e = 0; e < y.numel(); ++e) bits.push_back(y[e].bits);
+      P += L;
+    }
+    bf16_dot_force("");
+    return bits;
+  };
+  const std::vector<uint16_t> pairs = decode(KVCacheDType::BFloat16, "dpbf16");
+  const std::vector<uint16_t> widened = decode(KVCacheDType::BFloat16, "fma");
+  ASSERT_EQ(pairs.size(), widened.size());
+  if (simd_target_current() != "SCALAR") {
+    int64_t differ = 0;
+    for (std::size_t e = 0; e < pairs.size(); ++e) differ += pairs[e] != widened[e];
+    EXPECT_GT(differ, 0) << "the bf16 module's decode over a bf16 cache did not take the pair way";
+  }
+  EXPECT_EQ(decode(KVCacheDType::Float16, "dpbf16"), decode(KVCacheDType::Float16, "fma"));
 }
 
 // The cache's contents are the module's rounded k, v (after RoPE), widened
