@@ -42,6 +42,7 @@
 #include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/tensor.hpp"
+#include "multihead/weights.hpp"
 
 namespace multihead {
 namespace {
@@ -1055,6 +1056,48 @@ TEST(Safetensors, BoolIsStillDecoded) {
   EXPECT_EQ(m.values.vec(), (Storage<double>{0.0, 1.0, 1.0}));
 }
 
+// A `wanted` filter: the real-valued tensors it refuses go to `undecoded`
+// (dtype, shape, where their bytes begin), whichever dtype and Sixteen mode;
+// integer tensors stay described in integer_tensors; the header's checks
+// hold for every tensor (an overlap outside the wanted ones is refused).
+TEST(Safetensors, AFilterLeavesTheOtherTensorsUndecoded) {
+  const std::string header =
+      "{\"a.x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"a.h\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[8,12]},"
+      "\"b.y\":{\"dtype\":\"BF16\",\"shape\":[1,2],\"data_offsets\":[12,16]},"
+      "\"b.z\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[16,24]},"
+      "\"i\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[24,32]}}";
+  const std::string file = st_file(header, 0) + f32_bytes({1.5f, -2.0f}) + std::string("\x80\x3f\x00\x40", 4) +
+                           std::string(4, '\0') + std::string(8, '\0') + std::string(8, '\0');
+  for (const Sixteen sixteen : {Sixteen::Decode, Sixteen::Keep}) {
+    const SafetensorsFile f = parse_safetensors(bytes_of(file), file.size(), "f", sixteen, tensors_under("a."));
+    EXPECT_EQ(f.tensors.at("a.x").values.vec(), (Storage<double>{1.5, -2.0}));
+    if (sixteen == Sixteen::Keep) {
+      EXPECT_EQ(f.bf16_tensors.at("a.h")[1].bits, 0x4000);
+    } else {
+      EXPECT_EQ(f.tensors.at("a.h").values.vec(), (Storage<double>{1.0, 2.0}));
+    }
+    ASSERT_EQ(f.undecoded.size(), 2u);
+    EXPECT_EQ(f.undecoded.at("b.y").dtype, DType::BF16);
+    EXPECT_EQ(f.undecoded.at("b.y").shape, (Shape{1, 2}));
+    EXPECT_EQ(f.undecoded.at("b.y").offset, 8 + header.size() + 12);
+    EXPECT_EQ(f.undecoded.at("b.z").dtype, DType::F64);
+    EXPECT_EQ(f.integer_tensors.count("i"), 1u);
+    EXPECT_EQ(f.tensors.count("b.z") + f.bf16_tensors.count("b.y"), 0u);
+  }
+  const SafetensorsFile none = parse_safetensors(bytes_of(file), file.size(), "f", Sixteen::Decode, no_tensors());
+  EXPECT_TRUE(none.tensors.empty());
+  EXPECT_EQ(none.undecoded.size(), 4u);
+  const SafetensorsFile all = parse_safetensors(bytes_of(file), file.size(), "f", Sixteen::Decode, tensors_under(""));
+  EXPECT_TRUE(all.undecoded.empty());
+  EXPECT_EQ(all.tensors.size(), 4u);
+  // b.y overlapping a.x: refused, though b.y is not wanted.
+  std::string overlapping = header;
+  overlapping.replace(overlapping.find("[12,16]"), 7, "[4,8]  ");
+  const std::string bad = st_file(overlapping, 0) + file.substr(8 + header.size());
+  EXPECT_THROW((void)parse_safetensors(bytes_of(bad), bad.size(), "f", Sixteen::Decode, tensors_under("a.")), Error);
+}
+
 TEST(Safetensors, EmptyIntegerTensorsHoldNoBytes) {
   // An empty I64 tensor at an offset inside a float one overlaps nothing.
   const std::string file = st_file(
@@ -1393,6 +1436,70 @@ TEST(ReadFile, TenGiBFileIsJudgedByItsHeaderAlone) {
     EXPECT_LT(cost.seconds, 10.0) << c.name << ": seconds";
     ::unlink(p.c_str());
   }
+}
+
+// One module of a file that also holds a 1 GiB tensor (float32, in a hole:
+// no disk blocks) costs the module, not the file: load_weights with a
+// prefix, inspect's read (no_tensors) and find_attention_modules decode
+// only what they use, so the big tensor's pages are never touched and no
+// 2 GiB float64 copy is made. Bound: 64 MiB above the parent's resident set
+// (the module is 1 KiB; the mapping's page tables and the child's own
+// allocations a few MiB). The whole read, which decodes the big tensor to
+// float64, is over 1 GiB (the bound can fail).
+TEST(ReadFile, OneModuleOfAFileWithAHugeTensorCostsTheModule) {
+  TempDir dir;
+  const uint64_t big_floats = uint64_t{1} << 28;  // 1 GiB of float32
+  const std::vector<float> in_w(48, 0.25f), in_b(12, 0.5f), out_w(16, -0.125f), out_b(4, 1.0f);
+  std::string header = "{\"__metadata__\":{\"m.num_heads\":\"2\"}";
+  std::string data;
+  const auto add = [&](const std::string& name, const std::string& shape, const std::vector<float>& v) {
+    header += ",\"" + name + "\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[" +
+              std::to_string(data.size()) + "," + std::to_string(data.size() + 4 * v.size()) + "]}";
+    data.append(reinterpret_cast<const char*>(v.data()), 4 * v.size());
+  };
+  add("m.in_proj_weight", "[12,4]", in_w);
+  add("m.in_proj_bias", "[12]", in_b);
+  add("m.out_proj.weight", "[4,4]", out_w);
+  add("m.out_proj.bias", "[4]", out_b);
+  header += ",\"big\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(big_floats) + "],\"data_offsets\":[" +
+            std::to_string(data.size()) + "," + std::to_string(data.size() + 4 * big_floats) + "]}}";
+  const std::string head = u64_le(header.size()) + header + data;
+  const std::string p = dir.file("model.safetensors");
+  sparse_file(p, head, head.size() + 4 * big_floats);
+
+  struct Case {
+    std::string name;
+    std::function<bool()> read;
+  };
+  const std::vector<Case> cases = {
+      {"load_weights_prefix",
+       [&] {
+         LoadOptions o;
+         o.prefix = "m";
+         const LoadedWeights w = load_weights(p, o);
+         return w.config.embed_dim == 4 && w.config.num_heads == 2 && w.parameters.in_proj_weight[47] == 0.25 &&
+                w.parameters.out_proj_bias[3] == 1.0;
+       }},
+      {"inspect_read",
+       [&] {
+         const SafetensorsFile f = read_safetensors(p, Sixteen::Decode, no_tensors());
+         return f.tensors.empty() && f.undecoded.size() == 5 && f.undecoded.at("big").shape == Shape{int64_t(big_floats)} &&
+                f.undecoded.at("big").offset == 8 + header.size() + data.size();
+       }},
+      {"find_attention_modules",
+       [&] {
+         const std::vector<FoundModule> m = find_attention_modules(p);
+         return m.size() == 1 && m[0].prefix == "m." && m[0].embed_dim == 4 && m[0].problem.empty();
+       }},
+  };
+  for (const Case& c : cases) {
+    const ChildCost cost = cost_in_child(c.read);
+    EXPECT_TRUE(cost.ok) << c.name << ": not the expected answer";
+    EXPECT_LT(cost.peak_above_parent_kib, 64 * 1024) << c.name << ": peak resident set, KiB above the parent";
+  }
+  const ChildCost whole = cost_in_child([&] { return read_safetensors(p).tensors.at("big").values.numel() > 0; });
+  EXPECT_TRUE(whole.ok);
+  EXPECT_GT(whole.peak_above_parent_kib, 1024 * 1024) << "the whole read should cost the float64 copy";
 }
 
 // A path may hold any byte but '\0'; a message naming it stays one line.

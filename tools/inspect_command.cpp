@@ -39,12 +39,14 @@ struct TensorRow {
   Shape shape;
 };
 
-// The decoded tensors and the integer ones, in one list in name order: to a
-// reader of the table they are all the file's tensors.
+// The decoded tensors, the integer ones and those left undecoded (inspect
+// reads names and shapes only), in one list in name order: to a reader of
+// the table they are all the file's tensors.
 std::vector<TensorRow> tensor_rows(const SafetensorsFile& file) {
   std::vector<TensorRow> rows;
   for (const auto& [name, t] : file.tensors) rows.push_back({shown(name), t.dtype, t.values.shape()});
   for (const auto& [name, t] : file.integer_tensors) rows.push_back({shown(name), t.dtype, t.shape});
+  for (const auto& [name, t] : file.undecoded) rows.push_back({shown(name), t.dtype, t.shape});
   std::sort(rows.begin(), rows.end(), [](const TensorRow& a, const TensorRow& b) { return a.name < b.name; });
   return rows;
 }
@@ -98,7 +100,7 @@ void print_module(const FoundModule& m, const std::string& path) {
 }
 
 void inspect_safetensors(const std::string& path) {
-  const SafetensorsFile file = read_safetensors(path);
+  const SafetensorsFile file = read_safetensors(path, Sixteen::Decode, no_tensors());  // names and shapes
   std::printf("%s: safetensors\n", shown(path).c_str());
   print_tensors(file);
   print_metadata(file);

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -96,41 +97,62 @@ struct IntegerTensorInfo {
 };
 
 //
+// A safetensors entry as its header describes it: dtype, shape, and
+// `offset`, where the tensor's bytes begin, from the start of the file.
+struct SafetensorsEntry {
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t offset = 0;
+};
+
+//
 // With Sixteen::Keep, BF16 and F16 tensors are not decoded: each is copied
 // as stored (its bits, 2 bytes an element) into `bf16_tensors` or
 // `f16_tensors` instead of `tensors`, so a 16-bit checkpoint read for a
 // 16-bit module costs its own size once, not 4x that as double (the
 // narrow load_weights, multihead/weights.hpp). Each name is still in
 // exactly one map.
+//
+// With a `wanted` filter, a real-valued tensor it returns false for is not
+// decoded and its bytes are not read (read_safetensors maps a regular file,
+// and those pages are never touched): it goes to `undecoded`, described by
+// its entry. So a loader that needs one module of a large file (load_weights
+// with a prefix, inspect, find_attention_modules) costs that module, not the
+// file as double. Every check of the header is made for every tensor either
+// way.
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;
   std::map<std::string, LoadedTensor> tensors;
   std::map<std::string, IntegerTensorInfo> integer_tensors;
   std::map<std::string, Tensor<bfloat16>> bf16_tensors;  // Sixteen::Keep only
   std::map<std::string, Tensor<float16>> f16_tensors;    // Sixteen::Keep only
+  std::map<std::string, SafetensorsEntry> undecoded;     // left out by `wanted`
 };
 enum class Sixteen { Decode, Keep };
+// Which real-valued tensors to decode, by name; empty: all of them.
+using TensorWanted = std::function<bool(const std::string& name)>;
 
 // `name` is what error messages call the file (e.g. its path).
 SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name,
-                                  Sixteen sixteen = Sixteen::Decode);
+                                  Sixteen sixteen = Sixteen::Decode, const TensorWanted& wanted = {});
 
 // A safetensors header alone, with every check parse_safetensors makes (the
 // header's size, nesting and keys, each entry's dtype, shape and offsets
 // against the file, no overlap, no trailing data) and nothing decoded: for a
 // reader that decodes only its part of a file (a head-parallel rank).
-// `offset`: where the tensor's bytes begin, from the start of the file.
-struct SafetensorsEntry {
-  DType dtype = DType::F32;
-  Shape shape;
-  uint64_t offset = 0;
-};
 struct SafetensorsHeader {
   std::map<std::string, std::string> metadata;
   std::map<std::string, SafetensorsEntry> tensors;  // floating point and integer
 };
 SafetensorsHeader parse_safetensors_header(const uint8_t* data, std::size_t size, const std::string& name);
-SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen = Sixteen::Decode);
+SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen = Sixteen::Decode,
+                                 const TensorWanted& wanted = {});
+// The wanted filter of one module's tensors: the names that start with
+// `prefix` (every name for "").
+TensorWanted tensors_under(const std::string& prefix);
+// The filter that decodes no tensor: for a reader of names, shapes and
+// metadata only (inspect, find_attention_modules).
+TensorWanted no_tensors();
 
 // Writes every tensor as F32, keys sorted, metadata as given. Atomic.
 void write_safetensors(const std::string& path, const std::map<std::string, Tensor<float>>& tensors,

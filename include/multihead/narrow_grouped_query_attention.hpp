@@ -22,8 +22,10 @@
 // instead: the new k, v (rounded to E, after RoPE) are widened exactly into
 // a float32 cache, or rounded/quantized into a compressed one, and the
 // queries, widened to float32, run the decode kernel (or flash, for a float
-// cache's prompt) as GroupedQueryAttention<float> does; each output element
-// is rounded once to E. A float32 or (for a bf16 module) a bf16 cache holds
+// cache's prompt) as GroupedQueryAttention<float> does, except that the bf16
+// module reads a bf16 cache as bf16 pairs (vdpbf16ps, P rounded to bf16)
+// where its flash kernel takes that way too (docs/decoding.md, "bf16's pair
+// way"); each output element is rounded once to E. A float32 or (for a bf16 module) a bf16 cache holds
 // exactly the rounded k, v the full forward reads.
 //
 // Same configuration, parameter names and shapes, options and shape rules as

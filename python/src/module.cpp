@@ -643,7 +643,7 @@ py::dict inspect_file(const PathArg& path_arg) {
   std::vector<FoundModule> modules;
   {
     py::gil_scoped_release nogil;
-    file = read_safetensors(path);
+    file = read_safetensors(path, Sixteen::Decode, no_tensors());  // names and shapes only
     modules = find_attention_modules(file, path);
   }
   d["format"] = "safetensors";
@@ -651,6 +651,7 @@ py::dict inspect_file(const PathArg& path_arg) {
   std::map<std::string, std::pair<DType, Shape>> rows;
   for (const auto& [name, t] : file.tensors) rows[name] = {t.dtype, t.values.shape()};
   for (const auto& [name, t] : file.integer_tensors) rows[name] = {t.dtype, t.shape};
+  for (const auto& [name, t] : file.undecoded) rows[name] = {t.dtype, t.shape};
   for (const auto& [name, row] : rows) {
     py::dict e;
     e["dtype"] = to_string(row.first);

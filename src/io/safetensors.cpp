@@ -281,9 +281,14 @@ Tensor<E> copy_sixteen(const Entry& e, const uint8_t* buffer) {
   return t;
 }
 
-void add_tensor(const Entry& e, const uint8_t* buffer, Sixteen sixteen, SafetensorsFile& out) {
+void add_tensor(const Entry& e, const uint8_t* buffer, uint64_t buffer_offset, Sixteen sixteen,
+                const TensorWanted& wanted, SafetensorsFile& out) {
   if (is_integer(e.dtype)) {
     out.integer_tensors.emplace(e.key, IntegerTensorInfo{e.dtype, e.shape, e.end - e.begin});
+    return;
+  }
+  if (wanted && !wanted(e.key)) {
+    out.undecoded.emplace(e.key, SafetensorsEntry{e.dtype, e.shape, buffer_offset + e.begin});
     return;
   }
   if (sixteen == Sixteen::Keep && e.dtype == DType::BF16) {
@@ -349,12 +354,21 @@ ParsedHeader parse_header(const uint8_t* data, std::size_t size, const std::stri
 }  // namespace
 
 SafetensorsFile parse_safetensors(const uint8_t* data, std::size_t size, const std::string& name,
-                                  Sixteen sixteen) {
+                                  Sixteen sixteen, const TensorWanted& wanted) {
   ParsedHeader h = parse_header(data, size, name);
   SafetensorsFile out;
   out.metadata = std::move(h.metadata);
-  for (const Entry& e : h.entries) add_tensor(e, data + h.buffer_offset, sixteen, out);
+  for (const Entry& e : h.entries) add_tensor(e, data + h.buffer_offset, h.buffer_offset, sixteen, wanted, out);
   return out;
+}
+
+TensorWanted tensors_under(const std::string& prefix) {
+  if (prefix.empty()) return {};
+  return [prefix](const std::string& name) { return name.starts_with(prefix); };
+}
+
+TensorWanted no_tensors() {
+  return [](const std::string&) { return false; };
 }
 
 SafetensorsHeader parse_safetensors_header(const uint8_t* data, std::size_t size, const std::string& name) {
@@ -400,9 +414,9 @@ FileBytes map_safetensors(const std::string& path, const std::string& name) {
 }
 }  // namespace detail
 
-SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen) {
+SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen, const TensorWanted& wanted) {
   const detail::FileBytes bytes = detail::map_safetensors(path, path);
-  return parse_safetensors(bytes.data(), bytes.size(), path, sixteen);
+  return parse_safetensors(bytes.data(), bytes.size(), path, sixteen, wanted);
 }
 
 }  // namespace multihead

@@ -1,6 +1,8 @@
 // src/simd/bf16_compute-inl.h: 16-bit (bfloat16, float16) rows widened to
 // float32 with vector conversions, for the narrow forms of the kernels
-// (flash_attention-inl.h). Compiled once per target with its includer.
+// (flash_attention-inl.h), and bf16's pair way (PairDot below; the flash
+// kernel's and the decode kernel's, decode_compressed-inl.h). Compiled once
+// per target with its includer.
 //
 // The widening is core/narrow_lanes-inl.h's (bf16 a 16-bit shift; f16
 // vcvtph2ps on x86 from AVX2 on, the scalar rule in lanes elsewhere). Both
@@ -53,9 +55,10 @@ HWY_INLINE void WidenRows(const E* HWY_RESTRICT src, size_t ld, size_t rows, siz
 // (x86_128-inl.h: "TODO(janwas): _mm_dpbf16_ps when available"): it widens
 // each half by a shift or a mask and issues two FMAs. So the native way is
 // one vdpbf16ps in inline assembly, on the targets compiled with AVX-512
-// registers, run only where CPUID says AVX512_BF16 (the dispatch in
-// flash_attention.cpp); every other target runs Highway's widening on the
-// same packed pairs, in vdpbf16ps's order.
+// registers, run only where CPUID says AVX512_BF16 (bf16_dot_choice in
+// flash_attention.cpp, which the decode kernel's driver asks too); every
+// other target runs Highway's widening on the same packed pairs, in
+// vdpbf16ps's order.
 #if HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL)
 inline constexpr bool kHasDpbf16 = true;
 #else

@@ -53,7 +53,7 @@ std::optional<std::string> gqa_module_message(const SafetensorsFile& file, const
   auto has = [&](const char* name) {
     const std::string n = prefix + name;
     return file.tensors.count(n) != 0 || file.integer_tensors.count(n) != 0 || file.bf16_tensors.count(n) != 0 ||
-           file.f16_tensors.count(n) != 0;
+           file.f16_tensors.count(n) != 0 || file.undecoded.count(n) != 0;
   };
   if (!has("q_proj.weight") || !has("o_proj.weight")) return std::nullopt;
   std::string count = "N";
@@ -176,12 +176,12 @@ LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string
 }
 
 LoadedGqaWeights load_gqa_weights(const std::string& path, const GqaLoadOptions& options) {
-  return load_gqa_weights(read_safetensors(path), path, options);
+  return load_gqa_weights(read_safetensors(path, Sixteen::Decode, tensors_under(options.prefix)), path, options);
 }
 
 template <class E>
 NarrowLoadedGqaWeights<E> load_gqa_weights_narrow(const std::string& path, const GqaLoadOptions& options) {
-  SafetensorsFile file = read_safetensors(path, Sixteen::Keep);
+  SafetensorsFile file = read_safetensors(path, Sixteen::Keep, tensors_under(options.prefix));
   NarrowLoadedGqaWeights<E> r;
   r.config = gqa_file_config(file, path, options);
   r.prefix = options.prefix;

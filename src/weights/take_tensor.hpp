@@ -10,13 +10,15 @@
 #include <utility>
 
 #include "attention/narrow_convert.hpp"
+#include "multihead/error.hpp"
 #include "multihead/io.hpp"
 #include "multihead/tensor.hpp"
 
 namespace multihead::detail {
 
 // A real-valued tensor's dtype on disk and shape, from whichever map holds
-// it (decoded, or kept 16-bit: io.hpp's Sixteen), or nothing.
+// it (decoded, kept 16-bit: io.hpp's Sixteen, or left undecoded by a
+// filter), or nothing.
 struct RealTensor {
   DType dtype;
   const Shape* shape;
@@ -28,6 +30,8 @@ inline std::optional<RealTensor> find_real(const SafetensorsFile& file, const st
     return RealTensor{DType::BF16, &it->second.shape()};
   if (auto it = file.f16_tensors.find(name); it != file.f16_tensors.end())
     return RealTensor{DType::F16, &it->second.shape()};
+  if (auto it = file.undecoded.find(name); it != file.undecoded.end())
+    return RealTensor{it->second.dtype, &it->second.shape};
   return std::nullopt;
 }
 
@@ -54,6 +58,8 @@ Tensor<T> convert_tensor(const Tensor<From>& t, const std::string& name, const s
 }
 template <class T>
 Tensor<T> take_tensor(SafetensorsFile& file, const std::string& name, const std::string& where) {
+  if (file.undecoded.count(name))  // a loader's filter that left out its own tensor: a bug here, not in the file
+    throw Error(Error::Kind::Value, name + ": not decoded (the read's filter left it out)" + where);
   auto take = [&](auto& map) {
     auto node = map.extract(name);
     using From = typename std::decay_t<decltype(node.mapped())>::value_type;

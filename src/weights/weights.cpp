@@ -223,6 +223,7 @@ std::vector<std::string> tensor_names(const SafetensorsFile& file) {
   for (const auto& [name, tensor] : file.bf16_tensors) names.push_back(name);
   for (const auto& [name, tensor] : file.f16_tensors) names.push_back(name);
   for (const auto& [name, info] : file.integer_tensors) names.push_back(name);
+  for (const auto& [name, entry] : file.undecoded) names.push_back(name);
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -348,8 +349,11 @@ namespace {
 // load_weights and load_weights_narrow: one rule, T the parameters' type.
 template <class T>
 BasicLoadedWeights<T> load_module(const std::string& path, const LoadOptions& options) {
-  SafetensorsFile file = read_safetensors(path, std::is_same_v<T, double> ? Sixteen::Decode : Sixteen::Keep);
   const Source src{path, normalize_prefix(options.prefix)};
+  // Only the module's tensors are decoded; the rest of the file is seen
+  // through its header (names and shapes, for the messages).
+  SafetensorsFile file = read_safetensors(path, std::is_same_v<T, double> ? Sixteen::Decode : Sixteen::Keep,
+                                          tensors_under(src.prefix));
   // A grouped-query module's file would fail on its first unexpected name;
   // say what it is, and how to read it, instead.
   if (auto gqa = detail::gqa_module_message(file, src.prefix, path)) throw Error(Error::Kind::Format, *gqa);
@@ -447,7 +451,7 @@ std::vector<FoundModule> find_attention_modules(const SafetensorsFile& file, con
 }
 
 std::vector<FoundModule> find_attention_modules(const std::string& path) {
-  return find_attention_modules(read_safetensors(path), path);
+  return find_attention_modules(read_safetensors(path, Sixteen::Decode, no_tensors()), path);
 }
 
 template <class T>

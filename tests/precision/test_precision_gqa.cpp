@@ -676,7 +676,9 @@ TEST(PrecisionGqa, TrainingForwardSameBitsAndThreadCounts) {
 //    (a bf16 value below f16's normal range loses bits), int8 scale / 2;
 //  - the float32 kernel: flash on 16-bit operands for the full forward, the
 //    decode kernel (compressed caches; a float cache's steps) or float32
-//    flash (a float cache's prompt) for decoding: other sums, other orders.
+//    flash (a float cache's prompt) for decoding: other sums, other orders
+//    (and, where bf16's pair way runs, P rounded to bf16: decode_bound's
+//    pair_way term).
 // Per element of the merged heads a (test_kv_cache_dtypes.cpp's derivation,
 // docs/decoding.md): ε_j = scale·Σ_d |q_d| δ(k_jd) + 2γ_{D+2}·scale·Σ_d |q_d k_jd|,
 // ε = max_j ε_j, |Δa_d| <= (e^{2ε} − 1)·Σ_j p_j |v_jd| + e^{2ε}·Σ_j p_j δ(v_jd)
@@ -905,9 +907,10 @@ DecodeResult check_decode(KVCacheDType dtype, bool pair_way = false) {
 // float32, bf16 (and f16) cache; the f16 module's differ in 8 (f32 cache)
 // and 43 (f16 cache) of 4864 elements. Required: at most 2% differ.
 // That holds where the full forward's flash kernel keeps the float32
-// arithmetic: bf16's fma way, forced here (auto takes the pair way on an AMD
-// CPU with AVX512_BF16, whose bf16 P differs in about a third of the
-// outputs' bits: the next test).
+// arithmetic: bf16's fma way, forced here, which the decode kernel then
+// takes too (auto takes the pair way on an AMD CPU with AVX512_BF16, whose
+// bf16 P differs in about a third of the outputs' bits where only the full
+// forward rounds it: the next test).
 TEST(PrecisionGqaDecode, EveryCacheDtypeAgreesWithTheFullForward) {
   bf16_dot_force("fma");
   for (KVCacheDType dtype : {KVCacheDType::Native, KVCacheDType::BFloat16, KVCacheDType::Float16, KVCacheDType::Int8}) {
