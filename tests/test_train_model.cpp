@@ -230,6 +230,27 @@ TEST(TrainResume, BadCheckpointsGiveOneLineNamingTheProblem) {
     EXPECT_EQ(error_of([&] { Trainer::resume(path, task, dropout_model(), o); }),
               "'" + path + "': tensor 'blocks.9.norm1.weight' is not part of this model");
   }
+  // A block's num_heads that contradicts 'heads' (4): refused, not resumed
+  // with 'heads'; read_checkpoint_info says the same.
+  {
+    const std::string good = t.serialize_checkpoint();
+    { std::ofstream(path, std::ios::binary) << good; }
+    SafetensorsFile f = read_safetensors(path);
+    std::map<std::string, Tensor<float>> tensors;
+    for (auto& [name, v] : f.tensors) tensors[name] = tensor_cast<float>(v.values);
+    ASSERT_EQ(f.metadata.at("blocks.1.attn.num_heads"), "4");
+    f.metadata["blocks.1.attn.num_heads"] = "2";
+    write_safetensors(path, tensors, f.metadata);
+    const std::string want = "'" + path + "': checkpoint metadata 'blocks.1.attn.num_heads' is 2 but 'heads' is 4: "
+                             "the file contradicts itself";
+    EXPECT_EQ(error_of([&] { Trainer::resume(path, task, dropout_model(), o); }), want);
+    EXPECT_EQ(error_of([&] { (void)read_checkpoint_info(path); }), want);
+    f.metadata["blocks.1.attn.num_heads"] = "two";
+    write_safetensors(path, tensors, f.metadata);
+    const std::string word = error_of([&] { (void)read_checkpoint_info(path); });
+    EXPECT_NE(word.find("'blocks.1.attn.num_heads'"), std::string::npos) << word;
+    EXPECT_NE(word.find("'two'"), std::string::npos) << word;
+  }
   // Truncated: the safetensors reader names the file and the sizes.
   const std::string bytes = t.serialize_checkpoint();
   { std::ofstream(path, std::ios::binary) << bytes.substr(0, bytes.size() / 2); }

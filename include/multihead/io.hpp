@@ -85,11 +85,13 @@ std::string serialize_npy(const Tensor<T>& tensor);
 // Every dtype of the format is accepted: BOOL, U8, I8, U16, I16, U32, I32,
 // U64, I64, F16, BF16, F32, F64 (others, such as F8_E4M3, are an error that
 // lists these). Every tensor is validated by the rules above, whatever its
-// dtype; then it goes to one of two maps, so each name is in exactly one:
+// dtype; then it goes to one map, so each name is in exactly one:
 //  - `tensors`: BOOL, F16, BF16, F32, F64, decoded to double (exact);
 //  - `integer_tensors`: U8 … I64, described and not decoded. Decoding would
 //    be lossy (int64 to double) and, for a whole model's file, spend memory
-//    on buffers that multihead has no use for.
+//    on buffers that multihead has no use for;
+//  - `bf16_tensors`, `f16_tensors` (Sixteen::Keep) and `undecoded` (a
+//    `wanted` filter), below.
 struct IntegerTensorInfo {
   DType dtype = DType::I64;
   Shape shape;

@@ -60,6 +60,9 @@ bool MetadataReader::boolean(const std::string& key) const {
 }
 
 Tensor<float> MetadataReader::float32_tensor(const std::string& name, const Shape& shape) const {
+  if (file_.undecoded.count(name))
+    bad_file(path_, Error::Kind::Value,
+             "tensor " + quote_input(name) + " was not decoded (the file was read with a filter that left it out)");
   const auto it = file_.tensors.find(name);
   if (it == file_.tensors.end())
     bad_file(path_, Error::Kind::Missing, "tensor " + quote_input(name) + " is missing (expected shape " + shape_to_string(shape) + ")");
@@ -86,6 +89,20 @@ ModelConfig MetadataReader::model_config() const {
     c.positions = read("positional_encoding", [](const std::string& name, const std::string& s) {
       return parse_positions(s, "metadata " + name);
     });
+  // Each attention block's num_heads, written beside 'heads' for the weights
+  // loader (trainer.cpp): one that disagrees makes the file contradict
+  // itself, and which count the block was trained with cannot be known, so
+  // it is refused rather than resumed with 'heads'. Walked over the
+  // metadata's keys, not 0 … layers − 1 (a hostile 'layers' is huge).
+  static const std::string kBlocks = "blocks.", kNumHeads = ".attn.num_heads";
+  for (const auto& [key, value] : file_.metadata) {
+    if (!key.starts_with(kBlocks) || !key.ends_with(kNumHeads) || key.size() <= kBlocks.size() + kNumHeads.size())
+      continue;
+    const int64_t h = integer(key);
+    if (h != c.heads)
+      fail("'" + key + "' is " + std::to_string(h) + " but 'heads' is " + std::to_string(c.heads) +
+           ": the file contradicts itself");
+  }
   return c;
 }
 

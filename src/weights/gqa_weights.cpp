@@ -164,6 +164,7 @@ LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string
   // none). A file read with 16-bit tensors kept has them widened exactly.
   for_each_file_parameter(file, r.prefix, r.config, r.parameter_dtype,
                           [&](const std::string&, const std::string& name) {
+                            detail::expect_decoded(file, name, in_file(path));
                             if (const auto it = file.tensors.find(name); it != file.tensors.end())
                               r.tensors.emplace(name, it->second.values);
                             else if (const auto b = file.bf16_tensors.find(name); b != file.bf16_tensors.end())

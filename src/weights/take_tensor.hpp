@@ -56,10 +56,17 @@ Tensor<T> convert_tensor(const Tensor<From>& t, const std::string& name, const s
     return detail::rounded_parameter<T>(name, widen<float>(t), where);
   }
 }
+// Throws Error(Value) naming `name` when the file was read with a filter
+// that left it undecoded (io.hpp's TensorWanted): a caller's read that
+// does not fit its use, named rather than taken for a missing tensor.
+inline void expect_decoded(const SafetensorsFile& file, const std::string& name, const std::string& where) {
+  if (file.undecoded.count(name))
+    throw Error(Error::Kind::Value, name + ": not decoded (the file was read with a filter that left it out)" + where);
+}
+
 template <class T>
 Tensor<T> take_tensor(SafetensorsFile& file, const std::string& name, const std::string& where) {
-  if (file.undecoded.count(name))  // a loader's filter that left out its own tensor: a bug here, not in the file
-    throw Error(Error::Kind::Value, name + ": not decoded (the read's filter left it out)" + where);
+  expect_decoded(file, name, where);
   auto take = [&](auto& map) {
     auto node = map.extract(name);
     using From = typename std::decay_t<decltype(node.mapped())>::value_type;
