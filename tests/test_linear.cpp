@@ -11,14 +11,20 @@
 // and the inputs are rounded to float before the float64 reference sees them).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/gemm.hpp"
 #include "core/linear.hpp"
+#include "multihead/error.hpp"
+#include "multihead/narrow.hpp"
 
 namespace multihead::test {
 namespace {
@@ -262,6 +268,115 @@ TEST(Linear, ColumnSumsAddRowsInOrder) {
           EXPECT_EQ(0, std::memcmp(expected.data(), got.data(), expected.size() * sizeof(float))) << label;
           EXPECT_EQ(x_before, x) << label << ": the input changed";
         }
+}
+
+// f16 products on a bf16 matmul (core/gemm.hpp, "bf16x3"), forced, against
+// the float64 sum of the same f16 values: within
+//   (γ_{3K+1}·(1 + 2^-7)² + 2^-16)·Σ|a||b| + 3K·2^-126 (+ beta's term),
+// the three bf16 products' float32 sums (|hi| + |lo| <= (1 + 2^-7)|x|), the
+// dropped Al·Bl (|lo| <= 2^-8 |x|) and the matmul's flushed denormals; every
+// transposition, alpha and beta, gemm and gemm_blocked (1 and 2 threads, the
+// same bits). The widened product is checked against its own bound
+// γ_{K+1}·Σ|a||b|. Where bf16x3 runs (oneDNN has a bf16 matmul here) it
+// must differ from the widened product somewhere (it ran), and an operand
+// holding an infinity, or a product of fewer than 16 rows, gives the
+// widened product's bits.
+TEST(Linear, F16ProductsOnABf16MatmulWithinTheirBound) {
+  using detail::Trans;
+  std::mt19937 rng(19);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> scale(-12, 6);
+  const auto f16_values = [&](int64_t n) {
+    std::vector<float16> v(static_cast<std::size_t>(n));
+    for (float16& x : v) x = to_float16(std::ldexp(normal(rng), scale(rng)));  // subnormals to 2^10
+    return v;
+  };
+  const auto gamma32 = [](double n) { return n * 0x1p-24 / (1 - n * 0x1p-24); };
+  detail::f16_gemm_force("bf16x3");
+  const bool runs = detail::f16_gemm_current().rfind("bf16x3", 0) == 0;
+  int64_t differing = 0;
+  struct Shape {
+    int64_t M, N, K;
+  };
+  for (const Shape sh : {Shape{37, 50, 100}, Shape{300, 20, 513}, Shape{1000, 300, 200}, Shape{16, 16, 1}}) {
+    for (const Trans ta : {Trans::No, Trans::Yes})
+      for (const Trans tb : {Trans::No, Trans::Yes})
+        for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 1.0f}}) {
+          const int64_t M = sh.M, N = sh.N, K = sh.K;
+          const int64_t lda = (ta == Trans::No ? K : M) + 3, ldb = (tb == Trans::No ? N : K) + 1, ldc = N + 2;
+          const std::vector<float16> A = f16_values((ta == Trans::No ? M : K) * lda);
+          const std::vector<float16> B = f16_values((tb == Trans::No ? K : N) * ldb);
+          std::vector<float> C0(static_cast<std::size_t>(M * ldc));
+          for (float& c : C0) c = normal(rng);
+          const auto a = [&](int64_t i, int64_t k) {
+            return static_cast<double>(to_float(A[static_cast<std::size_t>(ta == Trans::No ? i * lda + k : k * lda + i)]));
+          };
+          const auto b = [&](int64_t k, int64_t j) {
+            return static_cast<double>(to_float(B[static_cast<std::size_t>(tb == Trans::No ? k * ldb + j : j * ldb + k)]));
+          };
+          std::vector<float> widened = C0;
+          detail::f16_gemm_force("widen");
+          detail::gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, widened.data(), ldc);
+          detail::f16_gemm_force("bf16x3");
+          std::vector<float> one = C0, blocked1 = C0, blocked2 = C0;
+          detail::gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, one.data(), ldc);
+          if (alpha == 1.0f) {
+            detail::gemm_blocked(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, blocked1.data(), ldc, 1);
+            detail::gemm_blocked(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, beta, blocked2.data(), ldc, 2);
+            ASSERT_EQ(0, std::memcmp(blocked1.data(), blocked2.data(), blocked1.size() * sizeof(float)))
+                << "gemm_blocked bf16x3: 1 and 2 threads differ";
+          }
+          const std::string label = std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                                    (ta == Trans::Yes ? " A^T" : "") + (tb == Trans::Yes ? " B^T" : "") +
+                                    " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double exact = 0, sizes = 0;
+              for (int64_t k = 0; k < K; ++k) exact += a(i, k) * b(k, j), sizes += std::abs(a(i, k) * b(k, j));
+              const std::size_t at = static_cast<std::size_t>(i * ldc + j);
+              const double c0 = beta * static_cast<double>(C0[at]);
+              const double want = alpha * exact + c0;
+              const double split_bound =
+                  alpha * ((gamma32(3.0 * K + 1) * (1 + 0x1p-7) * (1 + 0x1p-7) + 0x1p-16) * sizes + 3.0 * K * 0x1p-126) +
+                  gamma32(3.0 * K + 2) * std::abs(c0) + 0x1p-24 * std::abs(want);
+              const double widen_bound = alpha * gamma32(K + 1.0) * sizes + gamma32(K + 2.0) * std::abs(c0) +
+                                         0x1p-24 * std::abs(want);
+              ASSERT_LE(std::abs(one[at] - want), split_bound) << label << " gemm at " << i << "," << j;
+              if (alpha == 1.0f) {
+                ASSERT_LE(std::abs(blocked1[at] - want), split_bound) << label << " blocked at " << i << "," << j;
+              }
+              ASSERT_LE(std::abs(widened[at] - want), widen_bound) << label << " widened at " << i << "," << j;
+              differing += one[at] != widened[at];
+            }
+        }
+  }
+  if (runs) {
+    EXPECT_GT(differing, 0) << "bf16x3 runs here, yet gave the widened product's bits everywhere";
+  }
+  // An infinity in A, and a product of 8 rows: the widened product's bits.
+  for (const int64_t M : {int64_t{64}, int64_t{8}}) {
+    const int64_t N = 40, K = 24;
+    std::vector<float16> A = f16_values(M * K), B = f16_values(K * N);
+    if (M == 64) A[5] = to_float16(std::numeric_limits<float>::infinity());
+    std::vector<float> split(static_cast<std::size_t>(M * N)), split_blocked(split.size()), widened(split.size()),
+        widened_blocked(split.size());
+    detail::gemm(Trans::No, Trans::No, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, split.data(), N);
+    detail::gemm_blocked(Trans::No, Trans::No, M, N, K, A.data(), K, B.data(), N, 0.0f, split_blocked.data(), N, 2);
+    detail::f16_gemm_force("widen");
+    detail::gemm(Trans::No, Trans::No, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, widened.data(), N);
+    detail::gemm_blocked(Trans::No, Trans::No, M, N, K, A.data(), K, B.data(), N, 0.0f, widened_blocked.data(), N, 2);
+    detail::f16_gemm_force("bf16x3");
+    const auto same = [](float x, float y) { return std::bit_cast<uint32_t>(x) == std::bit_cast<uint32_t>(y); };
+    for (std::size_t i = 0; i < split.size(); ++i) {
+      ASSERT_TRUE(same(split[i], widened[i])) << "M " << M << " gemm at " << i;
+      ASSERT_TRUE(same(split_blocked[i], widened_blocked[i])) << "M " << M << " gemm_blocked at " << i;
+    }
+    if (M == 64) {
+      EXPECT_TRUE(std::isinf(split[0]) || std::isnan(split[0]));  // row 0 reads the infinity
+    }
+  }
+  detail::f16_gemm_force("");
+  EXPECT_THROW(detail::f16_gemm_force("fp16"), Error);
 }
 
 }  // namespace

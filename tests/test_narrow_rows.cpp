@@ -99,6 +99,55 @@ TEST(NarrowRows, WideningMatchesScalarOnEveryPattern) {
   });
 }
 
+// split_rows (core/gemm.cpp's bf16x3 product): every f16 pattern is
+// hi + lo exactly, hi its nearest bf16 (the scalar rule), lo = x - hi a bf16
+// (so rounding it lost nothing), neither a bf16 denormal; hi written twice
+// when asked; false exactly when some element is an infinity or NaN. Rows
+// of 65536 + 3 (vector body, scalar tail), 1 and 2 threads, on every target.
+TEST(NarrowRows, F16SplitsExactlyIntoTwoBf16OnEveryPattern) {
+  for_each_highway_target([](const std::string& target) {
+    std::vector<float16> all;
+    for (uint32_t b = 0; b < 0x10000u; ++b)
+      if (!std::isnan(to_float(float16{static_cast<uint16_t>(b)}))) all.push_back(float16{static_cast<uint16_t>(b)});
+    const int64_t finite_n = static_cast<int64_t>(all.size());
+    for (uint16_t b : {0x3c00, 0x0001, 0xfbff}) all.push_back(float16{b});  // a tail of 3
+    const auto n = static_cast<int64_t>(all.size());
+    std::vector<int64_t> non_finite;
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(to_float(all[static_cast<std::size_t>(i)]))) non_finite.push_back(i);
+    ASSERT_EQ(non_finite.size(), 2u);  // ±inf (NaNs left out above)
+    for (const int threads : {1, 2}) {
+      std::vector<bfloat16> hi(static_cast<std::size_t>(n)), again(static_cast<std::size_t>(n)), lo(static_cast<std::size_t>(n));
+      EXPECT_FALSE(split_rows(all.data(), 1, n, n, hi.data(), again.data(), lo.data(), n, threads)) << target;
+      // Without the infinities: every element finite, so true.
+      std::vector<float16> finite;
+      for (const float16 x : all)
+        if (std::isfinite(to_float(x))) finite.push_back(x);
+      const auto m = static_cast<int64_t>(finite.size());
+      ASSERT_EQ(m, finite_n + 3 - 2);
+      ASSERT_TRUE(split_rows(finite.data(), 1, m, m, hi.data(), again.data(), lo.data(), m, threads)) << target;
+      for (int64_t i = 0; i < m; ++i) {
+        const std::size_t k = static_cast<std::size_t>(i);
+        const float x = to_float(finite[k]), h = to_float(hi[k]), l = to_float(lo[k]);
+        ASSERT_EQ(hi[k].bits, to_bfloat16(x).bits) << target << " f16 0x" << std::hex << finite[k].bits;
+        ASSERT_EQ(again[k].bits, hi[k].bits) << target;
+        ASSERT_EQ(static_cast<double>(h) + static_cast<double>(l), static_cast<double>(x))
+            << target << " f16 0x" << std::hex << finite[k].bits;
+        ASSERT_TRUE(h == 0 || std::abs(h) >= 0x1p-126f) << target;
+        ASSERT_TRUE(l == 0 || std::abs(l) >= 0x1p-126f) << target;
+        ASSERT_LE(std::abs(l), 0x1p-8f * std::abs(x)) << target;  // |lo| <= 2^-8 |x|: the dropped term's bound
+      }
+      // No second copy asked: the same pieces.
+      std::vector<bfloat16> hi2(static_cast<std::size_t>(m)), lo2(static_cast<std::size_t>(m));
+      ASSERT_TRUE(split_rows(finite.data(), 1, m, m, hi2.data(), nullptr, lo2.data(), m, threads));
+      for (int64_t i = 0; i < m; ++i) {
+        ASSERT_EQ(hi2[static_cast<std::size_t>(i)].bits, hi[static_cast<std::size_t>(i)].bits);
+        ASSERT_EQ(lo2[static_cast<std::size_t>(i)].bits, lo[static_cast<std::size_t>(i)].bits);
+      }
+    }
+  });
+}
+
 // Strided rows (ld > cols), a bias per column, odd widths (vector body and
 // scalar tail), 1 and 2 threads: against the scalar rule element by element.
 template <class E>

@@ -18,7 +18,7 @@ namespace multihead {
 void set_threads(int threads);
 
 // Reads every MULTIHEAD_* tuning variable the library reads (
-// MULTIHEAD_SIMD_TARGET, MULTIHEAD_BF16_DOT, MULTIHEAD_KERNEL,
+// MULTIHEAD_SIMD_TARGET, MULTIHEAD_BF16_DOT, MULTIHEAD_F16_GEMM, MULTIHEAD_KERNEL,
 // MULTIHEAD_NARROW_GEMV, MULTIHEAD_FUSED_PATHS, MULTIHEAD_BACKWARD_HEADS,
 // MULTIHEAD_BF16_BACKWARD) and throws multihead::Error, naming the first
 // one with an unknown value and the values it takes, as the call that reads
@@ -76,6 +76,23 @@ void bf16_dot_force(const std::string& way);
 // measured at 2.00x the FMA's FLOP rate here)", "fma (auto: no AVX512_BF16
 // on this target)". The measured rate is a diagnostic, not the rule.
 std::string bf16_dot_current();
+
+// How products of two float16 operands (the f16 modules' projections) run
+// (docs/precision.md, "f16 products on a bf16 matmul"): "widen" (both
+// widened to float32, oneDNN's sgemm) or "bf16x3" (each f16 value split
+// exactly into two bf16 numbers, hi + lo, and Ah·Bh + Al·Bh + Ah·Bl as one
+// bf16 matmul over a K three times as long; the dropped Al·Bl is at most
+// 2^-16·Σ|a||b|). By default ("auto") bf16x3 where oneDNN's bf16 matmul
+// runs on AMX (several times the float32 rate), widen elsewhere;
+// MULTIHEAD_F16_GEMM=auto|widen|bf16x3 sets it for the process,
+// f16_gemm_force("widen" | "bf16x3") for every later call, "" or "auto"
+// lifts the force. bf16x3 forced where oneDNN has no bf16 matmul widens.
+// Throws multihead::Error for another name.
+void f16_gemm_force(const std::string& way);
+// The way f16 products run now and why, one line: e.g. "bf16x3 (auto:
+// oneDNN's bf16 matmul runs on AMX (brg:avx512_core_amx_bf16))", "widen
+// (auto: oneDNN's bf16 matmul is brg:avx512_core_bf16, not AMX)".
+std::string f16_gemm_current();
 
 // Forces a kernel for every later call in this process, whatever the call
 // asks for; Auto lifts the force (then MULTIHEAD_KERNEL, if set, applies).

@@ -1199,6 +1199,13 @@ PYBIND11_MODULE(_multihead, m) {
         "dpbf16 on an AMD core with AVX512_BF16, fma elsewhere (docs/precision.md, 'The two bf16 dot ways').");
   m.def("bf16_dot_current", &multihead::bf16_dot_current,
         "bf16_dot_current() -> str\n\nThe bf16 way the current SIMD target runs now, and why.");
+  m.def("f16_gemm_force", &multihead::f16_gemm_force, "way"_a,
+        "f16_gemm_force(way)\n\nHow products of two float16 operands (the f16 modules' projections) run for every\n"
+        "later call: 'widen' (both widened to float32) or 'bf16x3' (each f16 value split exactly into two bf16\n"
+        "numbers, three bf16 products on oneDNN's bf16 matmul); '' or 'auto' lifts the force: auto is bf16x3\n"
+        "where oneDNN's bf16 matmul runs on AMX (docs/precision.md, 'f16 products on a bf16 matmul').");
+  m.def("f16_gemm_current", &multihead::f16_gemm_current,
+        "f16_gemm_current() -> str\n\nThe way f16 products run now, and why.");
   m.def(
       "kernel_force", [](const std::string& name) { multihead::kernel_force(parse_attention_kernel(name)); },
       "name"_a,

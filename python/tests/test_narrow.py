@@ -36,6 +36,29 @@ def gamma(n):
     return n * U32 / (1 - n * U32)
 
 
+def product_gamma(n, dtype):
+    """The bound of a projection's float32 sum of n products: gamma(n), or for
+    float16 on the bf16x3 way (f16_gemm_current; docs/precision.md, "f16
+    products on a bf16 matmul") gamma(3n) (1 + 2^-7)^2 + 2^-16."""
+    if dtype == "float16" and multihead.f16_gemm_current().startswith("bf16x3"):
+        return gamma(3 * n) * (1 + 2.0 ** -7) ** 2 + 2.0 ** -16
+    return gamma(n)
+
+
+def test_f16_gemm_switch():
+    """f16_gemm_force chooses the way f16_gemm_current reports; a bad name is
+    a ValueError naming the accepted ones."""
+    try:
+        multihead.f16_gemm_force("widen")
+        assert multihead.f16_gemm_current() == "widen (forced)"
+        multihead.f16_gemm_force("bf16x3")
+        assert multihead.f16_gemm_current().startswith(("bf16x3 (forced", "widen (bf16x3 forced, but"))
+        with pytest.raises(ValueError, match="expected auto, widen or bf16x3"):
+            multihead.f16_gemm_force("fp16")
+    finally:
+        multihead.f16_gemm_force("")
+
+
 def bits(x, dtype):
     """float32 -> the 16-bit type's bits (uint16), rounded by torch."""
     return torch.from_numpy(np.ascontiguousarray(x, np.float32)).to(TORCH[dtype]).view(torch.int16).numpy().view(np.uint16)
@@ -177,7 +200,7 @@ def mha_bound(x, w_in, b_in, w_out, b_out, H, dtype, causal):
         w, b = w_in[i * E:(i + 1) * E], b_in[i * E:(i + 1) * E]
         y = xs @ w.T + b
         proj.append(y)
-        err.append(u * np.abs(y) + gamma(E + 1) * (np.abs(xs) @ np.abs(w).T + np.abs(b)))
+        err.append(u * np.abs(y) + product_gamma(E + 1, dtype) * (np.abs(xs) @ np.abs(w).T + np.abs(b)))
 
     def heads(t):  # (N, L, E) -> (N, H, L, D)
         return t.reshape(N, L, H, D).transpose(0, 2, 1, 3)
@@ -187,7 +210,7 @@ def mha_bound(x, w_in, b_in, w_out, b_out, H, dtype, causal):
     o = o.transpose(0, 2, 1, 3).reshape(N, L, E)
     eo = eo.transpose(0, 2, 1, 3).reshape(N, L, E)
     y = o @ w_out.T + b_out
-    ey = eo @ np.abs(w_out).T + gamma(E + 1) * (np.abs(o) @ np.abs(w_out).T + np.abs(b_out)) + u * np.abs(y)
+    ey = eo @ np.abs(w_out).T + product_gamma(E + 1, dtype) * (np.abs(o) @ np.abs(w_out).T + np.abs(b_out)) + u * np.abs(y)
     return np.transpose(y, (1, 0, 2)), 1.05 * np.transpose(ey, (1, 0, 2))
 
 

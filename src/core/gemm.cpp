@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <compare>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <type_traits>
 #include <utility>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/narrow_rows.hpp"
@@ -103,6 +105,34 @@ void widened_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alp
   thread_local ThreadScratch scratch_a, scratch_b;
   const WidenedOperand a = widened(ta, M, K, A, lda, scratch_a, 1), b = widened(tb, K, N, B, ldb, scratch_b, 1);
   gemm(ta, tb, M, N, K, alpha, a.data, a.ld, b.data, b.ld, beta, C, ldc);
+}
+
+// A float16 operand as the bf16x3 product reads it (gemm.hpp, "f16 on a
+// bf16 matmul"): op(X)'s K axis three times as long, its pieces along K
+// in the order (hi, lo, hi) for A and (hi, hi, lo) for B, so that
+// op(A')·op(B') = Ah·Bh + Al·Bh + Ah·Bl; stored with X's orientation, so the
+// product takes the same Trans flags. K runs along X's stored columns for
+// A as stored and for Bᵀ, along its stored rows otherwise.
+struct SplitOperand {
+  const bfloat16* data = nullptr;
+  int64_t ld = 0;
+  bool finite = true;  // false: X holds an infinity or NaN (nothing usable)
+};
+enum class Operand { A, B };
+SplitOperand split_operand(Operand which, Trans t, int64_t rows, int64_t cols, const float16* X, int64_t ld,
+                           BasicThreadScratch<bfloat16>& scratch, int threads) {
+  const int64_t stored_rows = t == Trans::No ? rows : cols, stored_cols = t == Trans::No ? cols : rows;
+  const bool k_along_columns = (which == Operand::A) == (t == Trans::No);
+  bfloat16* out = scratch.take(static_cast<std::size_t>(3 * stored_rows * stored_cols));
+  // piece j's start and the new row stride
+  const int64_t step = k_along_columns ? stored_cols : stored_rows * stored_cols;
+  const int64_t ld_out = k_along_columns ? 3 * stored_cols : stored_cols;
+  bfloat16* piece[3] = {out, out + step, out + 2 * step};
+  bfloat16* hi = piece[0];
+  bfloat16* hi_again = which == Operand::A ? piece[2] : piece[1];
+  bfloat16* lo = which == Operand::A ? piece[1] : piece[2];
+  const bool finite = split_rows(X, stored_rows, stored_cols, ld, hi, hi_again, lo, ld_out, threads);
+  return {out, ld_out, finite};
 }
 
 #if MULTIHEAD_WITH_ONEDNN
@@ -201,15 +231,111 @@ bool onednn_has_bf16_matmul() {
   }();
   return has;
 }
+
+// oneDNN's implementation of a bf16 matmul of a projection's size (256 ×
+// 256 × 256), e.g. "brg:avx512_core_amx_bf16"; "" where it has none.
+std::string onednn_bf16_matmul_impl() {
+  static const std::string impl = [] {
+    using dnnl::memory;
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      const memory::desc a_md({256, 256}, memory::data_type::bf16, memory::dims{256, 1});
+      const memory::desc c_md({256, 256}, memory::data_type::f32, memory::dims{256, 1});
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, a_md, c_md), engine);
+      return std::string(pd.impl_info_str());
+    } catch (const dnnl::error&) {
+      return std::string();
+    }
+  }();
+  return impl;
+}
 #endif
 
+enum class F16Products { Auto, Widen, Bf16x3 };
+
+F16Products parse_f16_products(const std::string& name, const std::string& what) {
+  if (name.empty() || name == "auto") return F16Products::Auto;
+  if (name == "widen") return F16Products::Widen;
+  if (name == "bf16x3") return F16Products::Bf16x3;
+  throw Error(Error::Kind::Value, what + ": expected auto, widen or bf16x3, got " + quote_input(name));
+}
+
+// MULTIHEAD_F16_GEMM, parsed once.
+F16Products env_f16_products() {
+  static const F16Products way = [] {
+    const char* env = std::getenv("MULTIHEAD_F16_GEMM");
+    return parse_f16_products(env == nullptr ? "" : env, "MULTIHEAD_F16_GEMM");
+  }();
+  return way;
+}
+
+std::atomic<int> g_forced_f16_products{static_cast<int>(F16Products::Auto)};
+
+F16Products f16_products_setting() {
+  const auto forced = static_cast<F16Products>(g_forced_f16_products.load(std::memory_order_relaxed));
+  return forced != F16Products::Auto ? forced : env_f16_products();
+}
+
+// The f16 product's way now, and why (f16_gemm_current's line).
+struct F16Choice {
+  bool bf16x3;
+  std::string why;
+};
+F16Choice f16_choice() {
+  const F16Products setting = f16_products_setting();
+#if MULTIHEAD_WITH_ONEDNN
+  const std::string impl = onednn_bf16_matmul_impl();
+  if (impl.empty())
+    return {false, setting == F16Products::Bf16x3 ? "bf16x3 forced, but oneDNN has no bf16 matmul on this CPU"
+                                                   : "oneDNN has no bf16 matmul on this CPU"};
+  if (setting == F16Products::Bf16x3) return {true, "forced; oneDNN's bf16 matmul: " + impl};
+  if (setting == F16Products::Widen) return {false, "forced"};
+  if (impl.find("amx") != std::string::npos) return {true, "auto: oneDNN's bf16 matmul runs on AMX (" + impl + ")"};
+  return {false, "auto: oneDNN's bf16 matmul is " + impl + ", not AMX"};
+#else
+  (void)setting;
+  return {false, "built without oneDNN"};
+#endif
+}
+
+bool f16_products_split() {
+  if (f16_products_setting() == F16Products::Widen) return false;
+#if MULTIHEAD_WITH_ONEDNN
+  if (onednn_bf16_matmul_impl().empty()) return false;
+  return f16_products_setting() == F16Products::Bf16x3 ||
+         onednn_bf16_matmul_impl().find("amx") != std::string::npos;
+#else
+  return false;
+#endif
+}
+
+// Whether a product of this shape takes the bf16x3 way: the way is on, and
+// op(A) has at least kMinSplitSide rows and op(B) as many columns. Every
+// call splits every element of both operands, a pass over memory that a
+// product of a few rows (a decoding step's) or a few columns does not repay
+// with its few multiply-adds per element; those widen.
+constexpr int64_t kMinSplitSide = 16;
+bool split_pays(int64_t M, int64_t N) { return M >= kMinSplitSide && N >= kMinSplitSide && f16_products_split(); }
+
 }  // namespace
+
+void check_f16_gemm_environment() { (void)env_f16_products(); }
+
+void f16_gemm_force(const std::string& name) {
+  g_forced_f16_products.store(static_cast<int>(parse_f16_products(name, "f16_gemm_force")), std::memory_order_relaxed);
+}
+
+std::string f16_gemm_current() {
+  const F16Choice c = f16_choice();
+  return std::string(c.bf16x3 ? "bf16x3" : "widen") + " (" + c.why + ")";
+}
 
 template <class E>
 bool native_16bit_gemm() {
 #if MULTIHEAD_WITH_ONEDNN
   if constexpr (std::is_same_v<E, bfloat16>) return onednn_has_bf16_matmul();
 #endif
+  if constexpr (std::is_same_v<E, float16>) return f16_products_split();
   return false;
 }
 template bool native_16bit_gemm<bfloat16>();
@@ -229,6 +355,16 @@ void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, cons
           const float16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) return scale_only(M, N, beta, C, ldc);
+#if MULTIHEAD_WITH_ONEDNN
+  if (split_pays(M, N)) {
+    thread_local BasicThreadScratch<bfloat16> scratch_a, scratch_b;
+    const SplitOperand a = split_operand(Operand::A, ta, M, K, A, lda, scratch_a, 1);
+    const SplitOperand b = split_operand(Operand::B, tb, K, N, B, ldb, scratch_b, 1);
+    if (a.finite && b.finite &&
+        onednn_bf16_gemm(ta, tb, M, N, 3 * K, alpha, a.data, a.ld, b.data, b.ld, beta, C, ldc))
+      return;
+  }
+#endif
   widened_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
@@ -298,7 +434,8 @@ constexpr bool kOnOpenBlas = std::is_same_v<T, double> || !kFloatOnOneDnn;
 // T: the element type of A and B; C's is Acc (T, or float for 16-bit T).
 template <class T, class Acc>
 void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
-             int64_t ldb, Acc beta, Acc* C, int64_t ldc, int threads, const BlockEpilogue& after_block = {}) {
+             int64_t ldb, Acc beta, Acc* C, int64_t ldc, int threads, const BlockEpilogue& after_block = {},
+             std::optional<GemmBlocks> blocks_override = std::nullopt) {
   if (M == 0 || N == 0) return;
   if constexpr (kOnOpenBlas<T>) {
     // Every block's dimensions are at most these: refused here, not by a
@@ -306,7 +443,7 @@ void blocked(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const T* A, in
     for (const auto& [v, what] : {std::pair{M, "M"}, {N, "N"}, {K, "K"}, {lda, "lda"}, {ldb, "ldb"}, {ldc, "ldc"}})
       checked_int(v, what);
   }
-  const GemmBlocks size = gemm_blocks(M, N, K);
+  const GemmBlocks size = blocks_override ? *blocks_override : gemm_blocks(M, N, K);
   const int64_t row_blocks = (M + size.rows - 1) / size.rows, col_blocks = (N + size.cols - 1) / size.cols;
   const int64_t blocks = row_blocks * col_blocks;
   std::optional<OpenBlasHeldToOneThread> hold;
@@ -349,11 +486,41 @@ namespace {
 // 16-bit operands: oneDNN's 16-bit matmul per block where it has one; else
 // A and B widened once (all threads), then the float blocks, so no block
 // widens op(B) again.
+// The blocks of a product on oneDNN's bf16 matmul: gemm_blocks' rows, or,
+// where it would cut columns, quarters of the rows instead. oneDNN 2.6's
+// brgemm matmul (AMX, vdpbf16ps) takes a block only when its rows of op(A)
+// and of C are dense (lda == K and ldc == N when not transposed); a column
+// block's C (ldc = N, cols < N) falls to its "gemm:jit" bf16 kernel,
+// measured (Intel Xeon with AMX, (1, 1024, 768, 12) bf16 forward, 2
+// threads): the in_projection's four 1024 × 576 column blocks took 2.3-10.8
+// ms each on gemm:jit, the out_projection's 256-row blocks 0.7-1.0 ms on
+// brg:avx512_core_amx_bf16. Row blocks re-pack op(B) each, which the
+// 16-bit matmul's rate repays.
+GemmBlocks gemm_blocks_16bit(int64_t M, int64_t N, int64_t K) {
+  const GemmBlocks b = gemm_blocks(M, N, K);
+  if (b.cols >= N) return b;
+  const int64_t quarter = std::max(kMinRowBlock, ((M + 3) / 4 + kMinRowBlock - 1) / kMinRowBlock * kMinRowBlock);
+  return {std::min(quarter, std::max<int64_t>(M, 1)), std::max<int64_t>(N, 1)};
+}
+
+// f16 on the bf16x3 way: both operands split once (all threads), then the
+// bf16 blocks over the tripled K.
 template <class E>
 void blocked_16bit(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const E* A, int64_t lda, const E* B,
                    int64_t ldb, float beta, float* C, int64_t ldc, int threads, const BlockEpilogue& after_block) {
   if (M == 0 || N == 0) return;
-  if (native_16bit_gemm<E>()) return blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads, after_block);
+  if constexpr (std::is_same_v<E, float16>) {
+    if (K > 0 && split_pays(M, N)) {
+      thread_local BasicThreadScratch<bfloat16> split_a, split_b;
+      const SplitOperand a = split_operand(Operand::A, ta, M, K, A, lda, split_a, threads);
+      const SplitOperand b = split_operand(Operand::B, tb, K, N, B, ldb, split_b, threads);
+      if (a.finite && b.finite)
+        return blocked(ta, tb, M, N, 3 * K, a.data, a.ld, b.data, b.ld, beta, C, ldc, threads, after_block,
+                       gemm_blocks_16bit(M, N, K));
+    }
+  } else if (native_16bit_gemm<E>()) {
+    return blocked(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, threads, after_block, gemm_blocks_16bit(M, N, K));
+  }
   thread_local ThreadScratch scratch_a, scratch_b;
   const WidenedOperand a = widened(ta, M, K, A, lda, scratch_a, threads),
                        b = widened(tb, K, N, B, ldb, scratch_b, threads);

@@ -20,6 +20,25 @@
 //    operand once, with all threads, before its blocks run.
 //    Either way every product of two 16-bit values is exact in float32 and
 //    the K-term sums are float32 sums: the error bound of docs/precision.md.
+//  - f16 on a bf16 matmul, the "bf16x3" way, where oneDNN's bf16 matmul
+//    runs on AMX (or where forced): every f16 value is exactly hi + lo, two
+//    bf16 numbers (core/narrow_rows.hpp, split_rows), so
+//      A·B = Ah·Bh + Al·Bh + Ah·Bl + Al·Bl,
+//    and the first three are one bf16 matmul over a K three times as long
+//    (A' = [Ah Al Ah], B' = [Bh; Bh; Bl]): exact bf16 products, float32
+//    sums. The dropped Al·Bl is at most 2^-16·Σ|a||b| (|lo| <= 2^-8 |x|),
+//    below f16's own rounding of the result (2^-11) and below the float32
+//    sums' worst case, γ_3K, from K = 86 on; docs/precision.md adds it to the
+//    bound. It pays where the bf16 matmul runs at more than three times the
+//    float32 one: AMX (tdpbf16ps: a 16×16 tile of float32 sums of 32 bf16
+//    products per instruction) did 2217 GFLOP/s against oneDNN's sgemm's
+//    368 (4096 × 3072 × 1024, 2 threads, Intel Xeon with AMX, 2026-12-06);
+//    vdpbf16ps runs at most twice the FMA's rate (AMD Zen 4/5, README
+//    "Precision"), so there the three products would be slower. Operands
+//    holding an infinity or NaN widen (hi + lo cannot carry one through
+//    three products), and so do products with fewer than 16 rows or
+//    columns (split_pays). MULTIHEAD_F16_GEMM=auto|widen|bf16x3 or
+//    f16_gemm_force (multihead/runtime.hpp) chooses for the process.
 // Row-major:
 //   C (M×N) = alpha · op(A) (M×K) · op(B) (K×N) + beta · C
 // op(X) = X or Xᵀ. Leading dimensions are row strides, as in CBLAS RowMajor.
@@ -27,6 +46,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "multihead/narrow.hpp"
 
@@ -106,15 +126,21 @@ struct GemmBlocks {
 GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K);
 
 // Whether a product of 16-bit E (bfloat16, float16) runs natively here (a
-// 16-bit matmul: oneDNN's bf16 one, from AVX-512 on) rather than on widened
-// float copies of both operands (widened as stored, with the same Trans
-// flags and blocks as the float32 product). Where it does not, a caller
+// 16-bit matmul: oneDNN's bf16 one, from AVX-512 on; for float16, the
+// bf16x3 way, on products of at least 16 rows and columns) rather than on
+// widened float copies of both operands (widened as stored, with the same
+// Trans flags and blocks as the float32 product). Where it does not, a caller
 // that already holds exact float32 copies of its operands (the 16-bit
 // modules' kept weight copies) gets the same bits from gemm_blocked on
 // those copies. (core/linear.cpp's few-row product reads W in 16 bits
 // where it does not.)
 template <class E>
 bool native_16bit_gemm();
+// MULTIHEAD_F16_GEMM's value, checked (check_environment).
+void check_f16_gemm_environment();
+// multihead/runtime.hpp's f16_gemm_force and f16_gemm_current.
+void f16_gemm_force(const std::string& way);
+std::string f16_gemm_current();
 
 // Threads BLAS may use; <= 0 leaves BLAS's own default (OPENBLAS_NUM_THREADS).
 void set_blas_threads(int threads);

@@ -113,10 +113,13 @@ bool narrow_gemv_allowed() {
 // The few-row product (core/narrow_gemv.hpp) where it reads fewer bytes
 // than the gemm way: W as stored (out × in, rows contiguous; a transposed
 // W's columns would be strided loads), at most kNarrowGemvMaxRows rows, and
-// no native 16-bit matmul (which reads W in 16 bits itself).
+// no native bf16 matmul (which reads W in 16 bits itself). f16's bf16x3
+// way is no such matmul for a few rows: it would split all of W on every
+// call (core/gemm.hpp), so f16 keeps the few-row product.
 template <class E>
 bool use_narrow_gemv(const LinearWeight<E>& w, int64_t rows) {
-  return !w.transposed && rows <= kNarrowGemvMaxRows && !native_16bit_gemm<E>() && narrow_gemv_allowed();
+  return !w.transposed && rows <= kNarrowGemvMaxRows && (std::is_same_v<E, float16> || !native_16bit_gemm<E>()) &&
+         narrow_gemv_allowed();
 }
 
 // gemm_blocked's epilogue for the 16-bit products: each block of float32

@@ -1,6 +1,7 @@
 // src/core/narrow.cpp: the compute types' names (multihead/narrow.hpp).
 #include "multihead/narrow.hpp"
 
+#include "core/gemm.hpp"
 #include "multihead/error.hpp"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -37,10 +38,13 @@ bool cpu_has_avx512_fp16() {
 
 std::string compute_dtype_note(ComputeDtype dtype) {
   if (dtype != ComputeDtype::F16) return "";
-  const char* path = "f16 runs on the widening path (f16 values widened to float32, float32 FMA and sums, results "
+  std::string path = "f16 runs on the widening path (f16 values widened to float32, float32 FMA and sums, results "
                      "rounded to f16)";
-  if (!cpu_has_avx512_fp16()) return std::string("this CPU has no AVX512_FP16, so ") + path;
-  return std::string("no fp16-FMA kernel is built (this CPU has AVX512_FP16), so ") + path;
+  if (detail::native_16bit_gemm<float16>())
+    path += ", except its projections: three exact bf16 products on oneDNN's bf16 matmul, " +
+            detail::f16_gemm_current();
+  if (!cpu_has_avx512_fp16()) return "this CPU has no AVX512_FP16, so " + path;
+  return "no fp16-FMA kernel is built (this CPU has AVX512_FP16), so " + path;
 }
 
 }  // namespace multihead

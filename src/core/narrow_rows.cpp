@@ -5,8 +5,11 @@
 #include "core/narrow_rows.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 
 #include "core/parallel.hpp"
@@ -60,6 +63,35 @@ void RoundRowWidened(const float* src, size_t n, const E* HWY_RESTRICT bias, flo
   for (; i < n; ++i) dst[i] = to_float(narrow_from_float<E>(src[i] + (bias != nullptr ? to_float(bias[i]) : 0.0f)));
 }
 
+// split_rows' pieces of one row; returns whether every element is finite.
+// hi is stored, then read back (widened, exact) for x - hi, which is exact
+// in float32 and rounds to lo without loss (narrow_rows.hpp).
+bool SplitRowF16(const float16* HWY_RESTRICT src, size_t n, bfloat16* HWY_RESTRICT hi, bfloat16* HWY_RESTRICT hi_again,
+                 bfloat16* HWY_RESTRICT lo) {
+  const hn::ScalableTag<float> df;
+  const size_t lanes = hn::Lanes(df);
+  const auto inf = hn::Set(df, std::numeric_limits<float>::infinity());
+  auto finite = hn::Eq(hn::Zero(df), hn::Zero(df));
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto x = LoadWidenF16(df, src + i);
+    finite = hn::And(finite, hn::Lt(hn::Abs(x), inf));
+    RoundStore(df, x, hi + i);
+    const auto h = LoadWidenBf16(df, hi + i);
+    if (hi_again != nullptr) RoundStore(df, h, hi_again + i);  // exact: h is a bf16
+    RoundStore(df, hn::Sub(x, h), lo + i);
+  }
+  bool all_finite = hn::AllTrue(df, finite);
+  for (; i < n; ++i) {
+    const float x = to_float(src[i]);
+    all_finite = all_finite && std::isfinite(x);
+    hi[i] = to_bfloat16(x);
+    if (hi_again != nullptr) hi_again[i] = hi[i];
+    lo[i] = to_bfloat16(x - to_float(hi[i]));
+  }
+  return all_finite;
+}
+
 void WidenRowBf16(const bfloat16* src, size_t n, float* dst) { WidenRow(src, n, dst); }
 void WidenRowF16(const float16* src, size_t n, float* dst) { WidenRow(src, n, dst); }
 void RoundRowBf16(const float* src, size_t n, const bfloat16* bias, bfloat16* dst) { RoundRow(src, n, bias, dst); }
@@ -84,6 +116,7 @@ HWY_EXPORT(RoundRowBf16);
 HWY_EXPORT(RoundRowF16);
 HWY_EXPORT(RoundRowWidenedBf16);
 HWY_EXPORT(RoundRowWidenedF16);
+HWY_EXPORT(SplitRowF16);
 
 namespace {
 
@@ -152,6 +185,18 @@ void round_rows_widened(const float* src, int64_t rows, int64_t cols, int64_t ld
     HWY_DYNAMIC_DISPATCH(RoundRowWidenedF16)(src + r * ld_src + c0, static_cast<size_t>(n),
                                              bias != nullptr ? bias + c0 : nullptr, dst + r * ld_dst + c0);
   });
+}
+
+bool split_rows(const float16* src, int64_t rows, int64_t cols, int64_t ld_src, bfloat16* hi, bfloat16* hi_again,
+                bfloat16* lo, int64_t ld_dst, int threads) {
+  std::atomic<bool> all_finite{true};
+  for_row_chunks(rows, cols, threads, [&](int64_t r, int64_t c0, int64_t n) {
+    const int64_t at = r * ld_dst + c0;
+    if (!HWY_DYNAMIC_DISPATCH(SplitRowF16)(src + r * ld_src + c0, static_cast<size_t>(n), hi + at,
+                                           hi_again != nullptr ? hi_again + at : nullptr, lo + at))
+      all_finite.store(false, std::memory_order_relaxed);
+  });
+  return all_finite.load();
 }
 
 }  // namespace multihead::detail

@@ -43,4 +43,19 @@ void round_rows_widened(const float* src, int64_t rows, int64_t cols, int64_t ld
 void round_rows_widened(const float* src, int64_t rows, int64_t cols, int64_t ld_src, const float16* bias,
                         float* dst, int64_t ld_dst, int threads);
 
+// The bf16 split of f16 values, for core/gemm.cpp's f16 product on a bf16
+// matmul (the "bf16x3" way): each finite f16 x is hi + lo exactly, with
+// hi = bf16(x) (nearest, ties to even) and lo = bf16(x - hi). Exact because
+// x has at most 11 significant bits and hi keeps the top 8 of them (or
+// rounds up past them): x - hi is a multiple of x's ulp, 2^e, of magnitude
+// at most half hi's ulp, 4·2^e, so it has at most 3 significant bits, and
+// bf16's exponent range holds every f16 value and difference (f16's
+// smallest, 2^-24, is a normal bf16), so neither piece is a bf16 denormal.
+// hi goes to `hi` and, when hi_again is not null, a second time there; lo
+// to `lo` (each rows × cols, rows ld_dst apart). Returns false when some
+// element is not finite (an infinity or NaN: hi + lo cannot carry it
+// through three products, core/gemm.cpp then widens instead); the pieces
+// written are then meaningless.
+bool split_rows(const float16* src, int64_t rows, int64_t cols, int64_t ld_src, bfloat16* hi, bfloat16* hi_again,
+                bfloat16* lo, int64_t ld_dst, int threads);
 }  // namespace multihead::detail

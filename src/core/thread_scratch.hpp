@@ -1,5 +1,7 @@
-// src/core/thread_scratch.hpp: a float buffer kept between calls, one per
-// calling thread and use site (declare it thread_local where it is used).
+// src/core/thread_scratch.hpp: a buffer kept between calls, one per calling
+// thread and use site (declare it thread_local where it is used): floats
+// (ThreadScratch), or another element type (BasicThreadScratch<T>: the bf16
+// pieces of core/gemm.cpp's split f16 product).
 //
 // Why: a first-touched page costs ~13 µs here (attention/workspace.hpp), so
 // a product that allocates its float32 copies afresh on every call spends
@@ -16,21 +18,23 @@
 
 namespace multihead::detail {
 
-class ThreadScratch {
+template <class T>
+class BasicThreadScratch {
  public:
-  // n floats, uninitialised (whatever an earlier call left).
-  float* take(std::size_t n) {
+  // n elements, uninitialised (whatever an earlier call left).
+  T* take(std::size_t n) {
     if (n > capacity_) {
       data_.reset();  // the old buffer goes before the new one is allocated
-      data_.reset(new float[n]);
+      data_.reset(new T[n]);
       capacity_ = n;
     }
     return data_.get();
   }
 
  private:
-  std::unique_ptr<float[]> data_;
+  std::unique_ptr<T[]> data_;
   std::size_t capacity_ = 0;
 };
+using ThreadScratch = BasicThreadScratch<float>;
 
 }  // namespace multihead::detail

@@ -53,8 +53,22 @@ struct Sum {
   }
   // The float32 result's bound (before any 16-bit rounding), `extra`
   // operations beyond the n − 1 additions (a scale, a bias).
-  double bound(int64_t extra = 0) const { return error + gamma32(static_cast<double>(n + extra)) * (sizes + error); }
+  double bound(int64_t extra = 0) const {
+    const double terms = static_cast<double>(n + extra);
+    const double g = bf16x3 ? gamma32(3 * terms) * (1 + 0x1p-7) * (1 + 0x1p-7) + 0x1p-16 : gamma32(terms);
+    return error + g * (sizes + error);
+  }
+  // A projection's sum of an f16 module where f16 products run on the
+  // bf16x3 way (precision_cases.hpp, product_gamma).
+  bool bf16x3 = false;
 };
+// A Sum for a product of the projections (the linear layers' gradients).
+template <class E>
+Sum projection_sum() {
+  Sum s;
+  s.bf16x3 = std::is_same_v<E, float16> && f16_products_bf16x3();
+  return s;
+}
 
 // Rounding to 16 bits: |round(x) − x| <= u|x| + η, η half the smallest
 // subnormal (2^-25 for f16, whose subnormals start below 6.1e-5, where

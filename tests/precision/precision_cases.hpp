@@ -273,6 +273,25 @@ inline double gamma32(double n) {
   return n * u32 / (1 - n * u32);
 }
 
+// Whether products of two f16 values run on the bf16x3 way here
+// (core/gemm.hpp: auto on a CPU whose oneDNN bf16 matmul runs on AMX).
+inline bool f16_products_bf16x3() { return f16_gemm_current().rfind("bf16x3", 0) == 0; }
+// The relative bound of a float32 sum of n products of two 16-bit values as
+// the library's projections compute it: γ_n (exact products, float32 sums,
+// any order); for f16 on the bf16x3 way, 3n exact products of the pieces,
+// whose sizes are at most (1 + 2^-7)² those of the values (|hi| + |lo| <=
+// (1 + 2^-7)|x|), plus the dropped Al·Bl, at most 2^-16 of the sizes. (The
+// bf16 matmul's flushed denormals add at most 3n·2^-126 in absolute terms,
+// far below every other term here.) A bound for sums the library runs
+// otherwise too, since it exceeds γ_n.
+template <class E>
+double product_gamma(double n) {
+  if constexpr (std::is_same_v<E, float16>) {
+    if (f16_products_bf16x3()) return gamma32(3 * n) * (1 + 0x1p-7) * (1 + 0x1p-7) + 0x1p-16;
+  }
+  return gamma32(n);
+}
+
 enum class Way { Fma, Pair };
 // The way the bf16 kernel runs now (auto, MULTIHEAD_BF16_DOT or forced).
 inline Way current_way() { return bf16_dot_current().rfind("dpbf16", 0) == 0 ? Way::Pair : Way::Fma; }
@@ -449,7 +468,7 @@ ForwardTrace forward_trace(const Problem& p, const std::vector<double>* keep = n
           value.v[i] += bias->v[static_cast<std::size_t>(r0 + e)];
           sums.v[i] += bias_abs.v[static_cast<std::size_t>(r0 + e)];
         }
-        error.v[i] = u * std::abs(value.v[i]) + gamma32(static_cast<double>(in + 1)) * sums.v[i];
+        error.v[i] = u * std::abs(value.v[i]) + product_gamma<E>(static_cast<double>(in + 1)) * sums.v[i];
       }
     return Traced{value, error};
   };
@@ -546,7 +565,7 @@ ForwardTrace forward_trace(const Problem& p, const std::vector<double>* keep = n
           sums += std::abs(t.O.value.v[at] * w);
           prop += std::abs(w) * t.O.error.v[at];
         }
-        const double ey = prop + gamma32(static_cast<double>(E_ + 1)) * sums + u * std::abs(y);
+        const double ey = prop + product_gamma<E>(static_cast<double>(E_ + 1)) * sums + u * std::abs(y);
         t.output_bound[t.caller(i, b, e, L, E_)] = 1.05 * ey;
         t.output_value[t.caller(i, b, e, L, E_)] = y;
       }

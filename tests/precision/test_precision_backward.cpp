@@ -203,7 +203,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
   for (int64_t l = 0; l < L; ++l)
     for (int64_t b = 0; b < B; ++b)
       for (int64_t k = 0; k < E_; ++k) {
-        Sum s;
+        Sum s = projection_sum<E>();
         for (int64_t e = 0; e < E_; ++e) s.add(dY.v[lbe(l, b, e)], 0, Wo.v[static_cast<std::size_t>(e * E_ + k)], 0);
         dC.value.v[lbe(l, b, k)] = s.value;
         dC.error.v[lbe(l, b, k)] = rounded(r, s.value, s.bound());
@@ -211,7 +211,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
   put("out_proj.weight", static_cast<std::size_t>(E_ * E_));
   for (int64_t e = 0; e < E_; ++e)
     for (int64_t k = 0; k < E_; ++k) {
-      Sum s;
+      Sum s = projection_sum<E>();
       for (int64_t l = 0; l < L; ++l)
         for (int64_t b = 0; b < B; ++b) s.add(dY.v[lbe(l, b, e)], 0, t.O.value.v[lbe(l, b, k)], t.O.error.v[lbe(l, b, k)]);
       set("out_proj.weight", static_cast<std::size_t>(e * E_ + k), s.value, rounded(r, s.value, s.bound()));
@@ -219,7 +219,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
   if (c.bias) {
     put("out_proj.bias", static_cast<std::size_t>(E_));
     for (int64_t e = 0; e < E_; ++e) {
-      Sum s;
+      Sum s = projection_sum<E>();
       for (int64_t l = 0; l < L; ++l)
         for (int64_t b = 0; b < B; ++b) s.add(dY.v[lbe(l, b, e)], 0, 1, 0);
       set("out_proj.bias", static_cast<std::size_t>(e), s.value, rounded(r, s.value, s.bound()));
@@ -288,7 +288,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
     for (int64_t l = 0; l < len; ++l)
       for (int64_t b = 0; b < B; ++b)
         for (int64_t col = 0; col < in; ++col) {
-          Sum s;
+          Sum s = projection_sum<E>();
           for (int64_t e = 0; e < E_; ++e)
             s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
                   dy.error.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
@@ -297,7 +297,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
         }
     for (int64_t e = 0; e < E_; ++e) {
       for (int64_t col = 0; col < in; ++col) {
-        Sum s;
+        Sum s = projection_sum<E>();
         for (int64_t l = 0; l < len; ++l)
           for (int64_t b = 0; b < B; ++b)
             s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
@@ -306,7 +306,7 @@ TracedGradients backward_bound(const BackwardProblem& bp, const ForwardTrace& t)
         set(wname, static_cast<std::size_t>((r0 + e) * in + col), s.value, rounded(r, s.value, s.bound()));
       }
       if (c.bias) {
-        Sum s;
+        Sum s = projection_sum<E>();
         for (int64_t l = 0; l < len; ++l)
           for (int64_t b = 0; b < B; ++b)
             s.add(dy.value.v[row(l, b) * static_cast<std::size_t>(E_) + static_cast<std::size_t>(e)],
