@@ -279,8 +279,10 @@ TEST(Linear, ColumnSumsAddRowsInOrder) {
 // same bits). The widened product is checked against its own bound
 // γ_{K+1}·Σ|a||b|. Where bf16x3 runs (oneDNN has a bf16 matmul here) it
 // must differ from the widened product somewhere (it ran), and an operand
-// holding an infinity, or a product of fewer than 16 rows, gives the
-// widened product's bits.
+// holding an infinity, or a product of fewer than 256 rows per call (gemm
+// on 8 rows), gives the widened product's bits. Shapes: 37 rows (widens),
+// 300 rows (gemm splits; gemm_blocked's 32-row blocks widen), 1024 × 300 ×
+// 256 (both split: 256-row blocks).
 TEST(Linear, F16ProductsOnABf16MatmulWithinTheirBound) {
   using detail::Trans;
   std::mt19937 rng(19);
@@ -298,7 +300,7 @@ TEST(Linear, F16ProductsOnABf16MatmulWithinTheirBound) {
   struct Shape {
     int64_t M, N, K;
   };
-  for (const Shape sh : {Shape{37, 50, 100}, Shape{300, 20, 513}, Shape{1000, 300, 200}, Shape{16, 16, 1}}) {
+  for (const Shape sh : {Shape{37, 50, 100}, Shape{300, 20, 513}, Shape{1024, 300, 256}, Shape{256, 16, 1}}) {
     for (const Trans ta : {Trans::No, Trans::Yes})
       for (const Trans tb : {Trans::No, Trans::Yes})
         for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 1.0f}}) {
@@ -354,10 +356,10 @@ TEST(Linear, F16ProductsOnABf16MatmulWithinTheirBound) {
     EXPECT_GT(differing, 0) << "bf16x3 runs here, yet gave the widened product's bits everywhere";
   }
   // An infinity in A, and a product of 8 rows: the widened product's bits.
-  for (const int64_t M : {int64_t{64}, int64_t{8}}) {
+  for (const int64_t M : {int64_t{300}, int64_t{8}}) {
     const int64_t N = 40, K = 24;
     std::vector<float16> A = f16_values(M * K), B = f16_values(K * N);
-    if (M == 64) A[5] = to_float16(std::numeric_limits<float>::infinity());
+    if (M == 300) A[5] = to_float16(std::numeric_limits<float>::infinity());
     std::vector<float> split(static_cast<std::size_t>(M * N)), split_blocked(split.size()), widened(split.size()),
         widened_blocked(split.size());
     detail::gemm(Trans::No, Trans::No, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, split.data(), N);
@@ -371,7 +373,7 @@ TEST(Linear, F16ProductsOnABf16MatmulWithinTheirBound) {
       ASSERT_TRUE(same(split[i], widened[i])) << "M " << M << " gemm at " << i;
       ASSERT_TRUE(same(split_blocked[i], widened_blocked[i])) << "M " << M << " gemm_blocked at " << i;
     }
-    if (M == 64) {
+    if (M == 300) {
       EXPECT_TRUE(std::isinf(split[0]) || std::isnan(split[0]));  // row 0 reads the infinity
     }
   }

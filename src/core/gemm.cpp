@@ -309,13 +309,38 @@ bool f16_products_split() {
 #endif
 }
 
-// Whether a product of this shape takes the bf16x3 way: the way is on, and
-// op(A) has at least kMinSplitSide rows and op(B) as many columns. Every
-// call splits every element of both operands, a pass over memory that a
-// product of a few rows (a decoding step's) or a few columns does not repay
-// with its few multiply-adds per element; those widen.
+// The blocks of a product on oneDNN's bf16 matmul: gemm_blocks' rows, or,
+// where it would cut columns, quarters of the rows instead. oneDNN 2.6's
+// brgemm matmul (AMX, vdpbf16ps) takes a block only when its rows of op(A)
+// and of C are dense (lda == K and ldc == N when not transposed); a column
+// block's C (ldc = N, cols < N) falls to its "gemm:jit" bf16 kernel,
+// measured (Intel Xeon with AMX, (1, 1024, 768, 12) bf16 forward, 2
+// threads): the in_projection's four 1024 × 576 column blocks took 2.3-10.8
+// ms each on gemm:jit, the out_projection's 256-row blocks 0.7-1.0 ms on
+// brg:avx512_core_amx_bf16. Row blocks re-pack op(B) each, which the
+// 16-bit matmul's rate repays.
+GemmBlocks gemm_blocks_16bit(int64_t M, int64_t N, int64_t K) {
+  const GemmBlocks b = gemm_blocks(M, N, K);
+  if (b.cols >= N) return b;
+  const int64_t quarter = std::max(kMinRowBlock, ((M + 3) / 4 + kMinRowBlock - 1) / kMinRowBlock * kMinRowBlock);
+  return {std::min(quarter, std::max<int64_t>(M, 1)), std::max<int64_t>(N, 1)};
+}
+
+// Whether a product takes the bf16x3 way: the way is on, op(B) has at
+// least kMinSplitSide columns, and each call (one block of
+// gemm_blocks_16bit's rows, or the whole product in gemm()) has at least
+// kMinSplitRows rows of op(A). Every call splits every element of both
+// operands, and oneDNN packs op(B)'s three pieces again for each call; a
+// call of few rows does not repay those copies with its multiply-adds.
+// Measured (Intel Xeon with AMX, 2 threads, median of 3 alternated rounds,
+// bench/bench_precision.py): the f16 forward (1, 128, 512, 8), whose
+// products ran as 32-row blocks, took 2.11 ms on bf16x3 against 1.20
+// widened; (8, 128, 512, 8), 256-row blocks, 8.5 against 9.2.
 constexpr int64_t kMinSplitSide = 16;
-bool split_pays(int64_t M, int64_t N) { return M >= kMinSplitSide && N >= kMinSplitSide && f16_products_split(); }
+constexpr int64_t kMinSplitRows = 256;
+bool split_pays(int64_t rows_per_call, int64_t N) {
+  return rows_per_call >= kMinSplitRows && N >= kMinSplitSide && f16_products_split();
+}
 
 }  // namespace
 
@@ -340,6 +365,18 @@ bool native_16bit_gemm() {
 }
 template bool native_16bit_gemm<bfloat16>();
 template bool native_16bit_gemm<float16>();
+
+template <class E>
+bool native_16bit_product(int64_t M, int64_t N, int64_t K) {
+  if constexpr (std::is_same_v<E, float16>) {
+    return split_pays(gemm_blocks_16bit(M, N, K).rows, N);
+  } else {
+    (void)M, (void)N, (void)K;
+    return native_16bit_gemm<E>();
+  }
+}
+template bool native_16bit_product<bfloat16>(int64_t, int64_t, int64_t);
+template bool native_16bit_product<float16>(int64_t, int64_t, int64_t);
 
 void gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const bfloat16* A, int64_t lda,
           const bfloat16* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -486,23 +523,6 @@ namespace {
 // 16-bit operands: oneDNN's 16-bit matmul per block where it has one; else
 // A and B widened once (all threads), then the float blocks, so no block
 // widens op(B) again.
-// The blocks of a product on oneDNN's bf16 matmul: gemm_blocks' rows, or,
-// where it would cut columns, quarters of the rows instead. oneDNN 2.6's
-// brgemm matmul (AMX, vdpbf16ps) takes a block only when its rows of op(A)
-// and of C are dense (lda == K and ldc == N when not transposed); a column
-// block's C (ldc = N, cols < N) falls to its "gemm:jit" bf16 kernel,
-// measured (Intel Xeon with AMX, (1, 1024, 768, 12) bf16 forward, 2
-// threads): the in_projection's four 1024 × 576 column blocks took 2.3-10.8
-// ms each on gemm:jit, the out_projection's 256-row blocks 0.7-1.0 ms on
-// brg:avx512_core_amx_bf16. Row blocks re-pack op(B) each, which the
-// 16-bit matmul's rate repays.
-GemmBlocks gemm_blocks_16bit(int64_t M, int64_t N, int64_t K) {
-  const GemmBlocks b = gemm_blocks(M, N, K);
-  if (b.cols >= N) return b;
-  const int64_t quarter = std::max(kMinRowBlock, ((M + 3) / 4 + kMinRowBlock - 1) / kMinRowBlock * kMinRowBlock);
-  return {std::min(quarter, std::max<int64_t>(M, 1)), std::max<int64_t>(N, 1)};
-}
-
 // f16 on the bf16x3 way: both operands split once (all threads), then the
 // bf16 blocks over the tripled K.
 template <class E>
@@ -510,7 +530,7 @@ void blocked_16bit(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, const E*
                    int64_t ldb, float beta, float* C, int64_t ldc, int threads, const BlockEpilogue& after_block) {
   if (M == 0 || N == 0) return;
   if constexpr (std::is_same_v<E, float16>) {
-    if (K > 0 && split_pays(M, N)) {
+    if (K > 0 && split_pays(gemm_blocks_16bit(M, N, K).rows, N)) {
       thread_local BasicThreadScratch<bfloat16> split_a, split_b;
       const SplitOperand a = split_operand(Operand::A, ta, M, K, A, lda, split_a, threads);
       const SplitOperand b = split_operand(Operand::B, tb, K, N, B, ldb, split_b, threads);

@@ -36,8 +36,9 @@
 //    vdpbf16ps runs at most twice the FMA's rate (AMD Zen 4/5, README
 //    "Precision"), so there the three products would be slower. Operands
 //    holding an infinity or NaN widen (hi + lo cannot carry one through
-//    three products), and so do products with fewer than 16 rows or
-//    columns (split_pays). MULTIHEAD_F16_GEMM=auto|widen|bf16x3 or
+//    three products), and so do calls of fewer than 256 rows or 16
+//    columns (split_pays: the splitting and oneDNN's packing of B per call
+//    would cost more than the products save). MULTIHEAD_F16_GEMM=auto|widen|bf16x3 or
 //    f16_gemm_force (multihead/runtime.hpp) chooses for the process.
 // Row-major:
 //   C (M×N) = alpha · op(A) (M×K) · op(B) (K×N) + beta · C
@@ -127,7 +128,7 @@ GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K);
 
 // Whether a product of 16-bit E (bfloat16, float16) runs natively here (a
 // 16-bit matmul: oneDNN's bf16 one, from AVX-512 on; for float16, the
-// bf16x3 way, on products of at least 16 rows and columns) rather than on
+// bf16x3 way, which skips products of few rows: native_16bit_product) rather than on
 // widened float copies of both operands (widened as stored, with the same
 // Trans flags and blocks as the float32 product). Where it does not, a caller
 // that already holds exact float32 copies of its operands (the 16-bit
@@ -136,6 +137,11 @@ GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K);
 // where it does not.)
 template <class E>
 bool native_16bit_gemm();
+// The same for one gemm_blocked product of this shape: for float16, whether
+// it takes the bf16x3 way (which skips products of few rows or columns,
+// gemm.cpp's split_pays); for bfloat16, native_16bit_gemm.
+template <class E>
+bool native_16bit_product(int64_t M, int64_t N, int64_t K);
 // MULTIHEAD_F16_GEMM's value, checked (check_environment).
 void check_f16_gemm_environment();
 // multihead/runtime.hpp's f16_gemm_force and f16_gemm_current.

@@ -268,7 +268,7 @@ template void linear_forward_widened<float16>(const LinearRows<float>&, const Li
 
 template <class E>
 bool narrow_linear_is_widened_gemm(const LinearWeight<E>& w, int64_t rows) {
-  return !native_16bit_gemm<E>() && !use_narrow_gemv(w, rows);
+  return !native_16bit_product<E>(rows, w.out, w.in) && !use_narrow_gemv(w, rows);
 }
 template bool narrow_linear_is_widened_gemm<bfloat16>(const LinearWeight<bfloat16>&, int64_t);
 template bool narrow_linear_is_widened_gemm<float16>(const LinearWeight<float16>&, int64_t);
