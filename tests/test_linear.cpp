@@ -228,6 +228,20 @@ TEST(Linear, BlockRule) {
   expect(1, 12288, 4096, 1, 3072);      // a decoding step: columns in quarters
   expect(32, 100, 1024, 32, 64);        // never under 64 columns
   expect(0, 1024, 1024, 1, 256);
+  // On oneDNN's bf16 matmul: row quarters where gemm_blocks cuts columns,
+  // except at most 32 rows (a decoding step keeps its column blocks).
+  const auto expect16 = [](int64_t M, int64_t N, int64_t K, int64_t rows, int64_t cols) {
+    const detail::GemmBlocks b = detail::gemm_blocks_16bit(M, N, K);
+    EXPECT_EQ(b.rows, rows) << "16-bit " << M << " x " << N << " x " << K;
+    EXPECT_EQ(b.cols, cols) << "16-bit " << M << " x " << N << " x " << K;
+  };
+  expect16(1024, 2304, 768, 256, 2304);  // a (1, 1024, 768, 12) in_projection
+  expect16(682, 3072, 1024, 192, 3072);  // ⌈682 / 4 / 32⌉ · 32
+  expect16(33, 1024, 1024, 32, 1024);
+  expect16(1, 12288, 4096, 1, 3072);     // a decoding step: columns, as gemm_blocks
+  expect16(32, 100, 1024, 32, 64);
+  expect16(4096, 256, 256, 1024, 256);   // gemm_blocks' own rows
+  expect16(10000, 64, 64, 32, 64);
 }
 
 // A decoding step's shape (one row block, column blocks) and a column

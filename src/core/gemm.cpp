@@ -309,6 +309,8 @@ bool f16_products_split() {
 #endif
 }
 
+}  // namespace
+
 // The blocks of a product on oneDNN's bf16 matmul: gemm_blocks' rows, or,
 // where it would cut columns, quarters of the rows instead. oneDNN 2.6's
 // brgemm matmul (AMX, vdpbf16ps) takes a block only when its rows of op(A)
@@ -318,13 +320,17 @@ bool f16_products_split() {
 // threads): the in_projection's four 1024 × 576 column blocks took 2.3-10.8
 // ms each on gemm:jit, the out_projection's 256-row blocks 0.7-1.0 ms on
 // brg:avx512_core_amx_bf16. Row blocks re-pack op(B) each, which the
-// 16-bit matmul's rate repays.
+// 16-bit matmul's rate repays. A product of at most kMinRowBlock rows (a
+// decoding step's) keeps its column blocks: as one row block it would run
+// on one thread, and a few rows read op(B) once whatever kernel runs.
 GemmBlocks gemm_blocks_16bit(int64_t M, int64_t N, int64_t K) {
   const GemmBlocks b = gemm_blocks(M, N, K);
-  if (b.cols >= N) return b;
+  if (b.cols >= N || M <= kMinRowBlock) return b;
   const int64_t quarter = std::max(kMinRowBlock, ((M + 3) / 4 + kMinRowBlock - 1) / kMinRowBlock * kMinRowBlock);
   return {std::min(quarter, std::max<int64_t>(M, 1)), std::max<int64_t>(N, 1)};
 }
+
+namespace {
 
 // Whether a product takes the bf16x3 way: the way is on, op(B) has at
 // least kMinSplitSide columns, and each call (one block of

@@ -125,6 +125,12 @@ struct GemmBlocks {
   int64_t rows, cols;
 };
 GemmBlocks gemm_blocks(int64_t M, int64_t N, int64_t K);
+// The blocks of a product on oneDNN's bf16 matmul (bf16, f16's bf16x3):
+// gemm_blocks', except that a product of more than kMinRowBlock rows which
+// gemm_blocks would cut into columns is cut into quarters of its rows: the
+// brgemm matmul (AMX, vdpbf16ps) of oneDNN 2.6 takes only dense rows of C
+// (gemm.cpp says what a column block cost).
+GemmBlocks gemm_blocks_16bit(int64_t M, int64_t N, int64_t K);
 
 // Whether a product of 16-bit E (bfloat16, float16) runs natively here (a
 // 16-bit matmul: oneDNN's bf16 one, from AVX-512 on; for float16, the
