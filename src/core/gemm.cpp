@@ -214,27 +214,9 @@ bool onednn_bf16_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float
   }
 }
 
-// Whether oneDNN has a bf16 matmul on this CPU (asked once, with a 2×2×2
-// descriptor): from AVX-512 on, not below.
-bool onednn_has_bf16_matmul() {
-  static const bool has = [] {
-    using dnnl::memory;
-    try {
-      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-      const memory::desc a_md({2, 2}, memory::data_type::bf16, memory::dims{2, 1});
-      const memory::desc c_md({2, 2}, memory::data_type::f32, memory::dims{2, 1});
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, a_md, c_md), engine);
-      return true;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
-  return has;
-}
-
 // oneDNN's implementation of a bf16 matmul of a projection's size (256 ×
 // 256 × 256), e.g. "brg:avx512_core_amx_bf16"; "" where it has none.
-std::string onednn_bf16_matmul_impl() {
+const std::string& onednn_bf16_matmul_impl() {
   static const std::string impl = [] {
     using dnnl::memory;
     try {
@@ -249,6 +231,9 @@ std::string onednn_bf16_matmul_impl() {
   }();
   return impl;
 }
+
+// Whether oneDNN has a bf16 matmul on this CPU: from AVX-512 on, not below.
+bool onednn_has_bf16_matmul() { return !onednn_bf16_matmul_impl().empty(); }
 #endif
 
 enum class F16Products { Auto, Widen, Bf16x3 };
@@ -276,38 +261,28 @@ F16Products f16_products_setting() {
   return forced != F16Products::Auto ? forced : env_f16_products();
 }
 
-// The f16 product's way now, and why (f16_gemm_current's line).
+// The f16 product's way now, and why: the one rule, read by every product
+// (f16_products_split) and spelled out by f16_gemm_current.
+enum class F16Why { NoMatmul, ForcedWithoutMatmul, Forced, Amx, NotAmx, NoOneDnn };
 struct F16Choice {
   bool bf16x3;
-  std::string why;
+  F16Why why;
 };
 F16Choice f16_choice() {
   const F16Products setting = f16_products_setting();
 #if MULTIHEAD_WITH_ONEDNN
-  const std::string impl = onednn_bf16_matmul_impl();
-  if (impl.empty())
-    return {false, setting == F16Products::Bf16x3 ? "bf16x3 forced, but oneDNN has no bf16 matmul on this CPU"
-                                                   : "oneDNN has no bf16 matmul on this CPU"};
-  if (setting == F16Products::Bf16x3) return {true, "forced; oneDNN's bf16 matmul: " + impl};
-  if (setting == F16Products::Widen) return {false, "forced"};
-  if (impl.find("amx") != std::string::npos) return {true, "auto: oneDNN's bf16 matmul runs on AMX (" + impl + ")"};
-  return {false, "auto: oneDNN's bf16 matmul is " + impl + ", not AMX"};
+  if (!onednn_has_bf16_matmul())
+    return {false, setting == F16Products::Bf16x3 ? F16Why::ForcedWithoutMatmul : F16Why::NoMatmul};
+  if (setting != F16Products::Auto) return {setting == F16Products::Bf16x3, F16Why::Forced};
+  const bool amx = onednn_bf16_matmul_impl().find("amx") != std::string::npos;
+  return {amx, amx ? F16Why::Amx : F16Why::NotAmx};
 #else
   (void)setting;
-  return {false, "built without oneDNN"};
+  return {false, F16Why::NoOneDnn};
 #endif
 }
 
-bool f16_products_split() {
-  if (f16_products_setting() == F16Products::Widen) return false;
-#if MULTIHEAD_WITH_ONEDNN
-  if (onednn_bf16_matmul_impl().empty()) return false;
-  return f16_products_setting() == F16Products::Bf16x3 ||
-         onednn_bf16_matmul_impl().find("amx") != std::string::npos;
-#else
-  return false;
-#endif
-}
+bool f16_products_split() { return f16_choice().bf16x3; }
 
 }  // namespace
 
@@ -358,7 +333,21 @@ void f16_gemm_force(const std::string& name) {
 
 std::string f16_gemm_current() {
   const F16Choice c = f16_choice();
-  return std::string(c.bf16x3 ? "bf16x3" : "widen") + " (" + c.why + ")";
+  std::string why;
+#if MULTIHEAD_WITH_ONEDNN
+  const std::string impl = onednn_bf16_matmul_impl();
+#else
+  const std::string impl;
+#endif
+  switch (c.why) {
+    case F16Why::NoMatmul: why = "oneDNN has no bf16 matmul on this CPU"; break;
+    case F16Why::ForcedWithoutMatmul: why = "bf16x3 forced, but oneDNN has no bf16 matmul on this CPU"; break;
+    case F16Why::Forced: why = c.bf16x3 ? "forced; oneDNN's bf16 matmul: " + impl : "forced"; break;
+    case F16Why::Amx: why = "auto: oneDNN's bf16 matmul runs on AMX (" + impl + ")"; break;
+    case F16Why::NotAmx: why = "auto: oneDNN's bf16 matmul is " + impl + ", not AMX"; break;
+    case F16Why::NoOneDnn: why = "built without oneDNN"; break;
+  }
+  return std::string(c.bf16x3 ? "bf16x3" : "widen") + " (" + why + ")";
 }
 
 template <class E>
