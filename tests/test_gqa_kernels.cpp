@@ -28,6 +28,7 @@
 
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
+#include "multihead/runtime.hpp"
 #include "simd/decode_compressed.hpp"
 #include "simd/narrow_types.hpp"
 #include "simd/targets.hpp"
@@ -131,15 +132,19 @@ std::string param_name(const Param& p) {
 }
 void PrintTo(const Param& p, std::ostream* os) { *os << param_name(p); }
 
-// bf16_dot_force(name) for a scope ("" leaves the setting as it is); the
-// setting before it is restored on the way out, an exception's too.
+// bf16_dot_force(name) for a scope ("" leaves the setting as it is), with
+// the flash kernel forced for bf16 (narrow_attention_force); the setting
+// before it is restored on the way out, an exception's too.
 class ScopedBf16Dot {
  public:
   explicit ScopedBf16Dot(const std::string& name) : before_(detail::bf16_dot_setting()), forced_(!name.empty()) {
-    if (forced_) detail::bf16_dot_force(name);
+    if (!forced_) return;
+    detail::bf16_dot_force(name);
+    narrow_attention_force("flash");  // the flash kernel's way, not the matmul way's
   }
   ~ScopedBf16Dot() {
     if (!forced_) return;
+    narrow_attention_force("");
     switch (before_) {
       case detail::Bf16Dot::Fma: detail::bf16_dot_force("fma"); break;
       case detail::Bf16Dot::Dpbf16: detail::bf16_dot_force("dpbf16"); break;

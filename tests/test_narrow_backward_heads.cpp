@@ -25,6 +25,7 @@
 #include "multihead/error.hpp"
 #include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "simd/targets.hpp"
 #include "test_util.hpp"
 
@@ -141,6 +142,7 @@ TEST(NarrowBackward, Bf16OperandsGiveTheCopiesBits) {
       {"cross_bias_kv_zero_attn_odd_S", 40, 4, 2, 19, 33, 0, 0, false, false, true, true, true, true},
       {"odd_head_width_batch_first", 30, 2, 2, 21, 21, 0, 0, true, true, false, false},
   };
+  narrow_attention_force("flash");  // the flash kernel's bf16 ways
   detail::bf16_dot_force("dpbf16");  // the pair way, natively or emulated
   for (const Case& c : cases) {
     const auto m = module_for<bfloat16>(c);
@@ -151,6 +153,7 @@ TEST(NarrowBackward, Bf16OperandsGiveTheCopiesBits) {
     expect_same_gradients(c, step(m, c, "views", "auto"), in_place, std::string(c.name) + " views in place");
   }
   detail::bf16_dot_force("");
+  narrow_attention_force("");
   // A bad value of the switch is named, on any bf16 backward.
   const auto m = module_for<bfloat16>(cases[2]);
   try {
@@ -183,6 +186,7 @@ TEST(NarrowBackward, GqaBf16OperandsGiveTheCopiesBits) {
       {"groups4_odd_D_not_causal", 40, 8, 2, 5, 2, 29, true, false, false, false, 0, false, 0.0f},
       {"window_alibi_softcap", 32, 4, 4, 8, 2, 45, false, true, false, false, 9, true, 30.0f},
   };
+  narrow_attention_force("flash");  // the flash kernel's bf16 ways
   detail::bf16_dot_force("dpbf16");  // the pair way, natively or emulated
   for (const GqaCase& c : cases) {
     GroupedQueryAttentionConfig config;
@@ -224,6 +228,7 @@ TEST(NarrowBackward, GqaBf16OperandsGiveTheCopiesBits) {
     EXPECT_GT(norm, 0.0) << label;
   }
   detail::bf16_dot_force("");
+  narrow_attention_force("");
 }
 
 }  // namespace

@@ -27,6 +27,7 @@
 #include "multihead/attention.hpp"
 #include "multihead/narrow_grouped_query_attention.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
+#include "multihead/runtime.hpp"
 #include "simd/targets.hpp"
 #include "test_util.hpp"
 
@@ -252,6 +253,7 @@ void expect_widen_once_matches_tile_way(const std::string& target) {
 }
 
 TEST(NarrowRows, FlashWidenOnceMatchesTileWay) {
+  narrow_attention_force("flash");  // the flash kernel's bf16 ways
   bf16_dot_force("fma");
   for (const std::string& target : simd_targets_available()) {
     simd_target_force(target);
@@ -260,6 +262,7 @@ TEST(NarrowRows, FlashWidenOnceMatchesTileWay) {
   }
   simd_target_force("");
   bf16_dot_force("");
+  narrow_attention_force("");
   flash_narrow_widen_once(true);
 }
 
@@ -302,6 +305,7 @@ void expect_pairs_once_match_tile_way(const std::string& target) {
 }
 
 TEST(NarrowRows, FlashPairsOnceMatchTileWay) {
+  narrow_attention_force("flash");  // the flash kernel's bf16 ways
   bf16_dot_force("dpbf16");
   for (const std::string& target : simd_targets_available()) {
     simd_target_force(target);
@@ -309,6 +313,7 @@ TEST(NarrowRows, FlashPairsOnceMatchTileWay) {
   }
   simd_target_force("");
   bf16_dot_force("");
+  narrow_attention_force("");
   flash_narrow_widen_once(true);
 }
 

@@ -1206,6 +1206,14 @@ PYBIND11_MODULE(_multihead, m) {
         "where oneDNN's bf16 matmul runs on AMX (docs/precision.md, 'f16 products on a bf16 matmul').");
   m.def("f16_gemm_current", &multihead::f16_gemm_current,
         "f16_gemm_current() -> str\n\nThe way f16 products run now, and why.");
+  m.def("narrow_attention_force", &multihead::narrow_attention_force, "way"_a,
+        "narrow_attention_force(way)\n\nHow a bf16 attention forward computes QK^T and PV for every later call:\n"
+        "'flash' (the flash kernel) or 'matmul' (blocks of query rows, the two products on oneDNN's bf16\n"
+        "matmul, the weights rounded to bf16 for PV); '' or 'auto' lifts the force: auto is matmul for calls\n"
+        "of at least 64 query rows where oneDNN's bf16 matmul runs on AMX (docs/precision.md,\n"
+        "'bf16 attention on a bf16 matmul').");
+  m.def("narrow_attention_current", &multihead::narrow_attention_current,
+        "narrow_attention_current() -> str\n\nThe way bf16 attention runs now, and why.");
   m.def(
       "kernel_force", [](const std::string& name) { multihead::kernel_force(parse_attention_kernel(name)); },
       "name"_a,

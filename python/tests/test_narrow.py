@@ -149,8 +149,11 @@ def softmax_rows(s):
 
 
 def pair_way(dtype):
-    """Whether the bf16 flash kernel runs its pair way now (bf16_dot_current)."""
-    return dtype == "bfloat16" and multihead.bf16_dot_current().startswith("dpbf16")
+    """Whether bf16 attention may round P to bf16 before PV now: the flash kernel's pair way
+    (bf16_dot_current), or the matmul way (narrow_attention_current: forced, or auto on AMX for
+    calls of at least 64 query rows), whose weights round the same way."""
+    return dtype == "bfloat16" and (multihead.bf16_dot_current().startswith("dpbf16")
+                                    or multihead.narrow_attention_current().startswith("matmul"))
 
 
 def attention_with_bound(q, k, v, eq, ek, ev, u, causal, scale, pair_way=False):
@@ -255,6 +258,29 @@ def test_mha_forward_within_the_derived_bound(dtype, case):
         t_err = np.abs(t_out.double().numpy() - ref)
         rms = lambda e: math.sqrt(float(np.mean(e ** 2)))  # noqa: E731
         assert rms(err) <= 1.5 * rms(t_err), (rms(err), rms(t_err))
+
+
+def test_narrow_attention_switch_and_the_matmul_way():
+    """narrow_attention_force chooses the way narrow_attention_current reports; the matmul way,
+    forced (on every CPU), stays within the pair way's bound across its blocks of 256 query rows
+    and chunks of 512 keys, causal or not; a bad name is a ValueError naming the accepted ones."""
+    try:
+        multihead.narrow_attention_force("flash")
+        assert multihead.narrow_attention_current() == "flash (forced)"
+        multihead.narrow_attention_force("matmul")
+        assert multihead.narrow_attention_current().startswith("matmul (forced")
+        assert pair_way("bfloat16")
+        rng = np.random.default_rng(5)
+        for shape, causal in (((2, 600, 16), True), ((1, 300, 8), False)):
+            q, k, v = (rng.standard_normal(shape).astype(np.float32) * 2 for _ in range(3))
+            out = multihead.scaled_dot_product_attention(q, k, v, is_causal=causal, dtype="bfloat16")
+            ref, eo = sdpa_bound(*(rounded(t, "bfloat16") for t in (q, k, v)), "bfloat16", causal)
+            err = np.abs(out - ref)
+            assert np.all(err <= 1.05 * eo), (err / eo).max()
+        with pytest.raises(ValueError, match="expected auto, flash or matmul, got 'amx'"):
+            multihead.narrow_attention_force("amx")
+    finally:
+        multihead.narrow_attention_force("")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

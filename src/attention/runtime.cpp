@@ -12,6 +12,7 @@
 #include "core/gemm.hpp"
 #include "core/linear.hpp"
 #include "kernels/kernel_force.hpp"
+#include "kernels/narrow_matmul.hpp"
 #include "multihead/error.hpp"
 #include "simd/flash_attention.hpp"
 #include "simd/targets.hpp"
@@ -25,6 +26,7 @@ void check_fits_in_memory(const std::string& name, const std::string& what, doub
 void check_environment() {
   detail::check_simd_environment();
   detail::check_f16_gemm_environment();
+  detail::check_narrow_attention_environment();
   detail::check_kernel_environment();
   detail::check_narrow_gemv_environment();
   detail::check_fused_paths_environment();
@@ -52,6 +54,8 @@ void simd_target_force(const std::string& name) { detail::simd_target_force(name
 void bf16_dot_force(const std::string& way) { detail::bf16_dot_force(way); }
 void f16_gemm_force(const std::string& way) { detail::f16_gemm_force(way); }
 std::string f16_gemm_current() { return detail::f16_gemm_current(); }
+void narrow_attention_force(const std::string& way) { detail::narrow_attention_force(way); }
+std::string narrow_attention_current() { return detail::narrow_attention_current(); }
 std::string bf16_dot_current() {
   const int64_t target = detail::simd_target_bit();
   const detail::Bf16DotChoice c = detail::bf16_dot_choice(target);

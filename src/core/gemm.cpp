@@ -274,7 +274,7 @@ F16Choice f16_choice() {
   if (!onednn_has_bf16_matmul())
     return {false, setting == F16Products::Bf16x3 ? F16Why::ForcedWithoutMatmul : F16Why::NoMatmul};
   if (setting != F16Products::Auto) return {setting == F16Products::Bf16x3, F16Why::Forced};
-  const bool amx = onednn_bf16_matmul_impl().find("amx") != std::string::npos;
+  const bool amx = bf16_matmul_on_amx();
   return {amx, amx ? F16Why::Amx : F16Why::NotAmx};
 #else
   (void)setting;
@@ -325,6 +325,19 @@ bool split_pays(int64_t rows_per_call, int64_t N) {
 
 }  // namespace
 
+std::string bf16_matmul_implementation() {
+#if MULTIHEAD_WITH_ONEDNN
+  return onednn_bf16_matmul_impl();
+#else
+  return std::string();
+#endif
+}
+
+bool bf16_matmul_on_amx() {
+  static const bool amx = bf16_matmul_implementation().find("amx") != std::string::npos;
+  return amx;
+}
+
 void check_f16_gemm_environment() { (void)env_f16_products(); }
 
 void f16_gemm_force(const std::string& name) {
@@ -334,11 +347,7 @@ void f16_gemm_force(const std::string& name) {
 std::string f16_gemm_current() {
   const F16Choice c = f16_choice();
   std::string why;
-#if MULTIHEAD_WITH_ONEDNN
-  const std::string impl = onednn_bf16_matmul_impl();
-#else
-  const std::string impl;
-#endif
+  const std::string impl = bf16_matmul_implementation();
   switch (c.why) {
     case F16Why::NoMatmul: why = "oneDNN has no bf16 matmul on this CPU"; break;
     case F16Why::ForcedWithoutMatmul: why = "bf16x3 forced, but oneDNN has no bf16 matmul on this CPU"; break;

@@ -148,6 +148,14 @@ bool native_16bit_gemm();
 // gemm.cpp's split_pays); for bfloat16, native_16bit_gemm.
 template <class E>
 bool native_16bit_product(int64_t M, int64_t N, int64_t K);
+// oneDNN's implementation of a bf16 matmul of a projection's size on this
+// CPU (e.g. "brg:avx512_core_amx_bf16"), "" where it has none (below
+// AVX-512, or a build without oneDNN); and whether that is AMX (tile
+// products at several times the float32 FMA's rate): the rule that
+// chooses the 16-bit ways which pay only there (f16's bf16x3 products, the
+// 16-bit attention's matmul way, kernels/narrow_matmul.hpp).
+std::string bf16_matmul_implementation();
+bool bf16_matmul_on_amx();
 // MULTIHEAD_F16_GEMM's value, checked (check_environment).
 void check_f16_gemm_environment();
 // multihead/runtime.hpp's f16_gemm_force and f16_gemm_current.

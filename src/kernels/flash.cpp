@@ -35,6 +35,7 @@
 #include "core/parallel.hpp"
 #include "core/thread_scratch.hpp"
 #include "kernels/kernel.hpp"
+#include "kernels/narrow_matmul.hpp"
 #include "multihead/error.hpp"
 #include "simd/bf16_pairs.hpp"
 #include "simd/flash_attention.hpp"
@@ -267,6 +268,9 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
   const std::optional<AttentionArgs<float>> grouped = grouped_decode_args(args_in);
   const AttentionArgs<float>& args = grouped ? *grouped : args_in;
   const ComputeDtype dtype = args.narrow.dtype;
+  // A prompt's bf16 attention on oneDNN's bf16 matmul where that is AMX
+  // (kernels/narrow_matmul.hpp); this kernel is its reference.
+  if (narrow_matmul_serves(args)) return attention_forward_narrow_matmul(args);
   if (dtype != ComputeDtype::F32 && narrow_widen_once_enabled().load()) {
     const int64_t target = simd_target_bit();
     const bool tile_widening = dtype == ComputeDtype::F16 || !bf16_dot_choice(target).dpbf16;

@@ -18,77 +18,10 @@
 #include "core/gemm.hpp"
 #include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
+#include "kernels/score_rows.hpp"
 #include "multihead/tensor.hpp"
-#include "simd/softmax_row.hpp"
-#include "simd/targets.hpp"
 
 namespace multihead::detail {
-namespace {
-
-// The work of one score element of a softmax row, in multiply-adds for
-// parallel_items' grain: the score rule, an exp (about 8) and the scaling.
-constexpr int64_t kRowElementCost = 12;
-
-// row[j] = exp(row[j] - row_max) in place; returns Σ_j row[j].
-template <class T>
-using ExpRow = T (*)(T* row, std::size_t count, T row_max);
-
-template <class T>
-T exp_row_scalar(T* row, std::size_t count, T row_max) {
-  T sum = 0;
-  for (std::size_t j = 0; j < count; ++j) {
-    row[j] = std::exp(row[j] - row_max);
-    sum += row[j];
-  }
-  return sum;
-}
-
-// float: the SIMD softmax row of the current target (src/simd/softmax_row.hpp;
-// <= 2 ulp, -inf gives 0); double: std::exp.
-template <class T>
-ExpRow<T> exp_row_for_current_target() {
-  if constexpr (std::is_same_v<T, float>) {
-    return softmax_exp_row_for(simd_target_bit());
-  } else {
-    return exp_row_scalar<T>;
-  }
-}
-
-// In place on one row of scaled scores: the score rule, then softmax, then
-// dropout (all three from score_rule.hpp). When a.lse, stores the row's
-// log-sum-exp lse[n][i] = max + log Σ_j exp(s_j − max) (−inf for a fully
-// masked row), what the backward pass recomputes p from.
-template <class T>
-void score_softmax_dropout_row(const AttentionArgs<T>& a, int64_t n, int64_t i, T* row, ExpRow<T> exp_row) {
-  const int64_t S = a.kv_len;
-  const T neg_inf = -std::numeric_limits<T>::infinity();
-  const SliceModifiers<T> mods = slice_modifiers(a.modifiers, n, a.heads, a.q_len, S);
-  T row_max = neg_inf;
-  bool all_masked = true;
-  for (int64_t j = 0; j < S; ++j) {
-    const T s = modified_score(mods, S, i, j, row[j]);
-    row[j] = s;
-    row_max = s > row_max ? s : row_max;
-    all_masked = all_masked && s == neg_inf;
-  }
-  if (all_masked) {
-    const T fill = masked_row_fill<T>(a.masked_rows);
-    for (int64_t j = 0; j < S; ++j) row[j] = fill;
-    if (a.lse) a.lse[n * a.q_len + i] = neg_inf;
-    return;
-  }
-  const T sum = exp_row(row, static_cast<std::size_t>(S), row_max);
-  if (a.lse) a.lse[n * a.q_len + i] = row_max + std::log(sum);
-  const T inv_sum = T(1) / sum;
-  if (a.dropout.p > 0.0) {
-    const T keep_scale = inv_sum / static_cast<T>(1.0 - a.dropout.p);
-    for (int64_t j = 0; j < S; ++j) row[j] = dropout_weight(a.dropout, n, i, j, row[j], keep_scale);
-  } else {
-    for (int64_t j = 0; j < S; ++j) row[j] *= inv_sum;
-  }
-}
-
-}  // namespace
 
 template <class T>
 void attention_forward_materialized(const AttentionArgs<T>& a) {
@@ -120,8 +53,9 @@ void attention_forward_materialized(const AttentionArgs<T>& a) {
     gemm(Trans::No, Trans::Yes, L, S, D, a.scale, slice_start(a.q, ql, n, a.heads), ql.row,
          kv_slice_start(a.k, kl, n, a.heads, Hkv), kl.row, T(0), scores, S);
     // Rows are independent: one thread writes each row.
+    const SliceModifiers<T> mods = slice_modifiers(a.modifiers, n, a.heads, L, S);
     parallel_items(L, requested_threads(a.num_threads), kRowElementCost * S,
-                   [&](int64_t i) { score_softmax_dropout_row(a, n, i, scores + i * S, exp_row); });
+                   [&](int64_t i) { score_softmax_dropout_row(a, mods, n, i, scores + i * S, S, exp_row); });
     // out = P V   (L×S)·(S×Dv)
     gemm(Trans::No, Trans::No, L, Dv, S, T(1), scores, S, kv_slice_start(a.v, vl, n, a.heads, Hkv), vl.row,
          T(0), slice_start(a.out, ol, n, a.heads), ol.row);

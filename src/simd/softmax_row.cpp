@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "simd/softmax_row.hpp"
 #include "simd/targets.hpp"
@@ -49,6 +50,20 @@ float ExpRowF32(float* row, size_t count, float row_max) {
   return hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
+// The largest of row[0, count): what the scalar rule `m = s > m ? s : m`
+// from -inf gives, NaNs aside (a row holding a NaN is NaN whatever its
+// maximum: exp(NaN - m) and exp(s - NaN) are NaN). -inf for count 0.
+float RowMaxF32(const float* row, size_t count) {
+  const DF32 df;
+  const size_t lanes = hn::Lanes(df);
+  VF32 m = hn::Set(df, -std::numeric_limits<float>::infinity());
+  size_t j = 0;
+  for (; j + lanes <= count; j += lanes) m = hn::Max(m, hn::LoadU(df, row + j));
+  float best = hn::GetLane(hn::MaxOfLanes(df, m));
+  for (; j < count; ++j) best = row[j] > best ? row[j] : best;
+  return best;
+}
+
 void Exp2NonPositiveArrayF32(const float* in, float* out, size_t count) {
   const DF32 df;
   const size_t lanes = hn::Lanes(df);
@@ -75,6 +90,7 @@ HWY_AFTER_NAMESPACE();
 namespace multihead::detail {
 
 HWY_EXPORT(ExpRowF32);
+HWY_EXPORT(RowMaxF32);
 HWY_EXPORT(Exp2NonPositiveArrayF32);
 HWY_EXPORT(SoftmaxRowTarget);
 
@@ -85,6 +101,8 @@ std::size_t index_of(int64_t target_bit) {
 }  // namespace
 
 ExpRowF32Fn softmax_exp_row_for(int64_t target_bit) { return HWY_DISPATCH_TABLE(ExpRowF32)[index_of(target_bit)]; }
+
+RowMaxF32Fn softmax_row_max_for(int64_t target_bit) { return HWY_DISPATCH_TABLE(RowMaxF32)[index_of(target_bit)]; }
 
 void exp2_nonpositive_for_test(int64_t target_bit, const float* in, float* out, std::size_t count) {
   HWY_DISPATCH_TABLE(Exp2NonPositiveArrayF32)[index_of(target_bit)](in, out, count);

@@ -13,9 +13,14 @@ namespace multihead::detail {
 // be finite and >= every row[j]; -inf gives exactly 0. <= 2 ulp.
 using ExpRowF32Fn = float (*)(float* row, std::size_t count, float row_max);
 
-// The function compiled for Highway target `target_bit` (targets.hpp);
-// throws multihead::Error if it was not compiled in.
+// The largest of row[0, count) (-inf for an empty row); a NaN may or may
+// not be it (a row with a NaN is NaN after the exp either way).
+using RowMaxF32Fn = float (*)(const float* row, std::size_t count);
+
+// The functions compiled for Highway target `target_bit` (targets.hpp);
+// throw multihead::Error if it was not compiled in.
 ExpRowF32Fn softmax_exp_row_for(int64_t target_bit);
+RowMaxF32Fn softmax_row_max_for(int64_t target_bit);
 
 // The vectorised 2^x for x <= 0 (exported for its unit test):
 // out[i] = 2^in[i], with in[i] = -inf giving exactly 0.

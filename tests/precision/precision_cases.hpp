@@ -293,8 +293,17 @@ double product_gamma(double n) {
 }
 
 enum class Way { Fma, Pair };
-// The way the bf16 kernel runs now (auto, MULTIHEAD_BF16_DOT or forced).
-inline Way current_way() { return bf16_dot_current().rfind("dpbf16", 0) == 0 ? Way::Pair : Way::Fma; }
+// Whether bf16 attention may run on the matmul way now
+// (narrow_attention_current: forced, or auto on AMX for calls of at least
+// 64 query rows). Its weights are rounded to bf16 before PV, as the pair
+// way's are, with the same flushes (src/kernels/narrow_matmul.cpp): the
+// pair way's terms bound it.
+inline bool matmul_way_possible() { return narrow_attention_current().rfind("matmul", 0) == 0; }
+// The way the bf16 kernel runs now (auto, MULTIHEAD_BF16_DOT or forced),
+// for the bound: Pair where the pair way or the matmul way may run.
+inline Way current_way() {
+  return bf16_dot_current().rfind("dpbf16", 0) == 0 || matmul_way_possible() ? Way::Pair : Way::Fma;
+}
 // The way a forward in E runs now: float16 has one way.
 template <class E>
 Way current_way_of() {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 namespace multihead {
 namespace {
@@ -168,6 +169,7 @@ TEST(PrecisionDispatch, EveryTargetWithinBoundOfTheBest) {
 // forced way. The switch is lifted after.
 TEST(PrecisionBf16Dot, BothWaysWithinTheirBoundOfTheOracle) {
   for (const char* way : {"fma", "dpbf16"}) {
+    narrow_attention_force("flash");  // the flash kernel's bf16 ways
     bf16_dot_force(way);
     EXPECT_EQ(bf16_dot_current().rfind(way, 0), 0u) << bf16_dot_current();
     for (int i = 0; i < kCaseCount; i += 4) {
@@ -179,6 +181,7 @@ TEST(PrecisionBf16Dot, BothWaysWithinTheirBoundOfTheOracle) {
     }
   }
   bf16_dot_force("");
+  narrow_attention_force("");
 }
 
 // The pair way on every SIMD target (vdpbf16ps on the best one where this
@@ -195,8 +198,10 @@ TEST(PrecisionBf16Dot, PairWayOnEveryTargetWithinBoundOfTheBest) {
     std::vector<double> bound = error_bound<bfloat16>(p, Way::Pair);
     for (double& b : bound) b *= 2;
     simd_target_force(targets.front());
+    narrow_attention_force("flash");  // the flash kernel's bf16 ways
     bf16_dot_force("fma");
     const std::vector<double> fma = widened(run_library<bfloat16>(p));
+    narrow_attention_force("flash");  // the flash kernel's bf16 ways
     bf16_dot_force("dpbf16");
     const std::vector<double> best = widened(run_library<bfloat16>(p));
     ways_differ = ways_differ || fma != best;
@@ -209,6 +214,7 @@ TEST(PrecisionBf16Dot, PairWayOnEveryTargetWithinBoundOfTheBest) {
     simd_target_force("");
   }
   bf16_dot_force("");
+  narrow_attention_force("");
   EXPECT_TRUE(ways_differ) << "fma and dpbf16 gave identical outputs on every case";
 }
 
@@ -245,6 +251,7 @@ TEST(PrecisionBf16Dot, AutoIsTheCpuRuleAndMeasureIsOptIn) {
   const bool native = has_bf16 && (target == "AVX3" || target == "AVX3_DL");
   const bool want = native && vendor == "AuthenticAMD";
   bf16_dot_force("");
+  narrow_attention_force("");
   const std::string first = bf16_dot_current();
   EXPECT_EQ(first.rfind(want ? "dpbf16 (auto" : "fma (auto", 0), 0u)
       << first << " (vendor " << vendor << ", avx512_bf16 " << has_bf16 << ", target " << target << ")";
@@ -256,6 +263,7 @@ TEST(PrecisionBf16Dot, AutoIsTheCpuRuleAndMeasureIsOptIn) {
     EXPECT_NE(measured.find("measured at"), std::string::npos) << measured;
   }
   bf16_dot_force("");
+  narrow_attention_force("");
 }
 
 // The 16-bit scaled_dot_product_attention against a float64 softmax, with
@@ -280,7 +288,10 @@ void check_sdpa(int64_t N, int64_t L, int64_t S, int64_t D, bool causal) {
   for (int64_t i = 0; i < k.numel(); ++i) Ak = std::max(Ak, std::abs(double{to_float(k[i])}));
   for (int64_t i = 0; i < v.numel(); ++i) Av = std::max(Av, std::abs(double{to_float(v[i])}));
   const double es = gamma32(static_cast<double>(D + 2)) * scale * static_cast<double>(D) * Aq * Ak;
-  const double bound = 1.01 * (Av * (std::expm1(2 * es) + gamma32(static_cast<double>(2 * S + 8))) + u * Av);
+  // The pair way and the matmul way round P to bf16 before PV: u·Σ p|v|
+  // <= u·Av more (precision_cases.hpp, SliceTrace::pair_way).
+  const double pair = current_way_of<E>() == Way::Pair ? u * Av + std::ldexp(Av * static_cast<double>(S), -126) : 0.0;
+  const double bound = 1.01 * (Av * (std::expm1(2 * es) + gamma32(static_cast<double>(2 * S + 8))) + u * Av + pair);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t i = 0; i < L; ++i) {
       const int64_t keys = causal ? std::min(S, i + 1) : S;
@@ -455,6 +466,92 @@ TEST(PrecisionSdpa, BF16_N3_L70_S130_D16) { check_sdpa<bfloat16>(3, 70, 130, 16,
 TEST(PrecisionSdpa, BF16_N2_L65_S65_D7_causal) { check_sdpa<bfloat16>(2, 65, 65, 7, true); }
 TEST(PrecisionSdpa, F16_N3_L70_S130_D16) { check_sdpa<float16>(3, 70, 130, 16, false); }
 TEST(PrecisionSdpa, F16_N2_L1_S300_D64_causal) { check_sdpa<float16>(2, 1, 300, 64, true); }
+
+// ---- bf16 attention on a bf16 matmul (src/kernels/narrow_matmul.hpp) ---------
+
+// The matmul way forced (narrow_attention_force("matmul"): on every CPU;
+// AMX where oneDNN's bf16 matmul runs on it) against the oracle within the
+// pair way's bound (its weights are rounded to bf16 before PV, as the pair
+// way's are: precision_cases.hpp): the module on every second case and its
+// modified twin (window, soft-cap, ALiBi, bottom-right), and every second
+// scaled_dot_product_attention case (masks, causal, windows, ALiBi,
+// soft-caps, scales). The table's L and S are small (one block, one chunk):
+// PrecisionNarrowAttention.BlocksAndChunks takes more. And it is not the
+// flash kernel under another name: the outputs differ from its somewhere.
+TEST(PrecisionNarrowAttention, MatmulWayWithinThePairBoundOfTheOracle) {
+  bool differ = false;
+  for (int i = 0; i < kCaseCount; i += 2) {
+    const Problem p = make_problem<bfloat16>(case_at(i));
+    narrow_attention_force("flash");
+    const std::vector<double> flash = widened(run_library<bfloat16>(p));
+    narrow_attention_force("matmul");
+    ASSERT_EQ(narrow_attention_current().rfind("matmul (forced", 0), 0u) << narrow_attention_current();
+    const std::vector<double> want = oracle::multi_head_attention_forward(p.config, p.params, p.call).output.v;
+    const std::vector<double> got = widened(run_library<bfloat16>(p));
+    const Verdict v = compare(got, want, error_bound<bfloat16>(p, Way::Pair));
+    EXPECT_TRUE(v.ok) << case_at(i).name() << " bf16 matmul way: " << v.message;
+    differ = differ || got != flash;
+    check_modified_case<bfloat16>(i);
+    check_sdpa_case<bfloat16>(i);
+  }
+  narrow_attention_force("");
+  EXPECT_TRUE(differ) << "the matmul way gave the flash kernel's outputs on every case: did it run?";
+}
+
+// Lengths across the way's blocks (256 query rows) and chunks (512 keys):
+// scaled_dot_product_attention at L and S on either side of them, with and
+// without causal masking (whose blocks skip the chunks past their last
+// visible key), against the float64 trace within the pair way's bound; and
+// the same bits on 1 and 2 threads.
+TEST(PrecisionNarrowAttention, BlocksAndChunks) {
+  narrow_attention_force("matmul");
+  for (const auto& [L, S, causal] : {std::tuple<int64_t, int64_t, bool>{257, 513, false}, {300, 1100, true},
+                                     {511, 512, true}, {64, 1025, false}})
+    check_sdpa<bfloat16>(2, L, S, 16, causal);
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](Shape shape) {
+    Tensor<bfloat16> t(shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t[i] = to_bfloat16(normal(rng));
+    return t;
+  };
+  const Tensor<bfloat16> q = fill({3, 300, 32}), k = fill({3, 700, 32}), v = fill({3, 700, 32});
+  AttentionOptions o;
+  o.is_causal = true;
+  o.num_threads = 1;
+  const Tensor<bfloat16> one = scaled_dot_product_attention(q, k, v, nullptr, o);
+  o.num_threads = 2;
+  const Tensor<bfloat16> two = scaled_dot_product_attention(q, k, v, nullptr, o);
+  for (int64_t i = 0; i < one.numel(); ++i) ASSERT_EQ(one[i].bits, two[i].bits) << "element " << i;
+  narrow_attention_force("");
+}
+
+// The switch names its way, auto follows the CPU (matmul where it has
+// AMX's bf16 tiles: /proc/cpuinfo's amx_bf16, read here, not through
+// oneDNN), and an unknown way is refused in one line.
+TEST(PrecisionNarrowAttention, SwitchNamesItsWayAndRefusesAnUnknownOne) {
+  narrow_attention_force("flash");
+  EXPECT_EQ(narrow_attention_current(), "flash (forced)");
+  narrow_attention_force("matmul");
+  EXPECT_EQ(narrow_attention_current().rfind("matmul (forced; ", 0), 0u) << narrow_attention_current();
+  narrow_attention_force("");
+  try {
+    narrow_attention_force("amx");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "narrow_attention_force: expected auto, flash or matmul, got 'amx'");
+  }
+  EXPECT_EQ(narrow_attention_current().rfind(matmul_way_possible() ? "matmul (auto" : "flash (auto", 0), 0u);
+  for (const char* env : {"MULTIHEAD_NARROW_ATTENTION", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"})
+    if (std::getenv(env) != nullptr) GTEST_SKIP() << env << " is set: auto's rule is not the CPU's";
+  std::ifstream in("/proc/cpuinfo");
+  if (!in) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line;
+  bool amx = false;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) amx = amx || line.find(" amx_bf16") != std::string::npos;
+  EXPECT_EQ(matmul_way_possible(), amx) << narrow_attention_current();
+}
 
 // ---- PyTorch 1.13's bf16 module on the same cases ---------------------------
 //

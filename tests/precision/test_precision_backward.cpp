@@ -827,6 +827,7 @@ const std::vector<PairShape>& pair_shapes() {
 
 TEST(PrecisionBackwardPairWay, OnePassAndTwoPassesSameBitsOnEveryTarget) {
   const std::vector<std::string> targets = simd_targets_available();
+  narrow_attention_force("flash");  // the flash kernel's bf16 ways
   bf16_dot_force("dpbf16");
   for (const std::string& target : targets) {
     simd_target_force(target);
@@ -843,14 +844,17 @@ TEST(PrecisionBackwardPairWay, OnePassAndTwoPassesSameBitsOnEveryTarget) {
   }
   simd_target_force("");
   bf16_dot_force("");
+  narrow_attention_force("");
 }
 
 TEST(PrecisionBackwardPairWay, DiffersFromTheFmaWayAndStaysNearIt) {
   bool differ = false;
   for (std::size_t i = 0; i < pair_shapes().size(); ++i) {
     const PairShape& s = pair_shapes()[i];
+    narrow_attention_force("flash");  // the flash kernel's bf16 ways
     bf16_dot_force("fma");
     const SdpaGradients<bfloat16> fma = sdpa_bf16_backward(s, 2, 200 + static_cast<uint32_t>(i));
+    narrow_attention_force("flash");  // the flash kernel's bf16 ways
     bf16_dot_force("dpbf16");
     const SdpaGradients<bfloat16> pair = sdpa_bf16_backward(s, 2, 200 + static_cast<uint32_t>(i));
     const std::pair<const Tensor<bfloat16>*, const Tensor<bfloat16>*> grads[] = {
@@ -870,6 +874,7 @@ TEST(PrecisionBackwardPairWay, DiffersFromTheFmaWayAndStaysNearIt) {
     }
   }
   bf16_dot_force("");
+  narrow_attention_force("");
   EXPECT_TRUE(differ) << "the pair way gave the fma way's bits on every shape: did it run?";
 }
 

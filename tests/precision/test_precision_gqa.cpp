@@ -914,6 +914,7 @@ DecodeResult check_decode(KVCacheDType dtype, bool pair_way = false) {
 // bf16 P differs in about a third of the outputs' bits where only the full
 // forward rounds it: the next test).
 TEST(PrecisionGqaDecode, EveryCacheDtypeAgreesWithTheFullForward) {
+  narrow_attention_force("flash");  // the flash kernel's bf16 ways
   bf16_dot_force("fma");
   // The full forward's f16 projections widened too: the bf16x3 way (auto
   // where oneDNN's bf16 matmul runs on AMX) drops Al·Bl, up to 2^-16 of a
@@ -935,18 +936,21 @@ TEST(PrecisionGqaDecode, EveryCacheDtypeAgreesWithTheFullForward) {
     (void)check_decode<float16>(dtype);  // within the bound (EXPECT_LE inside)
   f16_gemm_force("");
   bf16_dot_force("");
+  narrow_attention_force("");
 }
 
 // The bf16 module whose full forward runs the pair way (forced, so on every
 // CPU: vdpbf16ps where it runs, Highway's widening of the same pairs
 // elsewhere): every cache dtype within the bound with the pair way's P term.
 TEST(PrecisionGqaDecode, PairWayFullForwardWithinTheBound) {
+  narrow_attention_force("flash");  // the flash kernel's bf16 ways
   bf16_dot_force("dpbf16");
   for (KVCacheDType dtype : {KVCacheDType::Native, KVCacheDType::BFloat16, KVCacheDType::Float16, KVCacheDType::Int8}) {
     const DecodeResult r = check_decode<bfloat16>(dtype, /*pair_way=*/true);
     EXPECT_GT(r.elements, 0);
   }
   bf16_dot_force("");
+  narrow_attention_force("");
 }
 
 // The bf16 module's decode steps reach the decode kernel's pair way over a
@@ -960,6 +964,7 @@ TEST(PrecisionGqaDecode, Bf16ModuleReachesThePairWay) {
   const NarrowGroupedQueryAttention<bfloat16> gqa(s.config, narrow_parameters<bfloat16>(s.config, s.params));
   const Tensor<bfloat16> x = narrow_of<bfloat16>(s.x);
   const auto decode = [&](KVCacheDType dtype, const char* way) {
+    narrow_attention_force("flash");  // the flash kernel's bf16 ways
     bf16_dot_force(way);
     KVCache<float> cache = gqa.make_cache(kDecB, 16, /*grow=*/true, dtype);
     std::vector<uint16_t> bits;
@@ -970,6 +975,7 @@ TEST(PrecisionGqaDecode, Bf16ModuleReachesThePairWay) {
       P += L;
     }
     bf16_dot_force("");
+    narrow_attention_force("");
     return bits;
   };
   const std::vector<uint16_t> pairs = decode(KVCacheDType::BFloat16, "dpbf16");

@@ -1,0 +1,48 @@
+// src/kernels/narrow_matmul.hpp: the bf16 attention forward's matmul way.
+// Scaled dot-product attention of bf16 operands (AttentionArgs::narrow)
+// with its two products, QKᵀ and PV, on oneDNN's bf16 matmul, which runs on
+// AMX tiles where the CPU has them (tdpbf16ps: a 16×16 tile of float32
+// sums of 32 bf16 products per instruction, several times the float32
+// FMA's rate, core/gemm.hpp): the flash kernel's online softmax over
+// blocks of 256 query rows and chunks of 512 keys, each chunk's scores
+// stored (float32), shaped and exponentiated in float32, its weights
+// rounded to bf16 for PV. narrow_matmul.cpp says how, and what it costs in
+// precision; docs/precision.md gives the bound.
+//
+// The flash kernel is the reference beside it. The switch
+// (MULTIHEAD_NARROW_ATTENTION=auto|flash|matmul, narrow_attention_force):
+// "auto" takes the matmul way for a bf16 call of at least
+// kNarrowMatmulMinRows query rows where oneDNN's bf16 matmul is AMX (a
+// decoding step keeps the flash kernel); "matmul" takes it for every bf16
+// call (on a CPU without AMX its products are oneDNN's vdpbf16ps or
+// emulated bf16 matmul, or widened); "flash" never. f16 always keeps the
+// flash kernel (narrow_matmul.cpp says why).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "contract/attention_args.hpp"
+
+namespace multihead::detail {
+
+// The forward of a call narrow_matmul_serves (the contract of
+// src/contract/attention_args.hpp: out, lse).
+void attention_forward_narrow_matmul(const AttentionArgs<float>& args);
+
+// Whether the call takes the matmul way: bf16 operands, no stored weights,
+// a query, a key and nonzero widths, and the switch (above): with "auto",
+// at least kNarrowMatmulMinRows query rows on AMX. Measured (Intel Xeon
+// with AMX, 2 threads, bf16 forward, alternated): (1, 128, 512, 8) took
+// 0.69 ms either way, (8, 128, 512, 8) 5.3-5.5 against flash's 6.2-6.7.
+inline constexpr int64_t kNarrowMatmulMinRows = 64;
+bool narrow_matmul_serves(const AttentionArgs<float>& args);
+
+// multihead/runtime.hpp's narrow_attention_force and
+// narrow_attention_current; the environment's MULTIHEAD_NARROW_ATTENTION,
+// checked (check_environment).
+void narrow_attention_force(const std::string& way);
+std::string narrow_attention_current();
+void check_narrow_attention_environment();
+
+}  // namespace multihead::detail
