@@ -241,7 +241,10 @@ void run_narrow_forward(const ForwardArgs& args, BasicLoadedWeights<E> w, const 
                  shape_to_string(out.shape()).c_str(), to_string(compute_dtype_of<E>()).c_str(),
                  static_cast<long long>(w.config.embed_dim), static_cast<long long>(w.config.num_heads),
                  args.kernel.c_str(),
-                 std::is_same_v<E, bfloat16> ? ("; bf16 dot " + bf16_dot_current()).c_str() : "", ms, args.repeat,
+                 std::is_same_v<E, bfloat16>
+                     ? ("; bf16 attention " + narrow_attention_current() + "; bf16 dot " + bf16_dot_current()).c_str()
+                     : "",
+                 ms, args.repeat,
                  args.repeat == 1 ? "" : "es");
 }
 
