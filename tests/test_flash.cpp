@@ -593,6 +593,30 @@ TEST(SimdExp2, AccurateOnEveryTarget) {
   }
 }
 
+// The row maximum of kernels/score_rows.hpp (src/simd/softmax_row.hpp) on
+// every target: the scalar rule's value for every length 0-40 (whole
+// vectors and tails), on rows of -inf (a fully masked row must stay -inf:
+// EMU128's MaxOfLanes once made it the lowest finite float), random rows,
+// and rows whose largest entry sits in each position.
+TEST(SimdRowMax, TheScalarRuleOnEveryTarget) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 10.0f);
+  for (const std::string& target : detail::simd_targets_available()) {
+    const detail::RowMaxF32Fn row_max = detail::softmax_row_max_for(detail::simd_target_parse(target, "test"));
+    for (std::size_t count = 0; count <= 40; ++count) {
+      const std::vector<float> hidden(count, -kInf);
+      EXPECT_EQ(row_max(hidden.data(), count), -kInf) << target << " count " << count;
+      for (std::size_t top = 0; top < count; ++top) {
+        std::vector<float> row(count);
+        for (float& x : row) x = normal(rng);
+        row[top] = 1000.0f;
+        if (top > 0) row[top - 1] = -kInf;
+        EXPECT_EQ(row_max(row.data(), count), 1000.0f) << target << " count " << count << " top " << top;
+      }
+    }
+  }
+}
+
 // The materialized kernel's softmax numerators (src/simd/softmax_row.hpp)
 // on every target, against double: each element within 3 ulp (the
 // polynomial's 2, plus slack) of exp(x - max), plus what the two float

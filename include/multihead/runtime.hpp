@@ -99,7 +99,7 @@ std::string f16_gemm_current();
 // chosen by bf16_dot_force) or "matmul" (blocks of 256 query rows, the
 // flash kernel's online softmax over chunks of 512 keys in float32, the
 // two products on oneDNN's bf16 matmul, the weights rounded to bf16 for
-// PV). By default ("auto") matmul for calls of at least 64 query rows where
+// PV). By default ("auto") matmul for calls of at least 128 query rows where
 // oneDNN's bf16 matmul runs on AMX, flash elsewhere (a decoding step, and
 // f16, always); MULTIHEAD_NARROW_ATTENTION=
 // auto|flash|matmul sets it for the process, narrow_attention_force("flash"
@@ -107,7 +107,7 @@ std::string f16_gemm_current();
 // multihead::Error for another name.
 void narrow_attention_force(const std::string& way);
 // The way now and why, one line: e.g. "matmul (auto, for bf16 calls of at
-// least 64 query rows: oneDNN's bf16 matmul runs on AMX
+// least 128 query rows: oneDNN's bf16 matmul runs on AMX
 // (brg:avx512_core_amx_bf16))", "flash (forced)".
 std::string narrow_attention_current();
 

@@ -1210,7 +1210,7 @@ PYBIND11_MODULE(_multihead, m) {
         "narrow_attention_force(way)\n\nHow a bf16 attention forward computes QK^T and PV for every later call:\n"
         "'flash' (the flash kernel) or 'matmul' (blocks of query rows, the two products on oneDNN's bf16\n"
         "matmul, the weights rounded to bf16 for PV); '' or 'auto' lifts the force: auto is matmul for calls\n"
-        "of at least 64 query rows where oneDNN's bf16 matmul runs on AMX (docs/precision.md,\n"
+        "of at least 128 query rows where oneDNN's bf16 matmul runs on AMX (docs/precision.md,\n"
         "'bf16 attention on a bf16 matmul').");
   m.def("narrow_attention_current", &multihead::narrow_attention_current,
         "narrow_attention_current() -> str\n\nThe way bf16 attention runs now, and why.");

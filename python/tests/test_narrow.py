@@ -151,7 +151,7 @@ def softmax_rows(s):
 def pair_way(dtype):
     """Whether bf16 attention may round P to bf16 before PV now: the flash kernel's pair way
     (bf16_dot_current), or the matmul way (narrow_attention_current: forced, or auto on AMX for
-    calls of at least 64 query rows), whose weights round the same way."""
+    calls of at least 128 query rows), whose weights round the same way."""
     return dtype == "bfloat16" and (multihead.bf16_dot_current().startswith("dpbf16")
                                     or multihead.narrow_attention_current().startswith("matmul"))
 

@@ -265,12 +265,14 @@ void attention_forward_flash(const AttentionArgs<float>& args_in) {
   validate(args_in);
   // value_dim = 0 still has log-sum-exps to write when they are asked for.
   if (args_in.slices == 0 || args_in.q_len == 0 || (args_in.value_dim == 0 && args_in.lse == nullptr)) return;
+  // A prompt's bf16 attention on oneDNN's bf16 matmul where that is AMX
+  // (kernels/narrow_matmul.hpp); this kernel is its reference. Decided on
+  // the call as made: a decoding step's grouped query heads (below) are
+  // not a prompt.
+  if (narrow_matmul_serves(args_in)) return attention_forward_narrow_matmul(args_in);
   const std::optional<AttentionArgs<float>> grouped = grouped_decode_args(args_in);
   const AttentionArgs<float>& args = grouped ? *grouped : args_in;
   const ComputeDtype dtype = args.narrow.dtype;
-  // A prompt's bf16 attention on oneDNN's bf16 matmul where that is AMX
-  // (kernels/narrow_matmul.hpp); this kernel is its reference.
-  if (narrow_matmul_serves(args)) return attention_forward_narrow_matmul(args);
   if (dtype != ComputeDtype::F32 && narrow_widen_once_enabled().load()) {
     const int64_t target = simd_target_bit();
     const bool tile_widening = dtype == ComputeDtype::F16 || !bf16_dot_choice(target).dpbf16;

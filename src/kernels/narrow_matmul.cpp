@@ -109,13 +109,22 @@ const bfloat16* slice_rows(const void* base, const SliceLayout& l, int64_t n, in
   return static_cast<const bfloat16*>(base) + (n / heads) * l.batch + (n % heads) * l.head;
 }
 
-// K and V of every K/V slice, dense ([kv slices][S][D] and [S][Dv]),
-// copied once per call with all threads: oneDNN reads a dense B faster,
-// and each block's products read a chunk of them.
+// K and V of every K/V slice as dense rows ([kv slices][S][D] and
+// [S][Dv]): read in place where they are laid out so (a contiguous call),
+// else copied once per call with all threads (the module's heads, rows of
+// its projection buffer, E or 3E apart) into this thread's kept buffers
+// (K's and V's bytes again): oneDNN reads a dense B faster, and each
+// block's products read a chunk of them.
 struct Operands {
   const bfloat16* k = nullptr;
   const bfloat16* v = nullptr;
 };
+
+// Whether slice g of a resolved layout starts at g·len·width with rows
+// width apart, for every g (kv_slice_count of them).
+bool dense(const SliceLayout& l, int64_t heads, int64_t len, int64_t width) {
+  return l.row == width && l.head == len * width && l.batch == heads * len * width;
+}
 
 Operands prepare(const AttentionArgs<float>& a, int threads) {
   thread_local BasicThreadScratch<bfloat16> sk, sv;
@@ -123,17 +132,18 @@ Operands prepare(const AttentionArgs<float>& a, int threads) {
   const int64_t S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
   const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
   const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
-  bfloat16* k = sk.take(static_cast<std::size_t>(kv_slices * S * D));
-  bfloat16* v = sv.take(static_cast<std::size_t>(kv_slices * S * Dv));
-  parallel_items(kv_slices, threads, S * (D + Dv), [&](int64_t g) {
-    const bfloat16* ks = slice_rows(a.narrow.k, kl, g, Hkv);
-    const bfloat16* vs = slice_rows(a.narrow.v, vl, g, Hkv);
-    for (int64_t j = 0; j < S; ++j) {
-      std::memcpy(k + (g * S + j) * D, ks + j * kl.row, static_cast<std::size_t>(D) * sizeof(bfloat16));
-      std::memcpy(v + (g * S + j) * Dv, vs + j * vl.row, static_cast<std::size_t>(Dv) * sizeof(bfloat16));
-    }
-  });
-  return {k, v};
+  const auto rows = [&](const void* src, const SliceLayout& l, int64_t width,
+                        BasicThreadScratch<bfloat16>& scratch) -> const bfloat16* {
+    if (dense(l, Hkv, S, width)) return static_cast<const bfloat16*>(src);
+    bfloat16* copy = scratch.take(static_cast<std::size_t>(kv_slices * S * width));
+    parallel_items(kv_slices, threads, S * width, [&](int64_t g) {
+      const bfloat16* from = slice_rows(src, l, g, Hkv);
+      for (int64_t j = 0; j < S; ++j)
+        std::memcpy(copy + (g * S + j) * width, from + j * l.row, static_cast<std::size_t>(width) * sizeof(bfloat16));
+    });
+    return copy;
+  };
+  return {rows(a.narrow.k, kl, D, sk), rows(a.narrow.v, vl, Dv, sv)};
 }
 
 }  // namespace
@@ -177,9 +187,10 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
     int64_t first = 0, last = S;
     if (positional) {
       const VisibleKeys vk = visible_key_range(a.modifiers.causal, a.modifiers.window, shift, S, i0, i0 + rows);
-      if (vk.rest == S) {
+      if (vk.rest == S) {  // every key has a position: [begin, end) is all a row may see
         first = vk.begin / kKeyAlign * kKeyAlign;
-        last = std::max(first + 1, std::min(S, round_up(vk.end, kKeyAlign)));
+        last = std::min(S, round_up(vk.end, kKeyAlign));
+        if (vk.end <= vk.begin) first = last = 0;  // none: every row fully masked, below
       }
     }
     // A: the block's Q rows, dense (oneDNN's AMX matmul takes only dense

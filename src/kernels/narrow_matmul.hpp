@@ -33,9 +33,11 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& args);
 // Whether the call takes the matmul way: bf16 operands, no stored weights,
 // a query, a key and nonzero widths, and the switch (above): with "auto",
 // at least kNarrowMatmulMinRows query rows on AMX. Measured (Intel Xeon
-// with AMX, 2 threads, bf16 forward, alternated): (1, 128, 512, 8) took
-// 0.69 ms either way, (8, 128, 512, 8) 5.3-5.5 against flash's 6.2-6.7.
-inline constexpr int64_t kNarrowMatmulMinRows = 64;
+// with AMX, 2 threads, the bf16 forward, flash and matmul alternated 3
+// times, ms): (1, 64, 512, 8) 0.43-0.47 flash against 0.47-0.49 matmul,
+// (4, 64, 512, 8) 1.45-1.54 against 1.39-1.49, (1, 128, 512, 8) 0.90-0.94
+// against 0.84-0.85, (1, 256, 512, 8) 2.00-2.08 against 1.58-1.71.
+inline constexpr int64_t kNarrowMatmulMinRows = 128;
 bool narrow_matmul_serves(const AttentionArgs<float>& args);
 
 // multihead/runtime.hpp's narrow_attention_force and

@@ -59,7 +59,13 @@ float RowMaxF32(const float* row, size_t count) {
   VF32 m = hn::Set(df, -std::numeric_limits<float>::infinity());
   size_t j = 0;
   for (; j + lanes <= count; j += lanes) m = hn::Max(m, hn::LoadU(df, row + j));
-  float best = hn::GetLane(hn::MaxOfLanes(df, m));
+  // The lanes by the scalar rule: Highway 1.0.3's MaxOfLanes on EMU128
+  // starts from the lowest finite float, so a row of -inf gave -FLT_MAX
+  // (and a fully masked row looked unmasked).
+  HWY_ALIGN float lane[hn::MaxLanes(DF32())];
+  hn::Store(m, df, lane);
+  float best = -std::numeric_limits<float>::infinity();
+  for (size_t l = 0; l < lanes; ++l) best = lane[l] > best ? lane[l] : best;
   for (; j < count; ++j) best = row[j] > best ? row[j] : best;
   return best;
 }

@@ -295,7 +295,7 @@ double product_gamma(double n) {
 enum class Way { Fma, Pair };
 // Whether bf16 attention may run on the matmul way now
 // (narrow_attention_current: forced, or auto on AMX for calls of at least
-// 64 query rows). Its weights are rounded to bf16 before PV, as the pair
+// 128 query rows). Its weights are rounded to bf16 before PV, as the pair
 // way's are, with the same flushes (src/kernels/narrow_matmul.cpp): the
 // pair way's terms bound it.
 inline bool matmul_way_possible() { return narrow_attention_current().rfind("matmul", 0) == 0; }

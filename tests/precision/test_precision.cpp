@@ -362,9 +362,22 @@ SdpaCase sdpa_case_at(int i) {
   return c;
 }
 
+// Case i's rules at lengths across the matmul way's blocks (256 query rows)
+// and chunks (512 keys): L and S from these, the window redrawn within S,
+// D at most 32 (the float64 trace is L·S·D per slice).
+SdpaCase long_sdpa_case(int i) {
+  SdpaCase c = sdpa_case_at(i);
+  static const int64_t Ls[] = {70, 257, 600}, Ss[] = {513, 1100, 600};
+  c.L = Ls[i % 3];
+  c.S = Ss[(i / 3) % 3];
+  c.D = std::min<int64_t>(c.D, 32);
+  if (c.window > 0) c.window = 1 + (c.window * 37) % c.S;
+  return c;
+}
+
 template <class E>
-void check_sdpa_case(int i) {
-  const SdpaCase c = sdpa_case_at(i);
+void check_sdpa_case(int i, bool long_lengths = false) {
+  const SdpaCase c = long_lengths ? long_sdpa_case(i) : sdpa_case_at(i);
   std::mt19937_64 rng(static_cast<uint64_t>(20261205 + i));
   std::normal_distribution<double> normal(0.0, 1.0);
   std::bernoulli_distribution hide(0.3);
@@ -505,6 +518,27 @@ TEST(PrecisionNarrowAttention, MatmulWayWithinThePairBoundOfTheOracle) {
 // the same bits on 1 and 2 threads.
 TEST(PrecisionNarrowAttention, BlocksAndChunks) {
   narrow_attention_force("matmul");
+  // The table's rules (masks, causal in both alignments, windows, ALiBi,
+  // soft-caps, scales) at lengths across blocks and chunks.
+  for (int i = 0; i < 24; ++i) check_sdpa_case<bfloat16>(i, /*long_lengths=*/true);
+  // A window that hides every key from a whole block (queries far past
+  // the keys): each row fully masked, zeros, as the flash kernel gives.
+  {
+    std::mt19937_64 rng(3);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    auto fill = [&](Shape shape) {
+      Tensor<bfloat16> t(shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t[i] = to_bfloat16(normal(rng));
+      return t;
+    };
+    const Tensor<bfloat16> q = fill({2, 64, 16}), k = fill({2, 512, 16}), v = fill({2, 512, 16});
+    AttentionOptions o;
+    o.is_causal = true;
+    o.causal_query_offset = 600;
+    o.window = 4;
+    const Tensor<bfloat16> out = scaled_dot_product_attention(q, k, v, nullptr, o);
+    for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(to_float(out[i]), 0.0f) << "element " << i;
+  }
   for (const auto& [L, S, causal] : {std::tuple<int64_t, int64_t, bool>{257, 513, false}, {300, 1100, true},
                                      {511, 512, true}, {64, 1025, false}})
     check_sdpa<bfloat16>(2, L, S, 16, causal);

@@ -825,6 +825,50 @@ const std::vector<PairShape>& pair_shapes() {
   return shapes;
 }
 
+// The backward after the matmul way's forward (narrow_attention_force
+// ("matmul"), kernels/narrow_matmul.hpp: its out and lse; the backward is
+// the flash kernel's) across the forward's blocks of 256 query rows and
+// chunks of 512 keys, causal in both alignments, windows, D != Dv: within
+// a few u of the flash kernel's fma way end to end, relative to each
+// gradient's scale, different from it somewhere (the forward ran), and the
+// same bits on 1 and 2 threads. The bound tests (PrecisionBackward,
+// PrecisionSdpaBackward under the ctest precision_bf16_matmul) check it
+// against float64 on the small cases.
+TEST(PrecisionBackwardMatmulWay, NearTheFmaWayAcrossBlocksAndChunksSameBitsOnAnyThreads) {
+  const std::vector<PairShape> shapes = {
+      {300, 1100, 32, 16, true, false, std::nullopt},  // causal: chunks skipped per block
+      {600, 520, 16, 24, true, true, 300},              // bottom-right, a window, L > S
+      {257, 513, 64, 64, false, false, std::nullopt},   // a one-row block, a one-key chunk
+      {70, 700, 16, 16, false, false, 200},             // a non-causal window across chunks
+  };
+  bool differ = false;
+  for (std::size_t i = 0; i < shapes.size(); ++i) {
+    const PairShape& s = shapes[i];
+    narrow_attention_force("flash");
+    bf16_dot_force("fma");
+    const SdpaGradients<bfloat16> fma = sdpa_bf16_backward(s, 2, 300 + static_cast<uint32_t>(i));
+    bf16_dot_force("");
+    narrow_attention_force("matmul");
+    const SdpaGradients<bfloat16> two = sdpa_bf16_backward(s, 2, 300 + static_cast<uint32_t>(i));
+    const SdpaGradients<bfloat16> one = sdpa_bf16_backward(s, 1, 300 + static_cast<uint32_t>(i));
+    narrow_attention_force("");
+    const std::tuple<const Tensor<bfloat16>*, const Tensor<bfloat16>*, const Tensor<bfloat16>*> grads[] = {
+        {&fma.query, &two.query, &one.query}, {&fma.key, &two.key, &one.key}, {&fma.value, &two.value, &one.value}};
+    for (const auto& [a, b, c] : grads) {
+      double scale = 0, worst = 0;
+      for (int64_t x = 0; x < a->numel(); ++x) {
+        ASSERT_EQ((*b)[x].bits, (*c)[x].bits) << "shape " << i << " element " << x << ": 2 threads against 1";
+        scale = std::max(scale, static_cast<double>(std::abs(to_float((*a)[x]))));
+        worst = std::max(worst, static_cast<double>(std::abs(to_float((*a)[x]) - to_float((*b)[x]))));
+        differ = differ || (*a)[x].bits != (*b)[x].bits;
+      }
+      EXPECT_GT(scale, 0) << "shape " << i;
+      EXPECT_LE(worst, 8 * std::ldexp(1.0, -8) * scale) << "shape " << i;
+    }
+  }
+  EXPECT_TRUE(differ) << "the matmul way gave the fma way's bits on every shape: did it run?";
+}
+
 TEST(PrecisionBackwardPairWay, OnePassAndTwoPassesSameBitsOnEveryTarget) {
   const std::vector<std::string> targets = simd_targets_available();
   narrow_attention_force("flash");  // the flash kernel's bf16 ways
