@@ -516,29 +516,20 @@ TEST(PrecisionNarrowAttention, MatmulWayWithinThePairBoundOfTheOracle) {
 // without causal masking (whose blocks skip the chunks past their last
 // visible key), against the float64 trace within the pair way's bound; and
 // the same bits on 1 and 2 threads.
+// narrow_attention_force(way) for a scope, lifted on the way out (a failed
+// ASSERT's too), so that no later test runs under it.
+struct ForcedNarrowAttention {
+  explicit ForcedNarrowAttention(const char* way) { narrow_attention_force(way); }
+  ~ForcedNarrowAttention() { narrow_attention_force(""); }
+  ForcedNarrowAttention(const ForcedNarrowAttention&) = delete;
+  ForcedNarrowAttention& operator=(const ForcedNarrowAttention&) = delete;
+};
+
 TEST(PrecisionNarrowAttention, BlocksAndChunks) {
-  narrow_attention_force("matmul");
+  const ForcedNarrowAttention matmul("matmul");
   // The table's rules (masks, causal in both alignments, windows, ALiBi,
   // soft-caps, scales) at lengths across blocks and chunks.
   for (int i = 0; i < 24; ++i) check_sdpa_case<bfloat16>(i, /*long_lengths=*/true);
-  // A window that hides every key from a whole block (queries far past
-  // the keys): each row fully masked, zeros, as the flash kernel gives.
-  {
-    std::mt19937_64 rng(3);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    auto fill = [&](Shape shape) {
-      Tensor<bfloat16> t(shape);
-      for (int64_t i = 0; i < t.numel(); ++i) t[i] = to_bfloat16(normal(rng));
-      return t;
-    };
-    const Tensor<bfloat16> q = fill({2, 64, 16}), k = fill({2, 512, 16}), v = fill({2, 512, 16});
-    AttentionOptions o;
-    o.is_causal = true;
-    o.causal_query_offset = 600;
-    o.window = 4;
-    const Tensor<bfloat16> out = scaled_dot_product_attention(q, k, v, nullptr, o);
-    for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(to_float(out[i]), 0.0f) << "element " << i;
-  }
   for (const auto& [L, S, causal] : {std::tuple<int64_t, int64_t, bool>{257, 513, false}, {300, 1100, true},
                                      {511, 512, true}, {64, 1025, false}})
     check_sdpa<bfloat16>(2, L, S, 16, causal);
@@ -549,6 +540,18 @@ TEST(PrecisionNarrowAttention, BlocksAndChunks) {
     for (int64_t i = 0; i < t.numel(); ++i) t[i] = to_bfloat16(normal(rng));
     return t;
   };
+  // A window that hides every key from a whole block (queries far past
+  // the keys): each row fully masked, zeros, as the flash kernel gives.
+  {
+    const Tensor<bfloat16> q = fill({2, 64, 16}), k = fill({2, 512, 16}), v = fill({2, 512, 16});
+    AttentionOptions o;
+    o.is_causal = true;
+    o.causal_query_offset = 600;
+    o.window = 4;
+    const Tensor<bfloat16> out = scaled_dot_product_attention(q, k, v, nullptr, o);
+    for (int64_t i = 0; i < out.numel(); ++i) ASSERT_EQ(to_float(out[i]), 0.0f) << "element " << i;
+  }
+  // The same bits on 1 and 2 threads.
   const Tensor<bfloat16> q = fill({3, 300, 32}), k = fill({3, 700, 32}), v = fill({3, 700, 32});
   AttentionOptions o;
   o.is_causal = true;
@@ -557,7 +560,6 @@ TEST(PrecisionNarrowAttention, BlocksAndChunks) {
   o.num_threads = 2;
   const Tensor<bfloat16> two = scaled_dot_product_attention(q, k, v, nullptr, o);
   for (int64_t i = 0; i < one.numel(); ++i) ASSERT_EQ(one[i].bits, two[i].bits) << "element " << i;
-  narrow_attention_force("");
 }
 
 // The switch names its way, auto follows the CPU (matmul where it has
@@ -575,7 +577,6 @@ TEST(PrecisionNarrowAttention, SwitchNamesItsWayAndRefusesAnUnknownOne) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "narrow_attention_force: expected auto, flash or matmul, got 'amx'");
   }
-  EXPECT_EQ(narrow_attention_current().rfind(matmul_way_possible() ? "matmul (auto" : "flash (auto", 0), 0u);
   for (const char* env : {"MULTIHEAD_NARROW_ATTENTION", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"})
     if (std::getenv(env) != nullptr) GTEST_SKIP() << env << " is set: auto's rule is not the CPU's";
   std::ifstream in("/proc/cpuinfo");
@@ -584,7 +585,8 @@ TEST(PrecisionNarrowAttention, SwitchNamesItsWayAndRefusesAnUnknownOne) {
   bool amx = false;
   while (std::getline(in, line))
     if (line.rfind("flags", 0) == 0) amx = amx || line.find(" amx_bf16") != std::string::npos;
-  EXPECT_EQ(matmul_way_possible(), amx) << narrow_attention_current();
+  EXPECT_EQ(narrow_attention_current().rfind(amx ? "matmul (auto" : "flash (auto", 0), 0u)
+      << narrow_attention_current();
 }
 
 // ---- PyTorch 1.13's bf16 module on the same cases ---------------------------
