@@ -37,6 +37,7 @@
 #include "core/check.hpp"
 #include "core/linear.hpp"
 #include "kernels/kernel.hpp"
+#include "kernels/narrow_matmul.hpp"
 #include "multihead/error.hpp"
 #include "multihead/narrow_grouped_query_attention.hpp"
 
@@ -85,8 +86,17 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
   // d_out_bf16; the same values, so the same bits: NarrowBackward.
   // GqaBf16OperandsGiveTheCopiesBits), as the multi-head module's does;
   // MULTIHEAD_BF16_BACKWARD=copies forces the copies (attention/mha_plan.hpp).
+  // The backward's matmul way (kernels/narrow_matmul.hpp) reads them too.
+  AttentionTensors<float> t;
+  t.q_layout = t.out_layout = SliceLayout{L * HD, D, HD};
+  t.k_layout = t.v_layout = SliceLayout{L * KD, D, KD};
+  std::vector<float> slopes;
+  AttentionBackwardArgs<float> b;
+  b.forward = grouped_query_attention_args(config_, B, L, L, t, options, slopes);  // operands below
+  b.lse = saved.lse_.data();
   const bool forced_copies = std::is_same_v<E, bfloat16> && backward_widens_bf16();  // read (and checked) each call
-  const bool bf16_in = std::is_same_v<E, bfloat16> && !forced_copies && flash_backward_reads_bf16();
+  const bool bf16_in = std::is_same_v<E, bfloat16> && !forced_copies &&
+                       (flash_backward_reads_bf16() || narrow_matmul_backward_serves_bf16(b.forward));
   const auto copy = [&](const E* src, int64_t n) {
     return bf16_in ? Storage<float>() : widened(src, static_cast<std::size_t>(n), threads);
   };
@@ -95,19 +105,12 @@ GroupedQueryAttentionGradients<E> NarrowGroupedQueryAttention<E>::backward(
   const Storage<float> vf = copy(saved.v_.data(), saved.v_.numel());
   const Storage<float> of = copy(saved.merged_.data(), saved.merged_.numel());
   const Storage<float> dof = copy(d_merged.data(), static_cast<int64_t>(d_merged.size()));
-  AttentionTensors<float> t;
   if (!bf16_in) {
-    t.q = qf.data();
-    t.k = kf.data();
-    t.v = vf.data();
-    t.out = const_cast<float*>(of.data());  // read only: delta_i = <d_out_i, out_i>
+    b.forward.q = qf.data();
+    b.forward.k = kf.data();
+    b.forward.v = vf.data();
+    b.forward.out = const_cast<float*>(of.data());  // read only: delta_i = <d_out_i, out_i>
   }
-  t.q_layout = t.out_layout = SliceLayout{L * HD, D, HD};
-  t.k_layout = t.v_layout = SliceLayout{L * KD, D, KD};
-  std::vector<float> slopes;
-  AttentionBackwardArgs<float> b;
-  b.forward = grouped_query_attention_args(config_, B, L, L, t, options, slopes);
-  b.lse = saved.lse_.data();
   if constexpr (std::is_same_v<E, bfloat16>) {
     if (bf16_in) {
       b.forward.narrow = {ComputeDtype::BF16, saved.q_.data(), saved.k_.data(), saved.v_.data(),

@@ -37,6 +37,7 @@
 #include "core/thread_scratch.hpp"
 #include "core/parallel.hpp"
 #include "kernels/kernel.hpp"
+#include "kernels/narrow_matmul.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead {
@@ -177,7 +178,8 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   // below; bench/bench_precision.py --train, AMD Zen 5). Same values, same arithmetic, same
   // bits (NarrowBackward.HeadMajorCopiesGiveTheViewsBits).
   //
-  // bf16 where the flash backward runs its pair way (flash_backward_reads_bf16:
+  // bf16 where the backward takes the matmul way (narrow_matmul.hpp) or
+  // the flash backward runs its pair way (flash_backward_reads_bf16:
   // the products read only bf16 pairs) reads the saved bf16 Q, K', V', concat
   // and d_concat themselves (AttentionBackwardArgs::d_out_bf16): no float32
   // copies, in the token-row layouts (the pair way packs its operands per
@@ -192,9 +194,14 @@ MultiheadAttentionGradients<E> NarrowMultiheadAttention<E>::backward(const Narro
   // stay: the kernel's d_k, d_v rows E apart cost more there than the
   // copies (bf16 step at (1, 1024, 768, 12): 50.0 ms in place against 48.7
   // with the copies, alternated, median of 3).
-  const bool head_major = p.S_total == p.S && p.S >= kBackwardHeadMajorFromKeys && !backward_reads_views();
+  // The matmul way (kernels/narrow_matmul.hpp) reads the token rows' bf16
+  // in place, whatever the length.
   const bool forced_copies = std::is_same_v<E, bfloat16> && backward_widens_bf16();  // read (and checked) each call
-  const bool bf16_in = std::is_same_v<E, bfloat16> && !forced_copies && !head_major && flash_backward_reads_bf16();
+  const bool matmul_in = std::is_same_v<E, bfloat16> && !forced_copies && narrow_matmul_backward_serves_bf16(b.forward);
+  const bool head_major =
+      !matmul_in && p.S_total == p.S && p.S >= kBackwardHeadMajorFromKeys && !backward_reads_views();
+  const bool bf16_in = matmul_in || (std::is_same_v<E, bfloat16> && !forced_copies && !head_major &&
+                                     flash_backward_reads_bf16());
   const int64_t slices = p.B * p.H;
   const SliceLayout ql = resolve_layout(b.forward.q_layout, p.H, p.L, p.D);
   const SliceLayout kl = resolve_layout(b.forward.k_layout, p.H, p.S, p.D);

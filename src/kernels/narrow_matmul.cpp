@@ -264,6 +264,248 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
   });
 }
 
+// ---- the backward ----------------------------------------------------------
+//
+// The backward contract (AttentionBackwardArgs, src/contract/attention_args.hpp)
+// on bf16 operands (bf16_operands: the float q, k, v, out and d_out hold bf16
+// values, or d_out_bf16 and forward.narrow hold them) with its five products
+// on oneDNN's bf16 matmul, in one pass over each (key chunk, query block):
+//   x  (R × C, float32) = scale · Q_block K_chunkᵀ      the scores, recomputed
+//   dp'(R × C, float32) = dO_block V_chunkᵀ
+//   each row: the score rule, p = exp(s − lse) (float32), dropout's keep
+//             decision, dx = p (dp − delta) · soft_cap_slope(x)
+//   P' and dX rounded to bf16
+//   d_vᵀ_chunk (Dv × C) += dO_blockᵀ P'          (dOᵀ kept per block, dense)
+//   d_kᵀ_chunk (D × C)  += Q_blockᵀ dX           (Qᵀ kept per block, dense)
+//   d_q_block  (R × D)  += dX K_chunk
+// d_k and d_v are kept transposed so that every product's A and C are dense
+// rows (oneDNN 2.6's AMX kernel takes no other; a transposed A ran on its
+// gemm:jit), and are written out, d_k and d_q scaled by `scale`, when the
+// chunk (d_k, d_v) or the group (d_q) is done.
+//
+// The work item is a whole K/V group (the K/V slice and the query slices
+// that read it, in increasing n), on one thread: its d_k and d_v have one
+// writer and its d_q rows too, so every gradient gets the same operations
+// in the same order whatever the thread count, and the bits do not depend
+// on it. The chunk-outer order keeps a chunk's d_kᵀ and d_vᵀ (2 · 128 KiB at
+// D = 64) and its K, V rows in the core's L2 across the blocks.
+//
+// Precision: the products are exact and their sums float32, as the
+// forward's. P' and dX are rounded to bf16 before the products that read
+// them, as the flash backward's pair way does (the bound of
+// docs/precision.md, "The two bf16 dot ways"); delta_i = <d_out_i, out_i>
+// is a float32 sum of exact products, as there.
+//
+// Only the chunks a block sees are computed (visible_key_range, in
+// kKeyAlign units), except under MaskedRowPolicy::NaN: a fully masked
+// row's NaN reaches every key, as the contract says, so no chunk is
+// skipped.
+//
+// Memory beyond the inputs and gradients, per item thread and kept: dense
+// bf16 K and V of the group (its bytes again, or read in place) and, per
+// query slice of the group, Q, dO, their block transposes (bf16) and d_q
+// (float32): 2 · L · (D + Dv) · 2 + 4 · L · D bytes; R × C float32 scores
+// and dp', their bf16 roundings, and the chunk's d_kᵀ, d_vᵀ.
+
+namespace {
+
+// Rows [0, rows) of a slice, `width` wide, as dense bf16 rows: from the bf16
+// operand (memcpy) or from its float32 widening (round_rows: exact).
+void dense_bf16_rows(const void* base, bool bf16, const SliceLayout& l, int64_t slice, int64_t heads, int64_t rows,
+                     int64_t width, bfloat16* dst) {
+  const int64_t offset = (slice / heads) * l.batch + (slice % heads) * l.head;
+  if (bf16) {
+    const bfloat16* src = static_cast<const bfloat16*>(base) + offset;
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * width, src + r * l.row, static_cast<std::size_t>(width) * sizeof(bfloat16));
+  } else {
+    round_rows(static_cast<const float*>(base) + offset, rows, width, l.row, static_cast<const bfloat16*>(nullptr),
+               dst, width, 1);
+  }
+}
+
+// The transposes of a slice's dense rows (L × width), block by block: block
+// b (rows i0 = b·R on, `rows` of them) at dst + i0·width as width × rows.
+void block_transposes(const bfloat16* src, int64_t L, int64_t width, int64_t R, bfloat16* dst) {
+  for (int64_t i0 = 0; i0 < L; i0 += R) {
+    const int64_t rows = std::min(R, L - i0);
+    bfloat16* t = dst + i0 * width;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t d = 0; d < width; ++d) t[d * rows + r] = src[(i0 + r) * width + d];
+  }
+}
+
+}  // namespace
+
+bool narrow_matmul_backward_serves_bf16(const AttentionArgs<float>& a) {
+  if (a.weights != nullptr || a.q_len == 0 || a.kv_len == 0 || a.head_dim == 0 || a.value_dim == 0 || a.slices == 0)
+    return false;
+  const Way w = way_setting();
+  if (w != Way::Auto) return w == Way::Matmul;
+  return a.q_len >= kNarrowMatmulMinRows &&
+         kv_slice_count(a.slices, a.heads, a.kv_heads_or_heads()) >= kNarrowMatmulBackwardMinGroups &&
+         bf16_matmul_on_amx();
+}
+
+bool narrow_matmul_backward_serves(const AttentionBackwardArgs<float>& b) {
+  const ComputeDtype dtype = b.forward.narrow.dtype;
+  return b.bf16_operands && (dtype == ComputeDtype::F32 || dtype == ComputeDtype::BF16) &&
+         narrow_matmul_backward_serves_bf16(b.forward);
+}
+
+void attention_backward_narrow_matmul(const AttentionBackwardArgs<float>& b) {
+  const AttentionArgs<float>& a = b.forward;
+  const int threads = requested_threads(a.num_threads);
+  const bool bf16 = b.d_out_bf16 != nullptr;  // else the float32 widenings
+  const int64_t H = a.heads, Hkv = a.kv_heads_or_heads(), groups = kv_slice_count(a.slices, H, Hkv);
+  const int64_t G = a.slices / groups;  // query slices per K/V slice
+  const int64_t L = a.q_len, S = a.kv_len, D = a.head_dim, Dv = a.value_dim;
+  const SliceLayout ql = resolve_layout(a.q_layout, H, L, D);
+  const SliceLayout kl = resolve_layout(a.k_layout, Hkv, S, D);
+  const SliceLayout vl = resolve_layout(a.v_layout, Hkv, S, Dv);
+  const SliceLayout ol = resolve_layout(a.out_layout, H, L, Dv);
+  const int64_t R = std::min(kBlockRows, L), C = std::min(kKeyBlock, S);
+  const ExpRow<float> exp_row = exp_row_for_current_target<float>();
+  const bool positional = (a.modifiers.causal.enabled || a.modifiers.window > 0) &&
+                          a.masked_rows != MaskedRowPolicy::NaN;
+  const int64_t shift = causal_shift(a.modifiers.causal, L);
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const bool dropout = a.dropout.p > 0.0;
+  const float keep_scale = dropout ? static_cast<float>(1.0 / (1.0 - a.dropout.p)) : 1.0f;
+  const bool capped = a.modifiers.softcap > 0.0f;
+  const void* q_src = bf16 ? a.narrow.q : a.q;
+  const void* k_src = bf16 ? a.narrow.k : a.k;
+  const void* v_src = bf16 ? a.narrow.v : a.v;
+  const void* o_src = bf16 ? a.narrow.out : a.out;
+  const void* do_src = bf16 ? static_cast<const void*>(b.d_out_bf16) : b.d_out;
+  parallel_items(groups, threads, 5 * G * L * S * (D + Dv) / 2, [&](int64_t g) {
+    omp_set_num_threads(1);  // oneDNN runs the item's products on this thread
+    thread_local BasicThreadScratch<bfloat16> k_scratch, v_scratch, q_scratch, do_scratch, qt_scratch, dot_scratch,
+        p_scratch, dx_scratch;
+    thread_local ThreadScratch dq_scratch, delta_scratch, x_scratch, dp_scratch, slope_scratch, dkt_scratch,
+        dvt_scratch;
+    const auto n_ = [](int64_t x) { return static_cast<std::size_t>(x); };
+    bfloat16* k = k_scratch.take(n_(S * D));
+    bfloat16* v = v_scratch.take(n_(S * Dv));
+    dense_bf16_rows(k_src, bf16, kl, g, Hkv, S, D, k);
+    dense_bf16_rows(v_src, bf16, vl, g, Hkv, S, Dv, v);
+    // Per query slice t of the group: Q and dO as dense rows and as block
+    // transposes, delta, and d_q's float32 sums.
+    bfloat16* q = q_scratch.take(n_(G * L * D));
+    bfloat16* d_o = do_scratch.take(n_(G * L * Dv));
+    bfloat16* qt = qt_scratch.take(n_(G * L * D));
+    bfloat16* dot = dot_scratch.take(n_(G * L * Dv));
+    float* dq = dq_scratch.take(n_(G * L * D));
+    float* delta = delta_scratch.take(n_(G * L));
+    std::fill_n(dq, G * L * D, 0.0f);
+    for (int64_t t = 0; t < G; ++t) {
+      const int64_t n = group_query_slice(g, t, H, Hkv);
+      dense_bf16_rows(q_src, bf16, ql, n, H, L, D, q + t * L * D);
+      dense_bf16_rows(do_src, bf16, ol, n, H, L, Dv, d_o + t * L * Dv);
+      block_transposes(q + t * L * D, L, D, R, qt + t * L * D);
+      block_transposes(d_o + t * L * Dv, L, Dv, R, dot + t * L * Dv);
+      // delta_i = <d_out_i, out_i> in float32 (the forward's out, rounded).
+      const int64_t offset = (n / H) * ol.batch + (n % H) * ol.head;
+      for (int64_t i = 0; i < L; ++i) {
+        const bfloat16* dor = d_o + (t * L + i) * Dv;
+        float sum = 0.0f;
+        if (bf16) {
+          const bfloat16* o = static_cast<const bfloat16*>(o_src) + offset + i * ol.row;
+          for (int64_t d = 0; d < Dv; ++d) sum += to_float(dor[d]) * to_float(o[d]);
+        } else {
+          const float* o = static_cast<const float*>(o_src) + offset + i * ol.row;
+          for (int64_t d = 0; d < Dv; ++d) sum += to_float(dor[d]) * o[d];
+        }
+        delta[t * L + i] = sum;
+      }
+    }
+    float* x = x_scratch.take(n_(R * C));
+    float* dp = dp_scratch.take(n_(R * C));
+    float* slope = capped ? slope_scratch.take(n_(C)) : nullptr;
+    bfloat16* p16 = p_scratch.take(n_(R * C));
+    bfloat16* dx16 = dx_scratch.take(n_(R * C));
+    float* dkt = dkt_scratch.take(n_(D * C));
+    float* dvt = dvt_scratch.take(n_(Dv * C));
+    for (int64_t c0 = 0; c0 < S; c0 += C) {
+      const int64_t c1 = std::min(S, c0 + C);
+      std::fill_n(dkt, D * (c1 - c0), 0.0f);
+      std::fill_n(dvt, Dv * (c1 - c0), 0.0f);
+      for (int64_t t = 0; t < G; ++t) {
+        const int64_t n = group_query_slice(g, t, H, Hkv);
+        const SliceModifiers<float> mods = slice_modifiers(a.modifiers, n, H, L, S);
+        for (int64_t i0 = 0; i0 < L; i0 += R) {
+          const int64_t rows = std::min(R, L - i0);
+          // A block that sees no key of the chunk skips it; one that sees
+          // some computes the whole chunk (its hidden keys' p and dx are 0),
+          // so that d_kᵀ and d_vᵀ are dense C (oneDNN's AMX kernel takes no
+          // column view of C; measured, a causal call's diagonal chunks
+          // cost less so than on gemm:jit).
+          if (positional) {
+            const VisibleKeys vk = visible_key_range(a.modifiers.causal, a.modifiers.window, shift, S, i0, i0 + rows);
+            if (vk.rest == S && (vk.end <= vk.begin || vk.end <= c0 || vk.begin >= c1)) continue;
+          }
+          const int64_t j0 = c0, kc = c1 - c0;
+          const bfloat16* qb = q + (t * L + i0) * D;
+          const bfloat16* dob = d_o + (t * L + i0) * Dv;
+          // x = scale · Q Kᵀ and dp' = dO Vᵀ over the chunk
+          gemm(Trans::No, Trans::Yes, rows, kc, D, a.scale, qb, D, k + j0 * D, D, 0.0f, x, kc);
+          gemm(Trans::No, Trans::Yes, rows, kc, Dv, 1.0f, dob, Dv, v + j0 * Dv, Dv, 0.0f, dp, kc);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t i = i0 + r;
+            float* xr = x + r * kc;
+            float* dpr = dp + r * kc;
+            const float lse = b.lse[n * L + i];
+            const float dl = delta[t * L + i];
+            if (capped)
+              for (int64_t j = 0; j < kc; ++j) slope[j] = soft_cap_slope(a.modifiers.softcap, xr[j]);
+            // p = exp(s − lse): the forward's softmax; a fully masked row
+            // was filled with masked_row_fill.
+            if (lse == neg_inf) {
+              std::fill_n(xr, kc, masked_row_fill<float>(a.masked_rows));
+            } else {
+              apply_score_rule(mods, S, i, j0, xr, kc);
+              (void)exp_row(xr, n_(kc), lse);
+            }
+            if (!dropout && !capped) {
+              for (int64_t j = 0; j < kc; ++j) dpr[j] = xr[j] * (dpr[j] - dl);
+              continue;
+            }
+            for (int64_t j = 0; j < kc; ++j) {
+              const float pj = xr[j];
+              const bool keep = !dropout || dropout_keep(a.dropout, n, i, j0 + j);
+              const float dpj = keep ? dpr[j] * keep_scale : 0.0f;
+              xr[j] = keep ? pj * keep_scale : 0.0f;
+              dpr[j] = pj * (dpj - dl) * (capped ? slope[j] : 1.0f);
+            }
+          }
+          // P' and dX rounded to bf16, then the three products that read them.
+          round_rows(x, rows, kc, kc, static_cast<const bfloat16*>(nullptr), p16, kc, 1);
+          round_rows(dp, rows, kc, kc, static_cast<const bfloat16*>(nullptr), dx16, kc, 1);
+          gemm(Trans::No, Trans::No, Dv, kc, rows, 1.0f, dot + (t * L + i0) * Dv, rows, p16, kc, 1.0f,
+               dvt, kc);
+          gemm(Trans::No, Trans::No, D, kc, rows, 1.0f, qt + (t * L + i0) * D, rows, dx16, kc, 1.0f,
+               dkt, kc);
+          gemm(Trans::No, Trans::No, rows, D, kc, 1.0f, dx16, kc, k + j0 * D, D, 1.0f, dq + (t * L + i0) * D, D);
+        }
+      }
+      // The chunk's d_k (scaled) and d_v rows, transposed back.
+      const int64_t ldt = c1 - c0;
+      float* dk = b.d_k + (g / Hkv) * kl.batch + (g % Hkv) * kl.head;
+      float* dv = b.d_v + (g / Hkv) * vl.batch + (g % Hkv) * vl.head;
+      for (int64_t j = c0; j < c1; ++j) {
+        for (int64_t d = 0; d < D; ++d) dk[j * kl.row + d] = a.scale * dkt[d * ldt + (j - c0)];
+        for (int64_t d = 0; d < Dv; ++d) dv[j * vl.row + d] = dvt[d * ldt + (j - c0)];
+      }
+    }
+    for (int64_t t = 0; t < G; ++t) {
+      const int64_t n = group_query_slice(g, t, H, Hkv);
+      float* dqo = b.d_q + (n / H) * ql.batch + (n % H) * ql.head;
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t d = 0; d < D; ++d) dqo[i * ql.row + d] = a.scale * dq[(t * L + i) * D + d];
+    }
+  });
+}
+
 void narrow_attention_force(const std::string& name) {
   g_forced.store(static_cast<int>(parse_way(name, "narrow_attention_force")), std::memory_order_relaxed);
 }

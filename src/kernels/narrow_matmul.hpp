@@ -40,6 +40,29 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& args);
 inline constexpr int64_t kNarrowMatmulMinRows = 128;
 bool narrow_matmul_serves(const AttentionArgs<float>& args);
 
+// The backward of a call narrow_matmul_backward_serves (the contract of
+// AttentionBackwardArgs: d_q, d_k, d_v written): its five products on
+// oneDNN's bf16 matmul (narrow_matmul.cpp says how).
+void attention_backward_narrow_matmul(const AttentionBackwardArgs<float>& args);
+
+// Whether the backward takes the matmul way: bf16 operands (bf16_operands),
+// no stored weights, nonzero sizes, and the switch above: with "auto", at
+// least kNarrowMatmulMinRows query rows and kNarrowMatmulBackwardMinGroups
+// K/V slices (a work item is a whole K/V group, so fewer would leave
+// threads idle; the flash backward splits a group) on AMX. Neither rule
+// reads the thread count, so neither do the bits. The second form is the
+// same rule for a bf16 backward of `forward`'s shapes (the modules ask it
+// before they build the operands: this way reads the bf16 ones in place).
+// Measured (Intel Xeon with AMX, 2 threads, the bf16 training step's
+// backward, flash and matmul alternated twice, ms): (1, 128, 512, 8)
+// 2.7-2.9 against 2.6-2.8, (1, 256, 512, 8) 5.0-5.2 against 4.4,
+// (8, 128, 512, 8) 14.6-15.1 against 13.3-13.8, (1, 1024, 768, 12)
+// 48.6-51.9 against 38.9-40.0, (1, 4096, 1024, 16) 662-720 against
+// 480-542.
+inline constexpr int64_t kNarrowMatmulBackwardMinGroups = 2;
+bool narrow_matmul_backward_serves(const AttentionBackwardArgs<float>& args);
+bool narrow_matmul_backward_serves_bf16(const AttentionArgs<float>& forward);
+
 // multihead/runtime.hpp's narrow_attention_force and
 // narrow_attention_current; the environment's MULTIHEAD_NARROW_ATTENTION,
 // checked (check_environment).

@@ -63,16 +63,22 @@ bool only_causal_rule(const SliceModifiers<T>& m) {
 // (a NaN score is not hidden, and may or may not be the one returned; a
 // row holding one is NaN after the exp either way). Under the causal rule
 // alone, whole-row passes: the hidden keys set to −inf, then a SIMD max.
+// Under the causal rule alone (only_causal_rule): keys [j0, j0 + count) of
+// row i with the causal rule applied in place, the hidden ones −inf.
+template <class T>
+void hide_causal_keys(const SliceModifiers<T>& mods, int64_t i, int64_t j0, T* row, int64_t count) {
+  if (!mods.causal.enabled) return;
+  // Keys [end, cols) are hidden (causal_visible), the rest are not.
+  const int64_t cols = std::clamp<int64_t>(mods.causal.cols, j0, j0 + count);
+  const int64_t end = std::clamp<int64_t>(i + mods.shift + 1, j0, cols);
+  std::fill(row + (end - j0), row + (cols - j0), -std::numeric_limits<T>::infinity());
+}
+
 template <class T>
 T shape_scores(const SliceModifiers<T>& mods, int64_t S, int64_t i, int64_t j0, T* row, int64_t count) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   if (only_causal_rule(mods)) {
-    if (mods.causal.enabled) {
-      // Keys [end, cols) are hidden (causal_visible), the rest are not.
-      const int64_t cols = std::clamp<int64_t>(mods.causal.cols, j0, j0 + count);
-      const int64_t end = std::clamp<int64_t>(i + mods.shift + 1, j0, cols);
-      std::fill(row + (end - j0), row + (cols - j0), neg_inf);
-    }
+    hide_causal_keys(mods, i, j0, row, count);
     if constexpr (std::is_same_v<T, float>) {
       return softmax_row_max_for(simd_target_bit())(row, static_cast<std::size_t>(count));
     } else {
@@ -88,6 +94,13 @@ T shape_scores(const SliceModifiers<T>& mods, int64_t S, int64_t i, int64_t j0, 
     m = s > m ? s : m;
   }
   return m;
+}
+
+// shape_scores without the maximum (the backward's rows, which have lse).
+template <class T>
+void apply_score_rule(const SliceModifiers<T>& mods, int64_t S, int64_t i, int64_t j0, T* row, int64_t count) {
+  if (only_causal_rule(mods)) return hide_causal_keys(mods, i, j0, row, count);
+  for (int64_t j = 0; j < count; ++j) row[j] = modified_score(mods, S, i, j0 + j, row[j]);
 }
 
 // Whether every one of `count` shaped scores is hidden (−inf): a row whose

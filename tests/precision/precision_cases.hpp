@@ -746,5 +746,27 @@ inline ErrorStats error_of(const std::vector<double>& got, const std::vector<dou
   return e;
 }
 
+// A table case's score rules as AttentionOptions (0 and an empty list:
+// unset).
+inline AttentionOptions rule_options(bool causal, bool bottom_right, int64_t window, double softcap, double scale,
+                                     std::vector<double> alibi_slopes) {
+  AttentionOptions o;
+  o.is_causal = causal;
+  o.causal_alignment = bottom_right ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
+  if (window > 0) o.window = window;
+  if (softcap > 0) o.softcap = softcap;
+  if (scale > 0) o.scale = scale;
+  o.alibi_slopes = std::move(alibi_slopes);
+  return o;
+}
+
+// narrow_attention_force(way) for a scope, lifted on the way out (a failed
+// ASSERT's too), so that no later test runs under it.
+struct ForcedNarrowAttention {
+  explicit ForcedNarrowAttention(const char* way) { narrow_attention_force(way); }
+  ~ForcedNarrowAttention() { narrow_attention_force(""); }
+  ForcedNarrowAttention(const ForcedNarrowAttention&) = delete;
+  ForcedNarrowAttention& operator=(const ForcedNarrowAttention&) = delete;
+};
 
 }  // namespace multihead::precision

@@ -412,13 +412,8 @@ void check_sdpa_case(int i, bool long_lengths = false) {
   }
   std::vector<double> slopes(static_cast<std::size_t>(N));
   for (int64_t n = 0; n < N; ++n) slopes[static_cast<std::size_t>(n)] = 0.125 * static_cast<double>(1 + n);
-  AttentionOptions o;
-  o.is_causal = c.causal;
-  o.causal_alignment = c.bottom_right ? CausalAlignment::BottomRight : CausalAlignment::TopLeft;
-  if (c.window > 0) o.window = c.window;
-  if (c.softcap > 0) o.softcap = c.softcap;
-  if (c.scale > 0) o.scale = c.scale;
-  if (c.alibi) o.alibi_slopes = slopes;
+  const AttentionOptions o =
+      rule_options(c.causal, c.bottom_right, c.window, c.softcap, c.scale, c.alibi ? slopes : std::vector<double>{});
   const Tensor<E> out = scaled_dot_product_attention(q, k, v, mask.get(), o);
   ASSERT_EQ(out.shape(), (Shape{N, L, D})) << c.name();
   const double u = unit_roundoff(compute_dtype_of<E>());
@@ -516,15 +511,6 @@ TEST(PrecisionNarrowAttention, MatmulWayWithinThePairBoundOfTheOracle) {
 // without causal masking (whose blocks skip the chunks past their last
 // visible key), against the float64 trace within the pair way's bound; and
 // the same bits on 1 and 2 threads.
-// narrow_attention_force(way) for a scope, lifted on the way out (a failed
-// ASSERT's too), so that no later test runs under it.
-struct ForcedNarrowAttention {
-  explicit ForcedNarrowAttention(const char* way) { narrow_attention_force(way); }
-  ~ForcedNarrowAttention() { narrow_attention_force(""); }
-  ForcedNarrowAttention(const ForcedNarrowAttention&) = delete;
-  ForcedNarrowAttention& operator=(const ForcedNarrowAttention&) = delete;
-};
-
 TEST(PrecisionNarrowAttention, BlocksAndChunks) {
   const ForcedNarrowAttention matmul("matmul");
   // The table's rules (masks, causal in both alignments, windows, ALiBi,

@@ -924,3 +924,122 @@ TEST(PrecisionBackwardPairWay, DiffersFromTheFmaWayAndStaysNearIt) {
 
 }  // namespace
 }  // namespace multihead
+
+namespace multihead {
+namespace {
+
+using namespace precision;
+
+// The matmul way's own backward (narrow_matmul_backward_serves, forced;
+// kernels/narrow_matmul.cpp: five bf16 products per key chunk of 512 and
+// block of 256 query rows, a whole K/V slice per thread) with every score
+// rule across those chunks and blocks, where a rule indexed by the chunk's
+// keys (masks, dropout's keep decisions, ALiBi's positions, windows, the
+// causal end, the soft-cap's slope) would go wrong if the chunk's offset
+// were: against scaled_dot_product_attention_backward<double> on the same
+// bf16 numbers, each gradient within 8·2⁻⁸ of its largest magnitude (the
+// sibling test's measure: its roundings are P′, dX and each gradient's own,
+// each 2⁻⁹ relative, and the forward's output's; a misplaced key gives
+// errors of the gradient's own size), NaN exactly where float64 has it
+// (MaskedRowPolicy::NaN), and the same bits on 1 and 2 threads.
+struct RuleCase {
+  int64_t N, L, S, D, Dv;
+  bool causal, bottom_right;
+  int64_t window;        // 0: none
+  int mask;              // 0 none, 1 bool per slice (N, L, S), 2 additive shared (L, S)
+  bool alibi;
+  double softcap, scale, dropout;  // 0: unset
+  MaskedRowPolicy masked_rows;
+};
+
+TEST(PrecisionBackwardMatmulWay, EveryRuleAcrossChunksAgainstFloat64) {
+  const RuleCase cases[] = {
+      {2, 300, 1100, 32, 32, true, true, 0, 0, false, 0, 0, 0.2, MaskedRowPolicy::Zeros},  // keys 800+ in 2 chunks
+      {2, 600, 520, 16, 24, true, true, 300, 0, true, 0, 0, 0, MaskedRowPolicy::Zeros},  // rows with no key
+      {2, 257, 600, 24, 16, false, false, 0, 1, false, 4.0, 0, 0, MaskedRowPolicy::Zeros},
+      {1, 70, 1025, 16, 16, false, true, 200, 2, true, 0, 0.25, 0.1, MaskedRowPolicy::Zeros},  // keys 756+
+      {2, 520, 513, 16, 16, true, true, 0, 1, false, 1.5, 0, 0, MaskedRowPolicy::NaN},  // NaN rows reach every key
+  };
+  const ForcedNarrowAttention matmul("matmul");
+  for (std::size_t c = 0; c < std::size(cases); ++c) {
+    const RuleCase& rc = cases[c];
+    const std::string name = "case " + std::to_string(c);
+    std::mt19937_64 rng(500 + c);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::bernoulli_distribution hide(0.3);
+    const auto fill = [&](Shape shape) {
+      Tensor<bfloat16> t(shape);
+      for (int64_t i = 0; i < t.numel(); ++i) t[i] = to_bfloat16(normal(rng));
+      return t;
+    };
+    const Tensor<bfloat16> q = fill({rc.N, rc.L, rc.D}), k = fill({rc.N, rc.S, rc.D}), v = fill({rc.N, rc.S, rc.Dv}),
+                           d_out = fill({rc.N, rc.L, rc.Dv});
+    std::unique_ptr<Mask<float>> mask;
+    std::unique_ptr<Mask<double>> mask64;
+    if (rc.mask == 1) {
+      Tensor<uint8_t> m({rc.N, rc.L, rc.S});
+      for (int64_t e = 0; e < m.numel(); ++e) m[e] = hide(rng) ? 1 : 0;
+      // Some rows hidden whole: the masked-row policy's rows.
+      for (int64_t j = 0; j < rc.S; ++j) m[(rc.L / 2) * rc.S + j] = 1;
+      mask = std::make_unique<Mask<float>>(Mask<float>::boolean(m));
+      mask64 = std::make_unique<Mask<double>>(Mask<double>::boolean(m));
+    } else if (rc.mask == 2) {
+      Tensor<float> m({rc.L, rc.S});
+      Tensor<double> m64({rc.L, rc.S});
+      for (int64_t e = 0; e < m.numel(); ++e) m64[e] = m[e] = to_float(to_bfloat16(normal(rng)));
+      mask = std::make_unique<Mask<float>>(Mask<float>::additive(m));
+      mask64 = std::make_unique<Mask<double>>(Mask<double>::additive(m64));
+    }
+    std::vector<double> slopes;
+    if (rc.alibi)
+      for (int64_t n = 0; n < rc.N; ++n) slopes.push_back(0.03125 * static_cast<double>(1 + n));
+    AttentionOptions o = rule_options(rc.causal, rc.bottom_right, rc.window, rc.softcap, rc.scale, slopes);
+    o.dropout_p = rc.dropout;
+    o.dropout_seed = 77;
+    o.masked_rows = rc.masked_rows;
+    const auto run = [&](int threads) {
+      AttentionOptions ot = o;
+      ot.num_threads = threads;
+      Tensor<float> lse;
+      const Tensor<bfloat16> out = scaled_dot_product_attention(q, k, v, mask.get(), ot, &lse);
+      return scaled_dot_product_attention_backward(q, k, v, mask.get(), ot, out, lse, d_out);
+    };
+    const SdpaGradients<bfloat16> two = run(2), one = run(1);
+    AttentionOptions o64 = o;
+    o64.kernel = AttentionKernel::Reference;
+    Tensor<double> lse64;
+    const Tensor<double> q64 = widen<double>(q), k64 = widen<double>(k), v64 = widen<double>(v),
+                         do64 = widen<double>(d_out);
+    const Tensor<double> out64 = scaled_dot_product_attention<double>(q64, k64, v64, mask64.get(), o64, nullptr, &lse64);
+    const SdpaGradients<double> want =
+        scaled_dot_product_attention_backward<double>(q64, k64, v64, mask64.get(), o64, out64, lse64, do64);
+    const std::tuple<const char*, const Tensor<bfloat16>*, const Tensor<bfloat16>*, const Tensor<double>*> grads[] = {
+        {"query", &two.query, &one.query, &want.query},
+        {"key", &two.key, &one.key, &want.key},
+        {"value", &two.value, &one.value, &want.value}};
+    for (const auto& [what, got, got1, ref] : grads) {
+      double scale = 0, worst = 0;
+      int64_t nans = 0;
+      for (int64_t x = 0; x < ref->numel(); ++x) {
+        ASSERT_EQ((*got)[x].bits, (*got1)[x].bits) << name << " d_" << what << " element " << x << ": 2 threads against 1";
+        const double r = (*ref)[x], g = to_float((*got)[x]);
+        ASSERT_EQ(std::isnan(g), std::isnan(r)) << name << " d_" << what << " element " << x << ": " << g << " against " << r;
+        if (std::isnan(r)) {
+          ++nans;
+          continue;
+        }
+        scale = std::max(scale, std::abs(r));
+        worst = std::max(worst, std::abs(g - r));
+      }
+      if (rc.masked_rows == MaskedRowPolicy::NaN) {
+        EXPECT_GT(nans, 0) << name << " d_" << what;
+      }
+      if (nans == ref->numel()) continue;
+      EXPECT_GT(scale, 0) << name << " d_" << what;
+      EXPECT_LE(worst, 8 * std::ldexp(1.0, -8) * scale) << name << " d_" << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace multihead
