@@ -1207,10 +1207,11 @@ PYBIND11_MODULE(_multihead, m) {
   m.def("f16_gemm_current", &multihead::f16_gemm_current,
         "f16_gemm_current() -> str\n\nThe way f16 products run now, and why.");
   m.def("narrow_attention_force", &multihead::narrow_attention_force, "way"_a,
-        "narrow_attention_force(way)\n\nHow a bf16 attention forward computes QK^T and PV for every later call:\n"
-        "'flash' (the flash kernel) or 'matmul' (blocks of query rows, the two products on oneDNN's bf16\n"
-        "matmul, the weights rounded to bf16 for PV); '' or 'auto' lifts the force: auto is matmul for calls\n"
-        "of at least 128 query rows where oneDNN's bf16 matmul runs on AMX (docs/precision.md,\n"
+        "narrow_attention_force(way)\n\nHow bf16 attention computes its products, forward (QK^T, PV) and\n"
+        "backward, for every later call: 'flash' (the flash kernel) or 'matmul' (blocks of query rows, the\n"
+        "products on oneDNN's bf16 matmul, the weights (and, backward, the score gradients) rounded to bf16);\n"
+        "'' or 'auto' lifts the force: auto is matmul for calls of at least 128 query rows (a backward also\n"
+        "over at least 2 K/V heads) where oneDNN's bf16 matmul runs on AMX (docs/precision.md,\n"
         "'bf16 attention on a bf16 matmul').");
   m.def("narrow_attention_current", &multihead::narrow_attention_current,
         "narrow_attention_current() -> str\n\nThe way bf16 attention runs now, and why.");

@@ -522,7 +522,8 @@ std::string narrow_attention_current() {
   if (impl.empty()) return "flash (auto: oneDNN has no bf16 matmul on this CPU)";
   if (!bf16_matmul_on_amx()) return "flash (auto: oneDNN's bf16 matmul is " + impl + ", not AMX)";
   return "matmul (auto, for bf16 calls of at least " + std::to_string(kNarrowMatmulMinRows) +
-         " query rows: oneDNN's bf16 matmul runs on AMX (" + impl + "))";
+         " query rows, a backward also over at least " + std::to_string(kNarrowMatmulBackwardMinGroups) +
+         " K/V heads: oneDNN's bf16 matmul runs on AMX (" + impl + "))";
 }
 
 void check_narrow_attention_environment() { (void)env_way(); }

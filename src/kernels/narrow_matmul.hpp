@@ -1,6 +1,7 @@
-// src/kernels/narrow_matmul.hpp: the bf16 attention forward's matmul way.
-// Scaled dot-product attention of bf16 operands (AttentionArgs::narrow)
-// with its two products, QKᵀ and PV, on oneDNN's bf16 matmul, which runs on
+// src/kernels/narrow_matmul.hpp: the bf16 attention's matmul way, forward
+// and backward. Scaled dot-product attention of bf16 operands
+// (AttentionArgs::narrow) with its two products, QKᵀ and PV (and its
+// backward's five), on oneDNN's bf16 matmul, which runs on
 // AMX tiles where the CPU has them (tdpbf16ps: a 16×16 tile of float32
 // sums of 32 bf16 products per instruction, several times the float32
 // FMA's rate, core/gemm.hpp): the flash kernel's online softmax over
@@ -13,8 +14,8 @@
 // (MULTIHEAD_NARROW_ATTENTION=auto|flash|matmul, narrow_attention_force):
 // "auto" takes the matmul way for a bf16 call of at least
 // kNarrowMatmulMinRows query rows where oneDNN's bf16 matmul is AMX (a
-// decoding step keeps the flash kernel); "matmul" takes it for every bf16
-// call (on a CPU without AMX its products are oneDNN's vdpbf16ps or
+// decoding step keeps the flash kernel; the backward's rule is below);
+// "matmul" takes it for every bf16 call (on a CPU without AMX its products are oneDNN's vdpbf16ps or
 // emulated bf16 matmul, or widened); "flash" never. f16 always keeps the
 // flash kernel (narrow_matmul.cpp says why).
 #pragma once
