@@ -16,6 +16,7 @@
 // pair way forced (bf16_dot_force), so on every host.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -229,6 +230,122 @@ TEST(NarrowBackward, GqaBf16OperandsGiveTheCopiesBits) {
   }
   detail::bf16_dot_force("");
   narrow_attention_force("");
+}
+
+// The bf16 backward's matmul way (kernels/narrow_matmul.hpp, forced) inside
+// the modules, across its chunks of 512 keys and blocks of 256 query rows:
+// the operands as the modules lay them out (token rows, seq-first and
+// batch_first, B = 2), cross-attention with kdim/vdim, bias_k/v and the
+// zero-attention key (keys without a position) under the causal rule and a
+// key padding mask, and grouped-query heads (two query heads per K/V head)
+// with causal, a window, ALiBi and a soft-cap. Each step's gradients:
+//  - the same bits from the bf16 rows in place and from the float32 copies
+//    (MULTIHEAD_BF16_BACKWARD=copies);
+//  - within 16·2⁻⁸ of the flash kernel's, relative to each gradient's
+//    largest magnitude: the attention step's gradients agree within 8·2⁻⁸
+//    (PrecisionBackwardMatmulWay), and each module gradient is one more
+//    product of exact bf16 products in float32 and one rounding; a wrong
+//    head, row or chunk moves gradients by their own size;
+//  - not the flash kernel's bits everywhere (the matmul way ran).
+template <class T>
+double worst_relative(const Tensor<T>& got, const Tensor<T>& want) {
+  double scale = 0, worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::abs(to_float(want[i]))));
+    worst = std::max(worst, static_cast<double>(std::abs(to_float(got[i]) - to_float(want[i]))));
+  }
+  return scale > 0 ? worst / scale : (worst > 0 ? INFINITY : 0.0);
+}
+
+template <class T>
+bool differ(const Tensor<T>& a, const Tensor<T>& b) {
+  for (int64_t i = 0; i < a.numel(); ++i)
+    if (a[i].bits != b[i].bits) return true;
+  return false;
+}
+
+TEST(NarrowBackward, MatmulWayInTheModulesAcrossChunks) {
+  const double tolerance = 16 * std::ldexp(1.0, -8);
+  const Case cases[] = {
+      {"self_causal_L600", 64, 4, 2, 600, 600, 0, 0, true, false, true, false},
+      {"cross_causal_bias_kv_zero_attn_padding_S1100", 48, 4, 2, 300, 1100, 24, 40, false, true, true, true, true,
+       true},
+  };
+  for (const Case& c : cases) {
+    const auto m = module_for<bfloat16>(c);
+    narrow_attention_force("flash");
+    const MultiheadAttentionGradients<bfloat16> flash = step(m, c, "auto", "auto");
+    narrow_attention_force("matmul");
+    const MultiheadAttentionGradients<bfloat16> in_place = step(m, c, "auto", "auto");
+    const MultiheadAttentionGradients<bfloat16> copied = step(m, c, "auto", "copies");
+    narrow_attention_force("");
+    expect_same_gradients(c, copied, in_place, std::string(c.name) + " matmul, in place against copies");
+    bool ran = differ(in_place.query, flash.query);
+    EXPECT_LE(worst_relative(in_place.query, flash.query), tolerance) << c.name << " d_query";
+    if (!c.self) {
+      EXPECT_LE(worst_relative(in_place.key, flash.key), tolerance) << c.name << " d_key";
+      EXPECT_LE(worst_relative(in_place.value, flash.value), tolerance) << c.name << " d_value";
+    }
+    for (const auto& [name, t] : in_place.parameters) {
+      EXPECT_LE(worst_relative(t, flash.parameters.at(name)), tolerance) << c.name << " d_" << name;
+      ran = ran || differ(t, flash.parameters.at(name));
+    }
+    EXPECT_TRUE(ran) << c.name << ": the matmul way gave the flash kernel's bits";
+  }
+
+  struct GqaCase {
+    const char* name;
+    int64_t window;
+    bool alibi;
+    float softcap;
+  };
+  for (const GqaCase& c : {GqaCase{"groups2_causal_L600", 0, false, 0.0f}, GqaCase{"groups2_window_alibi_softcap_L600", 300, true, 20.0f}}) {
+    GroupedQueryAttentionConfig config;
+    config.embed_dim = 64;
+    config.num_heads = 4;
+    config.num_kv_heads = 2;
+    config.head_dim = 16;
+    config.bias = true;
+    config.causal = true;
+    const auto m = NarrowGroupedQueryAttention<bfloat16>::rounded(config, GroupedQueryAttention<float>(config, 13).parameters());
+    std::mt19937_64 rng(21);
+    const Tensor<bfloat16> x = round_to<bfloat16>(test::random_tensor<float>(Shape{2, 600, 64}, rng));
+    AttentionOptions options;
+    if (c.window > 0) options.window = c.window;
+    if (c.softcap > 0.0f) options.softcap = c.softcap;
+    if (c.alibi) options.alibi_slopes = alibi_slopes(4);
+    Tensor<bfloat16> d_y;
+    const auto run = [&](const char* way, const char* operands) {
+      narrow_attention_force(way);
+      NarrowGroupedQueryForwardContext<bfloat16> ctx;
+      const Tensor<bfloat16> y = m.forward(x, options, ctx);
+      if (d_y.numel() == 0) {
+        d_y = Tensor<bfloat16>(y.shape());
+        for (int64_t i = 0; i < d_y.numel(); ++i) d_y[i] = to_bfloat16(std::cos(0.37f * static_cast<float>(i)));
+      }
+      setenv("MULTIHEAD_BF16_BACKWARD", operands, 1);
+      GroupedQueryAttentionGradients<bfloat16> g = m.backward(ctx, d_y);
+      unsetenv("MULTIHEAD_BF16_BACKWARD");
+      narrow_attention_force("");
+      return g;
+    };
+    const GroupedQueryAttentionGradients<bfloat16> flash = run("flash", "auto"), in_place = run("matmul", "auto"),
+                                                   copied = run("matmul", "copies");
+    expect_same_bits(copied.x, in_place.x, std::string(c.name) + " d_x, in place against copies");
+    EXPECT_LE(worst_relative(in_place.x, flash.x), tolerance) << c.name << " d_x";
+    bool ran = differ(in_place.x, flash.x);
+    for (const auto& [name, t] : in_place.parameters) {
+      expect_same_bits(copied.parameters.at(name), t, std::string(c.name) + " d_" + name + ", in place against copies");
+      // d_b_k = scale·Σ_i q_i Σ_j ds_ij, and each row of softmax's Jacobian
+      // sums to 0 (Σ_j p_ij (dp_ij − delta_i) = 0): both ways' d_b_k are
+      // rounding noise around 0 (or the soft-cap's small remainder), whose
+      // scale says nothing; the same bits in place and copied still hold.
+      if (name == "k_proj.bias") continue;
+      EXPECT_LE(worst_relative(t, flash.parameters.at(name)), tolerance) << c.name << " d_" << name;
+      ran = ran || differ(t, flash.parameters.at(name));
+    }
+    EXPECT_TRUE(ran) << c.name << ": the matmul way gave the flash kernel's bits";
+  }
 }
 
 }  // namespace

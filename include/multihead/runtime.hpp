@@ -100,16 +100,17 @@ std::string f16_gemm_current();
 // 256 query rows, the flash kernel's online softmax over chunks of 512 keys
 // in float32, the two products on oneDNN's bf16 matmul, the weights rounded
 // to bf16 for PV; backward: its five products on oneDNN's bf16 matmul, one
-// K/V head per thread, the weights and score gradients rounded to bf16). By
+// K/V slice per thread, the weights and score gradients rounded to bf16). By
 // default ("auto") matmul for calls of at least 128 query rows (a backward
-// also over at least 2 K/V heads) where oneDNN's bf16 matmul runs on AMX,
+// also over at least 2 K/V slices, batch entries × K/V heads) where
+// oneDNN's bf16 matmul runs on AMX,
 // flash elsewhere (a decoding step, and f16, always); MULTIHEAD_NARROW_ATTENTION=
 // auto|flash|matmul sets it for the process, narrow_attention_force("flash"
 // | "matmul") for every later call, "" or "auto" lifts the force. Throws
 // multihead::Error for another name.
 void narrow_attention_force(const std::string& way);
 // The way now and why, one line: e.g. "matmul (auto, for bf16 calls of at
-// least 128 query rows, a backward also over at least 2 K/V heads:
+// least 128 query rows, a backward also over at least 2 K/V slices:
 // oneDNN's bf16 matmul runs on AMX
 // (brg:avx512_core_amx_bf16))", "flash (forced)".
 std::string narrow_attention_current();

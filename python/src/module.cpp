@@ -1211,7 +1211,7 @@ PYBIND11_MODULE(_multihead, m) {
         "backward, for every later call: 'flash' (the flash kernel) or 'matmul' (blocks of query rows, the\n"
         "products on oneDNN's bf16 matmul, the weights (and, backward, the score gradients) rounded to bf16);\n"
         "'' or 'auto' lifts the force: auto is matmul for calls of at least 128 query rows (a backward also\n"
-        "over at least 2 K/V heads) where oneDNN's bf16 matmul runs on AMX (docs/precision.md,\n"
+        "over at least 2 K/V slices, batch entries x K/V heads) where oneDNN's bf16 matmul runs on AMX (docs/precision.md,\n"
         "'bf16 attention on a bf16 matmul').");
   m.def("narrow_attention_current", &multihead::narrow_attention_current,
         "narrow_attention_current() -> str\n\nThe way bf16 attention runs now, and why.");

@@ -259,11 +259,12 @@ struct AttentionBackwardArgs {
   // changes nothing.
   bool bf16_operands = false;
   // The bf16 operands themselves (float only, flash only, and only where
-  // that pair way runs: flash_backward_reads_bf16(), kernels/kernel.hpp):
+  // that pair way runs, flash_backward_reads_bf16(), kernels/kernel.hpp, or
+  // where the matmul way does, kernels/narrow_matmul.hpp):
   // forward.narrow (dtype BF16) holds q, k, v and out, and d_out_bf16
   // d_out, read in the layouts above in place of the float q, k, v, out and
-  // d_out (which stay nullptr); the pair way reads only their bf16 values,
-  // so no float32 copy of them is made. The gradients stay float.
+  // d_out (which stay nullptr); both ways read only their bf16 values, so
+  // no float32 copy of them is made. The gradients stay float.
   const bfloat16* d_out_bf16 = nullptr;
   // Set by attention_backward_flash itself for that way (callers leave
   // them nullptr): K and V packed as bf16 pairs once per call, contiguous

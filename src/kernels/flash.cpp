@@ -386,10 +386,11 @@ void validate_backward(const AttentionBackwardArgs<float>& b) {
   if (a.slices == 0) return;
   // The bf16 operands themselves (d_out_bf16) in place of the float ones.
   const bool bf16 = b.d_out_bf16 != nullptr;
-  if (bf16 && (!b.bf16_operands || a.narrow.dtype != ComputeDtype::BF16 ||
-               !(flash_backward_reads_bf16() || narrow_matmul_backward_serves(b))))
-    fail("d_out_bf16 needs bf16_operands, forward.narrow in bf16 and a bf16 backward that reads them (the pair way "
-         "or the matmul way)");
+  // bf16 operands alone are read by the pair way or, on any host, by the
+  // matmul way (attention_backward_flash takes it for them where the pair
+  // way does not run, whatever the switch says by then).
+  if (bf16 && (!b.bf16_operands || a.narrow.dtype != ComputeDtype::BF16))
+    fail("d_out_bf16 needs bf16_operands and forward.narrow in bf16");
   if (!bf16 && a.narrow.dtype != ComputeDtype::F32) fail("forward.narrow is read only with d_out_bf16");
   const void* q = bf16 ? a.narrow.q : a.q;
   const void* out = bf16 ? a.narrow.out : a.out;
@@ -483,7 +484,12 @@ void attention_backward_flash(const AttentionBackwardArgs<float>& args_in) {
   if (args_in.forward.slices == 0) return;
   // bf16 operands on oneDNN's bf16 matmul (kernels/narrow_matmul.hpp), as
   // the forward; this kernel is its reference.
-  if (narrow_matmul_backward_serves(args_in)) return attention_backward_narrow_matmul(args_in);
+  // bf16 operands alone (d_out_bf16) where the pair way does not run are
+  // the matmul way's: a module asked narrow_matmul_backward_serves_bf16
+  // before it built them, and a switch forced since then does not strand
+  // them.
+  if (narrow_matmul_backward_serves(args_in) || (args_in.d_out_bf16 != nullptr && !flash_backward_reads_bf16()))
+    return attention_backward_narrow_matmul(args_in);
   const int64_t target = simd_target_bit();
   BackwardProducts products = BackwardProducts::Float32;
   if (args_in.bf16_operands && args_in.forward.kv_len > 0) {

@@ -301,11 +301,15 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
 // row's NaN reaches every key, as the contract says, so no chunk is
 // skipped.
 //
-// Memory beyond the inputs and gradients, per item thread and kept: dense
-// bf16 K and V of the group (its bytes again, or read in place) and, per
-// query slice of the group, Q, dO, their block transposes (bf16) and d_q
-// (float32): 2 · L · (D + Dv) · 2 + 4 · L · D bytes; R × C float32 scores
-// and dp', their bf16 roundings, and the chunk's d_kᵀ, d_vᵀ.
+// Memory beyond the inputs and gradients, per item thread, kept (grown,
+// never shrunk): dense bf16 copies of the group's K and V, 2·S·(D + Dv)
+// bytes, and, per query slice of the group (G = heads / kv_heads of them),
+// Q, dO and their block transposes in bf16 and d_q in float32,
+// G·L·(8·D + 4·Dv) bytes; R × C float32 scores and dp' and their bf16
+// roundings (3 MiB), and the chunk's d_kᵀ, d_vᵀ. At G·D <= E that is at
+// most about three of the module's (L, E) float32 copies per thread, and
+// the modules make none of those copies for this way (they hand it their
+// bf16 rows).
 
 namespace {
 
@@ -463,8 +467,13 @@ void attention_backward_narrow_matmul(const AttentionBackwardArgs<float>& b) {
             if (lse == neg_inf) {
               std::fill_n(xr, kc, masked_row_fill<float>(a.masked_rows));
             } else {
+              // s − lse clamped at 0, as the flash backward does: recomputed
+              // in another order than the forward's sum, a score may pass
+              // lse by a rounding, and exp_row's argument must not (a NaN
+              // stays NaN, −inf gives 0).
               apply_score_rule(mods, S, i, j0, xr, kc);
-              (void)exp_row(xr, n_(kc), lse);
+              for (int64_t j = 0; j < kc; ++j) xr[j] = std::min(xr[j] - lse, 0.0f);
+              (void)exp_row(xr, n_(kc), 0.0f);
             }
             if (!dropout && !capped) {
               for (int64_t j = 0; j < kc; ++j) dpr[j] = xr[j] * (dpr[j] - dl);
@@ -523,7 +532,7 @@ std::string narrow_attention_current() {
   if (!bf16_matmul_on_amx()) return "flash (auto: oneDNN's bf16 matmul is " + impl + ", not AMX)";
   return "matmul (auto, for bf16 calls of at least " + std::to_string(kNarrowMatmulMinRows) +
          " query rows, a backward also over at least " + std::to_string(kNarrowMatmulBackwardMinGroups) +
-         " K/V heads: oneDNN's bf16 matmul runs on AMX (" + impl + "))";
+         " K/V slices: oneDNN's bf16 matmul runs on AMX (" + impl + "))";
 }
 
 void check_narrow_attention_environment() { (void)env_way(); }

@@ -950,6 +950,7 @@ struct RuleCase {
   bool alibi;
   double softcap, scale, dropout;  // 0: unset
   MaskedRowPolicy masked_rows;
+  int64_t query_offset = 0;  // causal_query_offset
 };
 
 TEST(PrecisionBackwardMatmulWay, EveryRuleAcrossChunksAgainstFloat64) {
@@ -959,7 +960,13 @@ TEST(PrecisionBackwardMatmulWay, EveryRuleAcrossChunksAgainstFloat64) {
       {2, 257, 600, 24, 16, false, false, 0, 1, false, 4.0, 0, 0, MaskedRowPolicy::Zeros},
       {1, 70, 1025, 16, 16, false, true, 200, 2, true, 0, 0.25, 0.1, MaskedRowPolicy::Zeros},  // keys 756+
       {2, 520, 513, 16, 16, true, true, 0, 1, false, 1.5, 0, 0, MaskedRowPolicy::NaN},  // NaN rows reach every key
+      // Top-left causal past the first chunk: L > S, and query 0 at position 200.
+      {2, 600, 520, 16, 16, true, false, 0, 0, false, 0, 0, 0.15, MaskedRowPolicy::Zeros},
+      {1, 300, 1100, 16, 32, true, false, 0, 0, true, 0, 0, 0, MaskedRowPolicy::Zeros, 700},
+      // The NaN policy with no fully masked row: chunks no longer skipped change no value.
+      {2, 300, 1100, 16, 16, true, false, 0, 0, false, 0, 0, 0, MaskedRowPolicy::NaN, 600},
   };
+  bool ran = false;  // the matmul way differs from the flash kernel's somewhere
   const ForcedNarrowAttention matmul("matmul");
   for (std::size_t c = 0; c < std::size(cases); ++c) {
     const RuleCase& rc = cases[c];
@@ -997,6 +1004,7 @@ TEST(PrecisionBackwardMatmulWay, EveryRuleAcrossChunksAgainstFloat64) {
     o.dropout_p = rc.dropout;
     o.dropout_seed = 77;
     o.masked_rows = rc.masked_rows;
+    o.causal_query_offset = rc.query_offset;
     const auto run = [&](int threads) {
       AttentionOptions ot = o;
       ot.num_threads = threads;
@@ -1005,6 +1013,10 @@ TEST(PrecisionBackwardMatmulWay, EveryRuleAcrossChunksAgainstFloat64) {
       return scaled_dot_product_attention_backward(q, k, v, mask.get(), ot, out, lse, d_out);
     };
     const SdpaGradients<bfloat16> two = run(2), one = run(1);
+    narrow_attention_force("flash");  // (the guard above lifts whatever is forced last)
+    const SdpaGradients<bfloat16> f = run(2);
+    narrow_attention_force("matmul");
+    for (int64_t x = 0; x < f.key.numel() && !ran; ++x) ran = f.key[x].bits != two.key[x].bits;
     AttentionOptions o64 = o;
     o64.kernel = AttentionKernel::Reference;
     Tensor<double> lse64;
@@ -1031,7 +1043,7 @@ TEST(PrecisionBackwardMatmulWay, EveryRuleAcrossChunksAgainstFloat64) {
         scale = std::max(scale, std::abs(r));
         worst = std::max(worst, std::abs(g - r));
       }
-      if (rc.masked_rows == MaskedRowPolicy::NaN) {
+      if (rc.masked_rows == MaskedRowPolicy::NaN && rc.mask == 1) {  // a row hidden whole: its NaN reaches them
         EXPECT_GT(nans, 0) << name << " d_" << what;
       }
       if (nans == ref->numel()) continue;
@@ -1039,6 +1051,7 @@ TEST(PrecisionBackwardMatmulWay, EveryRuleAcrossChunksAgainstFloat64) {
       EXPECT_LE(worst, 8 * std::ldexp(1.0, -8) * scale) << name << " d_" << what;
     }
   }
+  EXPECT_TRUE(ran) << "the matmul way gave the flash kernel's bits on every case: did it run?";
 }
 
 }  // namespace
