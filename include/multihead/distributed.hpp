@@ -283,6 +283,9 @@ class HeadParallelGroupedQueryAttention {
 
  private:
   AttentionOptions local_options(const AttentionOptions& options) const;
+  // local_options, and check_finite done here at the whole tensors' indices
+  // (then off for the local module).
+  AttentionOptions checked_options(const Tensor<T>& x, const AttentionOptions& options) const;
   Communicator* comm_;
   GroupedQueryAttentionConfig config_;
   Share groups_;

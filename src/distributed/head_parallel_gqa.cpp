@@ -106,15 +106,51 @@ Tensor<T> sum_partials(Communicator& comm, const GroupedQueryAttentionConfig& co
   return out;
 }
 
+// check_finite, before the local module runs with it off: x whole (every
+// rank holds it, so an index is the caller's) and this rank's slices of the
+// parameters, each named as the whole tensor at the whole tensor's index
+// (the local module would name its slices' own indices): q_proj's rows
+// from the rank's first query head, k/v_proj's from its first K/V head,
+// o_proj.weight's columns from its first query head; o_proj.bias is whole.
+template <class T>
+void check_finite_whole(const Tensor<T>& x, const std::map<std::string, Tensor<T>>& local, const Tensor<T>& out_bias,
+                        bool bias, int64_t first_query_row, int64_t first_kv_row) {
+  multihead::detail::check_finite("x", x);
+  const auto from = [](int64_t first, int64_t n) {
+    std::vector<int64_t> at(static_cast<std::size_t>(n));
+    for (int64_t i = 0; i < n; ++i) at[static_cast<std::size_t>(i)] = first + i;
+    return at;
+  };
+  for (const auto& [name, t] : local) {
+    if (name == "o_proj.bias") continue;  // the local zeros; the whole one below
+    const bool query_side = name.rfind("q_proj.", 0) == 0 || name == "o_proj.weight";
+    const int64_t dim = name == "o_proj.weight" ? 1 : 0;
+    const int64_t first = query_side ? first_query_row : first_kv_row;
+    multihead::detail::check_finite(name, t, dim, from(first, t.shape()[static_cast<std::size_t>(dim)]));
+  }
+  if (bias) multihead::detail::check_finite("o_proj.bias", out_bias);
+}
+
 }  // namespace
+
+template <class T>
+AttentionOptions HeadParallelGroupedQueryAttention<T>::checked_options(const Tensor<T>& x,
+                                                                       const AttentionOptions& options) const {
+  AttentionOptions o = local_options(options);
+  if (options.check_finite) {
+    const int64_t D = config_.resolved_head_dim();
+    check_finite_whole(x, local_->state_dict(), out_bias_, config_.bias, heads().begin * D, groups_.begin * D);
+    o.check_finite = false;  // checked above
+  }
+  return o;
+}
 
 template <class T>
 Tensor<T> HeadParallelGroupedQueryAttention<T>::forward(const Tensor<T>& x, const AttentionOptions& options) const {
   Tensor<T> out;
   comm_->agree([&] {
-    // The local module checks x and its slices; the output bias is added here.
-    if (options.check_finite) multihead::detail::check_finite("o_proj.bias", out_bias_);
-    out = local_->forward(x, local_options(options));
+    // check_finite's indices are the whole tensors' (checked_options).
+    out = local_->forward(x, checked_options(x, options));
   });
   return sum_partials(*comm_, config_, out_bias_, std::move(out));
 }
@@ -124,9 +160,8 @@ Tensor<T> HeadParallelGroupedQueryAttention<T>::forward(const Tensor<T>& x, cons
                                                         GroupedQueryForwardContext<T>& save) const {
   Tensor<T> out;
   comm_->agree([&] {
-    // The local module checks x and its slices; the output bias is added here.
-    if (options.check_finite) multihead::detail::check_finite("o_proj.bias", out_bias_);
-    out = local_->forward(x, local_options(options), save);
+    // check_finite's indices are the whole tensors' (checked_options).
+    out = local_->forward(x, checked_options(x, options), save);
   });
   return sum_partials(*comm_, config_, out_bias_, std::move(out));
 }

@@ -141,6 +141,52 @@ std::vector<Case> make_cases() {
     add_typed(cases, "mha", row, []<class T>(const MhaRow& r, Communicator& c, Report& rep) { mha_case<T>(r, c, rep); }, 0);
   for (const GqaRow& row : gqa_rows())
     add_typed(cases, "gqa", row, []<class T>(const GqaRow& r, Communicator& c, Report& rep) { gqa_case<T>(r, c, rep); }, 0);
+  // check_finite names a parameter at the whole tensor's index, whichever
+  // rank holds the slice (the local module named its slice's index): an
+  // Inf in the last row of each projection (the last rank's, for any P up
+  // to Hkv) and in o_proj.weight's last column; a NaN in x.
+  cases.push_back({"gqa/check_finite_names_the_whole_index", [](Communicator& comm, Report& report) {
+                     GroupedQueryAttentionConfig c;
+                     c.embed_dim = 16;
+                     c.num_heads = 8;
+                     c.num_kv_heads = 4;
+                     c.bias = true;
+                     const GroupedQueryAttention<float> whole(c, 3);
+                     Tensor<float> x(Shape{2, 5, 16}, 0.5f);
+                     AttentionOptions o;
+                     o.check_finite = true;
+                     const auto expect = [&](const std::string& what, const GroupedQueryAttentionParameters<float>& p,
+                                             const Tensor<float>& input, const std::string& want) {
+                       const distributed::HeadParallelGroupedQueryAttention<float> hp(comm, c, p);
+                       try {
+                         (void)hp.forward(input, o);
+                         report.fail(what + ": no error");
+                       } catch (const AgreedError& e) {
+                         const std::string full = want + " (check_finite rejects NaN and Inf)";
+                         if (e.what() != full) report.fail(what + ": got '" + e.what() + "', expected '" + full + "'");
+                       }
+                     };
+                     const std::pair<const char*, Tensor<float> GroupedQueryAttentionParameters<float>::*> rows[] = {
+                         {"q_proj.weight", &GroupedQueryAttentionParameters<float>::q_proj_weight},
+                         {"k_proj.weight", &GroupedQueryAttentionParameters<float>::k_proj_weight},
+                         {"v_proj.weight", &GroupedQueryAttentionParameters<float>::v_proj_weight},
+                         {"v_proj.bias", &GroupedQueryAttentionParameters<float>::v_proj_bias}};
+                     for (const auto& [name, member] : rows) {
+                       GroupedQueryAttentionParameters<float> p = whole.parameters();
+                       Tensor<float>& t = p.*member;
+                       const int64_t last = t.shape()[0] - 1;
+                       t[t.numel() - 1 - (t.shape().size() == 2 ? 12 : 0)] = INFINITY;  // (last, 3) or (last)
+                       expect(name, p, x,
+                              std::string(name) + ": non-finite value inf at index (" + std::to_string(last) +
+                                  (t.shape().size() == 2 ? ", 3)" : ")"));
+                     }
+                     GroupedQueryAttentionParameters<float> p = whole.parameters();
+                     p.o_proj_weight[2 * 16 + 15] = -INFINITY;  // (2, 15): the last query head's column
+                     expect("o_proj.weight", p, x, "o_proj.weight: non-finite value -inf at index (2, 15)");
+                     Tensor<float> xn = x;
+                     xn[1 * 5 * 16 + 4 * 16 + 7] = NAN;
+                     expect("x", whole.parameters(), xn, "x: non-finite value nan at index (1, 4, 7)");
+                   }, 2});
   // P larger than the work: every rank throws the same error, naming both.
   cases.push_back({"mha/ranks_above_heads", [](Communicator& comm, Report& report) {
                      MultiheadAttentionConfig c;
