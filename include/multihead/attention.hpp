@@ -192,7 +192,9 @@ Tensor<float16> scaled_dot_product_attention(const Tensor<float16>& query, const
 // the output and d_output are widened to float32 (exact) in one buffer each,
 // the float32 flash backward runs on them, and d_query, d_key, d_value are
 // rounded once to nearest even (docs/precision.md: where, the bound, and
-// what the float32 buffers cost). Throws multihead::Error naming a tensor
+// what the float32 buffers cost). bf16 where the backward takes the matmul
+// way (oneDNN's bf16 matmul on AMX; runtime.hpp, narrow_attention_force)
+// reads the bf16 operands in place instead, with no float32 copies. Throws multihead::Error naming a tensor
 // of the wrong shape.
 SdpaGradients<bfloat16> scaled_dot_product_attention_backward(
     const Tensor<bfloat16>& query, const Tensor<bfloat16>& key, const Tensor<bfloat16>& value,

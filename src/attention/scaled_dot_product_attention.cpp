@@ -12,6 +12,7 @@
 #include "attention/attention_call.hpp"
 #include "core/check.hpp"
 #include "kernels/kernel.hpp"
+#include "kernels/narrow_matmul.hpp"
 #include "multihead/attention.hpp"
 #include "multihead/error.hpp"
 #include "multihead/narrow_multihead_attention.hpp"
@@ -127,6 +128,15 @@ Tensor<E> sdpa_narrow(const Tensor<E>& query, const Tensor<E>& key, const Tensor
   return out;
 }
 
+// The backward's output, lse and d_output against the forward's dims.
+void check_backward_shapes(const SdpaDims& d, const Shape& output, const Shape& lse, const Shape& d_output) {
+  expect_shape("output", output, with_tail(d.lead, d.L, d.Dv));
+  Shape lse_shape = d.lead;
+  lse_shape.push_back(d.L);
+  expect_shape("lse", lse, lse_shape);
+  expect_shape("d_output", d_output, with_tail(d.lead, d.L, d.Dv));
+}
+
 // The backward of both: `bf16_operands` (AttentionBackwardArgs) from the
 // bf16 backward below, whose float32 operands hold bf16 values.
 template <class T>
@@ -134,11 +144,7 @@ SdpaGradients<T> sdpa_backward(const Tensor<T>& query, const Tensor<T>& key, con
                                const Mask<T>* attn_mask, const AttentionOptions& options, const Tensor<T>& output,
                                const Tensor<T>& lse, const Tensor<T>& d_output, bool bf16_operands) {
   const SdpaDims d = check_dims(query, key, value);
-  expect_shape("output", output.shape(), with_tail(d.lead, d.L, d.Dv));
-  Shape lse_shape = d.lead;
-  lse_shape.push_back(d.L);
-  expect_shape("lse", lse.shape(), lse_shape);
-  expect_shape("d_output", d_output.shape(), with_tail(d.lead, d.L, d.Dv));
+  check_backward_shapes(d, output.shape(), lse.shape(), d_output.shape());
   Tensor<T> additive;
   std::vector<T> slopes;
   AttentionBackwardArgs<T> b;
@@ -169,6 +175,29 @@ SdpaGradients<E> sdpa_narrow_backward(const Tensor<E>& query, const Tensor<E>& k
                                         to_string(options.kernel));
   AttentionOptions flash = options;
   flash.kernel = AttentionKernel::Flash;  // the kernel the 16-bit forward ran
+  if constexpr (std::is_same_v<E, bfloat16>) {
+    // Where the backward takes the matmul way (kernels/narrow_matmul.hpp),
+    // it reads the bf16 operands in place: no float32 copies. The same
+    // values, so the same bits as on the copies.
+    const SdpaDims d = check_dims(query, key, value);
+    check_backward_shapes(d, output.shape(), lse.shape(), d_output.shape());
+    Tensor<float> additive;
+    std::vector<float> slopes;
+    AttentionBackwardArgs<float> b;
+    b.forward = sdpa_args<float, E>(query, key, value, attn_mask, flash, d, additive, slopes);
+    if (narrow_matmul_backward_serves_bf16(b.forward)) {
+      b.forward.narrow = {ComputeDtype::BF16, query.data(), key.data(), value.data(), const_cast<E*>(output.data())};
+      b.bf16_operands = true;
+      b.d_out_bf16 = d_output.data();
+      b.lse = lse.data();
+      Tensor<float> dq(query.shape()), dk(key.shape()), dv(value.shape());
+      b.d_q = dq.data();
+      b.d_k = dk.data();
+      b.d_v = dv.data();
+      run_attention_backward(b, AttentionKernel::Flash);
+      return {round_to<E>(dq), round_to<E>(dk), round_to<E>(dv)};
+    }
+  }
   const SdpaGradients<float> g =
       sdpa_backward<float>(widen<float>(query), widen<float>(key), widen<float>(value), attn_mask, flash,
                            widen<float>(output), lse, widen<float>(d_output), std::is_same_v<E, bfloat16>);
