@@ -1056,6 +1056,25 @@ TEST(Safetensors, BoolIsStillDecoded) {
   EXPECT_EQ(m.values.vec(), (Storage<double>{0.0, 1.0, 1.0}));
 }
 
+// A module's filter takes its own names only: not a module nested under
+// the prefix, not a sibling sharing its start, not a name the module does
+// not have; the prefix as every loader reads it gains its '.'.
+TEST(Safetensors, AModuleFilterTakesItsOwnNamesOnly) {
+  const TensorWanted wanted = tensors_named("layers.1.", {"q_proj.weight", "o_proj.bias"});
+  EXPECT_TRUE(wanted("layers.1.q_proj.weight"));
+  EXPECT_TRUE(wanted("layers.1.o_proj.bias"));
+  for (const char* other : {"layers.10.q_proj.weight", "layers.1.sub.q_proj.weight", "layers.1.k_proj.weight",
+                            "layers.1.", "q_proj.weight", "xlayers.1.q_proj.weight", "layers.1.q_proj.weightx"})
+    EXPECT_FALSE(wanted(other)) << other;
+  const TensorWanted bare = tensors_named("", {"in_proj_weight"});
+  EXPECT_TRUE(bare("in_proj_weight"));
+  EXPECT_FALSE(bare("a.in_proj_weight"));
+  EXPECT_EQ(module_prefix(""), "");
+  EXPECT_EQ(module_prefix("a"), "a.");
+  EXPECT_EQ(module_prefix("a."), "a.");
+  EXPECT_EQ(module_prefix("model.layers.0.self_attn"), "model.layers.0.self_attn.");
+}
+
 // A `wanted` filter: the real-valued tensors it refuses go to `undecoded`
 // (dtype, shape, where their bytes begin), whichever dtype and Sixteen mode;
 // integer tensors stay described in integer_tensors; the header's checks
@@ -1445,11 +1464,15 @@ TEST(ReadFile, TenGiBFileIsJudgedByItsHeaderAlone) {
 // load_gqa_weights with a prefix, inspect's read (no_tensors),
 // and find_attention_modules decode only what
 // they use, so the big tensor's pages are never touched and no 512 MiB
-// float64 copy is made. Bound: 64 MiB above the parent's resident set (the
-// child's peak, ru_maxrss, against the parent's VmRSS before the fork: the
-// child starts below that, so this is lenient by the parent's file-backed
-// pages, a few MiB; the modules are 1 KiB). The whole read, which decodes
-// the big tensor to float64, is over 256 MiB (the bound can fail).
+// float64 copy is made. The same holds for a module nested under the
+// prefix ("m.sub.", 256 MiB of weights) and a sibling sharing the prefix's
+// start ("g2." beside "g", a prefix given without its '.'): the loaders
+// decode their own module's names only (io.hpp's tensors_named). Bound: 64
+// MiB above the parent's resident set (the child's peak, ru_maxrss, against
+// the parent's VmRSS before the fork: the child starts below that, so this
+// is lenient by the parent's file-backed pages, a few MiB; the modules are
+// 1 KiB). The whole read, which decodes the big tensors to float64, is over
+// 256 MiB (the bound can fail).
 TEST(ReadFile, OneModuleOfAFileWithAHugeTensorCostsTheModule) {
   TempDir dir;
   const uint64_t big_floats = uint64_t{1} << 26;  // 256 MiB of float32
@@ -1471,11 +1494,22 @@ TEST(ReadFile, OneModuleOfAFileWithAHugeTensorCostsTheModule) {
   add("g.k_proj.weight", "[2,4]", gkv);
   add("g.v_proj.weight", "[2,4]", gkv);
   add("g.o_proj.weight", "[4,4]", go);
-  header += ",\"big\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(big_floats) + "],\"data_offsets\":[" +
-            std::to_string(data.size()) + "," + std::to_string(data.size() + 4 * big_floats) + "]}}";
+  // The big tensors, after the data, in the file's hole.
+  uint64_t hole_end = data.size();
+  const auto add_big = [&](const std::string& name, uint64_t rows, uint64_t cols) {
+    header += ",\"" + name + "\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(rows) +
+              (cols ? "," + std::to_string(cols) : std::string()) + "],\"data_offsets\":[" +
+              std::to_string(hole_end) + "," + std::to_string(hole_end + 4 * rows * (cols ? cols : 1)) + "]}";
+    hole_end += 4 * rows * (cols ? cols : 1);
+  };
+  add_big("big", big_floats, 0);
+  add_big("m.sub.in_proj_weight", 3 * 4096, 4096);  // a nested module, E 4096: 256 MiB
+  add_big("m.sub.out_proj.weight", 4096, 4096);
+  add_big("g2.q_proj.weight", 4096, 4096);  // a sibling of "g": 64 MiB
+  header += "}";
   const std::string head = u64_le(header.size()) + header + data;
   const std::string p = dir.file("model.safetensors");
-  sparse_file(p, head, head.size() + 4 * big_floats);
+  sparse_file(p, head, 8 + header.size() + hole_end);
 
   struct Case {
     std::string name;
@@ -1493,21 +1527,38 @@ TEST(ReadFile, OneModuleOfAFileWithAHugeTensorCostsTheModule) {
       {"inspect_read",
        [&] {
          const SafetensorsFile f = read_safetensors(p, Sixteen::Decode, no_tensors());
-         return f.tensors.empty() && f.undecoded.size() == 9 && f.undecoded.at("big").shape == Shape{int64_t(big_floats)} &&
+         return f.tensors.empty() && f.undecoded.size() == 12 && f.undecoded.at("big").shape == Shape{int64_t(big_floats)} &&
                 f.undecoded.at("big").offset == 8 + header.size() + data.size();
        }},
       {"load_gqa_weights_prefix",
        [&] {
          GqaLoadOptions o;
-         o.prefix = "g.";
+         o.prefix = "g";
          o.num_heads = 2;
          const LoadedGqaWeights w = load_gqa_weights(p, o);
-         return w.config.num_kv_heads == 1 && w.tensors.at("g.o_proj.weight")[15] == 0.75 && w.tensors.size() == 4;
+         return w.prefix == "g." && w.config.num_kv_heads == 1 && w.tensors.at("g.o_proj.weight")[15] == 0.75 &&
+                w.tensors.size() == 4;
+       }},
+      {"load_gqa_weights_narrow_prefix",
+       [&] {
+         GqaLoadOptions o;
+         o.prefix = "g";
+         o.num_heads = 2;
+         const NarrowLoadedGqaWeights<bfloat16> w = load_gqa_weights_narrow<bfloat16>(p, o);
+         return w.prefix == "g." && w.config.num_kv_heads == 1 && to_float(w.parameters.o_proj_weight[15]) == 0.75f;
+       }},
+      {"load_weights_narrow_prefix",
+       [&] {
+         LoadOptions o;
+         o.prefix = "m";
+         const BasicLoadedWeights<bfloat16> w = load_weights_narrow<bfloat16>(p, o);
+         return w.config.embed_dim == 4 && to_float(w.parameters.out_proj_bias[3]) == 1.0f;
        }},
       {"find_attention_modules",
        [&] {
          const std::vector<FoundModule> m = find_attention_modules(p);
-         return m.size() == 1 && m[0].prefix == "m." && m[0].embed_dim == 4 && m[0].problem.empty();
+         return m.size() == 2 && m[0].prefix == "m." && m[0].embed_dim == 4 && m[0].problem.empty() &&
+                m[1].prefix == "m.sub." && m[1].embed_dim == 4096;
        }},
   };
   for (const Case& c : cases) {

@@ -3,11 +3,13 @@
 // 100,000-character word made a 100,178-byte "one-line" error).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/switches.hpp"
 #include "io/message.hpp"
 #include "multihead/error.hpp"
 #include "multihead/experiment.hpp"
@@ -26,6 +28,49 @@ TEST(QuotedInput, ShortTextIsWhole) {
   EXPECT_EQ(quote_input("abc"), "'abc'");
   EXPECT_EQ(quote_input(std::string(kQuoteLimit, 'x')), "'" + std::string(kQuoteLimit, 'x') + "'");
   EXPECT_EQ(shortened(""), "");
+}
+
+// A quote inside the value is escaped, so the quotes around it delimit it;
+// shortened() (no quotes around) keeps it, and a cut never splits the escape.
+TEST(QuotedInput, AQuoteInsideIsEscaped) {
+  EXPECT_EQ(quote_input("didn't"), "'didn\\x27t'");
+  EXPECT_EQ(quote_input("'"), "'\\x27'");
+  EXPECT_EQ(shortened("didn't"), "didn't");
+  EXPECT_EQ(quote_input("ab'", 4), "'ab...' (3 bytes)");
+}
+
+// Every run-time switch (src/core/switches.hpp) reads its value by one rule:
+// "" or unset is the first name, a name its index, anything else one line
+// naming the switch, every name and the value, quoted and escaped (an
+// environment value may hold a newline or a terminal escape).
+TEST(Switches, OneRuleForEveryName) {
+  using detail::env_switch;
+  using detail::switch_choice;
+  EXPECT_EQ(switch_choice("s", "", {"auto", "flash", "matmul"}), 0u);
+  EXPECT_EQ(switch_choice("s", "auto", {"auto", "flash", "matmul"}), 0u);
+  EXPECT_EQ(switch_choice("s", "matmul", {"auto", "flash", "matmul"}), 2u);
+  const auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), Error::Kind::Value);
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(message([] { (void)switch_choice("s", "Auto", {"auto", "flash"}); }),
+            "s: expected one of auto, flash; got 'Auto'");
+  EXPECT_EQ(message([] { (void)switch_choice("s", "a\nb'\x1b[2J", {"auto", "plain"}); }),
+            "s: expected one of auto, plain; got 'a\\x0ab\\x27\\x1b[2J'");
+  const char* var = "MULTIHEAD_TEST_SWITCH";
+  unsetenv(var);
+  EXPECT_EQ(env_switch(var, {"auto", "views"}), 0u);
+  setenv(var, "views", 1);
+  EXPECT_EQ(env_switch(var, {"auto", "views"}), 1u);
+  setenv(var, "copy\n", 1);
+  EXPECT_EQ(message([&] { (void)env_switch(var, {"auto", "views"}); }),
+            "MULTIHEAD_TEST_SWITCH: expected one of auto, views; got 'copy\\x0a'");
+  unsetenv(var);
 }
 
 TEST(QuotedInput, LongTextShowsItsStartAndLength) {

@@ -103,8 +103,14 @@ inline std::string shortened(std::string_view text, std::size_t limit = kQuoteLi
 
 // `text` in single quotes for a message, escaped and cut as shortened()
 // does, the length outside the quotes: 'abc' or 'abc...' (100000 bytes).
+// A quote inside is written \x27, so the quotes show where the value ends
+// (a name "a' b" is 'a\x27 b', not 'a' b').
 inline std::string quote_input(std::string_view text, std::size_t limit = kQuoteLimit) {
-  std::string escaped = escape_control_bytes(text);
+  std::string escaped;
+  for (const char c : escape_control_bytes(text)) {
+    if (c == '\'') escaped += "\\x27";
+    else escaped += c;
+  }
   if (escaped.size() <= limit) return "'" + escaped + "'";
   return "'" + escaped.substr(0, detail::quote_cut(escaped, limit)) + "...' (" + std::to_string(text.size()) +
          " bytes)";

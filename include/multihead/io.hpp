@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -149,9 +150,18 @@ struct SafetensorsHeader {
 SafetensorsHeader parse_safetensors_header(const uint8_t* data, std::size_t size, const std::string& name);
 SafetensorsFile read_safetensors(const std::string& path, Sixteen sixteen = Sixteen::Decode,
                                  const TensorWanted& wanted = {});
-// The wanted filter of one module's tensors: the names that start with
-// `prefix` (every name for "").
+// The wanted filter of every name that starts with `prefix` (every name
+// for "").
 TensorWanted tensors_under(const std::string& prefix);
+// The wanted filter of one module's tensors: prefix + one of `local_names`
+// exactly, so neither a module nested under the prefix ("a." holding
+// "a.b.in_proj_weight") nor a sibling that shares its start ("layers.1"
+// and "layers.10.") is decoded.
+TensorWanted tensors_named(const std::string& prefix, std::set<std::string> local_names);
+// A module's prefix as every loader reads it: "" or ending in '.', which is
+// added when missing ("model.layers.0.self_attn" is
+// "model.layers.0.self_attn.").
+std::string module_prefix(const std::string& prefix);
 // The filter that decodes no tensor: for a reader of names, shapes and
 // metadata only (inspect, find_attention_modules).
 TensorWanted no_tensors();

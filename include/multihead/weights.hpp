@@ -154,7 +154,8 @@ std::string serialize_weights(const NarrowMultiheadAttention<float16>& module);
 //   q_proj.weight (H·D, E), k_proj.weight and v_proj.weight (Hkv·D, E),
 //   o_proj.weight (E, H·D) and, all or none, the four *.bias,
 // under an optional prefix (Hugging Face Llama's names:
-// "model.layers.0.self_attn.", used as given), and __metadata__
+// "model.layers.0.self_attn."; a missing final "." is added, as for
+// MultiheadAttention: io.hpp's module_prefix), and __metadata__
 //   module = "grouped_query_attention", num_heads = H, num_kv_heads = Hkv,
 //   head_dim = D
 // read by the one metadata rule (integers, the whole string). A Llama

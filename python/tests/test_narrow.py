@@ -53,7 +53,7 @@ def test_f16_gemm_switch():
         assert multihead.f16_gemm_current() == "widen (forced)"
         multihead.f16_gemm_force("bf16x3")
         assert multihead.f16_gemm_current().startswith(("bf16x3 (forced", "widen (bf16x3 forced, but"))
-        with pytest.raises(ValueError, match="expected auto, widen or bf16x3"):
+        with pytest.raises(ValueError, match="expected one of auto, widen, bf16x3"):
             multihead.f16_gemm_force("fp16")
     finally:
         multihead.f16_gemm_force("")
@@ -277,7 +277,7 @@ def test_narrow_attention_switch_and_the_matmul_way():
             ref, eo = sdpa_bound(*(rounded(t, "bfloat16") for t in (q, k, v)), "bfloat16", causal)
             err = np.abs(out - ref)
             assert np.all(err <= 1.05 * eo), (err / eo).max()
-        with pytest.raises(ValueError, match="expected auto, flash or matmul, got 'amx'"):
+        with pytest.raises(ValueError, match="expected one of auto, flash, matmul; got 'amx'"):
             multihead.narrow_attention_force("amx")
     finally:
         multihead.narrow_attention_force("")

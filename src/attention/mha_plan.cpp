@@ -13,6 +13,7 @@
 
 #include "attention/attention_call.hpp"
 #include "core/check.hpp"
+#include "core/switches.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead::detail {
@@ -243,20 +244,8 @@ MULTIHEAD_INSTANTIATE(float)
 MULTIHEAD_INSTANTIATE(double)
 #undef MULTIHEAD_INSTANTIATE
 
-bool backward_reads_views() {
-  const char* env = std::getenv("MULTIHEAD_BACKWARD_HEADS");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return false;
-  if (std::strcmp(env, "views") == 0) return true;
-  throw Error(Error::Kind::Value,
-              std::string("MULTIHEAD_BACKWARD_HEADS: expected one of auto, views; got '") + env + "'");
-}
+bool backward_reads_views() { return env_switch("MULTIHEAD_BACKWARD_HEADS", {"auto", "views"}) == 1; }
 
-bool backward_widens_bf16() {
-  const char* env = std::getenv("MULTIHEAD_BF16_BACKWARD");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return false;
-  if (std::strcmp(env, "copies") == 0) return true;
-  throw Error(Error::Kind::Value,
-              std::string("MULTIHEAD_BF16_BACKWARD: expected one of auto, copies; got '") + env + "'");
-}
+bool backward_widens_bf16() { return env_switch("MULTIHEAD_BF16_BACKWARD", {"auto", "copies"}) == 1; }
 
 }  // namespace multihead::detail

@@ -30,6 +30,7 @@
 #include "attention/workspace.hpp"
 #include "core/linear.hpp"
 #include "core/parallel.hpp"
+#include "core/switches.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "multihead/multihead_attention.hpp"
@@ -92,10 +93,8 @@ constexpr int64_t kHeadMajorFromKeys = 2048;
 // so that a program such as the CLI can be checked both ways; "auto" or
 // unset leaves the call's FusedPaths. Read on every call, as MULTIHEAD_KERNEL.
 FusedPaths paths_from_environment(const FusedPaths& requested) {
-  const char* env = std::getenv("MULTIHEAD_FUSED_PATHS");
-  if (env == nullptr || *env == '\0' || std::strcmp(env, "auto") == 0) return requested;
-  if (std::strcmp(env, "plain") == 0) return FusedPaths{FusedPaths::Heads::HeadMajor, false, false};
-  throw Error(Error::Kind::Value, std::string("MULTIHEAD_FUSED_PATHS: expected one of auto, plain; got '") + env + "'");
+  if (env_switch("MULTIHEAD_FUSED_PATHS", {"auto", "plain"}) == 0) return requested;
+  return FusedPaths{FusedPaths::Heads::HeadMajor, false, false};
 }
 
 template <class T>

@@ -24,6 +24,7 @@
 
 #include "core/narrow_rows.hpp"
 #include "core/parallel.hpp"
+#include "core/switches.hpp"
 #include "core/thread_scratch.hpp"
 #include "multihead/error.hpp"
 
@@ -238,19 +239,17 @@ bool onednn_has_bf16_matmul() { return !onednn_bf16_matmul_impl().empty(); }
 
 enum class F16Products { Auto, Widen, Bf16x3 };
 
+// F16Products' names, in its order.
+constexpr std::string_view kF16ProductNames[] = {"auto", "widen", "bf16x3"};
+
 F16Products parse_f16_products(const std::string& name, const std::string& what) {
-  if (name.empty() || name == "auto") return F16Products::Auto;
-  if (name == "widen") return F16Products::Widen;
-  if (name == "bf16x3") return F16Products::Bf16x3;
-  throw Error(Error::Kind::Value, what + ": expected auto, widen or bf16x3, got " + quote_input(name));
+  return static_cast<F16Products>(switch_choice(what, name, kF16ProductNames));
 }
 
 // MULTIHEAD_F16_GEMM, parsed once.
 F16Products env_f16_products() {
-  static const F16Products way = [] {
-    const char* env = std::getenv("MULTIHEAD_F16_GEMM");
-    return parse_f16_products(env == nullptr ? "" : env, "MULTIHEAD_F16_GEMM");
-  }();
+  static const F16Products way =
+      static_cast<F16Products>(env_switch("MULTIHEAD_F16_GEMM", kF16ProductNames));
   return way;
 }
 

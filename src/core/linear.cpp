@@ -13,6 +13,7 @@
 #include "core/narrow_gemv.hpp"
 #include "core/narrow_rows.hpp"
 #include "core/parallel.hpp"
+#include "core/switches.hpp"
 #include "core/thread_scratch.hpp"
 #include "multihead/error.hpp"
 
@@ -102,11 +103,7 @@ std::atomic<bool>& narrow_gemv_switch() {
 // or unset leaves narrow_gemv_enabled's choice. Read on every call, as
 // MULTIHEAD_KERNEL.
 bool narrow_gemv_allowed() {
-  const char* env = std::getenv("MULTIHEAD_NARROW_GEMV");
-  if (env != nullptr && *env != '\0' && std::strcmp(env, "auto") != 0) {
-    if (std::strcmp(env, "gemm") == 0) return false;
-    throw Error(Error::Kind::Value, std::string("MULTIHEAD_NARROW_GEMV: expected one of auto, gemm; got '") + env + "'");
-  }
+  if (env_switch("MULTIHEAD_NARROW_GEMV", {"auto", "gemm"}) == 1) return false;
   return narrow_gemv_switch().load(std::memory_order_relaxed);
 }
 

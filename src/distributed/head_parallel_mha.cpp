@@ -33,6 +33,7 @@
 #include "distributed/safetensors_slices.hpp"
 #include "distributed/slices.hpp"
 #include "multihead/distributed.hpp"
+#include "multihead/io.hpp"
 #include "multihead/error.hpp"
 
 namespace multihead::distributed {
@@ -131,7 +132,7 @@ template <class T>
 HeadParallelMultiheadAttention<T> HeadParallelMultiheadAttention<T>::load_opened(
     Communicator& comm, const std::string& path, const MultiheadAttentionConfig& config, const std::string& prefix,
     std::optional<detail::SafetensorsSlices>& file) {
-  const std::string p = prefix.empty() || prefix.back() == '.' ? prefix : prefix + ".";
+  const std::string p = module_prefix(prefix);
   HeadParallelMultiheadAttention m(comm, config, [&] {
     config.validate();
     if (!file) file.emplace(path);

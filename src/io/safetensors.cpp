@@ -367,6 +367,16 @@ TensorWanted tensors_under(const std::string& prefix) {
   return [prefix](const std::string& name) { return name.starts_with(prefix); };
 }
 
+TensorWanted tensors_named(const std::string& prefix, std::set<std::string> local_names) {
+  return [prefix, names = std::move(local_names)](const std::string& name) {
+    return name.starts_with(prefix) && names.count(name.substr(prefix.size())) != 0;
+  };
+}
+
+std::string module_prefix(const std::string& prefix) {
+  return prefix.empty() || prefix.back() == '.' ? prefix : prefix + ".";
+}
+
 TensorWanted no_tensors() {
   return [](const std::string&) { return false; };
 }

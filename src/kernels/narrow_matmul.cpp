@@ -55,6 +55,7 @@
 #include "core/gemm.hpp"
 #include "core/narrow_rows.hpp"
 #include "core/parallel.hpp"
+#include "core/switches.hpp"
 #include "core/thread_scratch.hpp"
 #include "kernels/score_rows.hpp"
 #include "multihead/error.hpp"
@@ -81,18 +82,15 @@ int64_t round_up(int64_t x, int64_t unit) { return (x + unit - 1) / unit * unit;
 
 enum class Way { Auto, Flash, Matmul };
 
+// In Way's order.
+constexpr std::string_view kWayNames[] = {"auto", "flash", "matmul"};
+
 Way parse_way(const std::string& name, const std::string& what) {
-  if (name.empty() || name == "auto") return Way::Auto;
-  if (name == "flash") return Way::Flash;
-  if (name == "matmul") return Way::Matmul;
-  throw Error(Error::Kind::Value, what + ": expected auto, flash or matmul, got " + quote_input(name));
+  return static_cast<Way>(switch_choice(what, name, kWayNames));
 }
 
 Way env_way() {
-  static const Way way = [] {
-    const char* env = std::getenv("MULTIHEAD_NARROW_ATTENTION");
-    return parse_way(env == nullptr ? "" : env, "MULTIHEAD_NARROW_ATTENTION");
-  }();
+  static const Way way = static_cast<Way>(env_switch("MULTIHEAD_NARROW_ATTENTION", kWayNames));
   return way;
 }
 
@@ -105,8 +103,32 @@ Way way_setting() {
 
 // ---- the operands ----------------------------------------------------------
 
+// Where slice n of a resolved layout starts, in elements.
+int64_t slice_offset(const SliceLayout& l, int64_t n, int64_t heads) {
+  return (n / heads) * l.batch + (n % heads) * l.head;
+}
+
 const bfloat16* slice_rows(const void* base, const SliceLayout& l, int64_t n, int64_t heads) {
-  return static_cast<const bfloat16*>(base) + (n / heads) * l.batch + (n % heads) * l.head;
+  return static_cast<const bfloat16*>(base) + slice_offset(l, n, heads);
+}
+
+// Rows [first, first + rows) of slice `slice`, `width` wide, as dense bf16
+// rows at dst: from the bf16 operand (memcpy) or from its float32 widening
+// (round_rows: exact, the values were bf16). The one copy every product's
+// A or B goes through where the operand's rows are not dense: oneDNN's AMX
+// matmul takes only dense rows (strided ones ran on its gemm:jit at a
+// quarter of the speed).
+void dense_bf16_rows(const void* base, bool bf16, const SliceLayout& l, int64_t slice, int64_t heads, int64_t first,
+                     int64_t rows, int64_t width, bfloat16* dst) {
+  const int64_t offset = slice_offset(l, slice, heads) + first * l.row;
+  if (bf16) {
+    const bfloat16* src = static_cast<const bfloat16*>(base) + offset;
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * width, src + r * l.row, static_cast<std::size_t>(width) * sizeof(bfloat16));
+  } else {
+    round_rows(static_cast<const float*>(base) + offset, rows, width, l.row, static_cast<const bfloat16*>(nullptr),
+               dst, width, 1);
+  }
 }
 
 // K and V of every K/V slice as dense rows ([kv slices][S][D] and
@@ -136,11 +158,8 @@ Operands prepare(const AttentionArgs<float>& a, int threads) {
                         BasicThreadScratch<bfloat16>& scratch) -> const bfloat16* {
     if (dense(l, Hkv, S, width)) return static_cast<const bfloat16*>(src);
     bfloat16* copy = scratch.take(static_cast<std::size_t>(kv_slices * S * width));
-    parallel_items(kv_slices, threads, S * width, [&](int64_t g) {
-      const bfloat16* from = slice_rows(src, l, g, Hkv);
-      for (int64_t j = 0; j < S; ++j)
-        std::memcpy(copy + (g * S + j) * width, from + j * l.row, static_cast<std::size_t>(width) * sizeof(bfloat16));
-    });
+    parallel_items(kv_slices, threads, S * width,
+                   [&](int64_t g) { dense_bf16_rows(src, true, l, g, Hkv, 0, S, width, copy + g * S * width); });
     return copy;
   };
   return {rows(a.narrow.k, kl, D, sk), rows(a.narrow.v, vl, Dv, sv)};
@@ -193,12 +212,9 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
         if (vk.end <= vk.begin) first = last = 0;  // none: every row fully masked, below
       }
     }
-    // A: the block's Q rows, dense (oneDNN's AMX matmul takes only dense
-    // rows of A; strided ones ran on its gemm:jit at a quarter of the speed).
-    const bfloat16* q_rows = slice_rows(a.narrow.q, ql, n, H) + i0 * ql.row;
+    // A: the block's Q rows, dense.
     bfloat16* q = q_scratch.take(static_cast<std::size_t>(rows * D));
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(q + r * D, q_rows + r * ql.row, static_cast<std::size_t>(D) * sizeof(bfloat16));
+    dense_bf16_rows(a.narrow.q, true, ql, n, H, i0, rows, D, q);
     float* scores = scores_scratch.take(static_cast<std::size_t>(rows * kKeyBlock));
     bfloat16* p = weights_scratch.take(static_cast<std::size_t>(rows * kKeyBlock));
     float* sums = sums_scratch.take(static_cast<std::size_t>(rows * Dv));  // one chunk's P V
@@ -302,7 +318,8 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
 // skipped.
 //
 // Memory beyond the inputs and gradients, per item thread, kept (grown,
-// never shrunk): dense bf16 copies of the group's K and V, 2·S·(D + Dv)
+// never shrunk): dense bf16 copies of the group's K and V where their
+// rows are not dense bf16 already, 2·S·(D + Dv)
 // bytes, and, per query slice of the group (G = heads / kv_heads of them),
 // Q, dO and their block transposes in bf16 and d_q in float32,
 // G·L·(8·D + 4·Dv) bytes; R × C float32 scores and dp' and their bf16
@@ -312,21 +329,6 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
 // bf16 rows).
 
 namespace {
-
-// Rows [0, rows) of a slice, `width` wide, as dense bf16 rows: from the bf16
-// operand (memcpy) or from its float32 widening (round_rows: exact).
-void dense_bf16_rows(const void* base, bool bf16, const SliceLayout& l, int64_t slice, int64_t heads, int64_t rows,
-                     int64_t width, bfloat16* dst) {
-  const int64_t offset = (slice / heads) * l.batch + (slice % heads) * l.head;
-  if (bf16) {
-    const bfloat16* src = static_cast<const bfloat16*>(base) + offset;
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(dst + r * width, src + r * l.row, static_cast<std::size_t>(width) * sizeof(bfloat16));
-  } else {
-    round_rows(static_cast<const float*>(base) + offset, rows, width, l.row, static_cast<const bfloat16*>(nullptr),
-               dst, width, 1);
-  }
-}
 
 // The transposes of a slice's dense rows (L × width), block by block: block
 // b (rows i0 = b·R on, `rows` of them) at dst + i0·width as width × rows.
@@ -389,10 +391,17 @@ void attention_backward_narrow_matmul(const AttentionBackwardArgs<float>& b) {
     thread_local ThreadScratch dq_scratch, delta_scratch, x_scratch, dp_scratch, slope_scratch, dkt_scratch,
         dvt_scratch;
     const auto n_ = [](int64_t x) { return static_cast<std::size_t>(x); };
-    bfloat16* k = k_scratch.take(n_(S * D));
-    bfloat16* v = v_scratch.take(n_(S * Dv));
-    dense_bf16_rows(k_src, bf16, kl, g, Hkv, S, D, k);
-    dense_bf16_rows(v_src, bf16, vl, g, Hkv, S, Dv, v);
+    // The group's K and V as dense bf16 rows: in place where the bf16
+    // operand's rows are dense already (a contiguous call), else copied.
+    const auto kv_rows = [&](const void* src, const SliceLayout& l, int64_t width,
+                             BasicThreadScratch<bfloat16>& scratch) -> const bfloat16* {
+      if (bf16 && l.row == width) return slice_rows(src, l, g, Hkv);
+      bfloat16* copy = scratch.take(n_(S * width));
+      dense_bf16_rows(src, bf16, l, g, Hkv, 0, S, width, copy);
+      return copy;
+    };
+    const bfloat16* k = kv_rows(k_src, kl, D, k_scratch);
+    const bfloat16* v = kv_rows(v_src, vl, Dv, v_scratch);
     // Per query slice t of the group: Q and dO as dense rows and as block
     // transposes, delta, and d_q's float32 sums.
     bfloat16* q = q_scratch.take(n_(G * L * D));
@@ -404,12 +413,12 @@ void attention_backward_narrow_matmul(const AttentionBackwardArgs<float>& b) {
     std::fill_n(dq, G * L * D, 0.0f);
     for (int64_t t = 0; t < G; ++t) {
       const int64_t n = group_query_slice(g, t, H, Hkv);
-      dense_bf16_rows(q_src, bf16, ql, n, H, L, D, q + t * L * D);
-      dense_bf16_rows(do_src, bf16, ol, n, H, L, Dv, d_o + t * L * Dv);
+      dense_bf16_rows(q_src, bf16, ql, n, H, 0, L, D, q + t * L * D);
+      dense_bf16_rows(do_src, bf16, ol, n, H, 0, L, Dv, d_o + t * L * Dv);
       block_transposes(q + t * L * D, L, D, R, qt + t * L * D);
       block_transposes(d_o + t * L * Dv, L, Dv, R, dot + t * L * Dv);
       // delta_i = <d_out_i, out_i> in float32 (the forward's out, rounded).
-      const int64_t offset = (n / H) * ol.batch + (n % H) * ol.head;
+      const int64_t offset = slice_offset(ol, n, H);
       for (int64_t i = 0; i < L; ++i) {
         const bfloat16* dor = d_o + (t * L + i) * Dv;
         float sum = 0.0f;

@@ -9,6 +9,7 @@
 #include <cpuid.h>
 #endif
 
+#include "core/switches.hpp"
 #include "hwy/highway.h"
 #include "hwy/targets.h"
 #include "multihead/error.hpp"
@@ -137,20 +138,16 @@ bool cpu_is_amd() {
 
 namespace {
 
+// Bf16Dot's names, in its order.
+constexpr std::string_view kBf16DotNames[] = {"auto", "fma", "dpbf16", "measure"};
+
 Bf16Dot parse_bf16_dot(const std::string& name, const std::string& what) {
-  if (name.empty() || name == "auto") return Bf16Dot::Auto;
-  if (name == "fma") return Bf16Dot::Fma;
-  if (name == "dpbf16") return Bf16Dot::Dpbf16;
-  if (name == "measure") return Bf16Dot::Measure;
-  throw Error(Error::Kind::Value, what + ": expected auto, measure, fma or dpbf16, got " + quote_input(name));
+  return static_cast<Bf16Dot>(switch_choice(what, name, kBf16DotNames));
 }
 
 // MULTIHEAD_BF16_DOT, parsed once (as default_target).
 Bf16Dot env_bf16_dot() {
-  static const Bf16Dot way = [] {
-    const char* env = std::getenv("MULTIHEAD_BF16_DOT");
-    return parse_bf16_dot(env == nullptr ? "" : env, "MULTIHEAD_BF16_DOT");
-  }();
+  static const Bf16Dot way = static_cast<Bf16Dot>(env_switch("MULTIHEAD_BF16_DOT", kBf16DotNames));
   return way;
 }
 

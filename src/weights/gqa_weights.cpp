@@ -1,5 +1,6 @@
 // src/weights/gqa_weights.cpp: GroupedQueryAttention weights in safetensors
 // files, both directions (multihead/weights.hpp, "grouped-query attention").
+#include <set>
 #include <string>
 #include <utility>
 
@@ -76,7 +77,7 @@ namespace {
 // (rope unset, bias false: the loaders set it from the biases found).
 GroupedQueryAttentionConfig gqa_file_config(const SafetensorsFile& file, const std::string& path,
                                             const GqaLoadOptions& options) {
-  const std::string& p = options.prefix;
+  const std::string p = module_prefix(options.prefix);
   const Shape& q = weight(file, p + "q_proj.weight", path);
   const Shape& k = weight(file, p + "k_proj.weight", path);
   const int64_t rows = q[0], E = q[1];
@@ -154,12 +155,25 @@ void for_each_file_parameter(const SafetensorsFile& file, const std::string& pre
   });
 }
 
+// The module's tensors, every row of the parameter table, biases included:
+// the only ones a loader decodes (io.hpp's tensors_named).
+TensorWanted gqa_tensors(const std::string& prefix) {
+  static const std::set<std::string> names = [] {
+    GroupedQueryAttentionConfig every_row;
+    every_row.bias = true;
+    std::set<std::string> n;
+    for_each_parameter(every_row, [&](const ParameterInfo& info) { n.insert(info.name); });
+    return n;
+  }();
+  return tensors_named(module_prefix(prefix), names);
+}
+
 }  // namespace
 
 LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string& path, const GqaLoadOptions& options) {
   LoadedGqaWeights r;
   r.config = gqa_file_config(file, path, options);
-  r.prefix = options.prefix;
+  r.prefix = module_prefix(options.prefix);
   // The biases found say `bias` (from_tensors checks they are all there or
   // none). A file read with 16-bit tensors kept has them widened exactly.
   for_each_file_parameter(file, r.prefix, r.config, r.parameter_dtype,
@@ -177,15 +191,15 @@ LoadedGqaWeights load_gqa_weights(const SafetensorsFile& file, const std::string
 }
 
 LoadedGqaWeights load_gqa_weights(const std::string& path, const GqaLoadOptions& options) {
-  return load_gqa_weights(read_safetensors(path, Sixteen::Decode, tensors_under(options.prefix)), path, options);
+  return load_gqa_weights(read_safetensors(path, Sixteen::Decode, gqa_tensors(options.prefix)), path, options);
 }
 
 template <class E>
 NarrowLoadedGqaWeights<E> load_gqa_weights_narrow(const std::string& path, const GqaLoadOptions& options) {
-  SafetensorsFile file = read_safetensors(path, Sixteen::Keep, tensors_under(options.prefix));
+  SafetensorsFile file = read_safetensors(path, Sixteen::Keep, gqa_tensors(options.prefix));
   NarrowLoadedGqaWeights<E> r;
   r.config = gqa_file_config(file, path, options);
-  r.prefix = options.prefix;
+  r.prefix = module_prefix(options.prefix);
   std::map<std::string, Tensor<E>> tensors;
   for_each_file_parameter(file, r.prefix, r.config, r.parameter_dtype,
                           [&](const std::string& row, const std::string& name) {

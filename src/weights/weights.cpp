@@ -210,10 +210,6 @@ void apply_metadata(const Metadata& m, const Source& src, const WeightOverrides&
 
 // ---- picking the module out of the file ------------------------------------------
 
-std::string normalize_prefix(const std::string& prefix) {
-  return prefix.empty() || prefix.back() == '.' ? prefix : prefix + ".";
-}
-
 // Every tensor name of the file, decoded or integer, in name order: the
 // order in which they are checked, so the first error is the same whichever
 // map a tensor is in.
@@ -349,11 +345,12 @@ namespace {
 // load_weights and load_weights_narrow: one rule, T the parameters' type.
 template <class T>
 BasicLoadedWeights<T> load_module(const std::string& path, const LoadOptions& options) {
-  const Source src{path, normalize_prefix(options.prefix)};
-  // Only the module's tensors are decoded; the rest of the file is seen
-  // through its header (names and shapes, for the messages).
+  const Source src{path, module_prefix(options.prefix)};
+  // Only the module's tensors are decoded; the rest of the file (a module
+  // nested under the prefix, a sibling sharing its start) is seen through
+  // its header (names and shapes, for the messages).
   SafetensorsFile file = read_safetensors(path, std::is_same_v<T, double> ? Sixteen::Decode : Sixteen::Keep,
-                                          tensors_under(src.prefix));
+                                          tensors_named(src.prefix, state_dict_names()));
   // A grouped-query module's file would fail on its first unexpected name;
   // say what it is, and how to read it, instead.
   if (auto gqa = detail::gqa_module_message(file, src.prefix, path)) throw Error(Error::Kind::Format, *gqa);
@@ -394,7 +391,7 @@ template BasicLoadedWeights<float16> load_weights_narrow<float16>(const std::str
 LoadedWeights weights_from_header(const std::map<std::string, TensorHeader>& tensors,
                                   const std::map<std::string, std::string>& metadata, const std::string& path,
                                   const LoadOptions& options) {
-  const Source src{path, normalize_prefix(options.prefix)};
+  const Source src{path, module_prefix(options.prefix)};
   LoadedWeights r;
   ShapeMap shapes;
   bool first = true;

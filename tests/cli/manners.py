@@ -249,8 +249,8 @@ def test_environment(cli, work):
     for var, values in (("MULTIHEAD_NARROW_GEMV", "auto, gemm"), ("MULTIHEAD_FUSED_PATHS", "auto, plain"),
                         ("MULTIHEAD_KERNEL", "flash"), ("MULTIHEAD_SIMD_TARGET", "garbage"),
                         ("MULTIHEAD_BF16_DOT", "dpbf16"), ("MULTIHEAD_BACKWARD_HEADS", "auto, views"),
-                        ("MULTIHEAD_BF16_BACKWARD", "auto, copies"), ("MULTIHEAD_F16_GEMM", "auto, widen or bf16x3"),
-                        ("MULTIHEAD_NARROW_ATTENTION", "auto, flash or matmul")):
+                        ("MULTIHEAD_BF16_BACKWARD", "auto, copies"), ("MULTIHEAD_F16_GEMM", "auto, widen, bf16x3"),
+                        ("MULTIHEAD_NARROW_ATTENTION", "auto, flash, matmul")):
         env = dict(os.environ, **{var: "garbage"})
         for name, argv in commands.items():
             r = subprocess.run([cli, *argv], capture_output=True, text=True, timeout=120, env=env)

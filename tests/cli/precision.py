@@ -284,7 +284,7 @@ def main():
                         p("o_bad.npy"), "--dtype", "bf16"], capture_output=True, text=True, env=env)
     lines = r.stderr.strip().splitlines()
     check("MULTIHEAD_BF16_DOT=vnni: exit 2, one line naming the variable and the accepted ways",
-          r.returncode == 2 and len(lines) == 1 and "MULTIHEAD_BF16_DOT" in lines[0] and "measure, fma or dpbf16" in lines[0]
+          r.returncode == 2 and len(lines) == 1 and "MULTIHEAD_BF16_DOT" in lines[0] and "auto, fma, dpbf16, measure" in lines[0]
           and not os.path.exists(p("o_bad.npy")), r.stderr)
 
     r = run(cli, "forward", "--weights", p("w_bf16.safetensors"), "--query", p("q.npy"), "--out", p("o.npy"),

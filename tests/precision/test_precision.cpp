@@ -223,7 +223,7 @@ TEST(PrecisionBf16Dot, UnknownWayIsRefused) {
     bf16_dot_force("dot");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "bf16_dot_force: expected auto, measure, fma or dpbf16, got 'dot'");
+    EXPECT_STREQ(e.what(), "bf16_dot_force: expected one of auto, fma, dpbf16, measure; got 'dot'");
   }
 }
 
@@ -561,7 +561,7 @@ TEST(PrecisionNarrowAttention, SwitchNamesItsWayAndRefusesAnUnknownOne) {
     narrow_attention_force("amx");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "narrow_attention_force: expected auto, flash or matmul, got 'amx'");
+    EXPECT_STREQ(e.what(), "narrow_attention_force: expected one of auto, flash, matmul; got 'amx'");
   }
   for (const char* env : {"MULTIHEAD_NARROW_ATTENTION", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"})
     if (std::getenv(env) != nullptr) GTEST_SKIP() << env << " is set: auto's rule is not the CPU's";
