@@ -38,6 +38,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -48,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "core/narrow_rows.hpp"
 #include "kernels/kernel.hpp"
 #include "multihead/error.hpp"
 #include "simd/softmax_row.hpp"
@@ -664,6 +666,66 @@ TEST(SoftmaxRow, MatchesStdExpOnEveryTarget) {
     EXPECT_TRUE(std::isnan(exp_row(y.data(), y.size(), kInf))) << target;
     EXPECT_TRUE(std::isnan(y[0])) << target;
     EXPECT_EQ(y[1], 0.0f) << target;
+  }
+}
+
+// The bf16 matmul way's one-pass rows (kernels/narrow_matmul.cpp) against
+// the passes they replace, bit for bit, on every target: the forward's
+// ExpRowBf16 is ExpRowF32 then round_rows (the same sum), the backward's
+// BackwardRowBf16 is the clamp min(x − lse, 0), ExpRowF32 with row_max 0,
+// dx = p (dp − delta), then round_rows of both. Rows hold −inf (hidden
+// keys: p = +0, so dx is −0 where dp < delta, in the vector lanes and the
+// tail alike), a NaN, scores past lse by a rounding (the clamp), values
+// whose bf16 rounding is a tie, and lengths around the vector width.
+TEST(SoftmaxRow, OnePassBf16RowsAreThePassesOnEveryTarget) {
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> dist(-12.0f, 0.5f);
+  std::normal_distribution<float> normal;
+  const auto bits = [](const std::vector<bfloat16>& v) {
+    std::vector<uint16_t> b(v.size());
+    for (std::size_t j = 0; j < v.size(); ++j) b[j] = v[j].bits;
+    return b;
+  };
+  const auto same = [](float a, float b) { return std::isnan(a) ? std::isnan(b) : std::memcmp(&a, &b, 4) == 0; };
+  for (const std::string& target : detail::simd_targets_available()) {
+    const int64_t bit = detail::simd_target_parse(target, "test");
+    const detail::ExpRowF32Fn exp_row = detail::softmax_exp_row_for(bit);
+    const detail::ExpRowBf16Fn exp_row_bf16 = detail::softmax_exp_row_bf16_for(bit);
+    const detail::BackwardRowBf16Fn backward_row = detail::backward_row_bf16_for(bit);
+    for (std::size_t count : {1, 2, 7, 15, 16, 17, 31, 33, 64, 100, 512}) {
+      for (int variant = 0; variant < 3; ++variant) {
+        std::vector<float> x(count), dp(count);
+        for (float& v : x) v = dist(rng);
+        for (float& v : dp) v = normal(rng);
+        if (count > 2) x[1] = -kInf;
+        if (variant == 1 && count > 3) x[3] = std::numeric_limits<float>::quiet_NaN();
+        if (variant == 2) x[0] = std::bit_cast<float>(0x3f808000u);  // 1 + 2^-8: exp rounds near a bf16 tie
+        const float lse = 0.25f, delta = 0.125f;
+        // Forward: a finite row maximum (the NaN row takes one too).
+        float m = -kInf;
+        for (float v : x) m = v > m ? v : m;
+        std::vector<float> y = x;
+        const float want_sum = exp_row(y.data(), count, m);
+        std::vector<bfloat16> want_p(count), got_p(count);
+        detail::round_rows(y.data(), 1, static_cast<int64_t>(count), static_cast<int64_t>(count),
+                           static_cast<const bfloat16*>(nullptr), want_p.data(), static_cast<int64_t>(count), 1);
+        const float got_sum = exp_row_bf16(x.data(), count, m, got_p.data());
+        EXPECT_TRUE(same(want_sum, got_sum)) << target << " count " << count << " variant " << variant;
+        EXPECT_EQ(bits(got_p), bits(want_p)) << target << " count " << count << " variant " << variant;
+        // Backward.
+        std::vector<float> p = x, d = dp;
+        for (float& v : p) v = std::min(v - lse, 0.0f);
+        (void)exp_row(p.data(), count, 0.0f);
+        for (std::size_t j = 0; j < count; ++j) d[j] = p[j] * (d[j] - delta);
+        std::vector<bfloat16> want_p16(count), want_dx16(count), got_p16(count), got_dx16(count);
+        const auto n = static_cast<int64_t>(count);
+        detail::round_rows(p.data(), 1, n, n, static_cast<const bfloat16*>(nullptr), want_p16.data(), n, 1);
+        detail::round_rows(d.data(), 1, n, n, static_cast<const bfloat16*>(nullptr), want_dx16.data(), n, 1);
+        backward_row(x.data(), dp.data(), count, lse, delta, got_p16.data(), got_dx16.data());
+        EXPECT_EQ(bits(got_p16), bits(want_p16)) << target << " count " << count << " variant " << variant;
+        EXPECT_EQ(bits(got_dx16), bits(want_dx16)) << target << " count " << count << " variant " << variant;
+      }
+    }
   }
 }
 

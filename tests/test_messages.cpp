@@ -30,12 +30,15 @@ TEST(QuotedInput, ShortTextIsWhole) {
   EXPECT_EQ(shortened(""), "");
 }
 
-// A quote inside the value is escaped, so the quotes around it delimit it;
+// A quote inside the value that could be read as the closing one is
+// escaped, so the quotes around it delimit it; one inside a word stays;
 // shortened() (no quotes around) keeps it, and a cut never splits the escape.
-TEST(QuotedInput, AQuoteInsideIsEscaped) {
-  EXPECT_EQ(quote_input("didn't"), "'didn\\x27t'");
+TEST(QuotedInput, AQuoteThatCouldCloseIsEscaped) {
+  EXPECT_EQ(quote_input("didn't"), "'didn't'");
+  EXPECT_EQ(quote_input("a' b"), "'a\\x27 b'");
   EXPECT_EQ(quote_input("'"), "'\\x27'");
-  EXPECT_EQ(shortened("didn't"), "didn't");
+  EXPECT_EQ(quote_input("x'_y 'z'"), "'x'_y 'z\\x27'");
+  EXPECT_EQ(shortened("a' b"), "a' b");
   EXPECT_EQ(quote_input("ab'", 4), "'ab...' (3 bytes)");
 }
 
@@ -60,8 +63,8 @@ TEST(Switches, OneRuleForEveryName) {
   };
   EXPECT_EQ(message([] { (void)switch_choice("s", "Auto", {"auto", "flash"}); }),
             "s: expected one of auto, flash; got 'Auto'");
-  EXPECT_EQ(message([] { (void)switch_choice("s", "a\nb'\x1b[2J", {"auto", "plain"}); }),
-            "s: expected one of auto, plain; got 'a\\x0ab\\x27\\x1b[2J'");
+  EXPECT_EQ(message([] { (void)switch_choice("s", "a\nb' \x1b[2J", {"auto", "plain"}); }),
+            "s: expected one of auto, plain; got 'a\\x0ab\\x27 \\x1b[2J'");
   const char* var = "MULTIHEAD_TEST_SWITCH";
   unsetenv(var);
   EXPECT_EQ(env_switch(var, {"auto", "views"}), 0u);

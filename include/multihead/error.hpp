@@ -7,6 +7,7 @@
 // Only the command-line tool turns an Error into an exit code (2).
 #pragma once
 
+#include <cctype>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -103,13 +104,18 @@ inline std::string shortened(std::string_view text, std::size_t limit = kQuoteLi
 
 // `text` in single quotes for a message, escaped and cut as shortened()
 // does, the length outside the quotes: 'abc' or 'abc...' (100000 bytes).
-// A quote inside is written \x27, so the quotes show where the value ends
-// (a name "a' b" is 'a\x27 b', not 'a' b').
+// A quote inside that could be read as the closing one (one at the end or
+// before a byte that is not a letter, digit or '_') is written \x27, so the
+// quotes show where the value ends: "a' b" is 'a\x27 b', not 'a' b', while
+// "didn't" stays 'didn't'.
 inline std::string quote_input(std::string_view text, std::size_t limit = kQuoteLimit) {
+  const std::string plain = escape_control_bytes(text);
   std::string escaped;
-  for (const char c : escape_control_bytes(text)) {
-    if (c == '\'') escaped += "\\x27";
-    else escaped += c;
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    const bool closes = i + 1 == plain.size() ||
+                        !(std::isalnum(static_cast<unsigned char>(plain[i + 1])) != 0 || plain[i + 1] == '_');
+    if (plain[i] == '\'' && closes) escaped += "\\x27";
+    else escaped += plain[i];
   }
   if (escaped.size() <= limit) return "'" + escaped + "'";
   return "'" + escaped.substr(0, detail::quote_cut(escaped, limit)) + "...' (" + std::to_string(text.size()) +

@@ -176,7 +176,7 @@ struct LoadedGqaWeights {
   GroupedQueryAttentionConfig config;
   std::map<std::string, Tensor<double>> tensors;  // prefix + name
   std::map<std::string, std::string> metadata;
-  std::string prefix;
+  std::string prefix;  // as used, with its final '.' (module_prefix)
   // The parameters' dtype on disk when they all share one (F32, BF16, F16,
   // F64), else nullopt, as BasicLoadedWeights::parameter_dtype.
   std::optional<DType> parameter_dtype;
@@ -207,7 +207,7 @@ struct NarrowLoadedGqaWeights {
   GroupedQueryAttentionConfig config;
   GroupedQueryAttentionParameters<E> parameters;
   std::map<std::string, std::string> metadata;
-  std::string prefix;
+  std::string prefix;  // as used, with its final '.' (module_prefix)
   std::optional<DType> parameter_dtype;
   // NarrowGroupedQueryAttention<E>(config, parameters); a missing or
   // misshapen tensor is named with the prefix.

@@ -44,7 +44,9 @@ void RoundRow(const float* HWY_RESTRICT src, size_t n, const E* HWY_RESTRICT bia
     if (bias != nullptr) x = hn::Add(x, LoadWiden(df, bias + i));
     RoundStore(df, x, dst + i);
   }
-  for (; i < n; ++i) dst[i] = narrow_from_float<E>(src[i] + (bias != nullptr ? to_float(bias[i]) : 0.0f));
+  // Without a bias the value itself: src + 0.0f would turn −0 into +0,
+  // which the vector lanes above keep.
+  for (; i < n; ++i) dst[i] = narrow_from_float<E>(bias != nullptr ? src[i] + to_float(bias[i]) : src[i]);
 }
 
 // In place when src == dst: each vector is loaded before it is stored.
@@ -60,7 +62,7 @@ void RoundRowWidened(const float* src, size_t n, const E* HWY_RESTRICT bias, flo
     RoundStore(df, x, rounded);
     hn::StoreU(LoadWiden(df, rounded), df, dst + i);
   }
-  for (; i < n; ++i) dst[i] = to_float(narrow_from_float<E>(src[i] + (bias != nullptr ? to_float(bias[i]) : 0.0f)));
+  for (; i < n; ++i) dst[i] = to_float(narrow_from_float<E>(bias != nullptr ? src[i] + to_float(bias[i]) : src[i]));
 }
 
 // split_rows' pieces of one row; returns whether every element is finite.

@@ -1,8 +1,12 @@
 // src/core/switches.hpp: one rule for the library's named switches. A
 // switch forces a fast path or its reference for a whole process, so that
 // one binary can be checked (and timed) both ways: an environment variable
-// (MULTIHEAD_KERNEL, MULTIHEAD_NARROW_ATTENTION, ...) or a *_force() call of
-// multihead/runtime.hpp. Each reads its value by switch_choice: "" is the
+// (MULTIHEAD_NARROW_ATTENTION, MULTIHEAD_F16_GEMM, MULTIHEAD_BF16_DOT,
+// MULTIHEAD_FUSED_PATHS, MULTIHEAD_NARROW_GEMV, MULTIHEAD_BACKWARD_HEADS,
+// MULTIHEAD_BF16_BACKWARD) or a *_force() call of multihead/runtime.hpp.
+// (MULTIHEAD_KERNEL and MULTIHEAD_SIMD_TARGET name a kernel or a target by
+// their own parsers, parse_attention_kernel and simd_target_parse, whose
+// messages list the same way.) Each reads its value by switch_choice: "" is the
 // first name (auto), a name its index, anything else a one-line error with
 // the names and the value quoted (escaped: an environment value may hold any
 // byte).

@@ -15,7 +15,7 @@ namespace multihead::detail {
 namespace {
 
 [[noreturn]] void refuse(const std::string& name, const std::string& expected, const std::string& text) {
-  throw Error(Error::Kind::Format, name + ": expected " + expected + ", got '" + printable(text, 60) + "'");
+  throw Error(Error::Kind::Format, name + ": expected " + expected + ", got " + quote_input(text, 60));
 }
 
 // std::from_chars over the whole string: no leading space or '+' (from_chars

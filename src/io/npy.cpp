@@ -53,7 +53,7 @@ const NpyDType& find_dtype(const std::string& descr, const std::string& name) {
   for (const NpyDType& t : kNpyDTypes)
     accepted += std::string(accepted.empty() ? "" : ", ") + "'" + std::string(t.descr) + "'";
   throw Error(Error::Kind::Format,
-              name + ": unsupported dtype '" + detail::printable(descr) + "' (accepted: " + accepted + ")");
+              name + ": unsupported dtype " + quote_input(descr, 120) + " (accepted: " + accepted + ")");
 }
 
 // `src` holds the elements in Fortran order (first index fastest); returns

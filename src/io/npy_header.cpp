@@ -33,7 +33,7 @@ class HeaderParser {
     skip_ws();
     while (peek() != '}') {
       const std::string key = parse_string("a quoted key");
-      expect(':', "':' after key '" + printable(key) + "'");
+      expect(':', "':' after key " + quote_input(key, 120));
       skip_ws();
       if (key == "descr") {
         mark(have_descr, key);
@@ -48,14 +48,14 @@ class HeaderParser {
         mark(have_shape, key);
         h.shape = parse_tuple();
       } else {
-        fail("unknown key '" + printable(key) + "' (accepted: 'descr', 'fortran_order', 'shape')");
+        fail("unknown key " + quote_input(key, 120) + " (accepted: 'descr', 'fortran_order', 'shape')");
       }
       skip_ws();
       if (peek() == ',') {
         ++pos_;
         skip_ws();
       } else if (peek() != '}') {
-        fail_at("',' or '}' after the value of '" + printable(key) + "'");
+        fail_at("',' or '}' after the value of " + quote_input(key, 120));
       }
     }
     ++pos_;
@@ -81,7 +81,7 @@ class HeaderParser {
   }
 
   [[noreturn]] void fail_at(const std::string& expected) const {
-    const std::string found = pos_ < s_.size() ? "'" + printable(s_.substr(pos_, 1)) + "'" : "the end";
+    const std::string found = pos_ < s_.size() ? quote_input(s_.substr(pos_, 1), 120) : "the end";
     fail("expected " + expected + " at header byte " + std::to_string(pos_) + ", found " + found);
   }
 

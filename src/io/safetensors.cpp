@@ -121,7 +121,7 @@ json parse_header_json(const char* begin, const char* end, const std::string& na
   } catch (const json::exception& e) {
     fail(name, "header is not valid JSON: " + detail::printable(e.what(), 300));
   }
-  if (has_repeat) fail(name, "header JSON has the key '" + detail::printable(repeated) + "' twice");
+  if (has_repeat) fail(name, "header JSON has the key " + quote_input(repeated, 120) + " twice");
   if (!root.is_object())
     fail(name, std::string("header JSON is ") + root.type_name() + ", expected an object");
   return root;
@@ -134,7 +134,7 @@ std::map<std::string, std::string> read_metadata(const json& meta, const std::st
   for (const auto& [key, value] : meta.items()) {
     if (!value.is_string()) {
       fail(name,
-           "__metadata__ '" + detail::printable(key) + "' is " + value.type_name() + ", expected a string");
+           "__metadata__ " + quote_input(key, 120) + " is " + value.type_name() + ", expected a string");
     }
     out[key] = value.get<std::string>();
   }
@@ -166,11 +166,11 @@ DType find_dtype(const std::string& dtype_name, const std::string& t) {
 }
 
 Entry read_entry(const std::string& key, const json& v, uint64_t buffer_size, const std::string& name) {
-  const std::string t = name + ": tensor '" + detail::printable(key) + "'";
+  const std::string t = name + ": tensor " + quote_input(key, 120);
   if (!v.is_object()) fail(t, std::string("entry is ") + v.type_name() + ", expected an object");
   for (const auto& item : v.items()) {
     if (item.key() != "dtype" && item.key() != "shape" && item.key() != "data_offsets") {
-      fail(t, "unknown key '" + detail::printable(item.key()) + "' (accepted: dtype, shape, data_offsets)");
+      fail(t, "unknown key " + quote_input(item.key(), 120) + " (accepted: dtype, shape, data_offsets)");
     }
   }
   Entry e{key, DType::F32, {}, 0, 0};
@@ -236,8 +236,8 @@ void check_no_overlap(std::vector<const Entry*> entries, const std::string& name
     const Entry& a = *entries[i - 1];
     const Entry& b = *entries[i];
     if (a.end > b.begin) {
-      fail(name, "tensors '" + detail::printable(a.key) + "' (data_offsets " + offsets_text(a.begin, a.end) +
-                     ") and '" + detail::printable(b.key) + "' (data_offsets " +
+      fail(name, "tensors " + quote_input(a.key, 120) + " (data_offsets " + offsets_text(a.begin, a.end) +
+                     ") and " + quote_input(b.key, 120) + " (data_offsets " +
                      offsets_text(b.begin, b.end) + ") overlap");
     }
   }

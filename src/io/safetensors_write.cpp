@@ -20,12 +20,12 @@ namespace {
 
 // A JSON string literal. nlohmann refuses invalid UTF-8, which the format
 // forbids too.
-std::string quote_input(const std::string& s, const char* what) {
+std::string json_string(const std::string& s, const char* what) {
   try {
     return nlohmann::json(s).dump();
   } catch (const nlohmann::json::exception&) {
     throw Error(Error::Kind::Value,
-                "safetensors: " + std::string(what) + " '" + detail::printable(s) + "' is not valid UTF-8");
+                "safetensors: " + std::string(what) + " " + quote_input(s, 120) + " is not valid UTF-8");
   }
 }
 
@@ -48,7 +48,7 @@ std::string serialize(const std::map<std::string, Tensor<T>>& tensors, const std
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
     for (const auto& [key, value] : metadata)
-      header += quote_input(key, "metadata key") + ":" + quote_input(value, "metadata value") + ",";
+      header += json_string(key, "metadata key") + ":" + json_string(value, "metadata value") + ",";
     header.back() = '}';
     header += ",";
   }
@@ -58,7 +58,7 @@ std::string serialize(const std::map<std::string, Tensor<T>>& tensors, const std
       throw Error(Error::Kind::Value, "safetensors: tensor name '__metadata__' is reserved for the metadata");
     }
     if (shape_numel(t.shape()) != t.numel()) {
-      throw Error(Error::Kind::Shape, "safetensors: tensor '" + detail::printable(key) + "': shape " +
+      throw Error(Error::Kind::Shape, "safetensors: tensor " + quote_input(key, 120) + ": shape " +
                                           shape_to_string(t.shape()) + " needs " +
                                           std::to_string(shape_numel(t.shape())) + " elements, tensor has " +
                                           std::to_string(t.numel()));
@@ -69,7 +69,7 @@ std::string serialize(const std::map<std::string, Tensor<T>>& tensors, const std
       dims += std::to_string(d);
     }
     const uint64_t end = offset + static_cast<uint64_t>(t.numel()) * sizeof(T);
-    header += quote_input(key, "tensor name") + ":{\"dtype\":\"" + dtype_name<T>() + "\",\"shape\":[" + dims +
+    header += json_string(key, "tensor name") + ":{\"dtype\":\"" + dtype_name<T>() + "\",\"shape\":[" + dims +
               "],\"data_offsets\":[" +
               std::to_string(offset) + "," + std::to_string(end) + "]},";
     offset = end;

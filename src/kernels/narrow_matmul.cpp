@@ -37,7 +37,7 @@
 //
 // Memory beyond the inputs and output, per calling thread and kept
 // (core/thread_scratch.hpp): dense bf16 copies of K and V (their bytes
-// again); per item thread, R × C float32 scores and bf16 weights, 2 R × Dv
+// again) where their rows are not dense already; per item thread, R × C float32 scores and bf16 weights, 2 R × Dv
 // float32 sums and R × D bf16 queries.
 #include "kernels/narrow_matmul.hpp"
 
@@ -185,6 +185,7 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
   const SliceLayout ol = resolve_layout(a.out_layout, H, L, Dv);
   const int64_t R = std::min(kBlockRows, L), blocks = (L + R - 1) / R, items = a.slices * blocks;
   const ExpRow<float> exp_row = exp_row_for_current_target<float>();
+  const ExpRowBf16Fn exp_row_bf16 = softmax_exp_row_bf16_for(simd_target_bit());
   const bool positional = a.modifiers.causal.enabled || a.modifiers.window > 0;
   const int64_t shift = causal_shift(a.modifiers.causal, L);
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -239,21 +240,25 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
         if (m_new == neg_inf && !all_hidden(row, kc)) m_new = std::numeric_limits<float>::quiet_NaN();
         // The online softmax (the flash kernel's, chunk by chunk): the
         // running sum and output rescaled by alpha = exp(m_old − m_new).
+        // P rounded to bf16 as it is made (without dropout), else after.
         float sum = 0.0f;
+        bfloat16* pr = p + r * kc;
         if (m_new == neg_inf) {  // no key of the row seen yet
-          std::fill_n(row, kc, 0.0f);
+          std::fill_n(pr, kc, bfloat16{});
           alpha[r] = 1.0f;
         } else {
           alpha[r] = m[r] == neg_inf ? 0.0f : std::exp(m[r] - m_new);
-          sum = exp_row(row, static_cast<std::size_t>(kc), m_new);
+          sum = dropout ? exp_row(row, static_cast<std::size_t>(kc), m_new)
+                        : exp_row_bf16(row, static_cast<std::size_t>(kc), m_new, pr);
           m[r] = m_new;
+          if (dropout) {
+            for (int64_t j = 0; j < kc; ++j) row[j] = dropout_weight(a.dropout, n, i, c + j, row[j], keep_scale);
+            round_rows(row, 1, kc, kc, static_cast<const bfloat16*>(nullptr), pr, kc, 1);
+          }
         }
         l[r] = l[r] * alpha[r] + sum;
-        if (dropout)
-          for (int64_t j = 0; j < kc; ++j) row[j] = dropout_weight(a.dropout, n, i, c + j, row[j], keep_scale);
       }
-      // P rounded to bf16, then sums = P V over the chunk, acc = acc·alpha + sums.
-      round_rows(scores, rows, kc, kc, static_cast<const bfloat16*>(nullptr), p, kc, 1);
+      // sums = P V over the chunk, acc = acc·alpha + sums.
       gemm(Trans::No, Trans::No, rows, Dv, kc, 1.0f, p, kc, v + c * Dv, Dv, 0.0f, sums, Dv);
       for (int64_t r = 0; r < rows; ++r) {
         float* o = acc + r * Dv;
@@ -372,6 +377,7 @@ void attention_backward_narrow_matmul(const AttentionBackwardArgs<float>& b) {
   const SliceLayout ol = resolve_layout(a.out_layout, H, L, Dv);
   const int64_t R = std::min(kBlockRows, L), C = std::min(kKeyBlock, S);
   const ExpRow<float> exp_row = exp_row_for_current_target<float>();
+  const BackwardRowBf16Fn backward_row = backward_row_bf16_for(simd_target_bit());
   const bool positional = (a.modifiers.causal.enabled || a.modifiers.window > 0) &&
                           a.masked_rows != MaskedRowPolicy::NaN;
   const int64_t shift = causal_shift(a.modifiers.causal, L);
@@ -472,21 +478,21 @@ void attention_backward_narrow_matmul(const AttentionBackwardArgs<float>& b) {
             if (capped)
               for (int64_t j = 0; j < kc; ++j) slope[j] = soft_cap_slope(a.modifiers.softcap, xr[j]);
             // p = exp(s − lse): the forward's softmax; a fully masked row
-            // was filled with masked_row_fill.
+            // was filled with masked_row_fill. s − lse is clamped at 0, as
+            // the flash backward does: recomputed in another order than the
+            // forward's sum, a score may pass lse by a rounding, and the
+            // exp's argument must not (a NaN stays NaN, −inf gives 0).
+            if (lse != neg_inf) apply_score_rule(mods, S, i, j0, xr, kc);
+            if (lse != neg_inf && !dropout && !capped) {
+              // P' = p and dX = p (dp − delta), rounded to bf16, in one pass.
+              backward_row(xr, dpr, n_(kc), lse, dl, p16 + r * kc, dx16 + r * kc);
+              continue;
+            }
             if (lse == neg_inf) {
               std::fill_n(xr, kc, masked_row_fill<float>(a.masked_rows));
             } else {
-              // s − lse clamped at 0, as the flash backward does: recomputed
-              // in another order than the forward's sum, a score may pass
-              // lse by a rounding, and exp_row's argument must not (a NaN
-              // stays NaN, −inf gives 0).
-              apply_score_rule(mods, S, i, j0, xr, kc);
               for (int64_t j = 0; j < kc; ++j) xr[j] = std::min(xr[j] - lse, 0.0f);
               (void)exp_row(xr, n_(kc), 0.0f);
-            }
-            if (!dropout && !capped) {
-              for (int64_t j = 0; j < kc; ++j) dpr[j] = xr[j] * (dpr[j] - dl);
-              continue;
             }
             for (int64_t j = 0; j < kc; ++j) {
               const float pj = xr[j];
@@ -495,10 +501,11 @@ void attention_backward_narrow_matmul(const AttentionBackwardArgs<float>& b) {
               xr[j] = keep ? pj * keep_scale : 0.0f;
               dpr[j] = pj * (dpj - dl) * (capped ? slope[j] : 1.0f);
             }
+            // P' and dX rounded to bf16.
+            round_rows(xr, 1, kc, kc, static_cast<const bfloat16*>(nullptr), p16 + r * kc, kc, 1);
+            round_rows(dpr, 1, kc, kc, static_cast<const bfloat16*>(nullptr), dx16 + r * kc, kc, 1);
           }
-          // P' and dX rounded to bf16, then the three products that read them.
-          round_rows(x, rows, kc, kc, static_cast<const bfloat16*>(nullptr), p16, kc, 1);
-          round_rows(dp, rows, kc, kc, static_cast<const bfloat16*>(nullptr), dx16, kc, 1);
+          // The three products that read P' and dX.
           gemm(Trans::No, Trans::No, Dv, kc, rows, 1.0f, dot + (t * L + i0) * Dv, rows, p16, kc, 1.0f,
                dvt, kc);
           gemm(Trans::No, Trans::No, D, kc, rows, 1.0f, qt + (t * L + i0) * D, rows, dx16, kc, 1.0f,

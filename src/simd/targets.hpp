@@ -57,8 +57,8 @@ bool cpu_has_avx512_bf16();
 // CPU, but two processes on a loaded host may then choose differently.
 enum class Bf16Dot { Auto, Fma, Dpbf16, Measure };
 inline constexpr double kBf16DotMinRatio = 1.2;
-// The setting now: bf16_dot_force's, else MULTIHEAD_BF16_DOT (auto, measure,
-// fma or dpbf16, read once per process), else Auto. Throws multihead::Error naming
+// The setting now: bf16_dot_force's, else MULTIHEAD_BF16_DOT (auto, fma,
+// dpbf16 or measure, read once per process), else Auto. Throws multihead::Error naming
 // the variable, the value and the accepted names for a bad value.
 Bf16Dot bf16_dot_setting();
 

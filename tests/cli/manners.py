@@ -256,6 +256,11 @@ def test_environment(cli, work):
             r = subprocess.run([cli, *argv], capture_output=True, text=True, timeout=120, env=env)
             problem = one_error_line(r.returncode, r.stderr, var, "garbage")
             check(f"{var}=garbage fails {name} in one line naming it", not problem, problem)
+        # A hostile value: its newline and the quote that could close it escaped.
+        env = dict(os.environ, **{var: "gar' bage\n"})
+        r = subprocess.run([cli, *commands["forward bf16"]], capture_output=True, text=True, timeout=120, env=env)
+        problem = one_error_line(r.returncode, r.stderr, var, "gar\\x27 bage\\x0a")
+        check(f"{var} with a quote and a newline fails in one line, escaped", not problem, problem)
 
 
 def test_truncated_while_read(cli, work):
