@@ -188,12 +188,17 @@ def _blame(name, params, args, kwargs):
         if pname in given and not _fits(given[pname], typ):
             return f"{name}(): {pname}: expected {_shown_type(typ)}, got {_describe(given[pname])}"
     # Every argument has a fitting type: an int outside its C++ type's range
-    # (a negative seed for uint64_t, 2^70 for int64_t) is the one left.
-    for pname, typ, _, _ in params:
-        v = given.get(pname)
-        if "int" in typ and isinstance(v, int) and not isinstance(v, bool) and (v < 0 or v >= 2**63):
-            return (f"{name}(): {pname}: got int {_short(str(v), 24)}, outside the integers it takes "
-                    f"(an unsigned or a 64-bit integer)")
+    # is the one left (a negative seed for uint64_t, 2^70 for int64_t, 2^31
+    # for a 32-bit int). The signature does not say the width, so the first
+    # int that no 64-bit type holds is blamed, else the first that a 32-bit
+    # int does not hold, else the first negative one (an unsigned type).
+    ints = [(pname, given[pname]) for pname, typ, _, _ in params
+            if "int" in typ and isinstance(given.get(pname), int) and not isinstance(given.get(pname), bool)]
+    for outside in (lambda v: v < -2**63 or v >= 2**64, lambda v: v < -2**31 or v >= 2**31, lambda v: v < 0):
+        for pname, v in ints:
+            if outside(v):
+                return (f"{name}(): {pname}: got int {_short(str(v), 24)}, outside the range of the "
+                        f"integer type it takes")
     return None
 
 

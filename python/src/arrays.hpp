@@ -50,10 +50,23 @@ inline const py::object& numpy_asarray() {
   return *f;
 }
 
-// np.asarray(obj), without a call when obj is already an ndarray.
-inline py::array as_numpy(const py::handle& obj) {
+// np.asarray(obj), without a call when obj is already an ndarray. Where
+// np.asarray refuses obj (a torch tensor that requires grad, a torch
+// bfloat16 tensor, an object that is no array), one TypeError naming the
+// argument, with NumPy's reason's first line; MemoryError and
+// KeyboardInterrupt pass as they are.
+inline py::array as_numpy(const py::handle& obj, const std::string& name) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
-  return numpy_asarray()(obj).cast<py::array>();
+  try {
+    return numpy_asarray()(obj).cast<py::array>();
+  } catch (py::error_already_set& e) {
+    if (e.matches(PyExc_MemoryError) || e.matches(PyExc_KeyboardInterrupt)) throw;
+    std::string why = py::str(e.value()).cast<std::string>();
+    why = why.substr(0, why.find('\n'));
+    throw py::type_error(name + ": expected an array (anything np.asarray takes), got " +
+                         py::str(py::type::of(obj)).cast<std::string>() + ", which np.asarray refused: " +
+                         quote_input(why, 160));
+  }
 }
 
 // The dtype a call computes in. From its query: float64 stays float64, every
@@ -123,7 +136,7 @@ struct HeldTensor {
 // already C-contiguous T (no copy), else a converted copy.
 template <class T>
 HeldTensor<T> float_tensor(const py::handle& obj, const std::string& name) {
-  py::array a = as_numpy(obj);
+  py::array a = as_numpy(obj, name);
   refuse_unnamed_bits(a, name);
   if (!is_float(a))
     throw py::type_error(name + ": expected a floating-point array (float32 or float64), got " + dtype_name(a));
@@ -159,7 +172,7 @@ template <class T>
 HeldMask<T> mask_arg(const py::handle& obj, const std::string& name, bool invert = false) {
   HeldMask<T> r;
   if (obj.is_none()) return r;
-  py::array a = as_numpy(obj);
+  py::array a = as_numpy(obj, name);
   const char kind = a.dtype().kind();
   if (kind == 'b' || (kind == 'u' && a.dtype().itemsize() == 1)) {
     py::array_t<uint8_t> c = c_contiguous<uint8_t>(kind == 'b' ? a.view("uint8") : a, name);
@@ -227,7 +240,7 @@ template <class E>
 HeldNarrow<E> narrow_tensor(const py::handle& obj, const std::string& name) {
   static_assert(sizeof(E) == sizeof(uint16_t) && alignof(E) == alignof(uint16_t));
   const std::string type = dtype_str(precision_of_narrow<E>());
-  py::array a = as_numpy(obj);
+  py::array a = as_numpy(obj, name);
   const char kind = a.dtype().kind();
   const auto itemsize = a.dtype().itemsize();
   HeldNarrow<E> r;

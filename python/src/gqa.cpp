@@ -236,7 +236,7 @@ class PyGroupedQueryAttention : public ModuleParameters<GqaTraits> {
 
   py::object forward(const py::object& x, const GqaCall& o, const py::object& cache) {
     if (cache.is_none()) {
-      const py::array a = as_numpy(x);
+      const py::array a = as_numpy(x, "x");
       if (precision_of(a, "x") == Precision::F64) return run<double>(a, o, nullptr);
       return run<float>(a, o, nullptr);
     }
@@ -253,7 +253,7 @@ class PyGroupedQueryAttention : public ModuleParameters<GqaTraits> {
     if (!py::isinstance<PyGqaContext>(ctx))
       throw py::type_error("context: expected a multihead.GroupedQueryContext or None, got " + type_name(ctx));
     PyGqaContext& c = ctx.cast<PyGqaContext&>();
-    const py::array a = as_numpy(x);
+    const py::array a = as_numpy(x, "x");
     py::array out = precision_of(a, "x") == Precision::F64 ? run_with_context<double>(a, o, c)
                                                           : run_with_context<float>(a, o, c);
     return py::make_tuple(out, ctx);
@@ -345,7 +345,7 @@ py::array rope_call(const py::object& x, const std::string& convention, double t
 
 py::array rope_dispatch(const py::object& x, const std::string& convention, double theta, int64_t position_offset,
                         bool backward) {
-  const py::array a = as_numpy(x);
+  const py::array a = as_numpy(x, backward ? "d_y" : "x");
   if (precision_of(a, backward ? "d_y" : "x") == Precision::F64)
     return rope_call<double>(a, convention, theta, position_offset, backward);
   return rope_call<float>(a, convention, theta, position_offset, backward);

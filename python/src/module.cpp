@@ -155,7 +155,7 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
       throw Error(Error::Kind::Value, "form: expected 'fused' or 'textbook', got " + quote_input(form));
     if (dtype_ == Precision::BF16) return run_narrow<bfloat16>(query, key, value, o, form);
     if (dtype_ == Precision::F16) return run_narrow<float16>(query, key, value, o, form);
-    const py::array q = as_numpy(query);
+    const py::array q = as_numpy(query, "query");
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;
     if (precision_of(q, "query") == Precision::F64) return run<double>(q, k, v, o, form == "textbook");
@@ -177,7 +177,7 @@ class PyMultiheadAttention : public ModuleParameters<MhaTraits> {
                                               : run_narrow<float16>(query, key, value, o, "fused", &c);
       return py::make_tuple(r[0], r[1], ctx);
     }
-    const py::array q = as_numpy(query);
+    const py::array q = as_numpy(query, "query");
     const py::object k = key.is(query) ? q : key;
     const py::object v = value.is(query) ? q : value;
     py::tuple r = precision_of(q, "query") == Precision::F64 ? run_with_context<double>(q, k, v, o, c)
@@ -487,7 +487,7 @@ py::object sdpa_call(const py::object& query, const py::object& key, const py::o
     if (named == Precision::BF16) return sdpa_narrow<bfloat16>(query, key, value, c, context);
     return sdpa_narrow<float16>(query, key, value, c, context);
   }
-  const py::array q = as_numpy(query);
+  const py::array q = as_numpy(query, "query");
   const py::object k = key.is(query) ? q : key, v = value.is(query) ? q : value;
   const Precision p = c.dtype.is_none() ? precision_of(q, "query") : named;
   if (p == Precision::F64) return sdpa<double>(q, k, v, c, context);
@@ -580,7 +580,7 @@ std::string explain_report(const py::object& module, const py::object& input, co
       throw Error(Error::Kind::Value, std::string("module: explain shows attention weights, which a ") +
                                           dtype_str(mha.dtype()) + " MultiheadAttention does not return (its flash "
                                           "kernel keeps none); explain a float32 module with its state_dict");
-    const py::array x = as_numpy(input);
+    const py::array x = as_numpy(input, "input");
     const std::vector<std::string> labels = token_labels(tokens);
     r = precision_of(x, "input") == Precision::F64 ? module_report_of<double>(mha, x, batch, labels, source)
                                                    : module_report_of<float>(mha, x, batch, labels, source);

@@ -48,8 +48,10 @@
 // (query, key, value), positional, in PyTorch's order.
 #define MULTIHEAD_SDPA_POSITIONAL(X)                                                                       \
   X(py::object, attn_mask, py::none(), ,                                                                   \
-    "(L, S) or (..., L, S). Bool: True means \"may attend\" (as in torch's scaled_dot_product_attention, " \
-    "the opposite of MultiheadAttention's masks). Float: added to the scores.")                            \
+    "(L, S), or (..., L, S) with the query's leading dimensions exactly (no broadcasting of size-1 "      \
+    "dimensions, which torch 2.x allows). Bool: True means \"may attend\" (as in torch's "                \
+    "scaled_dot_product_attention, the opposite of MultiheadAttention's masks). Float: added to the "     \
+    "scores.")                                                                                             \
   X(double, dropout_p, 0.0, a.dropout_p = v,                                                               \
     "Dropout probability on the weights (applied whenever > 0, as torch does). Default: 0.0.")             \
   X(bool, is_causal, false, a.is_causal = v, "Query i may attend only to keys j <= i (top-left aligned).") \

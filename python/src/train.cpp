@@ -115,7 +115,7 @@ py::dict options_dict(const TrainOptions& o) {
 
 // An integer array (B, L) (or (L) for one sequence) as ids; `name` is the argument.
 std::vector<int32_t> id_argument(const py::handle& obj, const std::string& name, int64_t& B, int64_t& L, bool first) {
-  const py::array a = as_numpy(obj);
+  const py::array a = as_numpy(obj, name);
   const char kind = a.dtype().kind();
   if (kind != 'i' && kind != 'u')
     throw py::type_error(name + ": expected an integer array of token ids, got " + dtype_name(a));
@@ -260,7 +260,7 @@ py::dict evaluate(const TrainedModel& model, const py::object& tokens, const py:
   b.length = L;
   if (L != model.config().sequence_length)
     throw Error(Error::Kind::Shape, "tokens: expected (B, " + std::to_string(model.config().sequence_length) +
-                                        ") (the model's sequence length), got " + shape_of(as_numpy(tokens)));
+                                        ") (the model's sequence length), got " + shape_of(as_numpy(tokens, "tokens")));
   b.targets = targets.is_none() ? std::vector<int32_t>(b.tokens.size(), 0) : id_argument(targets, "targets", B, L, false);
   for (auto [name, ids] : {std::pair{"tokens", &b.tokens}, {"targets", &b.targets}})
     for (std::size_t i = 0; i < ids->size(); ++i)
@@ -270,7 +270,7 @@ py::dict evaluate(const TrainedModel& model, const py::object& tokens, const py:
   if (mask.is_none()) {
     b.mask.assign(b.tokens.size(), targets.is_none() ? 0 : 1);
   } else {
-    py::array m = as_numpy(mask);
+    py::array m = as_numpy(mask, "mask");
     if (m.dtype().kind() != 'b')
       throw py::type_error("mask: expected a bool array (True = the position counts in the loss), got " + dtype_name(m));
     if (m.size() != B * L || (m.ndim() == 2 && (m.shape(0) != B || m.shape(1) != L)) || m.ndim() > 2)

@@ -38,7 +38,15 @@ CASES = [
     ("the wrong one of two, not the first converted", lambda: MHA.forward(X, X, X, need_weights=0, kernel=5),
      ["MultiheadAttention.forward(): kernel: expected str, got int 5"]),
     ("negative seed", lambda: MHA.forward(X, X, X, dropout_seed=-1),
-     ["dropout_seed: got int -1, outside the integers it takes"]),
+     ["dropout_seed: got int -1, outside the range of the integer type it takes"]),
+    # A 32-bit int parameter: 2^31 fits a 64-bit one, not it; the other
+    # ints given fit every type.
+    ("past a 32-bit int", lambda: MHA(X, X, X, num_threads=2**31, dropout_seed=5),
+     ["MultiheadAttention.__call__(): num_threads: got int 2147483648, outside the range of the integer type"]),
+    ("below a 32-bit int", lambda: multihead.set_threads(-2**31 - 1),
+     ["set_threads(): threads: got int -2147483649, outside the range"]),
+    ("past every 64-bit int", lambda: MHA.forward(X, X, X, num_threads=1, dropout_seed=2**70),
+     ["dropout_seed: got int 1180591620717411303424, outside the range"]),
     ("array in a list", lambda: MHA.forward(X, X, X, weights_heads=[np.eye(2, dtype=int)]),
      ["weights_heads: expected Optional[List[int]], got list"]),
     ("dict for a list", lambda: MHA.forward(X, X, X, weights_heads={0: 1}),

@@ -27,10 +27,22 @@ def nan_query():
     return q
 
 
+class Refuses:
+    """What np.asarray cannot read (as a torch tensor that requires grad)."""
+
+    def __array__(self, *args, **kwargs):
+        raise RuntimeError("cannot become an array.\nsecond line")
+
+
 SHAPE = re.compile(r"\(\d+(, \d+)*\)")
 
 # (name, call, exception, words the message must contain)
 CASES = [
+    # np.asarray's refusal: one TypeError naming the argument, its reason's first line.
+    ("query-refused-by-asarray", lambda: MHA(Refuses(), X, X), TypeError,
+     ["query: expected an array", "np.asarray refused", "cannot become an array"]),
+    ("key-refused-by-asarray", lambda: MHA(X, Refuses(), X), TypeError, ["key: expected an array", "Refuses"]),
+    ("mask-refused-by-asarray", lambda: MHA(X, X, X, attn_mask=Refuses()), TypeError, ["attn_mask: expected an array"]),
     ("query-0-d", lambda: MHA(np.float32(1), X, X), ValueError, ["query", "()"]),
     ("query-1-d", lambda: MHA(np.ones(E, np.float32), X, X), ValueError, ["query", "(8)"]),
     ("query-4-d", lambda: MHA(np.ones((1, L, B, E), np.float32), X, X), ValueError, ["query", "(1, 3, 2, 8)"]),
@@ -71,6 +83,10 @@ CASES = [
     ("weights-rows-no-weights", lambda: MHA(X, X, X, need_weights=False, weights_rows=[0]), ValueError,
      ["weights_rows", "need_weights"]),
     ("flash-float64", lambda: MHA(X.astype(np.float64), X, X, kernel="flash", need_weights=False), ValueError, ["flash"]),
+    # The dtype is the reason first: following the weights advice would only
+    # lead to it.
+    ("flash-float64-weights", lambda: MHA(X.astype(np.float64), X, X, kernel="flash"), ValueError,
+     ["flash runs in float32 only", "float64"]),
     ("bad-kernel", lambda: MHA(X, X, X, kernel="fast"), ValueError, ["kernel", "fast"]),
     ("bad-masked-rows", lambda: MHA(X, X, X, masked_rows="ones"), ValueError, ["masked_rows", "ones"]),
     ("bad-form", lambda: MHA(X, X, X, form="short"), ValueError, ["form", "short"]),

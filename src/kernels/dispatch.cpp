@@ -86,13 +86,14 @@ void run_attention_forward(const AttentionArgs<T>& args, AttentionKernel kernel)
                                         (args.weights != nullptr ? " (attention weights were asked for: use need_weights=false)" : ""));
   if (kernel == AttentionKernel::Flash && !flash_can_serve(args)) {
     // Forcing flash where it cannot run is a usage error, not a silent swap.
+    // The dtype first: a float64 call cannot run flash whatever else it asks.
+    if constexpr (!std::is_same_v<T, float>)
+      throw Error(Error::Kind::Value,
+                  "kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)");
     if (args.weights != nullptr)
       throw Error(Error::Kind::Value,
                   "kernel: flash cannot return attention weights; use need_weights=false or "
                   "kernel=materialized");
-    if constexpr (!std::is_same_v<T, float>)
-      throw Error(Error::Kind::Value,
-                  "kernel: flash runs in float32 only; this call is float64 (use kernel=materialized)");
   }
   switch (kernel) {
     case AttentionKernel::Reference:

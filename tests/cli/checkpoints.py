@@ -492,6 +492,70 @@ def huge_files_judged_by_header(env):
     return problems
 
 
+@check
+def one_module_of_a_huge_file(env):
+    """A valid 3.3 GiB file costs the module it is asked for: inspect, forward --prefix and forward --num-kv-heads read names and that module only."""
+    # One sparse file (its big tensors in a hole: no disk blocks): an MHA
+    # module "enc.", a module nested under it ("enc.sub.", 256 MiB), a grouped-
+    # query module "layers.1." (read as "--prefix layers.1") and a sibling
+    # "layers.10." (1 GiB), and a
+    # 2 GiB "big". Each command must succeed within 10 s and a 300 MiB peak
+    # (decoding any of the big tensors to float64 would cost 512 MiB or more).
+    E, giant = 8, 16384  # a 16384 x 16384 float32 weight is 1 GiB
+    rng = np.random.default_rng(4)
+    header, blobs, offset = {"__metadata__": {"num_heads": "2"}}, [], 0
+
+    def add(name, shape, values=None):
+        nonlocal offset
+        n = int(np.prod(shape)) * 4
+        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
+        if values is not None:
+            blobs.append(values.astype("<f4").tobytes())
+        offset += n
+
+    add("enc.in_proj_weight", [3 * E, E], rng.standard_normal((3 * E, E)))
+    add("enc.in_proj_bias", [3 * E], rng.standard_normal(3 * E))
+    add("enc.out_proj.weight", [E, E], rng.standard_normal((E, E)))
+    add("enc.out_proj.bias", [E], rng.standard_normal(E))
+    for name, rows in (("q_proj", E), ("k_proj", E // 2), ("v_proj", E // 2), ("o_proj", E)):
+        add(f"layers.1.{name}.weight", [rows, E], rng.standard_normal((rows, E)))
+    small = offset  # everything after this lies in the hole
+    add("enc.sub.in_proj_weight", [3 * giant // 4, giant // 4])  # E 4096: 192 MiB
+    add("enc.sub.out_proj.weight", [giant // 4, giant // 4])
+    add("layers.10.q_proj.weight", [giant, giant])
+    add("big", [2 * giant, giant])
+    body = json.dumps(header).encode()
+    path = env.path("huge_model.safetensors")
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(body)) + body + b"".join(blobs))
+        assert f.tell() == 8 + len(body) + small
+    os.truncate(path, 8 + len(body) + offset)
+    np.save(env.path("q_huge_model.npy"), rng.standard_normal((3, 1, E)).astype(np.float32))
+    runs = {
+        "inspect": [env.cli, "inspect", "huge_model.safetensors"],
+        "forward --prefix enc": [env.cli, "forward", "--weights", "huge_model.safetensors", "--prefix", "enc",
+                                 "--query", "q_huge_model.npy", "--out", "o_huge_model.npy"],
+        "forward --num-kv-heads --prefix layers.1": [
+            env.cli, "forward", "--weights", "huge_model.safetensors", "--prefix", "layers.1", "--num-kv-heads", "1",
+            "--query", "q_huge_model.npy", "--out", "o_huge_gqa.npy"],
+    }
+    problems = []
+    try:
+        for what, argv in runs.items():
+            code, err, seconds, peak_kib = run_measured(argv, env.dir)
+            if code != 0:
+                problems.append(f"{what}: exit {code}: {err.strip()[-300:]}")
+            if seconds > 10 or peak_kib > 300 * 1024:
+                problems.append(f"{what}: {seconds:.1f} s, {peak_kib} KiB peak (bounds 10 s, 300 MiB)")
+        out = subprocess.run(runs["inspect"], cwd=env.dir, capture_output=True, text=True, timeout=60).stdout
+        for want in ("big", "layers.10.q_proj.weight", "enc.sub."):
+            if want not in out:
+                problems.append(f"inspect lacks {want!r}")
+    finally:
+        os.remove(path)
+    return problems
+
+
 def main():
     ap = argparse.ArgumentParser(description="PyTorch checkpoints through `multihead inspect` / `forward`")
     ap.add_argument("--multihead", required=True)
