@@ -189,16 +189,22 @@ def _blame(name, params, args, kwargs):
             return f"{name}(): {pname}: expected {_shown_type(typ)}, got {_describe(given[pname])}"
     # Every argument has a fitting type: an int outside its C++ type's range
     # is the one left (a negative seed for uint64_t, 2^70 for int64_t, 2^31
-    # for a 32-bit int). The signature does not say the width, so the first
-    # int that no 64-bit type holds is blamed, else the first that a 32-bit
-    # int does not hold, else the first negative one (an unsigned type).
+    # for a 32-bit int). The signature does not say the width: an int that
+    # no 64-bit type holds is always the one; one outside the 32-bit range,
+    # or a negative one (an unsigned type), only when it is the only such
+    # int given (else a valid int64 or signed argument could be blamed, and
+    # the line below names them all instead).
     ints = [(pname, given[pname]) for pname, typ, _, _ in params
-            if "int" in typ and isinstance(given.get(pname), int) and not isinstance(given.get(pname), bool)]
-    for outside in (lambda v: v < -2**63 or v >= 2**64, lambda v: v < -2**31 or v >= 2**31, lambda v: v < 0):
-        for pname, v in ints:
-            if outside(v):
-                return (f"{name}(): {pname}: got int {_short(str(v), 24)}, outside the range of the "
-                        f"integer type it takes")
+            if typ in ("int", "Optional[int]") and isinstance(given.get(pname), int)
+            and not isinstance(given.get(pname), bool)]
+    tiers = ((lambda v: v < -2**63 or v >= 2**64, False), (lambda v: v < -2**31 or v >= 2**31, True),
+             (lambda v: v < 0, True))
+    for outside, only_one in tiers:
+        found = [(pname, v) for pname, v in ints if outside(v)]
+        if found and (len(found) == 1 or not only_one):
+            pname, v = found[0]
+            return (f"{name}(): {pname}: got int {_short(str(v), 24)}, outside the range of the "
+                    f"integer type it takes")
     return None
 
 

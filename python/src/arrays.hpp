@@ -60,12 +60,25 @@ inline py::array as_numpy(const py::handle& obj, const std::string& name) {
   try {
     return numpy_asarray()(obj).cast<py::array>();
   } catch (py::error_already_set& e) {
-    if (e.matches(PyExc_MemoryError) || e.matches(PyExc_KeyboardInterrupt)) throw;
-    std::string why = py::str(e.value()).cast<std::string>();
+    // Only an ordinary refusal (an Exception, not MemoryError; never
+    // KeyboardInterrupt or SystemExit) is said this way.
+    if (!e.matches(PyExc_Exception) || e.matches(PyExc_MemoryError)) throw;
+    // The reason's first line, its bytes as UTF-8 with anything else
+    // backslash-escaped (a message may hold a lone surrogate), else none.
+    std::string why;
+    if (PyObject* text = PyObject_Str(e.value().ptr())) {
+      if (PyObject* bytes = PyUnicode_AsEncodedString(text, "utf-8", "backslashreplace")) {
+        why.assign(PyBytes_AS_STRING(bytes), static_cast<std::size_t>(PyBytes_GET_SIZE(bytes)));
+        Py_DECREF(bytes);
+      }
+      Py_DECREF(text);
+    }
+    PyErr_Clear();
     why = why.substr(0, why.find('\n'));
-    throw py::type_error(name + ": expected an array (anything np.asarray takes), got " +
-                         py::str(py::type::of(obj)).cast<std::string>() + ", which np.asarray refused: " +
-                         quote_input(why, 160));
+    const std::string error = py::str(e.type().attr("__name__")).cast<std::string>();
+    const std::string type = py::str(py::type::of(obj).attr("__name__")).cast<std::string>();
+    throw py::type_error(name + ": expected an array (anything np.asarray takes), got " + type +
+                         ", which np.asarray refused (" + error + ": " + quote_input(why, 160) + ")");
   }
 }
 

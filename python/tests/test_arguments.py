@@ -47,6 +47,10 @@ CASES = [
      ["set_threads(): threads: got int -2147483649, outside the range"]),
     ("past every 64-bit int", lambda: MHA.forward(X, X, X, num_threads=1, dropout_seed=2**70),
      ["dropout_seed: got int 1180591620717411303424, outside the range"]),
+    # Two ints past 2^31, one of them a valid 64-bit seed: neither is
+    # blamed alone (the seed would be wrongly); the line says what was given.
+    ("two ints past 2^31", lambda: MHA(X, X, X, num_threads=2**31, dropout_seed=2**40),
+     ["MultiheadAttention.__call__(): cannot take ("]),
     ("array in a list", lambda: MHA.forward(X, X, X, weights_heads=[np.eye(2, dtype=int)]),
      ["weights_heads: expected Optional[List[int]], got list"]),
     ("dict for a list", lambda: MHA.forward(X, X, X, weights_heads={0: 1}),

@@ -500,7 +500,8 @@ def one_module_of_a_huge_file(env):
     # query module "layers.1." (read as "--prefix layers.1") and a sibling
     # "layers.10." (1 GiB), and a
     # 2 GiB "big". Each command must succeed within 10 s and a 300 MiB peak
-    # (decoding any of the big tensors to float64 would cost 512 MiB or more).
+    # (decoding either big module, or the big tensor, to float64 would cost
+    # 512 MiB or more).
     E, giant = 8, 16384  # a 16384 x 16384 float32 weight is 1 GiB
     rng = np.random.default_rng(4)
     header, blobs, offset = {"__metadata__": {"num_heads": "2"}}, [], 0
@@ -526,11 +527,22 @@ def one_module_of_a_huge_file(env):
     add("big", [2 * giant, giant])
     body = json.dumps(header).encode()
     path = env.path("huge_model.safetensors")
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(body)) + body + b"".join(blobs))
-        assert f.tell() == 8 + len(body) + small
-    os.truncate(path, 8 + len(body) + offset)
-    np.save(env.path("q_huge_model.npy"), rng.standard_normal((3, 1, E)).astype(np.float32))
+    problems = []
+    try:
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(body)) + body + b"".join(blobs))
+            assert f.tell() == 8 + len(body) + small
+        os.truncate(path, 8 + len(body) + offset)
+        np.save(env.path("q_huge_model.npy"), rng.standard_normal((3, 1, E)).astype(np.float32))
+        problems += run_one_module_commands(env)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    return problems
+
+
+def run_one_module_commands(env):
+    """one_module_of_a_huge_file's commands on its file: problems, or []."""
     runs = {
         "inspect": [env.cli, "inspect", "huge_model.safetensors"],
         "forward --prefix enc": [env.cli, "forward", "--weights", "huge_model.safetensors", "--prefix", "enc",
@@ -540,19 +552,16 @@ def one_module_of_a_huge_file(env):
             "--query", "q_huge_model.npy", "--out", "o_huge_gqa.npy"],
     }
     problems = []
-    try:
-        for what, argv in runs.items():
-            code, err, seconds, peak_kib = run_measured(argv, env.dir)
-            if code != 0:
-                problems.append(f"{what}: exit {code}: {err.strip()[-300:]}")
-            if seconds > 10 or peak_kib > 300 * 1024:
-                problems.append(f"{what}: {seconds:.1f} s, {peak_kib} KiB peak (bounds 10 s, 300 MiB)")
-        out = subprocess.run(runs["inspect"], cwd=env.dir, capture_output=True, text=True, timeout=60).stdout
-        for want in ("big", "layers.10.q_proj.weight", "enc.sub."):
-            if want not in out:
-                problems.append(f"inspect lacks {want!r}")
-    finally:
-        os.remove(path)
+    for what, argv in runs.items():
+        code, err, seconds, peak_kib = run_measured(argv, env.dir)
+        if code != 0:
+            problems.append(f"{what}: exit {code}: {err.strip()[-300:]}")
+        if seconds > 10 or peak_kib > 300 * 1024:
+            problems.append(f"{what}: {seconds:.1f} s, {peak_kib} KiB peak (bounds 10 s, 300 MiB)")
+    out = subprocess.run(runs["inspect"], cwd=env.dir, capture_output=True, text=True, timeout=60).stdout
+    for want in ("big", "layers.10.q_proj.weight", "enc.sub."):
+        if want not in out:
+            problems.append(f"inspect lacks {want!r}")
     return problems
 
 
