@@ -194,8 +194,8 @@ Tensor<float16> scaled_dot_product_attention(const Tensor<float16>& query, const
 // rounded once to nearest even (docs/precision.md: where, the bound, and
 // what the float32 buffers cost). bf16 where the backward takes the matmul
 // way (oneDNN's bf16 matmul on AMX; runtime.hpp, narrow_attention_force)
-// reads the bf16 operands in place instead, with no float32 copies. Throws multihead::Error naming a tensor
-// of the wrong shape.
+// reads the bf16 operands in place instead, with no float32 copies.
+// Throws multihead::Error naming a tensor of the wrong shape.
 SdpaGradients<bfloat16> scaled_dot_product_attention_backward(
     const Tensor<bfloat16>& query, const Tensor<bfloat16>& key, const Tensor<bfloat16>& value,
     const Mask<float>* attn_mask, const AttentionOptions& options, const Tensor<bfloat16>& output,

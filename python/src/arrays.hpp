@@ -50,11 +50,15 @@ inline const py::object& numpy_asarray() {
   return *f;
 }
 
+// "<class 'list'>": an object's type, for messages.
+inline std::string type_name(const py::handle& obj) { return py::str(py::type::of(obj)).cast<std::string>(); }
+
 // np.asarray(obj), without a call when obj is already an ndarray. Where
 // np.asarray refuses obj (a torch tensor that requires grad, a torch
-// bfloat16 tensor, an object that is no array), one TypeError naming the
-// argument, with NumPy's reason's first line; MemoryError and
-// KeyboardInterrupt pass as they are.
+// bfloat16 tensor, a ragged list), one TypeError naming the argument, with
+// the refusal's type and the first line of its reason; MemoryError and
+// anything that is not an Exception (KeyboardInterrupt, SystemExit) pass
+// as they are.
 inline py::array as_numpy(const py::handle& obj, const std::string& name) {
   if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::array>(obj);
   try {

@@ -28,8 +28,6 @@
 namespace multihead::python {
 namespace {
 
-std::string type_name(const py::handle& obj) { return py::str(py::type::of(obj)).cast<std::string>(); }
-
 // One dtype's object of a float/double pair (a cache, a context).
 template <template <class> class C>
 struct PerDtype {

@@ -33,8 +33,6 @@
 namespace multihead::python {
 namespace {
 
-std::string type_name(const py::handle& obj) { return py::str(py::type::of(obj)).cast<std::string>(); }
-
 // The task of `multihead train --task NAME [--symbols N --length L]`:
 // symbols and length default to the CLI's 10 and 8 for copy and reverse,
 // and are refused for the tasks with their own vocabulary and length.

@@ -37,8 +37,9 @@
 //
 // Memory beyond the inputs and output, per calling thread and kept
 // (core/thread_scratch.hpp): dense bf16 copies of K and V (their bytes
-// again) where their rows are not dense already; per item thread, R × C float32 scores and bf16 weights, 2 R × Dv
-// float32 sums and R × D bf16 queries.
+// again) where their rows are not dense already; per item thread, R × C
+// float32 scores and bf16 weights, 2 R × Dv float32 sums and R × D bf16
+// queries.
 #include "kernels/narrow_matmul.hpp"
 
 #include <omp.h>
@@ -324,8 +325,7 @@ void attention_forward_narrow_matmul(const AttentionArgs<float>& a) {
 //
 // Memory beyond the inputs and gradients, per item thread, kept (grown,
 // never shrunk): dense bf16 copies of the group's K and V where their
-// rows are not dense bf16 already, 2·S·(D + Dv)
-// bytes, and, per query slice of the group (G = heads / kv_heads of them),
+// rows are not dense bf16 already, 2·S·(D + Dv) bytes, and, per query slice of the group (G = heads / kv_heads of them),
 // Q, dO and their block transposes in bf16 and d_q in float32,
 // G·L·(8·D + 4·Dv) bytes; R × C float32 scores and dp' and their bf16
 // roundings (3 MiB), and the chunk's d_kᵀ, d_vᵀ. At G·D <= E that is at
